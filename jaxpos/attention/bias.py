@@ -1,0 +1,102 @@
+"""The compact positional terms that travel from a positional mechanism to the attention function.
+
+A mechanism computes them once per forward pass from its parameters (never per example). Every field carries a
+leading layer axis of size L (one entry per layer) or 1 (shared by all layers of the stack); `for_layer` picks a
+layer's slice. Fields stay compact (tables, low-rank factors) so that attention implementations can avoid
+materialising [H, T, S]; `position_logits` is the reference expansion.
+
+Toeplitz tables: a bias that depends on the offset j - i only is a table over offsets [-(span-1), span-1];
+column `(j - i) + span - 1` holds the score for that offset. `expand_toeplitz` is the one expansion.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+
+def offsets(span: int) -> jnp.ndarray:
+    """Offsets -(span-1) .. span-1, the columns of a Toeplitz table. Shape [2*span - 1]."""
+    return jnp.arange(-(span - 1), span, dtype=jnp.int32)
+
+
+def relative_offsets(q_pos: jnp.ndarray, k_pos: jnp.ndarray) -> jnp.ndarray:
+    """Offsets j - i of every (query, key) pair. q_pos [T], k_pos [S] -> [T, S]."""
+    return k_pos[None, :].astype(jnp.int32) - q_pos[:, None].astype(jnp.int32)
+
+
+def expand_toeplitz(table: jnp.ndarray, q_pos: jnp.ndarray, k_pos: jnp.ndarray) -> jnp.ndarray:
+    """Expands a table over offsets into the matrix it defines.
+
+    table [..., W] with W = 2*span - 1 odd; q_pos [T], k_pos [S] -> [..., T, S] with
+    out[..., t, s] = table[..., (k_pos[s] - q_pos[t]) + span - 1]. Offsets outside the table clip to its ends.
+    """
+    width = table.shape[-1]
+    if width % 2 != 1:
+        raise ValueError(f"a Toeplitz table has an odd number of offset columns, got {width}")
+    center = (width - 1) // 2
+    index = jnp.clip(relative_offsets(q_pos, k_pos) + center, 0, width - 1)
+    return jnp.take(table, index, axis=-1)
+
+
+def clipped_offset_index(q_pos: jax.Array, k_pos: jax.Array, clip: int) -> jax.Array:
+    """Column of each (i, j) pair in a table over clipped offsets -clip..clip (Shaw). -> [T, S] int32."""
+    return jnp.clip(relative_offsets(q_pos, k_pos), -clip, clip) + clip
+
+
+def segment_logits(table_HGG: jax.Array, q_types_BT: jax.Array, k_types_BS: jax.Array) -> jax.Array:
+    """Per-example segment bias: out[b, h, i, j] = table[h, q_types[b, i], k_types[b, j]]. -> [B, H, T, S]."""
+    rows = jnp.moveaxis(jnp.take(table_HGG, q_types_BT, axis=1), 0, 1)  # [B, H, T, G]
+    index = jnp.broadcast_to(k_types_BS[:, None, None, :], rows.shape[:3] + (k_types_BS.shape[-1],))
+    return jnp.take_along_axis(rows, index, axis=-1)
+
+
+@struct.dataclass
+class PositionalBias:
+    table: jax.Array | None = None  # [L', H', W] Toeplitz scores per offset j - i, W = 2*span - 1
+    factors: tuple[jax.Array, jax.Array] | None = None  # P_Q [L', H', T, r], P_K [L', H', S|k, r]: bias = P_Q P_K^T
+    dense: jax.Array | None = None  # [L', H', T, S] a full position-only matrix (attenuated encoding)
+    rel_keys: jax.Array | None = None  # [L', 2c+1, D] Shaw r^K over clipped offsets -c..c
+    rel_values: jax.Array | None = None  # [L', 2c+1, D] Shaw r^V
+    segment_table: jax.Array | None = None  # [L', H, G, G] per-head segment attention E_S[h, g_i, g_j]
+    rotary: tuple[jax.Array, jax.Array] | None = None  # cos, sin [L'=1, T, D/2] at the query positions
+    rotary_keys: tuple[jax.Array, jax.Array] | None = None  # cos, sin [1, S, D/2] at the key positions
+    kv_projection: jax.Array | None = None  # [L', k, S] Linformer E: keys/values projected to k positions
+    fold_factors: bool = struct.field(pytree_node=False, default=False)  # fold P_Q P_K^T into q.k
+
+    def for_layer(self, layer: int) -> "PositionalBias":
+        """The slice of layer `layer` (leading axis removed; shared fields give their only entry)."""
+
+        def pick(x):
+            return x[layer if x.shape[0] > 1 else 0]
+
+        return jax.tree.map(pick, self)
+
+    @property
+    def has_position_logits(self) -> bool:
+        return any(x is not None for x in (self.table, self.factors, self.dense, self.rel_keys))
+
+
+def position_logits(bias: PositionalBias, q_pos: jax.Array, k_pos: jax.Array, *,
+                    include_factors: bool = True) -> jax.Array | None:
+    """Position-only logit terms of one layer, materialised: [H'|1, T, S] (None if there are none).
+
+    `bias` is a layer slice (no leading layer axis). Query-dependent (Shaw) and per-example (segment) terms are
+    not position-only and are added by the attention function itself.
+    """
+    total = None
+
+    def add(term):
+        nonlocal total
+        total = term if total is None else total + term
+
+    if bias.table is not None:
+        add(expand_toeplitz(bias.table, q_pos, k_pos))
+    if bias.factors is not None and include_factors:
+        p_q, p_k = bias.factors
+        add(jnp.einsum("htr,hsr->hts", p_q, p_k))
+    if bias.dense is not None:
+        add(bias.dense)
+    return total

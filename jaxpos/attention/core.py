@@ -1,0 +1,107 @@
+"""Attention implementations behind one function.
+
+`attend` takes the compact positional terms (tables, low-rank factors, Shaw tables, per-head segment tables)
+and chooses how to apply them:
+- "xla": the reference (einsum + softmax), every term exact, attention weights available for analysis;
+- "jax" / "cudnn": `jax.nn.dot_product_attention`, with position-only terms materialised once to [1, H, T, S]
+  and low-rank factors folded into q and k. Query-dependent Shaw terms and the analysis switches need "xla".
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxpos.attention.bias import PositionalBias, clipped_offset_index, position_logits, segment_logits
+
+
+def fold_factors(q_BTHD, k_BSHD, factors):
+    """Appends sqrt(D)*P_Q to q and P_K to k so that q'.k'/sqrt(D) = q.k/sqrt(D) + P_Q P_K^T, no [T, S] tensor.
+
+    factors: P_Q [H'|1, T, r], P_K [H'|1, S, r] -> q' [B, T, H, D + r], k' [B, S, H, D + r].
+    """
+    p_q, p_k = factors
+    batch, _, heads, head_dim = q_BTHD.shape
+    p_q = jnp.broadcast_to(jnp.swapaxes(p_q, 0, 1)[None], (batch, p_q.shape[1], heads, p_q.shape[-1]))
+    p_k = jnp.broadcast_to(jnp.swapaxes(p_k, 0, 1)[None], (batch, p_k.shape[1], heads, p_k.shape[-1]))
+    q = jnp.concatenate([q_BTHD, (head_dim**0.5 * p_q).astype(q_BTHD.dtype)], axis=-1)
+    k = jnp.concatenate([k_BSHD, p_k.astype(k_BSHD.dtype)], axis=-1)
+    return q, k
+
+
+def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: PositionalBias,
+           q_pos: jax.Array, k_pos: jax.Array, mask: jax.Array | None = None,
+           q_types: jax.Array | None = None, k_types: jax.Array | None = None,
+           implementation: str = "xla", content: bool = True, position: bool = True,
+           dropout_rng: jax.Array | None = None, dropout_rate: float = 0.0,
+           ) -> tuple[jax.Array, jax.Array | None]:
+    """Multi-head attention with positional terms. Returns (out [B, T, H, D], weights [B, H, T, S] or None).
+
+    `bias` is one layer's slice; `mask` a boolean [B|1, 1, T, S]; q_types/k_types the token types used by a
+    per-head segment table. `content=False` drops q.k, `position=False` drops every positional logit term.
+    """
+    head_dim = q_BTHD.shape[-1]
+    scale = head_dim**-0.5
+    factors = bias.factors if position else None
+    fold = factors is not None and (bias.fold_factors or implementation != "xla")
+    if implementation != "xla":
+        if not (content and position) or bias.rel_keys is not None or bias.rel_values is not None:
+            raise ValueError(f"attention implementation {implementation!r} supports neither Shaw relative "
+                             "vectors nor the content_only/position_only switches; use attention_impl='xla'")
+        if fold:
+            q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors)
+        logits_bias = _additive_terms(bias, q_pos, k_pos, q_types, k_types, include_factors=False,
+                                      dtype=q_BTHD.dtype)
+        if fold:  # v keeps its width: pad it so q, k, v share the head dimension, then drop the padding
+            pad = q_BTHD.shape[-1] - v_BSHD.shape[-1]
+            v_BSHD = jnp.pad(v_BSHD, ((0, 0), (0, 0), (0, 0), (0, pad)))
+        out = jax.nn.dot_product_attention(
+            q_BTHD, k_BSHD, v_BSHD, bias=logits_bias, mask=mask, scale=scale,
+            implementation=None if implementation == "jax" else implementation)
+        return out[..., :head_dim], None
+
+    if fold:
+        q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors)
+        if not content:  # keep only the folded positional channels
+            q_BTHD = q_BTHD.at[..., :head_dim].set(0)
+    logits = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BSHD, preferred_element_type=jnp.float32) * scale
+    if not content and not fold:
+        logits = jnp.zeros_like(logits)
+    if position and bias.rel_keys is not None:
+        index = clipped_offset_index(q_pos, k_pos, (bias.rel_keys.shape[0] - 1) // 2)  # [T, S]
+        per_offset = jnp.einsum("bthd,wd->bhtw", q_BTHD[..., :head_dim], bias.rel_keys.astype(q_BTHD.dtype),
+                                preferred_element_type=jnp.float32) * scale
+        logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
+    position_bias = bias if position else PositionalBias(segment_table=bias.segment_table)
+    extra = _additive_terms(position_bias, q_pos, k_pos, q_types, k_types,
+                            include_factors=not fold, dtype=jnp.float32)
+    if extra is not None:
+        logits = logits + extra
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    weights = jax.nn.softmax(logits, axis=-1)
+    dropped = weights
+    if dropout_rng is not None and dropout_rate > 0.0:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        dropped = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    dropped = dropped.astype(v_BSHD.dtype)
+    out = jnp.einsum("bhts,bshd->bthd", dropped, v_BSHD)
+    if position and bias.rel_values is not None:
+        clip = (bias.rel_values.shape[0] - 1) // 2
+        one_hot = jax.nn.one_hot(clipped_offset_index(q_pos, k_pos, clip), 2 * clip + 1, dtype=dropped.dtype)
+        per_offset = jnp.einsum("bhts,tsw->bhtw", dropped, one_hot)  # weight mass at each clipped offset
+        out = out + jnp.einsum("bhtw,wd->bthd", per_offset, bias.rel_values.astype(dropped.dtype))
+    return out, weights
+
+
+def _additive_terms(bias, q_pos, k_pos, q_types, k_types, *, include_factors, dtype):
+    """Sum of position-only terms [1, H'|1, T, S] and per-head segment terms [B, H, T, S], or None."""
+    total = position_logits(bias, q_pos, k_pos, include_factors=include_factors)
+    if total is not None:
+        total = total[None].astype(jnp.float32)
+    if bias.segment_table is not None:
+        if q_types is None or k_types is None:
+            raise ValueError("per-head segment attention needs token types for queries and keys")
+        seg = segment_logits(bias.segment_table, q_types, k_types)
+        total = seg if total is None else total + seg
+    return None if total is None else total.astype(dtype)

@@ -1,0 +1,88 @@
+"""Multi-head attention layer: projections, RoPE, Linformer projection, key/value cache, then `attend`."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention.core import attend
+from jaxpos.config import ModelConfig
+from jaxpos.initializers import normal_init
+from jaxpos.positions.rope import apply_rotary
+
+
+def dense(cfg: ModelConfig, features, axis, kernel_axes, bias_axes, name: str) -> nn.DenseGeneral:
+    """A DenseGeneral whose kernel and bias carry logical axis names."""
+    return nn.DenseGeneral(
+        features=features, axis=axis, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=nn.with_logical_partitioning(normal_init(cfg.init_std), kernel_axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, bias_axes))
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention. With `decode`, self-attention keeps a key/value cache written at q_pos.
+
+    inputs_q [B, T, d], inputs_kv [B, S, d] -> [B, T, d]. Attention weights are sown as
+    intermediates/attention_weights (with the xla implementation) for analysis code to capture.
+    """
+
+    cfg: ModelConfig
+    self_attention: bool = True
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, inputs_q, inputs_kv, *, bias: PositionalBias, q_pos, k_pos, mask=None,
+                 q_types=None, k_types=None, deterministic: bool = True):
+        cfg = self.cfg
+        heads, head_dim = cfg.num_heads, cfg.head_dim
+        q = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")(inputs_q)
+        k = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "key")(inputs_kv)
+        v = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "value")(inputs_kv)
+
+        if bias.rotary is not None:
+            q = apply_rotary(q, *bias.rotary)
+            # New self-attention keys sit at the query positions (also when decoding into a cache).
+            k = apply_rotary(k, *(bias.rotary if self.self_attention else bias.rotary_keys))
+
+        if self.decode and self.self_attention:
+            k, v = self._update_cache(k, v, q_pos)
+
+        if bias.kv_projection is not None:  # Linformer: padded keys are zeroed, then projected to k rows
+            if mask is not None:
+                valid = jnp.any(mask, axis=(1, 2))[:, :, None, None].astype(k.dtype)  # [B, S, 1, 1]
+                k, v = k * valid, v * valid
+            projection = bias.kv_projection.astype(k.dtype)
+            k = jnp.einsum("ks,bshd->bkhd", projection, k)
+            v = jnp.einsum("ks,bshd->bkhd", projection, v)
+            mask = None
+
+        pcfg = cfg.position
+        dropout_rng = None
+        if not deterministic and cfg.attention_dropout > 0.0:
+            if cfg.attention_impl != "xla":
+                raise ValueError("attention dropout needs attention_impl='xla'; set model.attention_dropout=0 "
+                                 f"to train with {cfg.attention_impl!r}")
+            dropout_rng = self.make_rng("dropout")
+        out, weights = attend(
+            q, k, v, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask, q_types=q_types, k_types=k_types,
+            implementation=cfg.attention_impl, content=not pcfg.position_only, position=not pcfg.content_only,
+            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout)
+        if weights is not None:
+            self.sow("intermediates", "attention_weights", weights)
+        return dense(cfg, cfg.d_model, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out")(out)
+
+    def _update_cache(self, k, v, q_pos):
+        """First call (initialisation) sizes the cache from a full-length input; later calls write step q_pos."""
+        initialised = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+        if not initialised:
+            return k, v
+        if k.shape[1] != 1:
+            raise ValueError(f"incremental decoding takes one token per step, got {k.shape[1]}")
+        start = (0, q_pos[0], 0, 0)
+        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k, start)
+        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v, start)
+        return cached_key.value, cached_value.value

@@ -1,0 +1,32 @@
+"""The one masking helper: padding, packed segments and causality as one boolean [B|1, 1, T, S] mask."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def attention_mask(*, q_segment: jax.Array | None = None, k_segment: jax.Array | None = None,
+                   q_pos: jax.Array | None = None, k_pos: jax.Array | None = None,
+                   causal: bool = False) -> jax.Array | None:
+    """True where query i may attend to key j.
+
+    q_segment [B, T], k_segment [B, S]: packing-piece ids, 0 = padding (padded keys are never attended;
+    queries attend only within their own piece). q_pos [T], k_pos [S]: positions, used when `causal`.
+    Returns [B|1, 1, T, S] bool, or None when nothing is masked.
+    """
+    mask = None
+
+    def both(m):
+        return m if mask is None else jnp.logical_and(mask, m)
+
+    if k_segment is not None:
+        mask = both((k_segment != 0)[:, None, None, :])
+        if q_segment is not None:
+            mask = both(q_segment[:, None, :, None] == k_segment[:, None, None, :])
+    if causal:
+        if q_pos is None or k_pos is None:
+            raise ValueError("a causal mask needs q_pos and k_pos")
+        mask = both((k_pos[None, :] <= q_pos[:, None])[None, None])
+    return mask
+

@@ -1,0 +1,164 @@
+"""Typed model configuration, converted from ml_collections ConfigDicts where it enters the model.
+
+Configs on disk are ConfigDicts (overridable from the command line); the model code only sees these frozen
+dataclasses, so a typo in a field name fails loudly at conversion time instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Mapping
+
+POSITION_KINDS = (
+    "none", "absolute", "sinusoidal", "tisa", "diet_rel", "diet_abs",
+    "t5", "shaw", "tupe", "rope", "alibi", "attenuated",
+)
+SEGMENT_MODES = ("input", "per_head", "none")
+SHARING_MODES = ("none", "head", "layer")  # per head & layer | shared across heads | shared across layers
+
+
+@dataclasses.dataclass(frozen=True)
+class TisaConfig:
+    num_kernels: int = 5  # S radial basis functions per head
+    sharing: str = "none"
+    input_positions: bool = False  # TISA use (a): keep learned input position embeddings as well
+
+
+@dataclasses.dataclass(frozen=True)
+class DietRelConfig:
+    sharing: str = "none"
+    max_distance: int | None = None  # clip |j - i| to this; None = no clipping (paper), table covers max_length
+
+
+@dataclasses.dataclass(frozen=True)
+class DietAbsConfig:
+    rank: int | None = None  # d_p; None = head dim D
+    sharing: str = "layer"  # layer-wise sharing is the paper's recommendation
+    fold: bool = True  # fold P_Q P_K^T into the q.k dot product instead of materialising [H, T, S]
+    linformer_k: int | None = None  # project keys/values to k positions (DIET section 3.4)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    num_buckets: int = 32
+    max_distance: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class ShawConfig:
+    clip: int = 16  # k: offsets are clipped to [-k, k]
+    values: bool = True  # also add r^V to the values
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    base: float = 10_000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AttenuatedConfig:
+    w: float = 0.05  # locality: larger w = more local
+    s: float = 1.0  # symmetry: weight of keys after the query relative to keys before it
+    form: str = "fixed"  # fixed | matrix (a learnable n x n matrix, Chen A.2) | offset (learnable per-offset table)
+    sharing: str = "none"  # none = BERT-A* (per head); head = BERT-A*-s (shared across the heads of a layer)
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionConfig:
+    kind: str = "absolute"
+    segment: str = "input"  # input embeddings | per-head segment attention (DIET) | none
+    num_segments: int = 2
+    content_only: bool = False  # analysis switch: drop the positional logit terms
+    position_only: bool = False  # analysis switch: drop the content term q.k
+    tisa: TisaConfig = TisaConfig()
+    diet_rel: DietRelConfig = DietRelConfig()
+    diet_abs: DietAbsConfig = DietAbsConfig()
+    t5: T5Config = T5Config()
+    shaw: ShawConfig = ShawConfig()
+    rope: RopeConfig = RopeConfig()
+    attenuated: AttenuatedConfig = AttenuatedConfig()
+
+    def __post_init__(self):
+        if self.kind not in POSITION_KINDS:
+            raise ValueError(f"unknown position mechanism {self.kind!r}; choose one of {', '.join(POSITION_KINDS)}")
+        if self.segment not in SEGMENT_MODES:
+            raise ValueError(f"unknown segment mode {self.segment!r}; choose one of {SEGMENT_MODES}")
+        if self.content_only and self.position_only:
+            raise ValueError("content_only and position_only cannot both be set")
+        for name in ("tisa", "diet_rel", "diet_abs", "attenuated"):
+            sharing = getattr(self, name).sharing
+            if sharing not in SHARING_MODES:
+                raise ValueError(f"position.{name}.sharing={sharing!r}; choose one of {SHARING_MODES}")
+        if self.attenuated.form not in ("fixed", "matrix", "offset"):
+            raise ValueError(f"position.attenuated.form={self.attenuated.form!r}; choose fixed, matrix or offset")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 30522
+    d_model: int = 768
+    num_layers: int = 12
+    num_decoder_layers: int = 0  # > 0 makes an encoder-decoder
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    max_length: int = 512  # n: the longest sequence that learned position tables support
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu"  # gelu (exact, as BERT) | gelu_tanh | relu
+    layer_norm: str = "post"  # post (BERT, Vaswani) | pre
+    layer_norm_eps: float = 1e-12
+    type_vocab_size: int = 2
+    embed_layer_norm: bool = True  # LayerNorm on the summed input embeddings (BERT); off for Vaswani
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani)
+    causal: bool = False  # causal self-attention in the encoder stack (decoder-only use)
+    tie_embeddings: bool = True  # MLM head / decoder output shares the input embedding matrix
+    cross_attention_position: bool = False  # relative/positional bias in encoder-decoder attention too
+    attention_impl: str = "xla"  # xla (einsum reference) | jax (jax.nn.dot_product_attention) | cudnn
+    dtype: str = "float32"  # compute dtype; parameters stay param_dtype
+    param_dtype: str = "float32"
+    init_std: float = 0.02
+    position: PositionConfig = PositionConfig()
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def __post_init__(self):
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+        if self.layer_norm not in ("post", "pre"):
+            raise ValueError(f"layer_norm={self.layer_norm!r}; choose post or pre")
+        if self.attention_impl not in ("xla", "jax", "cudnn"):
+            raise ValueError(f"attention_impl={self.attention_impl!r}; choose xla, jax or cudnn")
+        if self.activation not in ("gelu", "gelu_tanh", "relu"):
+            raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
+
+
+def _build(cls, values: Mapping[str, Any], where: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ValueError(f"unknown config field {where}{key}; known: {', '.join(fields)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, f"{where}{key}.")
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def model_config(cfg: Mapping[str, Any] | ModelConfig) -> ModelConfig:
+    """ModelConfig from a (nested) ConfigDict or dict such as `config.model`."""
+    if isinstance(cfg, ModelConfig):
+        return cfg
+    if hasattr(cfg, "to_dict"):
+        cfg = cfg.to_dict()
+    return _build(ModelConfig, cfg, "model.")
+
+
+def position_defaults() -> dict:
+    """The position block as a plain nested dict (for ConfigDicts in configs/)."""
+    return dataclasses.asdict(PositionConfig())

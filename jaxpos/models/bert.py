@@ -1,0 +1,87 @@
+"""BERT-style encoder with a masked-LM head tied to the input embeddings."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxpos.attention.layer import dense
+from jaxpos.config import ModelConfig
+from jaxpos.initializers import normal_init
+from jaxpos.models.layers import TransformerStack, activation, layer_norm
+
+
+def embedding(cfg: ModelConfig, num: int, axes: tuple[str, str], name: str, std: float | None = None) -> nn.Embed:
+    return nn.Embed(num, cfg.d_model, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+                    embedding_init=nn.with_logical_partitioning(normal_init(std or cfg.init_std), axes))
+
+
+class BertEncoder(nn.Module):
+    """Token (+ token-type) embeddings and a TransformerStack. input_ids [B, T] -> hidden [B, T, d].
+
+    `segment_ids` [B, T] are packing-piece ids (0 = padding); `token_types` [B, T] BERT's sentence A/B ids,
+    embedded at the input (position.segment='input') or used by per-head segment attention ('per_head').
+    With `decode` (and model.causal) it runs one token per call against a key/value cache.
+    """
+
+    cfg: ModelConfig
+    decode: bool = False
+
+    def setup(self):
+        cfg = self.cfg
+        self.token_embed = embedding(cfg, cfg.vocab_size, ("vocab", "embed"), "token_embed")
+        if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
+            self.type_embed = embedding(cfg, cfg.type_vocab_size, (None, "embed"), "type_embed")
+        self.stack = TransformerStack(cfg, cfg.num_layers, causal=cfg.causal, decode=self.decode, name="encoder")
+
+    def __call__(self, input_ids, *, segment_ids=None, token_types=None, deterministic: bool = True):
+        cfg = self.cfg
+        x = self.token_embed(input_ids)
+        if cfg.scale_embeddings:
+            x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)
+        if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
+            types = token_types if token_types is not None else jnp.zeros_like(input_ids)
+            x = x + self.type_embed(types)
+        return self.stack(x, segment_ids=segment_ids, token_types=token_types, deterministic=deterministic)
+
+    def attend(self, hidden):
+        return self.token_embed.attend(hidden)
+
+
+class BertForMaskedLM(nn.Module):
+    """Encoder + MLM head (dense, activation, LayerNorm, tied decoder + bias). -> logits [B, T, V].
+
+    `encode` gives the hidden states; `__call__` the vocabulary logits at every position (or at
+    `predict_positions` [B, P] only, which saves the [B, T, V] product during pretraining).
+    """
+
+    cfg: ModelConfig
+    decode: bool = False
+
+    def setup(self):
+        cfg = self.cfg
+        self.encoder = BertEncoder(cfg, decode=self.decode, name="bert")
+        self.head_dense = dense(cfg, cfg.d_model, -1, ("embed", "mlp"), ("mlp",), "head_dense")
+        self.head_norm = layer_norm(cfg, "head_norm")
+        self.output_bias = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                                      (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
+        if not cfg.tie_embeddings:
+            self.decoder = dense(cfg, cfg.vocab_size, -1, ("embed", "vocab"), ("vocab",), "decoder")
+
+    def encode(self, input_ids, *, segment_ids=None, token_types=None, deterministic: bool = True):
+        return self.encoder(input_ids, segment_ids=segment_ids, token_types=token_types,
+                            deterministic=deterministic)
+
+    def __call__(self, input_ids, *, segment_ids=None, token_types=None, predict_positions=None,
+                 deterministic: bool = True):
+        hidden = self.encode(input_ids, segment_ids=segment_ids, token_types=token_types,
+                             deterministic=deterministic)
+        if predict_positions is not None:
+            hidden = jnp.take_along_axis(hidden, predict_positions[..., None], axis=1)
+        h = self.head_norm(activation(self.cfg.activation)(self.head_dense(hidden)))
+        if self.cfg.tie_embeddings:
+            logits = self.encoder.attend(h) + self.output_bias.astype(h.dtype)
+        else:
+            logits = self.decoder(h)
+        return logits.astype(jnp.float32)

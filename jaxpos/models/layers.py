@@ -1,0 +1,141 @@
+"""Transformer building blocks shared by the encoder (BERT) and the encoder-decoder: layers and the stack."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention.layer import MultiHeadAttention, dense
+from jaxpos.attention.masks import attention_mask
+from jaxpos.config import ModelConfig
+from jaxpos.positions import INPUT_ONLY, SegmentAttention, make_position
+
+
+def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+    """LayerNorm g*(x - m)/sqrt(var + eps) + b with logically named parameters."""
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_eps, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+
+
+def activation(name: str):
+    return {"gelu": lambda x: nn.gelu(x, approximate=False),
+            "gelu_tanh": lambda x: nn.gelu(x, approximate=True), "relu": nn.relu}[name]
+
+
+class MlpBlock(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.cfg
+        h = dense(cfg, cfg.mlp_dim, -1, ("embed", "mlp"), ("mlp",), "wi")(x)
+        h = activation(cfg.activation)(h)
+        return dense(cfg, cfg.d_model, -1, ("mlp", "embed"), ("embed",), "wo")(h)
+
+
+class TransformerLayer(nn.Module):
+    """Self-attention, optional cross-attention, MLP; each a residual sublayer, post-LN (BERT) or pre-LN."""
+
+    cfg: ModelConfig
+    cross_attention: bool = False
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, x, *, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None,
+                 enc_pos=None, cross_mask=None, deterministic=True):
+        cfg = self.cfg
+
+        def sublayer(x, fn, name):
+            norm = layer_norm(cfg, f"{name}_norm")
+            drop = nn.Dropout(cfg.dropout)
+            if cfg.layer_norm == "post":
+                return norm(x + drop(fn(x), deterministic=deterministic))
+            return x + drop(fn(norm(x)), deterministic=deterministic)
+
+        self_attention = MultiHeadAttention(cfg, self_attention=True, decode=self.decode, name="self_attention")
+        x = sublayer(x, lambda h: self_attention(h, h, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask,
+                                                 q_types=types, k_types=types,
+                                                 deterministic=deterministic), "self_attention")
+        if self.cross_attention:
+            cross = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
+            x = sublayer(x, lambda h: cross(h, encoded, bias=cross_bias, q_pos=q_pos, k_pos=enc_pos,
+                                            mask=cross_mask, deterministic=deterministic), "cross_attention")
+        return sublayer(x, MlpBlock(cfg, name="mlp"), "mlp")
+
+
+class TransformerStack(nn.Module):
+    """L layers and everything positional: input position embeddings, the bias computed once per forward
+    pass, the masks, and (with `decode`) the step counter of incremental decoding.
+
+    x [B, T, d] are token (and token-type) embeddings; returns hidden states [B, T, d].
+    `segment_ids` [B, T]: packing-piece ids, 0 = padding; `token_types` [B, T]: segments for per-head
+    segment attention.
+    """
+
+    cfg: ModelConfig
+    num_layers: int
+    causal: bool = False
+    cross_attention: bool = False
+    decode: bool = False
+
+    def positions(self, length: int):
+        """(q_pos [T], k_pos [S]): arange for a full pass; (step, cache positions) when decoding."""
+        full = jnp.arange(length, dtype=jnp.int32)
+        if not self.decode:
+            return full, full
+        initialised = self.has_variable("cache", "index")
+        index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+        cache_positions = self.variable("cache", "positions", lambda: full)
+        if not initialised:
+            return full, full
+        step = index.value
+        index.value = step + 1
+        return step[None], cache_positions.value
+
+    @nn.compact
+    def __call__(self, x, *, segment_ids=None, token_types=None, encoded=None, encoded_segment_ids=None,
+                 deterministic: bool = True):
+        cfg = self.cfg
+        if cfg.position.position_only and cfg.position.kind in INPUT_ONLY:
+            raise ValueError(f"position_only needs a positional logit term; {cfg.position.kind!r} adds "
+                             "positions at the input only")
+        position = make_position(cfg, self.num_layers, self.causal)
+        q_pos, k_pos = self.positions(x.shape[1])
+        position_embedding = position.embed(q_pos)
+        if position_embedding is not None:
+            x = x + position_embedding[None].astype(x.dtype)
+        if cfg.embed_layer_norm:
+            x = layer_norm(cfg, "embed_norm")(x)
+        x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+
+        bias = position(q_pos, k_pos)  # once per forward pass, for all layers
+        if cfg.position.segment == "per_head":
+            segments = SegmentAttention(self.num_layers, cfg.num_heads, cfg.position.num_segments, cfg.init_std,
+                                        name="segments")
+            bias = bias.replace(segment_table=segments())
+            if token_types is None:
+                token_types = jnp.zeros(x.shape[:2], jnp.int32)
+        mask = attention_mask(q_segment=segment_ids, k_segment=segment_ids, q_pos=q_pos, k_pos=k_pos,
+                              causal=self.causal)
+
+        cross_bias = cross_mask = enc_pos = None
+        if self.cross_attention:
+            enc_pos = jnp.arange(encoded.shape[1], dtype=jnp.int32)
+            cross_bias = PositionalBias()
+            if cfg.cross_attention_position:
+                cross_bias = make_position(cfg, self.num_layers, False, name="cross_position")(q_pos, enc_pos)
+            cross_mask = attention_mask(q_segment=None if self.decode else segment_ids,
+                                        k_segment=encoded_segment_ids)
+
+        for i in range(self.num_layers):
+            layer = TransformerLayer(cfg, self.cross_attention, self.decode, name=f"layer_{i}")
+            x = layer(x, bias=bias.for_layer(i), q_pos=q_pos, k_pos=k_pos, mask=mask, types=token_types,
+                      encoded=encoded, cross_bias=cross_bias.for_layer(i) if cross_bias is not None else None,
+                      enc_pos=enc_pos, cross_mask=cross_mask, deterministic=deterministic)
+        if cfg.layer_norm == "pre":
+            x = layer_norm(cfg, "final_norm")(x)
+        return x

@@ -1,0 +1,74 @@
+"""What every positional mechanism shares: the module interface, sharing shapes, length checks."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxpos.attention.bias import PositionalBias
+from jaxpos.config import ModelConfig
+
+
+class LengthError(ValueError):
+    """A sequence is longer than a non-inductive mechanism's learned table."""
+
+
+def check_length(kind: str, length: int, max_length: int, hint: str = "") -> None:
+    """Raises a LengthError naming the mechanism and both lengths when `length` exceeds what it supports."""
+    if length > max_length:
+        raise LengthError(
+            f"position mechanism {kind!r} has learned parameters for {max_length} positions "
+            f"(model.max_length) but got a sequence of length {length}{hint}; inductive mechanisms "
+            "(tisa, t5, alibi, rope, sinusoidal, fixed attenuated) work at any length")
+
+
+def sharing_shape(sharing: str, num_layers: int, num_heads: int) -> tuple[int, int]:
+    """Leading (layers, heads) sizes of a parameter under a sharing mode: none | head | layer."""
+    if sharing == "none":
+        return num_layers, num_heads
+    if sharing == "head":  # one set per layer, shared across its heads
+        return num_layers, 1
+    if sharing == "layer":  # one set per head, shared across the layers of the stack
+        return 1, num_heads
+    raise ValueError(f"unknown sharing mode {sharing!r}; choose none, head or layer")
+
+
+def sharing_axes(layers: int, heads: int) -> tuple[str | None, str | None]:
+    """Logical names of the two leading axes; a broadcast (size-1) axis is never sharded."""
+    return ("layers" if layers > 1 else None, "heads" if heads > 1 else None)
+
+
+def param(module: nn.Module, name: str, init: Callable, shape: Sequence[int],
+          axes: Sequence[str | None], dtype=jnp.float32) -> jax.Array:
+    """A parameter carrying logical axis names, so the sharding rules can place it on a mesh."""
+    return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
+
+
+class PositionMechanism(nn.Module):
+    """Base of every mechanism: owns its parameters for a whole stack of `num_layers` layers.
+
+    `embed(positions)` returns what is added to the token embeddings at the input ([T, d] or None);
+    `__call__(q_pos, k_pos)` returns the stacked compact bias for all layers, computed once per forward pass.
+    """
+
+    cfg: ModelConfig
+    num_layers: int
+    causal: bool = False
+
+    @property
+    def pcfg(self):
+        return self.cfg.position
+
+    def embed(self, positions: jax.Array) -> jax.Array | None:
+        return None
+
+    def __call__(self, q_pos: jax.Array, k_pos: jax.Array) -> PositionalBias:
+        return PositionalBias()
+
+
+def span_of(q_pos: jax.Array, k_pos: jax.Array) -> int:
+    """The static half-width of the offset table needed by positions that start at 0."""
+    return max(q_pos.shape[0], k_pos.shape[0])
