@@ -1,0 +1,61 @@
+"""Loading config files (`path.py` or `path.py:arg`, each with `get_config(arg)`) and command-line overrides
+(`--config.model.position.kind=diet_rel`)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+
+import ml_collections
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """Runs `get_config(arg)` of a config file given as `path.py` or `path.py:arg`."""
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"config file {path!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"jaxpos_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ValueError(f"config file {path!r} defines no get_config()")
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def _parse(text: str, current):
+    if isinstance(current, bool):
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ValueError(f"expected a boolean, got {text!r}")
+    if isinstance(current, int):
+        return int(text)
+    if isinstance(current, float):
+        return float(text)
+    if isinstance(current, str):
+        return text
+    try:  # None or containers: a Python literal, else the plain string
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> ml_collections.ConfigDict:
+    """Applies `config.a.b=value` items (the leading `--` optional) in order; unknown fields are errors."""
+    for item in overrides:
+        key, sep, text = item.lstrip("-").partition("=")
+        if not sep or not key.startswith("config."):
+            raise ValueError(f"override {item!r} is not of the form --config.field=value")
+        *parents, leaf = key.split(".")[1:]
+        node = config
+        for name in parents:
+            if name not in node:
+                raise ValueError(f"unknown config field {key!r} (no {name!r})")
+            node = node[name]
+        if leaf not in node:
+            raise ValueError(f"unknown config field {key!r}; known here: {', '.join(sorted(node.keys()))}")
+        with node.ignore_type():
+            node[leaf] = _parse(text, node[leaf])
+    return config

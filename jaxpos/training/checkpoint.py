@@ -1,0 +1,70 @@
+"""Orbax checkpoints of the training state and the data iterator position, saved together.
+
+The latest checkpoint is restored automatically; a corrupt or partial one is reported and the previous one is
+used instead, so a crashed run loses at most the steps since its last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint in a workdir could be restored."""
+
+
+class Checkpointer:
+    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                               create=True, cleanup_tmp_directories=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state, data_state: dict) -> None:
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        data=ocp.args.JsonSave(data_state)), force=True)
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def restore_latest(self, abstract_state):
+        """(step, state, data_state) of the newest checkpoint that restores cleanly, or None if there is none.
+
+        `abstract_state` holds jax.ShapeDtypeStruct leaves with the target shardings (any mesh shape).
+        """
+        steps = self.steps()
+        failures = []
+        for step in reversed(steps):
+            try:
+                restored = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+            except Exception as err:  # noqa: BLE001 - any failure means this checkpoint is unusable
+                message = f"checkpoint step {step} in {self.directory} is corrupt or partial ({type(err).__name__}: " \
+                          f"{str(err).splitlines()[0][:200] if str(err) else ''}); falling back to the previous one"
+                log.warning(message)
+                print(f"WARNING: {message}", flush=True)
+                failures.append(step)
+                continue
+            return step, restored["state"], restored["data"]
+        if failures:
+            raise CheckpointError(f"no checkpoint in {self.directory} could be restored (tried steps {failures}); "
+                                  "move the directory away to start afresh")
+        return None
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def abstract_like(tree, shardings):
+    """ShapeDtypeStructs carrying target shardings, the restore target for any mesh."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)

@@ -1,0 +1,212 @@
+"""The training loop shared by every task: sharded jitted steps, metrics one step late, evaluation,
+checkpoints with the data position, automatic resume, NaN stop.
+
+A task supplies the model-specific parts (see `Task`); the loop owns everything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import signal
+import time
+from typing import Any, Callable, Iterable, Protocol
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxpos.sharding import batch_sharding, check_batch_divisible, logical_sharding, make_mesh, replicated
+from jaxpos.training.checkpoint import Checkpointer, abstract_like
+from jaxpos.training.metrics import MetricWriter
+from jaxpos.training.optim import learning_rate_schedule, make_optimizer
+from jaxpos.training.state import TrainState, init_state
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class Task(Protocol):
+    """What a task gives the loop. Losses are sums over tokens, so accumulation and sharding stay exact."""
+
+    model: nn.Module
+
+    def init_inputs(self) -> tuple[tuple, dict]:
+        """(args, kwargs) for model.init with a batch of one."""
+
+    def loss(self, params, batch: dict, rng: jax.Array | None, train: bool) -> tuple[jax.Array, dict]:
+        """(summed loss, dict of sums incl. 'weight' = number of predicted tokens)."""
+
+    def summarize(self, sums: dict) -> dict:
+        """Means from sums: loss, accuracy, perplexity..."""
+
+
+def train_step(state: TrainState, batch: dict, *, task: Task, tx: optax.GradientTransformation,
+               schedule: optax.Schedule, accum_steps: int) -> tuple[TrainState, dict]:
+    """One optimiser step on a global batch; with accum_steps > 1 the batch is split into micro-batches whose
+    gradient sums are accumulated (same result as one large batch, less memory)."""
+    rng = jax.random.fold_in(state.rng, state.step)
+    grad_fn = jax.grad(task.loss, has_aux=True)
+
+    if accum_steps == 1:
+        grads, sums = grad_fn(state.params, batch, rng, True)
+    else:
+        micro = jax.tree.map(lambda x: x.reshape((accum_steps, x.shape[0] // accum_steps) + x.shape[1:]), batch)
+
+        def body(carry, inputs):
+            grads_acc, sums_acc = carry
+            mb, index = inputs
+            g, s = grad_fn(state.params, mb, jax.random.fold_in(rng, index), True)
+            return (jax.tree.map(jnp.add, grads_acc, g), jax.tree.map(jnp.add, sums_acc, s)), None
+
+        zeros_g = jax.tree.map(jnp.zeros_like, state.params)
+        zeros_s = jax.eval_shape(lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), rng, True)[1])
+        zeros_s = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zeros_s)
+        (grads, sums), _ = jax.lax.scan(body, (zeros_g, zeros_s), (micro, jnp.arange(accum_steps)))
+
+    weight = jnp.maximum(sums["weight"], 1.0)
+    grads = jax.tree.map(lambda g: g / weight, grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(task.summarize(sums), grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_sums(params, batch, *, task: Task) -> dict:
+    return task.loss(params, batch, None, False)[1]
+
+
+@dataclasses.dataclass
+class TrainResult:
+    state: TrainState
+    final_metrics: dict
+    eval_metrics: dict
+    resumed_from: int | None
+
+
+class Trainer:
+    """Builds the mesh, shardings and jitted steps for a task, then runs and resumes training."""
+
+    def __init__(self, config, workdir: str, task: Task, *, log: bool = True):
+        self.config, self.workdir, self.task = config, workdir, task
+        tcfg = config.train
+        self.mesh = make_mesh(**config.mesh.to_dict())
+        check_batch_divisible(tcfg.batch_size, self.mesh)
+        if tcfg.batch_size % (tcfg.grad_accum_steps * jax.process_count()):
+            raise ValueError(f"train.batch_size={tcfg.batch_size} must divide into grad_accum_steps="
+                             f"{tcfg.grad_accum_steps} micro-batches on each of {jax.process_count()} hosts")
+        self.tx = make_optimizer(tcfg)
+        self.schedule = learning_rate_schedule(tcfg)
+        args, kwargs = task.init_inputs()
+        init = functools.partial(init_state, task.model, self.tx, init_args=args, init_kwargs=kwargs)
+        boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+        self.state_shardings = logical_sharding(boxed, self.mesh)
+        self.abstract_state = nn.unbox(boxed)
+        self._init = jax.jit(lambda rng: nn.unbox(init(rng)), out_shardings=self.state_shardings)
+        self.batch_sharding = batch_sharding(self.mesh)
+        self.train_step = jax.jit(
+            functools.partial(train_step, task=task, tx=self.tx, schedule=self.schedule,
+                              accum_steps=tcfg.grad_accum_steps),
+            in_shardings=(self.state_shardings, self.batch_sharding),
+            out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
+        self.eval_step = jax.jit(functools.partial(eval_sums, task=task),
+                                 in_shardings=(self.state_shardings.params, self.batch_sharding),
+                                 out_shardings=replicated(self.mesh))
+        self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,
+                                         async_save=tcfg.async_checkpoints)
+        self.log = log
+
+    def global_batch(self, local: dict) -> dict:
+        """This host's slice of the batch -> global arrays sharded over the mesh."""
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
+                for k, v in local.items()}
+
+    def initial_state(self, data) -> tuple[TrainState, int | None]:
+        restored = self.checkpointer.restore_latest(abstract_like(self.abstract_state, self.state_shardings))
+        if restored is None:
+            return self._init(jax.random.PRNGKey(self.config.train.seed)), None
+        step, state, data_state = restored
+        data.set_state(data_state)
+        return state, step
+
+    def evaluate(self, params, batches: Iterable[dict]) -> dict:
+        total = None
+        for batch in batches:
+            sums = self.eval_step(params, self.global_batch(batch))
+            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+        if total is None:
+            raise ValueError("the evaluation data yielded no batch")
+        return {k: float(v) for k, v in self.task.summarize(jax.device_get(total)).items()}
+
+    def run(self, data, eval_batches: Callable[[], Iterable[dict]] | None = None,
+            hooks: Iterable[Callable[[int, TrainState], dict | None]] = ()) -> TrainResult:
+        """Trains to train.num_steps from wherever the workdir's checkpoints left off."""
+        tcfg = self.config.train
+        state, resumed = self.initial_state(data)
+        start = int(jax.device_get(state.step))
+        writer = MetricWriter(self.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0)
+        if resumed is not None and self.log:
+            writer.bar.write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints")
+        stop = {"signal": None}
+        previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
+        pending, window, final_metrics, eval_metrics = None, [], {}, {}
+        tokens_per_step = tcfg.batch_size * self.config.data.seq_len
+        tick = time.perf_counter()
+
+        def read(metrics, step):
+            """Host copy of a step's metrics; stops the run on NaN (the metrics are read one step late)."""
+            host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            if not math.isfinite(host["loss"]):
+                last = self.checkpointer.steps()
+                raise TrainingDiverged(f"loss is {host['loss']} at step {step}; stopping. The last good "
+                                       f"checkpoint is step {last[-1] if last else None} in {self.workdir}")
+            return host
+
+        try:
+            for step in range(start, tcfg.num_steps):
+                batch = self.global_batch(next(data))
+                state, metrics = self.train_step(state, batch)
+                if pending is not None:  # read the previous step's metrics while this one runs
+                    window.append(read(*pending))
+                pending = (metrics, step + 1)
+                writer.advance()
+                done = step + 1
+                if done % tcfg.log_every == 0 or done == tcfg.num_steps:
+                    window.append(read(*pending))
+                    pending = None
+                    elapsed = time.perf_counter() - tick
+                    tick = time.perf_counter()
+                    final_metrics = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
+                    final_metrics["step_time"] = elapsed / len(window)
+                    final_metrics["tokens_per_s"] = tokens_per_step / final_metrics["step_time"]
+                    writer.scalars(done, final_metrics)
+                    writer.postfix(loss=final_metrics["loss"])
+                    window = []
+                if eval_batches is not None and (done % tcfg.eval_every == 0 or done == tcfg.num_steps):
+                    eval_metrics = self.evaluate(state.params, eval_batches())
+                    writer.scalars(done, eval_metrics, prefix="eval")
+                for hook in hooks:
+                    extra = hook(done, state)
+                    if extra:
+                        writer.scalars(done, extra, prefix="eval")
+                        eval_metrics.update(extra)
+                if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop["signal"]:
+                    if pending is not None:  # never checkpoint a state whose loss was not finite
+                        window.append(read(*pending))
+                        pending = None
+                    self.checkpointer.save(done, state, data.get_state())
+                if stop["signal"]:
+                    writer.bar.write(f"received signal {stop['signal']}: checkpointed step {done}, stopping")
+                    break
+        finally:
+            self.checkpointer.wait()
+            writer.close()
+            signal.signal(signal.SIGTERM, previous_handler)
+        return TrainResult(state, final_metrics, eval_metrics, resumed)
+
+    def close(self):
+        self.checkpointer.close()

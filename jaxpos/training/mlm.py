@@ -1,0 +1,68 @@
+"""The masked-LM task: BERT-style pretraining loss, accuracy and perplexity for the shared loop."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxpos.models import BertForMaskedLM
+
+
+def token_cross_entropy(logits, targets, weights, label_smoothing: float = 0.0):
+    """Summed (smoothed) cross-entropy and correct count over weighted tokens.
+
+    logits [..., V], targets [...], weights [...] -> (loss_sum, correct_sum, weight_sum).
+    """
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    if label_smoothing:
+        nll = (1.0 - label_smoothing) * nll - label_smoothing * jnp.mean(log_probs, axis=-1)
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return jnp.sum(nll * weights), jnp.sum(correct * weights), jnp.sum(weights)
+
+
+def summarize_token_sums(sums: dict) -> dict:
+    """loss, accuracy and perplexity from summed token statistics."""
+    weight = jnp.maximum(sums["weight"], 1.0)
+    loss = sums["loss"] / weight
+    out = {"loss": loss, "accuracy": sums["correct"] / weight, "perplexity": jnp.exp(loss)}
+    if "nll" in sums:  # label-smoothed training: also report the plain cross-entropy
+        out["nll"] = sums["nll"] / weight
+        out["perplexity"] = jnp.exp(out["nll"])
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedLMTask:
+    """Batches: input_ids, targets, mask_weights, segment_ids, token_types, all [B, T].
+
+    With `max_predictions`, the head runs only at the (at most) P masked positions of each row instead of all
+    T, which saves most of the [B, T, V] vocabulary product.
+    """
+
+    model: BertForMaskedLM
+    seq_len: int
+    max_predictions: int = 0
+
+    def init_inputs(self):
+        ids = jnp.zeros((1, self.seq_len), jnp.int32)
+        return (ids,), dict(segment_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
+
+    def loss(self, params, batch, rng, train):
+        weights, targets = batch["mask_weights"].astype(jnp.float32), batch["targets"]
+        positions = None
+        if self.max_predictions:
+            _, positions = jax.lax.top_k(weights, self.max_predictions)  # masked positions first
+            weights = jnp.take_along_axis(weights, positions, axis=1)
+            targets = jnp.take_along_axis(targets, positions, axis=1)
+        logits = self.model.apply(
+            {"params": params}, batch["input_ids"], segment_ids=batch["segment_ids"],
+            token_types=batch["token_types"], predict_positions=positions, deterministic=not train,
+            rngs={"dropout": rng} if train else {})
+        loss, correct, weight = token_cross_entropy(logits, targets, weights)
+        return loss, {"loss": loss, "correct": correct, "weight": weight}
+
+    def summarize(self, sums):
+        return summarize_token_sums(sums)
