@@ -109,6 +109,8 @@ class ModelConfig:
     layer_norm: str = "post"  # post (BERT, Vaswani) | pre
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 2
+    embedding_dim: int | None = None  # ALBERT's factorised embeddings: E-wide embeddings projected to d_model
+    share_layers: bool = False  # ALBERT: one set of layer parameters applied num_layers times
     embed_layer_norm: bool = True  # LayerNorm on the summed input embeddings (BERT); off for Vaswani
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani)
     causal: bool = False  # causal self-attention in the encoder stack (decoder-only use)
@@ -123,6 +125,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def embed_width(self) -> int:
+        """Width of token and input-position embeddings (E for factorised embeddings, else d_model)."""
+        return self.embedding_dim or self.d_model
 
     def __post_init__(self):
         if self.d_model % self.num_heads:

@@ -1,7 +1,8 @@
-"""Import Hugging Face BERT checkpoints (PyTorch state dicts or local folders) into jaxpos encoders.
+"""Import Hugging Face BERT and ALBERT checkpoints (PyTorch state dicts or local folders) into jaxpos encoders.
 
-Maps `BertModel` / `BertForMaskedLM` weights onto `BertEncoder` / `BertForMaskedLM` (absolute learned positions,
-post-LN). Needs no torch for safetensors folders; `pytorch_model.bin` needs torch.
+Maps `BertModel` / `BertForMaskedLM` and `AlbertModel` / `AlbertForMaskedLM` weights onto `BertEncoder` /
+`BertForMaskedLM` (absolute learned positions, post-LN; ALBERT's factorised embeddings and shared layers).
+Needs no torch for safetensors folders; `pytorch_model.bin` needs torch.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from jaxpos.config import ModelConfig, model_config
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
-def bert_config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
-    """A jaxpos ModelConfig equivalent to a Hugging Face BertConfig (as a dict from config.json)."""
+def config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
+    """A jaxpos ModelConfig equivalent to a Hugging Face BertConfig or AlbertConfig (a dict from config.json)."""
+    model_type = hf.get("model_type", "bert")
+    if model_type not in ("bert", "albert"):
+        raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; jaxpos imports bert and albert")
+    if model_type == "albert" and (hf.get("num_hidden_groups", 1) != 1 or hf.get("inner_group_num", 1) != 1):
+        raise ValueError("only ALBERT checkpoints with one layer group of one layer (all published ones) import")
     act = hf.get("hidden_act", "gelu")
     if act not in _ACTIVATIONS:
         raise ValueError(f"unsupported hidden_act {act!r} in the Hugging Face config; known: {list(_ACTIVATIONS)}")
@@ -30,6 +36,8 @@ def bert_config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=_ACTIVATIONS[act],
         init_std=hf.get("initializer_range", 0.02), layer_norm="post",
         position=dict(kind="absolute", segment="input"))
+    if model_type == "albert":
+        values.update(embedding_dim=hf["embedding_size"], share_layers=True)
     values.update(overrides)
     return model_config(values)
 
@@ -70,38 +78,56 @@ def _linear(w, key):
     return {"kernel": w(f"{key}.weight").T, "bias": w(f"{key}.bias")}
 
 
+# Sub-module names of one layer in each family: attention q/k/v/out, attention LN, MLP in/out, MLP LN.
+_LAYER_NAMES = {
+    "bert": ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+             "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm"),
+    "albert": ("attention.query", "attention.key", "attention.value", "attention.dense", "attention.LayerNorm",
+               "ffn", "ffn_output", "full_layer_layer_norm"),
+}
+
+
+def _layer(w, p, cfg, family):
+    q, k, v, o, attn_norm, wi, wo, mlp_norm = (p + name for name in _LAYER_NAMES[family])
+    return {"self_attention": {"query": _heads(w, q, cfg, "in"), "key": _heads(w, k, cfg, "in"),
+                               "value": _heads(w, v, cfg, "in"), "out": _heads(w, o, cfg, "out")},
+            "self_attention_norm": _norm(w, attn_norm),
+            "mlp": {"wi": _linear(w, wi), "wo": _linear(w, wo)},
+            "mlp_norm": _norm(w, mlp_norm)}
+
+
+def _family(state) -> str:
+    return "albert" if any("albert_layer_groups" in k for k in state) else "bert"
+
+
 def bert_encoder_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
-    """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT state dict (any of `BertModel`,
-    `BertForMaskedLM`, `BertForPreTraining`; a leading `bert.` is detected)."""
-    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
+    """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT or ALBERT state dict (`BertModel`,
+    `BertForMaskedLM`, `AlbertModel`, `AlbertForMaskedLM`, ...; a leading `bert.`/`albert.` is detected)."""
+    family = _family(state)
+    prefix = f"{family}." if any(k.startswith(f"{family}.") for k in state) else ""
     w = _Weights(state, prefix)
     encoder = {"embed_norm": _norm(w, "embeddings.LayerNorm"),
                "position": {"embedding": w("embeddings.position_embeddings.weight")}}
-    for i in range(cfg.num_layers):
-        p = f"encoder.layer.{i}."
-        encoder[f"layer_{i}"] = {
-            "self_attention": {
-                "query": _heads(w, p + "attention.self.query", cfg, "in"),
-                "key": _heads(w, p + "attention.self.key", cfg, "in"),
-                "value": _heads(w, p + "attention.self.value", cfg, "in"),
-                "out": _heads(w, p + "attention.output.dense", cfg, "out"),
-            },
-            "self_attention_norm": _norm(w, p + "attention.output.LayerNorm"),
-            "mlp": {"wi": _linear(w, p + "intermediate.dense"), "wo": _linear(w, p + "output.dense")},
-            "mlp_norm": _norm(w, p + "output.LayerNorm"),
-        }
+    if family == "albert":
+        encoder["embed_projection"] = _linear(w, "encoder.embedding_hidden_mapping_in")
+        encoder["layer_shared"] = _layer(w, "encoder.albert_layer_groups.0.albert_layers.0.", cfg, family)
+    else:
+        for i in range(cfg.num_layers):
+            encoder[f"layer_{i}"] = _layer(w, f"encoder.layer.{i}.", cfg, family)
     return {"token_embed": {"embedding": w("embeddings.word_embeddings.weight")},
             "type_embed": {"embedding": w("embeddings.token_type_embeddings.weight")},
             "encoder": encoder}
 
 
 def bert_mlm_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
-    """Parameters of a jaxpos `BertForMaskedLM` from a Hugging Face `BertForMaskedLM`/`BertForPreTraining`."""
-    w = _Weights(state, "cls.predictions.")
-    return {"bert": bert_encoder_params(state, cfg),
-            "head_dense": _linear(w, "transform.dense"),
-            "head_norm": _norm(w, "transform.LayerNorm"),
-            "output_bias": w("bias")}
+    """Parameters of a jaxpos `BertForMaskedLM` from a Hugging Face `BertForMaskedLM`/`BertForPreTraining`
+    or `AlbertForMaskedLM`."""
+    family = _family(state)
+    w = _Weights(state, "predictions." if family == "albert" else "cls.predictions.")
+    dense_name, norm_name = ("dense", "LayerNorm") if family == "albert" else ("transform.dense",
+                                                                               "transform.LayerNorm")
+    return {"bert": bert_encoder_params(state, cfg), "head_dense": _linear(w, dense_name),
+            "head_norm": _norm(w, norm_name), "output_bias": w("bias")}
 
 
 def load_hf_checkpoint(path: str) -> tuple[dict, dict[str, np.ndarray]]:

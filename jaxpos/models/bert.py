@@ -13,7 +13,7 @@ from jaxpos.models.layers import TransformerStack, activation, layer_norm
 
 
 def embedding(cfg: ModelConfig, num: int, axes: tuple[str, str], name: str, std: float | None = None) -> nn.Embed:
-    return nn.Embed(num, cfg.d_model, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+    return nn.Embed(num, cfg.embed_width, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
                     embedding_init=nn.with_logical_partitioning(normal_init(std or cfg.init_std), axes))
 
 
@@ -50,7 +50,8 @@ class BertEncoder(nn.Module):
 
 
 class BertForMaskedLM(nn.Module):
-    """Encoder + MLM head (dense, activation, LayerNorm, tied decoder + bias). -> logits [B, T, V].
+    """Encoder + MLM head (dense to the embedding width, activation, LayerNorm, tied decoder + bias).
+    -> logits [B, T, V].
 
     `encode` gives the hidden states; `__call__` the vocabulary logits at every position (or at
     `predict_positions` [B, P] only, which saves the [B, T, V] product during pretraining).
@@ -62,7 +63,7 @@ class BertForMaskedLM(nn.Module):
     def setup(self):
         cfg = self.cfg
         self.encoder = BertEncoder(cfg, decode=self.decode, name="bert")
-        self.head_dense = dense(cfg, cfg.d_model, -1, ("embed", "mlp"), ("mlp",), "head_dense")
+        self.head_dense = dense(cfg, cfg.embed_width, -1, ("embed", None), (None,), "head_dense")
         self.head_norm = layer_norm(cfg, "head_norm")
         self.output_bias = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                                       (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))

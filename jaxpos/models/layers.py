@@ -71,7 +71,7 @@ class TransformerStack(nn.Module):
     """L layers and everything positional: input position embeddings, the bias computed once per forward
     pass, the masks, and (with `decode`) the step counter of incremental decoding.
 
-    x [B, T, d] are token (and token-type) embeddings; returns hidden states [B, T, d].
+    x [B, T, E] are token (and token-type) embeddings (E = d_model unless embeddings are factorised); returns hidden states [B, T, d].
     `segment_ids` [B, T]: packing-piece ids, 0 = padding; `token_types` [B, T]: segments for per-head
     segment attention.
     """
@@ -111,6 +111,8 @@ class TransformerStack(nn.Module):
         if cfg.embed_layer_norm:
             x = layer_norm(cfg, "embed_norm")(x)
         x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+        if cfg.embedding_dim:  # factorised embeddings (ALBERT): project E -> d_model
+            x = dense(cfg, cfg.d_model, -1, (None, "embed"), ("embed",), "embed_projection")(x)
 
         bias = position(q_pos, k_pos)  # once per forward pass, for all layers
         if cfg.position.segment == "per_head":
@@ -131,8 +133,10 @@ class TransformerStack(nn.Module):
             cross_mask = attention_mask(q_segment=None if self.decode else segment_ids,
                                         k_segment=encoded_segment_ids)
 
+        shared = TransformerLayer(cfg, self.cross_attention, self.decode, name="layer_shared") \
+            if cfg.share_layers else None
         for i in range(self.num_layers):
-            layer = TransformerLayer(cfg, self.cross_attention, self.decode, name=f"layer_{i}")
+            layer = shared or TransformerLayer(cfg, self.cross_attention, self.decode, name=f"layer_{i}")
             x = layer(x, bias=bias.for_layer(i), q_pos=q_pos, k_pos=k_pos, mask=mask, types=token_types,
                       encoded=encoded, cross_bias=cross_bias.for_layer(i) if cross_bias is not None else None,
                       enc_pos=enc_pos, cross_mask=cross_mask, deterministic=deterministic)

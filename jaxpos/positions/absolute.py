@@ -20,8 +20,8 @@ def sinusoidal_table(positions: jax.Array, d_model: int, base: float = 10_000.0)
 
 
 def learned_position_table(module, cfg, name: str = "embedding") -> jax.Array:
-    """A learned [n, d] table of input position embeddings (BERT's `position_embeddings`)."""
-    return param(module, name, normal_init(cfg.init_std), (cfg.max_length, cfg.d_model), ("abspos", "embed"))
+    """A learned [n, E] table of input position embeddings (BERT's `position_embeddings`)."""
+    return param(module, name, normal_init(cfg.init_std), (cfg.max_length, cfg.embed_width), ("abspos", "embed"))
 
 
 def lookup_learned(kind: str, table: jax.Array, positions: jax.Array) -> jax.Array:
@@ -44,4 +44,4 @@ class SinusoidalPosition(PositionMechanism):
     """Fixed sinusoidal embeddings at the input (inductive: any length)."""
 
     def embed(self, positions):
-        return sinusoidal_table(positions, self.cfg.d_model)
+        return sinusoidal_table(positions, self.cfg.embed_width)
