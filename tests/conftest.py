@@ -8,3 +8,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# Identical programs (the same tiny train step in several tests, or in a killed and a resumed run) compile once.
+jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import time
 
 import jax
 import orbax.checkpoint as ocp
@@ -48,8 +50,10 @@ class Checkpointer:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
             except Exception as err:  # noqa: BLE001 - any failure means this checkpoint is unusable
+                aside = self._move_aside(step)
                 message = f"checkpoint step {step} in {self.directory} is corrupt or partial ({type(err).__name__}: " \
-                          f"{str(err).splitlines()[0][:200] if str(err) else ''}); falling back to the previous one"
+                          f"{str(err).splitlines()[0][:200] if str(err) else ''}); moved it to {aside} and " \
+                          "falling back to the previous one"
                 log.warning(message)
                 print(f"WARNING: {message}", flush=True)
                 failures.append(step)
@@ -59,6 +63,14 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint in {self.directory} could be restored (tried steps {failures}); "
                                   "move the directory away to start afresh")
         return None
+
+    def _move_aside(self, step: int) -> str:
+        """Moves an unreadable step out of the manager's way (kept for inspection, never overwritten)."""
+        aside = os.path.join(os.path.dirname(self.directory), "checkpoints_corrupt", f"{step}-{int(time.time())}")
+        os.makedirs(os.path.dirname(aside), exist_ok=True)
+        shutil.move(os.path.join(self.directory, str(step)), aside)
+        self.manager.reload()
+        return aside
 
     def close(self) -> None:
         self.manager.wait_until_finished()

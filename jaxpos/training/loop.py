@@ -72,7 +72,7 @@ def train_step(state: TrainState, batch: dict, *, task: Task, tx: optax.Gradient
     grads = jax.tree.map(lambda g: g / weight, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(task.summarize(sums), grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
+    metrics = dict(task.summarize(sums), grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

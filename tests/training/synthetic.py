@@ -1,0 +1,71 @@
+"""A tiny masked-LM run on synthetic, learnable data: used by the loop tests (and runnable as a script, so a
+test can SIGKILL it)."""
+
+from __future__ import annotations
+
+import sys
+
+import ml_collections
+import numpy as np
+
+from jaxpos.config import model_config
+from jaxpos.config_base import mesh_block, model_block, train_block
+from jaxpos.models import BertForMaskedLM
+from jaxpos.training.loop import Trainer
+from jaxpos.training.mlm import MaskedLMTask
+
+VOCAB, SEQ, BATCH = 40, 16, 8
+
+
+class SyntheticData:
+    """Rows of repeated bigrams; 15% of tokens chosen for prediction, half of them replaced by [MASK] (=4)
+    and half kept, so a model learns fast from the kept ones and slowly (from the twin) for the masked ones.
+    Batch k is a pure function of (seed, k)."""
+
+    def __init__(self, seed: int = 0, poison_at: int | None = None):
+        self.seed, self.index, self.poison_at = seed, 0, poison_at
+
+    def __next__(self):
+        rng = np.random.default_rng([self.seed, self.index])
+        first = rng.integers(5, VOCAB, (BATCH, SEQ // 2))
+        targets = np.repeat(first, 2, axis=1).astype(np.int32)  # each token predicts its twin
+        weights = (rng.random((BATCH, SEQ)) < 0.15).astype(np.float32)
+        if self.poison_at is not None and self.index == self.poison_at:
+            weights[0, 0] = np.nan
+        self.index += 1
+        masked = (weights > 0) & (rng.random((BATCH, SEQ)) < 0.5)
+        return dict(input_ids=np.where(masked, 4, targets).astype(np.int32), targets=targets,
+                    mask_weights=weights, segment_ids=np.ones_like(targets), token_types=np.zeros_like(targets))
+
+    def get_state(self):
+        return {"seed": self.seed, "index": self.index}
+
+    def set_state(self, state):
+        self.seed, self.index = state["seed"], state["index"]
+
+
+def config(num_steps: int, checkpoint_every: int = 5, accum: int = 1, kind: str = "tisa"):
+    c = ml_collections.ConfigDict()
+    c.model = model_block(vocab_size=VOCAB, d_model=32, num_layers=2, num_heads=4, mlp_dim=64, max_length=SEQ,
+                          dropout=0.1, attention_dropout=0.1)
+    c.model.position.kind = kind
+    c.data = ml_collections.ConfigDict(dict(seq_len=SEQ))
+    c.train = train_block(num_steps=num_steps, batch_size=BATCH, learning_rate=3e-3, log_every=5,
+                          checkpoint_every=checkpoint_every, eval_every=10_000, grad_accum_steps=accum,
+                          async_checkpoints=True)
+    c.mesh = mesh_block()
+    return c
+
+
+def run(workdir: str, num_steps: int, checkpoint_every: int = 5, poison_at=None, accum: int = 1, log=False,
+        kind: str = "tisa"):
+    c = config(num_steps, checkpoint_every, accum, kind)
+    trainer = Trainer(c, workdir, MaskedLMTask(BertForMaskedLM(model_config(c.model)), SEQ), log=log)
+    try:
+        return trainer.run(SyntheticData(poison_at=poison_at))
+    finally:
+        trainer.close()
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), log=True)

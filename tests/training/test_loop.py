@@ -1,0 +1,88 @@
+"""The shared training loop: kill-and-resume equality, NaN stop, corrupt-checkpoint fallback, accumulation."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpos.training.loop import TrainingDiverged
+from tests.training import synthetic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def leaves(state):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state.params))]
+
+
+def test_loss_falls_on_learnable_data(tmp_path):
+    result = synthetic.run(str(tmp_path), 80, checkpoint_every=100)
+    unigram_entropy = np.log(synthetic.VOCAB - 5)  # targets are uniform over the 35 non-special tokens
+    assert result.final_metrics["loss"] < unigram_entropy - 0.4
+
+
+def test_sigkill_and_resume_reaches_the_same_parameters(tmp_path):
+    steps = 24
+    reference = synthetic.run(str(tmp_path / "straight"), steps, checkpoint_every=4)
+    workdir = tmp_path / "killed"
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.training.synthetic", str(workdir), str(steps), "4"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # Kill it as soon as a checkpoint past the first exists, while it is still training.
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        done = [d for d in os.listdir(workdir / "checkpoints")] if (workdir / "checkpoints").exists() else []
+        if any(d.isdigit() and int(d) >= 8 for d in done):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = synthetic.run(str(workdir), steps, checkpoint_every=4)
+    assert resumed.resumed_from is not None and 8 <= resumed.resumed_from < steps
+    for a, b in zip(leaves(reference.state), leaves(resumed.state)):
+        np.testing.assert_array_equal(a, b)  # bit for bit on the CPU
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(TrainingDiverged, match="loss is nan at step 8.*last good checkpoint is step 5"):
+        synthetic.run(str(tmp_path), 20, checkpoint_every=5, poison_at=7)
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [5]
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
+    synthetic.run(str(tmp_path), 10, checkpoint_every=5)
+    latest = tmp_path / "checkpoints" / "10"
+    for root, _, files in os.walk(latest):
+        for name in files:
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(b"\x00garbage")
+    resumed = synthetic.run(str(tmp_path), 10, checkpoint_every=5)
+    assert resumed.resumed_from == 5
+    assert "checkpoint step 10" in capsys.readouterr().out
+
+
+def test_gradient_accumulation_matches_one_large_batch(tmp_path):
+    c1 = synthetic.config(3)
+    c1.model.dropout = c1.model.attention_dropout = 0.0
+    from jaxpos.config import model_config
+    from jaxpos.models import BertForMaskedLM
+    from jaxpos.training.loop import Trainer
+    from jaxpos.training.mlm import MaskedLMTask
+
+    results = []
+    for accum in (1, 4):
+        c = synthetic.config(3, checkpoint_every=100, accum=accum)
+        c.model.dropout = c.model.attention_dropout = 0.0
+        trainer = Trainer(c, str(tmp_path / f"a{accum}"), MaskedLMTask(BertForMaskedLM(model_config(c.model)),
+                                                                        synthetic.SEQ), log=False)
+        results.append(trainer.run(synthetic.SyntheticData()))
+        trainer.close()
+    for a, b in zip(leaves(results[0].state), leaves(results[1].state)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
