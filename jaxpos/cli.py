@@ -10,6 +10,11 @@ import sys
 def _train(args, overrides):
     from jaxpos.config_io import apply_overrides, load_config
 
+    if args.distributed:  # multi-host: coordinator and process ids come from the TPU / SLURM environment
+        import jax
+
+        jax.distributed.initialize()
+
     config = apply_overrides(load_config(args.config), overrides)
     if config.task == "mlm":
         from jaxpos.training.mlm_main import train_mlm
@@ -33,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "--config.model.position.kind=diet_rel")
     train.add_argument("--config", required=True, help="config file, e.g. configs/mlm/tiny.py (or file.py:arg)")
     train.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, tokenizer, figures")
+    train.add_argument("--distributed", action="store_true",
+                       help="call jax.distributed.initialize() first (multi-host TPU pods and SLURM jobs)")
     train.set_defaults(run=_train)
     smoke = sub.add_parser("smoke", help="forward/backward of every positional mechanism; prints a table")
     smoke.add_argument("--seq-len", type=int, default=64)

@@ -1,0 +1,172 @@
+"""SentencePiece tokenizers with fixed special-token ids, trained from a corpus and cached, or loaded from a file.
+
+Special tokens take the first ids, in the order given to `train_sentencepiece`:
+
+    MLM_SPECIAL_TOKENS:         [PAD]=0  [UNK]=1  [CLS]=2  [SEP]=3  [MASK]=4
+    TRANSLATION_SPECIAL_TOKENS: [PAD]=0  [UNK]=1  [BOS]=2  [EOS]=3
+
+[PAD], [UNK], [BOS] and [EOS] become SentencePiece's own pad/unk/bos/eos pieces (so `encode(..., add_bos=True)`
+works); the others are control symbols, which text can never produce: a literal "[MASK]" in the corpus is
+tokenized as ordinary characters, so the data cannot forge a special token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from typing import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+MLM_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TRANSLATION_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
+NUM_MLM_SPECIAL = len(MLM_SPECIAL_TOKENS)
+
+_NATIVE_PIECES = {"[PAD]": "pad", "[UNK]": "unk", "[BOS]": "bos", "[EOS]": "eos"}  # SentencePiece's own roles
+
+
+class Tokenizer:
+    """A SentencePiece model whose special tokens sit at ids 0..len(special_tokens)-1."""
+
+    def __init__(self, model_path: str, special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS):
+        if not os.path.isfile(model_path):
+            raise FileNotFoundError(f"SentencePiece model {model_path!r} does not exist")
+        self.path = model_path
+        self.processor = spm.SentencePieceProcessor(model_file=model_path)
+        self.special_tokens = tuple(special_tokens)
+        found = [self.processor.piece_to_id(token) for token in self.special_tokens]
+        if found != list(range(len(self.special_tokens))):
+            have = {token: self.processor.piece_to_id(token) for token in self.special_tokens}
+            raise ValueError(f"SentencePiece model {model_path} has special tokens at ids {have}; jaxpos needs "
+                             f"{dict(zip(self.special_tokens, range(len(self.special_tokens))))} "
+                             "(train it with jaxpos.data.train_sentencepiece)")
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, special tokens included (may be below the requested size for a small corpus)."""
+        return self.processor.get_piece_size()
+
+    @property
+    def num_special(self) -> int:
+        return len(self.special_tokens)
+
+    def id(self, token: str) -> int:
+        """The id of a special token, e.g. `id("[MASK]") == 4`."""
+        if token not in self.special_tokens:
+            raise KeyError(f"{token} is not a special token of {self.path}; it has {self.special_tokens}")
+        return self.special_tokens.index(token)
+
+    def encode(self, text: str) -> list[int]:
+        return self.processor.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of many texts at once (SentencePiece encodes them on several threads)."""
+        return self.processor.encode(texts) if texts else []
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`; control symbols ([CLS], [SEP], [MASK]) decode to nothing."""
+        return self.processor.decode([int(i) for i in ids])
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.path!r}, vocab_size={self.vocab_size}, special_tokens={self.special_tokens})"
+
+
+def load_tokenizer(path: str, special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS) -> Tokenizer:
+    """Loads a `.model` file and checks that its special tokens sit at the documented ids."""
+    return Tokenizer(os.path.expanduser(path), special_tokens)
+
+
+def sample_texts(texts: Iterable[str], max_texts: int, seed: int = 0) -> list[str]:
+    """At most `max_texts` non-empty texts, a uniform reservoir sample in reading order; memory stays bounded."""
+    rng = np.random.default_rng([seed, 7])
+    reservoir: list[tuple[int, str]] = []
+    for index, text in enumerate(t.strip() for t in texts):
+        if not text:
+            continue
+        if len(reservoir) < max_texts:
+            reservoir.append((index, text))
+        else:
+            slot = int(rng.integers(0, index + 1))
+            if slot < max_texts:
+                reservoir[slot] = (index, text)
+    return [text for _, text in sorted(reservoir)]
+
+
+def train_sentencepiece(texts: Iterable[str], model_prefix: str, vocab_size: int, *,
+                        special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS, model_type: str = "unigram",
+                        max_sentences: int = 300_000, character_coverage: float = 0.9995,
+                        seed: int = 0, num_threads: int = 1) -> Tokenizer:
+    """Trains SentencePiece on at most `max_sentences` of `texts` (one sentence or line each) and writes
+    `model_prefix.model` / `.vocab` atomically. `special_tokens` take ids 0.. in order; [UNK] is required.
+    `vocab_size` is an upper bound: a small corpus gives fewer pieces (see `Tokenizer.vocab_size`).
+    The model is the same on every machine for the same `num_threads` (SentencePiece's result depends on it,
+    so it is a fixed argument, not the core count; one thread trains the embedded corpus in under a second)."""
+    special_tokens = tuple(special_tokens)
+    if "[UNK]" not in special_tokens:
+        raise ValueError(f"special_tokens {special_tokens} must include [UNK] (SentencePiece needs one)")
+    if vocab_size <= len(special_tokens):
+        raise ValueError(f"vocab_size={vocab_size} leaves no room beside {len(special_tokens)} special tokens")
+    sentences = sample_texts(texts, max_sentences, seed)
+    if not sentences:
+        raise ValueError("cannot train a SentencePiece model on an empty corpus")
+    roles = {f"{role}_id": -1 for role in ("pad", "bos", "eos")}
+    control_symbols = []
+    for token_id, token in enumerate(special_tokens):
+        if token in _NATIVE_PIECES:
+            role = _NATIVE_PIECES[token]
+            roles[f"{role}_id"], roles[f"{role}_piece"] = token_id, token
+        else:
+            control_symbols.append(token)  # SentencePiece fills the free low ids with these, in order
+    directory = os.path.dirname(os.path.abspath(model_prefix))
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        scratch_prefix = os.path.join(scratch, "spm")
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_prefix=scratch_prefix, vocab_size=vocab_size,
+            model_type=model_type, control_symbols=control_symbols, hard_vocab_limit=False,
+            character_coverage=character_coverage, input_sentence_size=0, shuffle_input_sentence=False,
+            max_sentence_length=1 << 16, num_threads=num_threads,
+            minloglevel=2, **roles)
+        for suffix in (".model", ".vocab"):  # a concurrent reader never sees a half-written model
+            os.replace(scratch_prefix + suffix, model_prefix + suffix)
+    return Tokenizer(model_prefix + ".model", special_tokens)
+
+
+def load_or_train_tokenizer(workdir: str, sentences: Iterable[str], vocab_size: int, *,
+                            model_path: str | None = None, name: str = "spm_mlm",
+                            special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS, model_type: str = "unigram",
+                            max_sentences: int = 300_000, seed: int = 0) -> tuple[Tokenizer, bool]:
+    """The tokenizer of a run and whether it was trained now.
+
+    `model_path` given: that file. Otherwise WORKDIR/<name>.model, reused when its WORKDIR/<name>.json records
+    the same settings and training sentences (a resumed run keeps its vocabulary), trained when absent. A cached
+    model made with other settings raises: a run's checkpoints only fit the vocabulary they were trained with.
+    """
+    if model_path:
+        return load_tokenizer(model_path, special_tokens), False
+    sample = sample_texts(sentences, max_sentences, seed)
+    digest = hashlib.sha256()
+    for sentence in sample:
+        digest.update(sentence.encode("utf-8", errors="replace") + b"\n")
+    settings = dict(vocab_size=vocab_size, special_tokens=list(special_tokens), model_type=model_type,
+                    max_sentences=max_sentences, seed=seed, sentences=len(sample), sha256=digest.hexdigest())
+    prefix = os.path.join(workdir, name)
+    settings_path = prefix + ".json"
+    if os.path.exists(prefix + ".model") and os.path.exists(settings_path):
+        with open(settings_path) as f:
+            cached = json.load(f)
+        if cached != settings:
+            changed = {k: (cached.get(k), v) for k, v in settings.items() if cached.get(k) != v}
+            raise ValueError(f"{prefix}.model was trained with other settings or data (cached, now): {changed}. "
+                             "Checkpoints in this workdir fit the old vocabulary: use a new workdir, or delete "
+                             f"{prefix}.model to retrain")
+        return load_tokenizer(prefix + ".model", special_tokens), False
+    tokenizer = train_sentencepiece(sample, prefix, vocab_size, special_tokens=special_tokens,
+                                    model_type=model_type, max_sentences=max_sentences, seed=seed)
+    with open(settings_path, "w") as f:
+        json.dump(settings, f, indent=1)
+    return tokenizer, True
