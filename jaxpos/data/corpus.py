@@ -18,9 +18,9 @@ from typing import Iterator, Sequence
 _BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n")
 _HEADING_UNDERLINE = re.compile(r"^\s*([*=\-~^])\1{2,}\s*$")
 _PROSE_WORD = re.compile(r"^[\"'(“‘*]*[A-Za-z][A-Za-z'’\-]*[.,;:!?\"')”’]*$")
-_LIST_MARK = re.compile(r"^\s*(?:[*\-]|\d+\.|\(\d+\)|\[\d+\])\s+")  # "* ", "- ", "1. ", "(1) ", "[1] " (footnote)
+_LIST_MARK = re.compile(r"^\s*(?:[*\-]|\d+\.|\(\d+\)|\[\d+\])\s+")  # "* ", "- ", "1. ", "(1) ", "[1] "
 _REPLACE_WITH_SPACE = "jaxpos.space"
-codecs.register_error(_REPLACE_WITH_SPACE, lambda error: (" ", error.end))  # each invalid UTF-8 sequence -> one space
+codecs.register_error(_REPLACE_WITH_SPACE, lambda error: (" ", error.end))  # an invalid UTF-8 sequence -> " "
 
 
 @dataclasses.dataclass
@@ -182,7 +182,7 @@ def load_documents(config, train_stats: DataStats, eval_stats: DataStats) -> tup
 
     The held-out documents are `data.tfds_eval_split` for TFDS when it is set, else the documents that
     `is_eval_document` picks with `data.eval_fraction`. Reads at most `data.max_documents` (0 = all) documents
-    of the source. Whitespace-only documents are skipped and counted in their split's stats.
+    of the source (per split). Whitespace-only documents are skipped and counted in their split's stats.
     """
     train, held_out = [], []
     for index, document in enumerate(source_documents(config, train_stats)):

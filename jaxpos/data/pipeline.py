@@ -102,6 +102,8 @@ class MLMTrainIterator:
 
     def __init__(self, examples: PackedExamples, tokenizer: Tokenizer, batch_size: int, *, seed: int = 0,
                  mask_prob: float = 0.15, process_index: int | None = None, process_count: int | None = None):
+        if seed < 0:
+            raise ValueError(f"data.seed={seed}; the RNG streams need a non-negative seed")
         if len(examples) < batch_size:
             raise ValueError(f"the corpus packs into {len(examples)} examples of {examples.seq_len} tokens, fewer "
                              f"than one global batch of {batch_size}: add data, or lower the batch size or "
