@@ -13,7 +13,7 @@ def get_config():
                         dropout=0.1, attention_dropout=0.1)
     config.model.position.kind = "tisa"
     config.data.update(seq_len=128, vocab_size=4000)
-    config.train.update(num_steps=700, batch_size=16, learning_rate=2e-3, warmup_fraction=0.05,
-                        weight_decay=0.01, max_predictions=32, log_every=50, eval_every=350, eval_batches=8,
-                        checkpoint_every=350)
+    config.train.update(num_steps=900, batch_size=16, learning_rate=2e-3, warmup_fraction=0.05,
+                        weight_decay=0.01, max_predictions=32, log_every=50, eval_every=450, eval_batches=8,
+                        checkpoint_every=450)
     return config
