@@ -133,6 +133,7 @@ class TransformerStack(nn.Module):
             cross_mask = attention_mask(q_segment=None if self.decode else segment_ids,
                                         k_segment=encoded_segment_ids)
 
+        self.sow("intermediates", "hidden_states", x)  # analysis taps: the input of layer 0, then each output
         shared = TransformerLayer(cfg, self.cross_attention, self.decode, name="layer_shared") \
             if cfg.share_layers else None
         for i in range(self.num_layers):
@@ -140,6 +141,7 @@ class TransformerStack(nn.Module):
             x = layer(x, bias=bias.for_layer(i), q_pos=q_pos, k_pos=k_pos, mask=mask, types=token_types,
                       encoded=encoded, cross_bias=cross_bias.for_layer(i) if cross_bias is not None else None,
                       enc_pos=enc_pos, cross_mask=cross_mask, deterministic=deterministic)
+            self.sow("intermediates", "hidden_states", x)
         if cfg.layer_norm == "pre":
             x = layer_norm(cfg, "final_norm")(x)
         return x

@@ -1,0 +1,142 @@
+"""Additive decomposition of a post-LN encoder's hidden states (Mickus et al., "How to Dissect a Muppet").
+
+Every hidden state is split as e = i + h + f + c:
+  i  the input embeddings (token + position + type), carried through residuals and LayerNorm scalings;
+  h  every attention sublayer's output without its biases (value biases and b_O go to c);
+  f  every feed-forward sublayer's output without its output bias b2 (b2 goes to c);
+  c  LayerNorm biases and mean shifts, b_O + W_O b_V, b2.
+A LayerNorm g*(x - m)/sqrt(var + eps) + b is linear in x for the fixed per-token scale g/sqrt(var + eps), so each
+term is scaled by it and -scale*m + b joins c. Attention weights come from the model itself, so the bookkeeping
+holds for any positional mechanism whose values carry no positional term (everything but Shaw's r^V).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from jaxpos.config import ModelConfig
+from jaxpos.models import BertEncoder
+
+TERMS = ("i", "h", "f", "c")
+
+
+@dataclasses.dataclass
+class Decomposition:
+    terms: np.ndarray  # [L+1, 4, B, T, d]: i, h, f, c after the embeddings (index 0) and after each layer
+    hidden: np.ndarray  # [L+1, B, T, d]: the model's own hidden states (sown by the encoder), for comparison
+    mask: np.ndarray  # [B, T] bool: real (non-padding) tokens
+
+    def importance(self) -> np.ndarray:
+        """mu(e, t) = e.t / |e|^2 per layer and term, averaged over real tokens: [L+1, 4], rows sum to 1."""
+        e = self.terms.sum(axis=1)  # [L+1, B, T, d]
+        mu = np.einsum("lbtd,lkbtd->lkbt", e, self.terms) / np.einsum("lbtd,lbtd->lbt", e, e)[:, None]
+        return mu[:, :, self.mask].mean(axis=-1)
+
+
+def _layer_norm_parts(x, p, eps):
+    """(scale [.., d], shift [.., d]) with LN(x) = scale * x + shift for this x."""
+    mean = x.mean(-1, keepdims=True)
+    inv = 1.0 / np.sqrt(x.var(-1, keepdims=True) + eps)
+    scale = p["scale"] * inv
+    return scale, p["bias"] - scale * mean
+
+
+def _gelu(x, approximate):
+    if approximate:
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    from scipy.special import erf  # scipy comes with jax
+
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+
+def _activation(name):
+    if name == "relu":
+        return lambda x: np.maximum(x, 0)
+    return lambda x: _gelu(x, name == "gelu_tanh")
+
+
+def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_types=None,
+              dtype=np.float64) -> Decomposition:
+    """Decomposes the hidden states of a post-LN `BertEncoder` with parameters `params` (its own tree, not
+    the MLM wrapper's) for input_ids [B, T]. Computation in `dtype` (float64 by default)."""
+    if cfg.layer_norm != "post":
+        raise ValueError("the additive decomposition is defined for post-LN encoders (model.layer_norm='post')")
+    if cfg.position.kind == "shaw" and cfg.position.shaw.values:
+        raise ValueError("Shaw relative value vectors add a positional term to the values; decompose "
+                         "a model without them (position.shaw.values=False)")
+    model = BertEncoder(cfg)
+    ids = np.asarray(input_ids)
+    segs = np.ones_like(ids) if segment_ids is None else np.asarray(segment_ids)
+    types = np.zeros_like(ids) if token_types is None else np.asarray(token_types)
+    variables = {"params": params}
+    _, state = model.apply(variables, ids, segment_ids=segs, token_types=types, mutable=["intermediates"])
+    weights = _attention_weights(state["intermediates"], cfg)  # [L, B, H, T, T]
+    hidden_states = state["intermediates"]["encoder"]["hidden_states"]  # L+1 of [B, T, d]
+    p = jax.tree.map(lambda x: np.asarray(x, dtype), nn.unbox(params))
+    enc = p["encoder"]
+
+    x = p["token_embed"]["embedding"][ids]
+    if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
+        x = x + p["type_embed"]["embedding"][types]
+    position_embedding = _input_position_embedding(cfg, enc, ids.shape[1])
+    if position_embedding is not None:
+        x = x + np.asarray(position_embedding, dtype)[None]
+    if cfg.embed_layer_norm:
+        scale, shift = _layer_norm_parts(x, enc["embed_norm"], cfg.layer_norm_eps)
+        terms = [scale * x, 0 * x, 0 * x, shift]
+    else:
+        terms = [x, 0 * x, 0 * x, 0 * x]
+    if cfg.embedding_dim:
+        proj = enc["embed_projection"]
+        terms = [t @ proj["kernel"] for t in terms]
+        terms[3] = terms[3] + proj["bias"]
+    history = [np.stack(terms)]
+    act = _activation(cfg.activation)
+    for layer in range(cfg.num_layers):
+        lp = enc["layer_shared"] if cfg.share_layers else enc[f"layer_{layer}"]
+        att = lp["self_attention"]
+        e = sum(terms)
+        values = np.einsum("btd,dhk->bthk", e, att["value"]["kernel"])  # value biases excluded from h
+        mixed = np.einsum("bhts,bshk->bthk", weights[layer].astype(dtype), values)
+        attention = np.einsum("bthk,hkd->btd", mixed, att["out"]["kernel"])
+        attention_bias = np.einsum("hk,hkd->d", att["value"]["bias"], att["out"]["kernel"]) + att["out"]["bias"]
+        i, h, f, c = terms
+        residual = [i, h + attention, f, c + attention_bias]
+        scale, shift = _layer_norm_parts(sum(residual), lp["self_attention_norm"], cfg.layer_norm_eps)
+        terms = [scale * t for t in residual]
+        terms[3] = terms[3] + shift
+        z = sum(terms)
+        mlp = lp["mlp"]
+        ff = act(z @ mlp["wi"]["kernel"] + mlp["wi"]["bias"]) @ mlp["wo"]["kernel"]  # b2 excluded from f
+        i, h, f, c = terms
+        residual = [i, h, f + ff, c + mlp["wo"]["bias"]]
+        scale, shift = _layer_norm_parts(sum(residual), lp["mlp_norm"], cfg.layer_norm_eps)
+        terms = [scale * t for t in residual]
+        terms[3] = terms[3] + shift
+        history.append(np.stack(terms))
+    return Decomposition(np.stack(history), np.stack([np.asarray(h, dtype) for h in hidden_states]), segs != 0)
+
+
+def _attention_weights(intermediates, cfg) -> np.ndarray:
+    """[L, B, H, T, S] attention weights the encoder sowed (a shared layer sows once per application)."""
+    encoder = intermediates["encoder"]
+    if cfg.share_layers:
+        return np.stack(encoder["layer_shared"]["self_attention"]["attention_weights"])
+    return np.stack([encoder[f"layer_{i}"]["self_attention"]["attention_weights"][0] for i in range(cfg.num_layers)])
+
+
+def _input_position_embedding(cfg: ModelConfig, encoder_params, length: int):
+    """What the mechanism adds to the token embeddings at the input ([T, E]), or None."""
+    from jaxpos.positions.absolute import sinusoidal_table
+
+    kind = cfg.position.kind
+    if kind == "absolute" or (kind == "tisa" and cfg.position.tisa.input_positions):
+        return encoder_params["position"]["embedding"][:length]
+    if kind == "sinusoidal":
+        return np.asarray(sinusoidal_table(np.arange(length), cfg.embed_width))
+    return None
