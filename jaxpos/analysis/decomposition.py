@@ -30,6 +30,19 @@ class Decomposition:
     terms: np.ndarray  # [L+1, 4, B, T, d]: i, h, f, c after the embeddings (index 0) and after each layer
     hidden: np.ndarray  # [L+1, B, T, d]: the model's own hidden states (sown by the encoder), for comparison
     mask: np.ndarray  # [B, T] bool: real (non-padding) tokens
+    feedforward_io: list  # per layer (input z [B, T, d], output W2 act(W1 z + b1) + b2 [B, T, d])
+
+    def feedforward_linear_r2(self) -> np.ndarray:
+        """r^2 of the least-squares linear fit (with intercept) of each feed-forward sublayer's output from its
+        input over the real tokens (Muppet section 2.3): [L]."""
+        scores = []
+        for z, out in self.feedforward_io:
+            x, y = z[self.mask], out[self.mask]
+            design = np.concatenate([x, np.ones((len(x), 1), x.dtype)], axis=1)
+            coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+            residual = ((y - design @ coef) ** 2).sum()
+            scores.append(1.0 - residual / ((y - y.mean(axis=0)) ** 2).sum())
+        return np.asarray(scores)
 
     def importance(self) -> np.ndarray:
         """mu(e, t) = e.t / |e|^2 per layer and term, averaged over real tokens: [L+1, 4], rows sum to 1."""
@@ -96,6 +109,7 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
         terms = [t @ proj["kernel"] for t in terms]
         terms[3] = terms[3] + proj["bias"]
     history = [np.stack(terms)]
+    feedforward_io = []
     act = _activation(cfg.activation)
     for layer in range(cfg.num_layers):
         lp = enc["layer_shared"] if cfg.share_layers else enc[f"layer_{layer}"]
@@ -114,12 +128,14 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
         mlp = lp["mlp"]
         ff = act(z @ mlp["wi"]["kernel"] + mlp["wi"]["bias"]) @ mlp["wo"]["kernel"]  # b2 excluded from f
         i, h, f, c = terms
+        feedforward_io.append((z, ff + mlp["wo"]["bias"]))
         residual = [i, h, f + ff, c + mlp["wo"]["bias"]]
         scale, shift = _layer_norm_parts(sum(residual), lp["mlp_norm"], cfg.layer_norm_eps)
         terms = [scale * t for t in residual]
         terms[3] = terms[3] + shift
         history.append(np.stack(terms))
-    return Decomposition(np.stack(history), np.stack([np.asarray(h, dtype) for h in hidden_states]), segs != 0)
+    return Decomposition(np.stack(history), np.stack([np.asarray(h, dtype) for h in hidden_states]), segs != 0,
+                         feedforward_io)
 
 
 def _attention_weights(intermediates, cfg) -> np.ndarray:

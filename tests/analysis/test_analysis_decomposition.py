@@ -54,3 +54,19 @@ def test_albert_style_encoder_and_refusals():
     np.testing.assert_allclose(result.terms.sum(axis=1), result.hidden, atol=1e-5)
     with pytest.raises(ValueError, match="post-LN"):
         decompose(tiny_config(dict(kind="absolute"), layer_norm="pre"), None, IDS)
+
+
+def test_feedforward_linear_fit_r2_matches_direct_least_squares():
+    cfg = tiny_config(dict(kind="absolute"), num_layers=2)
+    result = decompose(cfg, encoder_params(cfg, IDS), IDS, segment_ids=SEGS)
+    r2 = result.feedforward_linear_r2()
+    assert r2.shape == (2,) and np.all((0 <= r2) & (r2 <= 1))
+    z, out = result.feedforward_io[1]
+    x, y = z[result.mask], out[result.mask]
+    x1 = np.hstack([x, np.ones((len(x), 1))])
+    fit = x1 @ np.linalg.pinv(x1) @ y  # projection onto the column space: the least-squares fit
+    want = 1 - ((y - fit) ** 2).sum() / ((y - y.mean(0)) ** 2).sum()
+    assert r2[1] == pytest.approx(want, rel=1e-6)
+    # a purely linear "feed-forward" map is fitted perfectly
+    result.feedforward_io = [(z, z @ np.random.default_rng(1).normal(size=(cfg.d_model, 5)) + 3.0)]
+    assert result.feedforward_linear_r2()[0] == pytest.approx(1.0, abs=1e-9)
