@@ -1,0 +1,43 @@
+"""The translation task: label-smoothed cross-entropy of an encoder-decoder for the shared loop.
+
+Batches: `inputs` [B, S] and `targets` [B, T] (0 = padding, targets end with EOS), optionally
+`inputs_segmentation` / `targets_segmentation` [B, S] / [B, T] for packed pairs (0 = padding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from jaxpos.models import EncoderDecoder
+from jaxpos.training.mlm import summarize_token_sums, token_cross_entropy
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationTask:
+    model: EncoderDecoder
+    max_source_len: int
+    max_target_len: int
+    label_smoothing: float = 0.1  # Vaswani et al.
+
+    def init_inputs(self):
+        return (jnp.ones((1, self.max_source_len), jnp.int32), jnp.ones((1, self.max_target_len), jnp.int32)), {}
+
+    def loss(self, params, batch, rng, train):
+        targets = batch["targets"]
+        target_segments = batch.get("targets_segmentation")
+        logits = self.model.apply(
+            {"params": params}, batch["inputs"], targets, inputs_segmentation=batch.get("inputs_segmentation"),
+            targets_segmentation=target_segments, deterministic=not train, rngs={"dropout": rng} if train else {})
+        weights = (targets != 0).astype(jnp.float32)
+        if target_segments is not None:
+            weights = weights * (target_segments != 0)
+        loss, correct, weight = token_cross_entropy(logits, targets, weights, self.label_smoothing)
+        sums = {"loss": loss, "correct": correct, "weight": weight}
+        if self.label_smoothing:  # report the plain cross-entropy (and its perplexity) too
+            sums["nll"] = token_cross_entropy(logits, targets, weights)[0]
+        return loss, sums
+
+    def summarize(self, sums):
+        return summarize_token_sums(sums)
