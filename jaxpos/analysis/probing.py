@@ -1,0 +1,72 @@
+"""Identical-word probing (Chen, Varoquaux & Suchanek, A.1): attention on sentences made of one repeated word
+exposes the purely positional part of a model's attention."""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpos.config import ModelConfig
+from jaxpos.models import BertEncoder
+
+_WORD = re.compile(r"^[A-Za-z]{2,}$")
+
+
+def whole_word_ids(vocabulary: Sequence[str]) -> list[int]:
+    """Ids of vocabulary entries that are whole words of two or more letters: SentencePiece pieces that start a
+    word ("▁house") or WordPiece tokens that are not continuations ("house", not "##ing"); no single
+    characters, no sub-word pieces, no special tokens."""
+    sentencepiece = any(piece.startswith("▁") for piece in vocabulary)  # else WordPiece conventions
+    ids = []
+    for index, piece in enumerate(vocabulary):
+        if sentencepiece:
+            if not piece.startswith("▁"):
+                continue  # a piece inside a word
+            word = piece[1:]
+        else:
+            word = piece  # "##..." continuations and "[SPECIAL]" tokens fail the letters-only test
+        if _WORD.match(word):
+            ids.append(index)
+    return ids
+
+
+def sample_probe_words(vocabulary: Sequence[str], count: int = 100, seed: int = 0) -> np.ndarray:
+    """`count` random whole-word ids (fewer if the vocabulary has fewer), reproducible for a seed."""
+    candidates = whole_word_ids(vocabulary)
+    if not candidates:
+        raise ValueError("the vocabulary has no whole-word entries of two or more letters to probe with")
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(candidates, size=min(count, len(candidates)), replace=False))
+
+
+def identical_word_attention(cfg: ModelConfig, params, word_ids: Sequence[int], length: int = 128,
+                             batch_size: int = 25) -> np.ndarray:
+    """Attention weights averaged over sentences that repeat one word `length` times: [L, H, length, length].
+
+    Averaging further over heads and layers gives the model's positional weight matrix (Chen et al. Fig. 1).
+    """
+    model = BertEncoder(cfg)
+
+    @jax.jit
+    def weights_of(ids):
+        _, state = model.apply({"params": params}, ids, segment_ids=jnp.ones_like(ids), mutable=["intermediates"])
+        encoder = state["intermediates"]["encoder"]
+        if cfg.share_layers:
+            stacked = jnp.stack(encoder["layer_shared"]["self_attention"]["attention_weights"])
+        else:
+            stacked = jnp.stack([encoder[f"layer_{i}"]["self_attention"]["attention_weights"][0]
+                                 for i in range(cfg.num_layers)])
+        return stacked.sum(axis=1)  # [L, H, T, T], summed over the batch
+
+    words = np.asarray(word_ids, np.int32)
+    if words.size == 0:
+        raise ValueError("no probe words given")
+    total = 0.0
+    for start in range(0, len(words), batch_size):  # a short last chunk compiles once more
+        chunk = words[start:start + batch_size]
+        total = total + np.asarray(weights_of(jnp.asarray(np.repeat(chunk[:, None], length, axis=1))), np.float64)
+    return total / len(words)
