@@ -19,8 +19,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from jaxpos.analysis.taps import layer_params, run_encoder
 from jaxpos.config import ModelConfig
-from jaxpos.models import BertEncoder
 
 TERMS = ("i", "h", "f", "c")
 
@@ -82,14 +82,10 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
     if cfg.position.kind == "shaw" and cfg.position.shaw.values:
         raise ValueError("Shaw relative value vectors add a positional term to the values; decompose "
                          "a model without them (position.shaw.values=False)")
-    model = BertEncoder(cfg)
     ids = np.asarray(input_ids)
     segs = np.ones_like(ids) if segment_ids is None else np.asarray(segment_ids)
     types = np.zeros_like(ids) if token_types is None else np.asarray(token_types)
-    variables = {"params": params}
-    _, state = model.apply(variables, ids, segment_ids=segs, token_types=types, mutable=["intermediates"])
-    weights = _attention_weights(state["intermediates"], cfg)  # [L, B, H, T, T]
-    hidden_states = state["intermediates"]["encoder"]["hidden_states"]  # L+1 of [B, T, d]
+    weights, hidden_states = (np.asarray(x) for x in run_encoder(cfg, params, ids, segs, types))
     p = jax.tree.map(lambda x: np.asarray(x, dtype), nn.unbox(params))
     enc = p["encoder"]
 
@@ -112,7 +108,7 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
     feedforward_io = []
     act = _activation(cfg.activation)
     for layer in range(cfg.num_layers):
-        lp = enc["layer_shared"] if cfg.share_layers else enc[f"layer_{layer}"]
+        lp = layer_params(cfg, p, layer)
         att = lp["self_attention"]
         e = sum(terms)
         values = np.einsum("btd,dhk->bthk", e, att["value"]["kernel"])  # value biases excluded from h
@@ -134,16 +130,7 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
         terms = [scale * t for t in residual]
         terms[3] = terms[3] + shift
         history.append(np.stack(terms))
-    return Decomposition(np.stack(history), np.stack([np.asarray(h, dtype) for h in hidden_states]), segs != 0,
-                         feedforward_io)
-
-
-def _attention_weights(intermediates, cfg) -> np.ndarray:
-    """[L, B, H, T, S] attention weights the encoder sowed (a shared layer sows once per application)."""
-    encoder = intermediates["encoder"]
-    if cfg.share_layers:
-        return np.stack(encoder["layer_shared"]["self_attention"]["attention_weights"])
-    return np.stack([encoder[f"layer_{i}"]["self_attention"]["attention_weights"][0] for i in range(cfg.num_layers)])
+    return Decomposition(np.stack(history), hidden_states.astype(dtype), segs != 0, feedforward_io)
 
 
 def _input_position_embedding(cfg: ModelConfig, encoder_params, length: int):

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpos.analysis.taps import run_encoder
 from jaxpos.config import ModelConfig
-from jaxpos.models import BertEncoder
 
 _WORD = re.compile(r"^[A-Za-z]{2,}$")
 
@@ -49,18 +49,10 @@ def identical_word_attention(cfg: ModelConfig, params, word_ids: Sequence[int], 
 
     Averaging further over heads and layers gives the model's positional weight matrix (Chen et al. Fig. 1).
     """
-    model = BertEncoder(cfg)
 
     @jax.jit
     def weights_of(ids):
-        _, state = model.apply({"params": params}, ids, segment_ids=jnp.ones_like(ids), mutable=["intermediates"])
-        encoder = state["intermediates"]["encoder"]
-        if cfg.share_layers:
-            stacked = jnp.stack(encoder["layer_shared"]["self_attention"]["attention_weights"])
-        else:
-            stacked = jnp.stack([encoder[f"layer_{i}"]["self_attention"]["attention_weights"][0]
-                                 for i in range(cfg.num_layers)])
-        return stacked.sum(axis=1)  # [L, H, T, T], summed over the batch
+        return run_encoder(cfg, params, ids)[0].sum(axis=1)  # [L, H, T, T], summed over the batch
 
     words = np.asarray(word_ids, np.int32)
     if words.size == 0:
