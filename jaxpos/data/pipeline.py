@@ -18,11 +18,11 @@ import dataclasses
 import zlib
 from typing import Iterator
 
-import jax
 import ml_collections
 import numpy as np
 
 from jaxpos.data.corpus import DataStats, load_documents
+from jaxpos.data.order import ShuffledBatches, host_slice
 from jaxpos.data.mlm import PackedExamples, mask_batch, pack_documents, split_sentences, unigram_entropy
 from jaxpos.data.tokenizer import MLM_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
 
@@ -82,81 +82,27 @@ def masked_batch(examples: PackedExamples, indices: np.ndarray, key: tuple[int, 
                 token_types=np.zeros_like(targets))  # one sentence "A" per row: no next-sentence task
 
 
-def _host_slice(batch_size: int, process_index: int | None, process_count: int | None) -> tuple[int, int]:
-    """(first row, rows) of this host's share of a global batch."""
-    index = jax.process_index() if process_index is None else process_index
-    count = jax.process_count() if process_count is None else process_count
-    if not 0 <= index < count:
-        raise ValueError(f"process_index={index} is outside 0..{count - 1}")
-    if batch_size % count:
-        raise ValueError(f"the global batch size {batch_size} does not divide over {count} hosts; "
-                         f"choose a multiple of {count}")
-    per_host = batch_size // count
-    return index * per_host, per_host
-
-
-class MLMTrainIterator:
+class MLMTrainIterator(ShuffledBatches):
     """Endless training batches: this host's slice of every global batch, as a dict of numpy arrays
     input_ids, targets, segment_ids, token_types int32 and mask_weights float32, all [batch_size / hosts, T].
-    Batch k is a pure function of (seed, k) (module docstring); `get_state`/`set_state` save and restore k."""
+    Batch k is a pure function of (seed, k) (see jaxpos/data/order.py); masks are drawn per epoch."""
 
     def __init__(self, examples: PackedExamples, tokenizer: Tokenizer, batch_size: int, *, seed: int = 0,
                  mask_prob: float = 0.15, process_index: int | None = None, process_count: int | None = None):
-        if seed < 0:
-            raise ValueError(f"data.seed={seed}; the RNG streams need a non-negative seed")
         if len(examples) < batch_size:
             raise ValueError(f"the corpus packs into {len(examples)} examples of {examples.seq_len} tokens, fewer "
                              f"than one global batch of {batch_size}: add data, or lower the batch size or "
                              "data.seq_len")
-        self.host_start, self.host_rows = _host_slice(batch_size, process_index, process_count)
-        self.examples, self.batch_size, self.seed, self.mask_prob = examples, batch_size, seed, mask_prob
-        self.vocab_size = tokenizer.vocab_size
-        self.batches_per_epoch = len(examples) // batch_size
-        self.fingerprint = zlib.crc32(examples.tokens.tobytes())  # detects a corpus that changed under a run
-        self.step = 0
-        self._order_epoch, self._order = -1, np.zeros(0, np.int64)
-
-    def order(self, epoch: int) -> np.ndarray:
-        """The example permutation of `epoch` [num_examples] (cached for the current epoch)."""
-        if epoch != self._order_epoch:
-            self._order = np.random.default_rng([self.seed, _ORDER, epoch]).permutation(len(self.examples))
-            self._order_epoch = epoch
-        return self._order
-
-    def global_indices(self, step: int) -> np.ndarray:
-        """Example indices [batch_size] of global batch `step`."""
-        epoch, j = divmod(step, self.batches_per_epoch)
-        return self.order(epoch)[j * self.batch_size:(j + 1) * self.batch_size]
+        super().__init__(len(examples), batch_size, seed=seed, order_stream=_ORDER,
+                         fingerprint=zlib.crc32(examples.tokens.tobytes()),  # a corpus changed under a run
+                         process_index=process_index, process_count=process_count)
+        self.examples, self.mask_prob, self.vocab_size = examples, mask_prob, tokenizer.vocab_size
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This host's slice of global batch `step`."""
         epoch = step // self.batches_per_epoch
-        indices = self.global_indices(step)[self.host_start:self.host_start + self.host_rows]
-        return masked_batch(self.examples, indices, (self.seed, _TRAIN_MASKS, epoch), self.vocab_size,
-                            self.mask_prob)
-
-    def __iter__(self) -> MLMTrainIterator:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        batch = self.batch_at(self.step)
-        self.step += 1
-        return batch
-
-    def get_state(self) -> dict:
-        """The position (plain ints, JSON-ready): the next step, and what the order was computed for."""
-        return dict(step=self.step, seed=self.seed, batch_size=self.batch_size,
-                    num_examples=len(self.examples), fingerprint=self.fingerprint)
-
-    def set_state(self, state: dict) -> None:
-        """Continues at `state["step"]`; raises if the corpus, seed or batch size differ from the saved ones."""
-        now = self.get_state()
-        changed = {k: (state.get(k), now[k]) for k in ("seed", "batch_size", "num_examples", "fingerprint")
-                   if state.get(k) != now[k]}
-        if changed:
-            raise ValueError(f"the data position was saved for other data (saved, now): {changed}; the corpus, "
-                             "tokenizer or data config changed since the checkpoint")
-        self.step = int(state["step"])
+        return masked_batch(self.examples, self.host_indices(step), (self.seed, _TRAIN_MASKS, epoch),
+                            self.vocab_size, self.mask_prob)
 
 
 def eval_batches(examples: PackedExamples, tokenizer: Tokenizer, batch_size: int, max_batches: int = 0,
@@ -165,7 +111,7 @@ def eval_batches(examples: PackedExamples, tokenizer: Tokenizer, batch_size: int
     """Held-out batches in order, with the same masking every time; finite: ceil(N / batch_size) batches, or
     `max_batches` if smaller (0 = all). The last batch is filled up with copies of example 0 whose mask_weights
     are 0, so every batch has the full shape (like the training batches, this host's slice of it)."""
-    start, rows = _host_slice(batch_size, process_index, process_count)
+    start, rows = host_slice(batch_size, process_index, process_count)
     num_batches = -(-len(examples) // batch_size)
     for b in range(min(num_batches, max_batches) if max_batches else num_batches):
         indices = np.arange(b * batch_size, (b + 1) * batch_size)[start:start + rows]

@@ -33,10 +33,10 @@ import sqlite3
 import zlib
 from typing import Iterator, Sequence
 
-import jax
 import ml_collections
 import numpy as np
 
+from jaxpos.data.order import ShuffledBatches, host_slice
 from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = (TRANSLATION_SPECIAL_TOKENS.index(t) for t in ("[PAD]", "[UNK]", "[BOS]", "[EOS]"))
@@ -370,74 +370,24 @@ def pack_pairs(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], len
 
 
 # -------------------------------------------------------------------------------------------------- batches
-def _host_slice(batch_size: int, process_index: int | None, process_count: int | None) -> tuple[int, int]:
-    """(first row, rows) of this host's share of a global batch."""
-    index = jax.process_index() if process_index is None else process_index
-    count = jax.process_count() if process_count is None else process_count
-    if not 0 <= index < count:
-        raise ValueError(f"process_index={index} is outside 0..{count - 1}")
-    if batch_size % count:
-        raise ValueError(f"the global batch size {batch_size} does not divide over {count} hosts")
-    return index * (batch_size // count), batch_size // count
-
-
-class TranslationTrainIterator:
+class TranslationTrainIterator(ShuffledBatches):
     """Endless training batches: this host's slice of every global batch, a dict of the six `PackedPairs`
-    fields, each [batch_size / hosts, max_length] int32. Batch k is a pure function of (seed, k) (module
-    docstring); `get_state`/`set_state` save and restore k."""
+    fields, each [batch_size / hosts, max_length] int32. Batch k is a pure function of (seed, k)
+    (see jaxpos/data/order.py)."""
 
     def __init__(self, packed: PackedPairs, batch_size: int, *, seed: int = 0, process_index: int | None = None,
                  process_count: int | None = None):
-        if seed < 0:
-            raise ValueError(f"data.seed={seed}; the RNG streams need a non-negative seed")
         if len(packed) < batch_size:
             raise ValueError(f"the training pairs pack into {len(packed)} rows of {packed.length} tokens, fewer "
                              f"than one global batch of {batch_size}: add data, or lower the batch size")
-        self.host_start, self.host_rows = _host_slice(batch_size, process_index, process_count)
-        self.packed, self.batch_size, self.seed = packed, batch_size, seed
-        self.batches_per_epoch = len(packed) // batch_size
-        self.fingerprint = zlib.crc32(packed.targets.tobytes(), zlib.crc32(packed.inputs.tobytes()))
-        self.step = 0
-        self._order_epoch, self._order = -1, np.zeros(0, np.int64)
-
-    def order(self, epoch: int) -> np.ndarray:
-        """The row permutation of `epoch` [rows] (cached for the current epoch)."""
-        if epoch != self._order_epoch:
-            self._order = np.random.default_rng([self.seed, _ORDER_EPOCH, epoch]).permutation(len(self.packed))
-            self._order_epoch = epoch
-        return self._order
-
-    def global_indices(self, step: int) -> np.ndarray:
-        """Row indices [batch_size] of global batch `step`."""
-        epoch, j = divmod(step, self.batches_per_epoch)
-        return self.order(epoch)[j * self.batch_size:(j + 1) * self.batch_size]
+        super().__init__(len(packed), batch_size, seed=seed, order_stream=_ORDER_EPOCH,
+                         fingerprint=zlib.crc32(packed.targets.tobytes(), zlib.crc32(packed.inputs.tobytes())),
+                         process_index=process_index, process_count=process_count)
+        self.packed = packed
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This host's slice of global batch `step`."""
-        return self.packed.rows(self.global_indices(step)[self.host_start:self.host_start + self.host_rows])
-
-    def __iter__(self) -> TranslationTrainIterator:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        batch = self.batch_at(self.step)
-        self.step += 1
-        return batch
-
-    def get_state(self) -> dict:
-        """The position (plain ints, JSON-ready): the next step, and what the order was computed for."""
-        return dict(step=self.step, seed=self.seed, batch_size=self.batch_size, rows=len(self.packed),
-                    fingerprint=self.fingerprint)
-
-    def set_state(self, state: dict) -> None:
-        """Continues at `state["step"]`; raises if the rows, seed or batch size differ from the saved ones."""
-        now = self.get_state()
-        changed = {k: (state.get(k), now[k]) for k in ("seed", "batch_size", "rows", "fingerprint")
-                   if state.get(k) != now[k]}
-        if changed:
-            raise ValueError(f"the data position was saved for other data (saved, now): {changed}; the corpus, "
-                             "tokenizer or data config changed since the checkpoint")
-        self.step = int(state["step"])
+        return self.packed.rows(self.host_indices(step))
 
 
 @dataclasses.dataclass
@@ -468,7 +418,7 @@ def eval_batches(eval_set: EvalSet, batch_size: int, max_batches: int = 0, proce
     """Held-out batches in order: inputs, targets [b, S] int32 and index [b] int32, the row of `eval_set` (-1 for
     the filler rows, copies of row 0, that give the last batch its full shape); b = batch_size / hosts.
     ceil(N / batch_size) batches, or `max_batches` if smaller (0 = all)."""
-    start, rows = _host_slice(batch_size, process_index, process_count)
+    start, rows = host_slice(batch_size, process_index, process_count)
     num_batches = -(-len(eval_set) // batch_size)
     for b in range(min(num_batches, max_batches) if max_batches else num_batches):
         index = np.arange(b * batch_size, (b + 1) * batch_size)[start:start + rows]

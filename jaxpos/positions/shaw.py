@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from jaxpos.attention.bias import PositionalBias
 from jaxpos.initializers import normal_init
 from jaxpos.positions.base import PositionMechanism, param

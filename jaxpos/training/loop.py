@@ -11,7 +11,7 @@ import functools
 import math
 import signal
 import time
-from typing import Any, Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import flax.linen as nn
 import jax

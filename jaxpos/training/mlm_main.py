@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 
-import flax.linen as nn
 import jax
 import numpy as np
 

@@ -1,6 +1,5 @@
 """The attention function against direct numpy formulas; implementations against each other."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -111,7 +111,7 @@ def test_resumed_iterator_sees_the_same_batches_and_epochs_reshuffle_and_remask(
     again = synthetic_iterator()
     np.testing.assert_array_equal(again.batch_at(6)["input_ids"], seen[6]["input_ids"])  # pure in (seed, step)
     assert not np.array_equal(synthetic_iterator(seed=4).batch_at(6)["targets"], seen[6]["targets"])
-    with pytest.raises(ValueError, match=r"saved for other data .*'num_examples': \(40, 41\)"):
+    with pytest.raises(ValueError, match=r"saved for other data .*'num_rows': \(40, 41\)"):
         synthetic_iterator(num_examples=41).set_state(state)
 
 

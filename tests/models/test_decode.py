@@ -1,7 +1,6 @@
 """Incremental decoding with a key/value cache gives the logits of the full computation, for every
 mechanism, in both models."""
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
