@@ -1,4 +1,4 @@
-"""The `jaxpos` command: train, smoke, and (as they land) translate, eval-bleu, analyze."""
+"""The `jaxpos` command: train, translate, eval-bleu, analyze, smoke."""
 
 from __future__ import annotations
 
@@ -20,8 +20,24 @@ def _train(args, overrides):
         from jaxpos.training.mlm_main import train_mlm
 
         train_mlm(config, args.workdir)
+    elif config.task == "translation":
+        from jaxpos.training.translation_main import train_translation
+
+        train_translation(config, args.workdir)
     else:
         raise ValueError(f"unknown task {config.task!r} in {args.config}")
+
+
+def _translate(args, overrides):
+    from jaxpos.training.translation_main import translate_main
+
+    translate_main(args.workdir, args.input, args.output, overrides)
+
+
+def _eval_bleu(args, overrides):
+    from jaxpos.training.translation_main import eval_bleu_main
+
+    eval_bleu_main(args.workdir, args.split, args.max_sentences, overrides)
 
 
 def _smoke(args, overrides):
@@ -41,9 +57,22 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--distributed", action="store_true",
                        help="call jax.distributed.initialize() first (multi-host TPU pods and SLURM jobs)")
     train.set_defaults(run=_train)
+    translate = sub.add_parser("translate", help="translate lines with a trained translation run (beam search)",
+                               epilog="Decoding settings come from the run's config; override them with e.g. "
+                                      "--config.decode.beam_size=10 --config.decode.alpha=0.6")
+    translate.add_argument("--workdir", required=True, help="the workdir of a `jaxpos train` translation run")
+    translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
+    translate.add_argument("--output", help="file for the translations, one per line (default: stdout)")
+    translate.set_defaults(run=_translate)
+    bleu = sub.add_parser("eval-bleu", help="decode a held-out split of a translation run; print SacreBLEU")
+    bleu.add_argument("--workdir", required=True, help="the workdir of a `jaxpos train` translation run")
+    bleu.add_argument("--split", default="test", choices=("dev", "test"))
+    bleu.add_argument("--max-sentences", type=int, default=0, help="decode only the first N sentences (0 = all)")
+    bleu.set_defaults(run=_eval_bleu)
     smoke = sub.add_parser("smoke", help="forward/backward of every positional mechanism; prints a table")
     smoke.add_argument("--seq-len", type=int, default=64)
     smoke.set_defaults(run=_smoke)
+    __import__("jaxpos.analysis.cli", fromlist=["cli"]).add_analyze_parser(sub)  # analyze (imports nothing heavy)
 
     args, rest = parser.parse_known_args(argv)
     overrides = [r for r in rest if r.startswith("--config.")]

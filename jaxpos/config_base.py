@@ -62,3 +62,35 @@ def mlm_config() -> ml_collections.ConfigDict:
     config.train = train_block()
     config.mesh = mesh_block()
     return config
+
+
+def decode_block(**overrides) -> ml_collections.ConfigDict:
+    """`config.decode`: beam search for translation (see jaxpos/decoding/translate.py)."""
+    from jaxpos.decoding.translate import DecodeConfig
+
+    block = ml_collections.ConfigDict(dataclasses.asdict(DecodeConfig()))
+    block.update(overrides)
+    return block
+
+
+def translation_config() -> ml_collections.ConfigDict:
+    """Encoder-decoder translation defaults: Vaswani base, Adam with inverse-square-root warmup, label smoothing
+    0.1, the offline Bible corpus (de -> en); BLEU on dev during training and on test at the end."""
+    from jaxpos.data.translation import default_translation_data_config
+
+    config = ml_collections.ConfigDict()
+    config.task = "translation"
+    config.model = model_block(
+        vocab_size=8000, d_model=512, num_layers=6, num_decoder_layers=6, num_heads=8, mlp_dim=2048,
+        max_length=256, dropout=0.1, attention_dropout=0.1, activation="relu", layer_norm_eps=1e-6,
+        embed_layer_norm=False, scale_embeddings=True, tie_embeddings=True, init_std=0.02)
+    config.model.position.segment = "none"
+    config.data = default_translation_data_config()
+    config.train = train_block(
+        optimizer="adam", learning_rate=7e-4, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, warmup_steps=4000,
+        schedule="inverse_sqrt", label_smoothing=0.1, num_steps=250_000, batch_size=256, clip_norm=0.0)
+    config.train.bleu_every = 10_000  # decode the dev set and report SacreBLEU every this many steps (0 = never)
+    config.train.bleu_sentences = 0  # dev sentences decoded for that BLEU (0 = all)
+    config.decode = decode_block(beam_size=10, alpha=0.6)  # DIET section 4.3
+    config.mesh = mesh_block()
+    return config

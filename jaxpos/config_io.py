@@ -59,3 +59,14 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
         with node.ignore_type():
             node[leaf] = _parse(text, node[leaf])
     return config
+
+
+def load_json_config(path: str) -> ml_collections.ConfigDict:
+    """The config a run saved as WORKDIR/config.json."""
+    import json
+
+    with open(path) as f:
+        try:
+            return ml_collections.ConfigDict(json.load(f))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not a valid JSON config: {error}") from error

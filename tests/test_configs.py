@@ -22,7 +22,7 @@ def test_there_are_configs():
 def test_config_builds_its_model(path):
     config = load_config(path)
     cfg = model_config(config.model)
-    assert cfg.max_length >= config.data.seq_len
+    assert cfg.max_length >= config.data.get("seq_len", config.data.get("max_length"))
     model = EncoderDecoder(cfg) if cfg.num_decoder_layers else BertForMaskedLM(cfg)
     ids = jax.ShapeDtypeStruct((1, 8), "int32")
     args = (ids, ids) if cfg.num_decoder_layers else (ids,)

@@ -3,6 +3,8 @@ and a layer's hidden states as a function of the input token embeddings."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,13 +27,24 @@ def hidden_states(intermediates) -> jax.Array:
     return jnp.stack(intermediates["encoder"]["hidden_states"])
 
 
+@functools.lru_cache(maxsize=32)
+def _encoder_taps(cfg: ModelConfig):
+    """The forward pass with its taps, jitted once per config (op-by-op dispatch of a new input shape costs
+    several times one compilation)."""
+
+    def run(params, ids, segs, token_types):
+        _, state = BertEncoder(cfg).apply({"params": params}, ids, segment_ids=segs, token_types=token_types,
+                                          mutable=["intermediates"])
+        return attention_weights(state["intermediates"], cfg), hidden_states(state["intermediates"])
+
+    return jax.jit(run)
+
+
 def run_encoder(cfg: ModelConfig, params, input_ids, segment_ids=None, token_types=None):
     """(attention weights [L, B, H, T, T], hidden states [L+1, B, T, d]) of a `BertEncoder`."""
     ids = jnp.asarray(input_ids)
     segs = jnp.ones_like(ids) if segment_ids is None else jnp.asarray(segment_ids)
-    _, state = BertEncoder(cfg).apply({"params": params}, ids, segment_ids=segs, token_types=token_types,
-                                      mutable=["intermediates"])
-    return attention_weights(state["intermediates"], cfg), hidden_states(state["intermediates"])
+    return _encoder_taps(cfg)(params, ids, segs, None if token_types is None else jnp.asarray(token_types))
 
 
 def layer_params(cfg: ModelConfig, params, layer: int):

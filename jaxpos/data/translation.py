@@ -74,6 +74,7 @@ def default_translation_data_config() -> ml_collections.ConfigDict:
         dev_source="", dev_target="",  # source=files: "" = no dev set
         test_source="", test_target="",  # source=files: "" = no test set
         max_pairs=0,  # read at most this many training pairs (0 = all); packing happens in memory
+        pack=True,  # several pairs per training row (False: one pair per row, for diet_abs, tupe, attenuated)
         max_length=128,  # tokens per packed training row (flax wmt: 256); training pairs with a longer side,
         # EOS included, are dropped and counted
         eval_max_length=256,  # dev/test sources and targets are cut to this many tokens (no pair is dropped)
@@ -347,6 +348,20 @@ def _fill(sequences: Sequence[np.ndarray], row: np.ndarray, offset: np.ndarray, 
     return tokens.reshape(shape), segmentation.reshape(shape), positions.reshape(shape)
 
 
+def one_pair_per_row(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], length: int) -> PackedPairs:
+    """Rows holding one pair each (data.pack=False), in the `PackedPairs` layout, for mechanisms whose bias
+    depends on absolute row positions."""
+    n = len(sources)
+    too_long = [i for i, (s, t) in enumerate(zip(sources, targets)) if len(s) > length or len(t) > length]
+    if too_long:
+        raise ValueError(f"pair {too_long[0]} has more tokens than a row of {length}")
+    row, zeros, ones = np.arange(n), np.zeros(n, np.int64), np.ones(n, np.int64)
+    inputs, inputs_segmentation, inputs_position = _fill(sources, row, zeros, ones, (n, length))
+    targets_, targets_segmentation, targets_position = _fill(targets, row, zeros, ones, (n, length))
+    return PackedPairs(inputs, targets_, inputs_segmentation, targets_segmentation, inputs_position,
+                       targets_position)
+
+
 def pack_pairs(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], length: int) -> PackedPairs:
     """Greedy parallel packing in the given order: a pair joins the current row when both sides fit."""
     n = len(sources)
@@ -468,7 +483,8 @@ def build_translation_data(config: ml_collections.ConfigDict, batch_size: int, w
     if not sources:
         raise ValueError(f"every training pair has a side longer than data.max_length={config.max_length} tokens")
     order = np.random.default_rng([config.seed, _ORDER_PACKING]).permutation(len(sources))
-    packed = pack_pairs([sources[i] for i in order], [targets[i] for i in order], config.max_length)
+    layout = pack_pairs if config.get("pack", True) else one_pair_per_row
+    packed = layout([sources[i] for i in order], [targets[i] for i in order], config.max_length)
     stats["train"].packed_rows = len(packed)
     iterator = TranslationTrainIterator(packed, batch_size, seed=config.seed, process_index=process_index,
                                         process_count=process_count)

@@ -12,7 +12,10 @@ from jaxpos.models.bert import embedding
 from jaxpos.models.layers import TransformerStack
 
 
-def shift_right(targets, segment_ids=None, bos_id: int = 0):
+DECODER_START_ID = 0  # the decoder's first input in training (shift_right) and decoding alike (flax wmt: padding)
+
+
+def shift_right(targets, segment_ids=None, bos_id: int = DECODER_START_ID):
     """Decoder inputs: targets shifted one step right with `bos_id` first (and at each packed piece's start).
 
     targets [B, T] -> [B, T].
@@ -49,23 +52,28 @@ class EncoderDecoder(nn.Module):
             x = x * jnp.sqrt(self.cfg.d_model).astype(x.dtype)
         return x
 
-    def encode(self, inputs, *, inputs_segmentation=None, deterministic: bool = True):
-        """inputs [B, S] -> encoded [B, S, d]. Padding is id 0 unless a segmentation is given."""
+    def encode(self, inputs, *, inputs_segmentation=None, inputs_position=None, deterministic: bool = True):
+        """inputs [B, S] -> encoded [B, S, d]. Padding is id 0 unless a segmentation is given; `inputs_position`
+        [B, S] restarts at 0 in every pair of a packed row."""
         segments = inputs_segmentation if inputs_segmentation is not None else (inputs != 0).astype(jnp.int32)
-        return self.encoder(self._embed(inputs), segment_ids=segments, deterministic=deterministic)
+        return self.encoder(self._embed(inputs), segment_ids=segments, input_positions=inputs_position,
+                            deterministic=deterministic)
 
     def decode_logits(self, encoded, inputs, decoder_inputs, *, inputs_segmentation=None,
-                      targets_segmentation=None, deterministic: bool = True):
+                      targets_segmentation=None, targets_position=None, deterministic: bool = True):
         """Decoder logits [B, T, V] for decoder inputs [B, T] (already shifted), given the encoder output."""
         enc_segments = inputs_segmentation if inputs_segmentation is not None else (inputs != 0).astype(jnp.int32)
-        y = self.decoder(self._embed(decoder_inputs), segment_ids=targets_segmentation, encoded=encoded,
-                         encoded_segment_ids=enc_segments, deterministic=deterministic)
+        y = self.decoder(self._embed(decoder_inputs), segment_ids=targets_segmentation,
+                         input_positions=targets_position, encoded=encoded, encoded_segment_ids=enc_segments,
+                         deterministic=deterministic)
         logits = self.embed.attend(y) if self.cfg.tie_embeddings else self.output(y)
         return logits.astype(jnp.float32)
 
     def __call__(self, inputs, targets, *, inputs_segmentation=None, targets_segmentation=None,
-                 deterministic: bool = True):
-        encoded = self.encode(inputs, inputs_segmentation=inputs_segmentation, deterministic=deterministic)
+                 inputs_position=None, targets_position=None, deterministic: bool = True):
+        encoded = self.encode(inputs, inputs_segmentation=inputs_segmentation, inputs_position=inputs_position,
+                              deterministic=deterministic)
         decoder_inputs = shift_right(targets, targets_segmentation)
         return self.decode_logits(encoded, inputs, decoder_inputs, inputs_segmentation=inputs_segmentation,
-                                  targets_segmentation=targets_segmentation, deterministic=deterministic)
+                                  targets_segmentation=targets_segmentation, targets_position=targets_position,
+                                  deterministic=deterministic)

@@ -72,7 +72,9 @@ class TransformerStack(nn.Module):
 
     x [B, T, E] are token (and token-type) embeddings (E = d_model unless embeddings are factorised); returns hidden states [B, T, d].
     `segment_ids` [B, T]: packing-piece ids, 0 = padding; `token_types` [B, T]: segments for per-head
-    segment attention.
+    segment attention; `input_positions` [B, T]: positions of the input position embeddings when a row packs
+    several sequences (each restarting at 0). Relative biases need no such positions: the packing mask keeps
+    every query inside its own sequence, where offsets j - i are the same as in a row of its own.
     """
 
     cfg: ModelConfig
@@ -96,17 +98,17 @@ class TransformerStack(nn.Module):
         return step[None], cache_positions.value
 
     @nn.compact
-    def __call__(self, x, *, segment_ids=None, token_types=None, encoded=None, encoded_segment_ids=None,
-                 deterministic: bool = True):
+    def __call__(self, x, *, segment_ids=None, token_types=None, input_positions=None, encoded=None,
+                 encoded_segment_ids=None, deterministic: bool = True):
         cfg = self.cfg
         if cfg.position.position_only and cfg.position.kind in INPUT_ONLY:
             raise ValueError(f"position_only needs a positional logit term; {cfg.position.kind!r} adds "
                              "positions at the input only")
         position = make_position(cfg, self.num_layers, self.causal)
         q_pos, k_pos = self.positions(x.shape[1])
-        position_embedding = position.embed(q_pos)
+        position_embedding = position.embed(q_pos if input_positions is None or self.decode else input_positions)
         if position_embedding is not None:
-            x = x + position_embedding[None].astype(x.dtype)
+            x = x + jnp.broadcast_to(position_embedding, x.shape[:2] + position_embedding.shape[-1:]).astype(x.dtype)
         if cfg.embed_layer_norm:
             x = layer_norm(cfg, "embed_norm")(x)
         x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)

@@ -11,12 +11,12 @@ from jaxpos.initializers import normal_init
 
 
 def sinusoidal_table(positions: jax.Array, d_model: int, base: float = 10_000.0) -> jax.Array:
-    """Vaswani et al.'s encoding: sin on even, cos on odd channels. positions [T] -> [T, d]."""
+    """Vaswani et al.'s encoding: sin on even, cos on odd channels. positions [..., T] -> [..., T, d]."""
     inv_freq = 1.0 / base ** (np.arange(0, d_model, 2, dtype=np.float32) / d_model)
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
-    table = jnp.zeros((positions.shape[0], d_model), jnp.float32)
-    table = table.at[:, 0::2].set(jnp.sin(angles))
-    return table.at[:, 1::2].set(jnp.cos(angles[:, : d_model // 2]))
+    angles = jnp.asarray(positions).astype(jnp.float32)[..., None] * inv_freq
+    table = jnp.zeros(angles.shape[:-1] + (d_model,), jnp.float32)
+    table = table.at[..., 0::2].set(jnp.sin(angles))
+    return table.at[..., 1::2].set(jnp.cos(angles[..., : d_model // 2]))
 
 
 def learned_position_table(module, cfg, name: str = "embedding") -> jax.Array:
@@ -25,8 +25,8 @@ def learned_position_table(module, cfg, name: str = "embedding") -> jax.Array:
 
 
 def lookup_learned(kind: str, table: jax.Array, positions: jax.Array) -> jax.Array:
-    """Rows of a learned table at `positions` [T] -> [T, d], with a clear error past its end."""
-    check_length(kind, positions.shape[0], table.shape[0])
+    """Rows of a learned table at `positions` [..., T] -> [..., T, d], with a clear error past its end."""
+    check_length(kind, positions.shape[-1], table.shape[0])
     return jnp.take(table, positions, axis=0)
 
 

@@ -22,10 +22,12 @@ class CheckpointError(RuntimeError):
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
+        """`read_only`: for analysis code, which must leave a run's directory exactly as it found it."""
         self.directory = os.path.abspath(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=True, cleanup_tmp_directories=True)
+                                               create=not read_only, cleanup_tmp_directories=not read_only,
+                                               read_only=read_only)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
 
     def steps(self) -> list[int]:
@@ -62,6 +64,25 @@ class Checkpointer:
         if failures:
             raise CheckpointError(f"no checkpoint in {self.directory} could be restored (tried steps {failures}); "
                                   "move the directory away to start afresh")
+        return None
+
+    def restore_latest_params(self, abstract_params):
+        """(step, params) of the newest checkpoint whose `state.params` restore, or None if there is none.
+
+        Reads the parameters only (no optimiser state, no data position); `abstract_params` holds
+        jax.ShapeDtypeStruct leaves with target shardings. Unreadable checkpoints are skipped, not moved.
+        """
+        target = {"params": abstract_params}
+        for step in reversed(self.steps()):
+            try:
+                restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                    item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                    partial_restore=True)))
+            except Exception as err:  # noqa: BLE001 - any failure means this checkpoint is unusable
+                log.warning("checkpoint step %d in %s does not restore (%s: %s); trying the previous one", step,
+                            self.directory, type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+                continue
+            return step, restored["state"]["params"]
         return None
 
     def _move_aside(self, step: int) -> str:

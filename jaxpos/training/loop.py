@@ -34,6 +34,7 @@ class Task(Protocol):
     """What a task gives the loop. Losses are sums over tokens, so accumulation and sharding stay exact."""
 
     model: nn.Module
+    tokens_per_example: int  # tokens in one row of a batch, for throughput
 
     def init_inputs(self) -> tuple[tuple, dict]:
         """(args, kwargs) for model.init with a batch of one."""
@@ -154,7 +155,7 @@ class Trainer:
         stop = {"signal": None}
         previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
         pending, window, final_metrics, eval_metrics = None, [], {}, {}
-        tokens_per_step = tcfg.batch_size * self.config.data.seq_len
+        tokens_per_step = tcfg.batch_size * self.task.tokens_per_example
         tick = time.perf_counter()
 
         def read(metrics, step):

@@ -46,6 +46,10 @@ class MaskedLMTask:
     seq_len: int
     max_predictions: int = 0
 
+    @property
+    def tokens_per_example(self) -> int:
+        return self.seq_len
+
     def init_inputs(self):
         ids = jnp.zeros((1, self.seq_len), jnp.int32)
         return (ids,), dict(segment_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))

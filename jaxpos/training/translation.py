@@ -1,7 +1,8 @@
 """The translation task: label-smoothed cross-entropy of an encoder-decoder for the shared loop.
 
 Batches: `inputs` [B, S] and `targets` [B, T] (0 = padding, targets end with EOS), optionally
-`inputs_segmentation` / `targets_segmentation` [B, S] / [B, T] for packed pairs (0 = padding).
+`inputs_segmentation` / `targets_segmentation` [B, S] / [B, T] for packed pairs (0 = padding) with
+`inputs_position` / `targets_position` (restarting at 0 in every pair).
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class TranslationTask:
     max_target_len: int
     label_smoothing: float = 0.1  # Vaswani et al.
 
+    @property
+    def tokens_per_example(self) -> int:
+        return self.max_source_len + self.max_target_len
+
     def init_inputs(self):
         return (jnp.ones((1, self.max_source_len), jnp.int32), jnp.ones((1, self.max_target_len), jnp.int32)), {}
 
@@ -29,7 +34,8 @@ class TranslationTask:
         target_segments = batch.get("targets_segmentation")
         logits = self.model.apply(
             {"params": params}, batch["inputs"], targets, inputs_segmentation=batch.get("inputs_segmentation"),
-            targets_segmentation=target_segments, deterministic=not train, rngs={"dropout": rng} if train else {})
+            targets_segmentation=target_segments, inputs_position=batch.get("inputs_position"),
+            targets_position=batch.get("targets_position"), deterministic=not train, rngs={"dropout": rng} if train else {})
         weights = (targets != 0).astype(jnp.float32)
         if target_segments is not None:
             weights = weights * (target_segments != 0)

@@ -1,0 +1,23 @@
+"""A tiny encoder-decoder on the offline Bible corpus (Elberfelder 1905 -> World English Bible), for 2 CPUs.
+
+    jaxpos train --config configs/wmt/tiny.py --workdir runs/wmt_tiny --config.model.position.kind=diet_rel
+    jaxpos eval-bleu --workdir runs/wmt_tiny
+    echo "Im Anfang war das Wort." | jaxpos translate --workdir runs/wmt_tiny
+
+diet_abs, tupe and attenuated need --config.data.pack=False (their bias depends on absolute row positions).
+"""
+
+from jaxpos.config_base import translation_config
+
+
+def get_config():
+    config = translation_config()
+    config.model.update(vocab_size=4000, d_model=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+                        mlp_dim=512, max_length=128, dropout=0.1, attention_dropout=0.0)
+    config.model.position.kind = "tisa"
+    config.data.update(source="bible", max_length=64, eval_max_length=128, vocab_size=4000)
+    config.train.update(num_steps=3000, batch_size=32, learning_rate=2e-3, warmup_steps=300, log_every=50,
+                        eval_every=1000, eval_batches=10, checkpoint_every=500, bleu_every=0,
+                        bleu_sentences=200)
+    config.decode.update(beam_size=4, alpha=0.6, target_width=128, batch_size=64)
+    return config

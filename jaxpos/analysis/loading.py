@@ -1,0 +1,225 @@
+"""Models to analyse: a jaxpos masked-LM run's workdir, or a local Hugging Face BERT/ALBERT folder.
+
+Both give an `AnalyzedModel`: the typed config, the `BertEncoder` parameters on the CPU, and (where the folder has
+one) the vocabulary with a text -> ids function, so that every analysis sees one kind of object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import unicodedata
+from typing import Callable, Sequence
+
+import numpy as np
+
+from jaxpos.config import ModelConfig
+
+
+@dataclasses.dataclass
+class AnalyzedModel:
+    name: str  # short name for output folders and titles
+    source: str  # the workdir or folder it came from
+    cfg: ModelConfig  # attention_impl='xla' and float32 (the analysis taps need the sown attention weights)
+    params: dict  # `BertEncoder` parameters (numpy arrays on the host)
+    vocabulary: list[str] | None = None  # id -> piece
+    tokenize: Callable[[str], list[int]] | None = None  # text -> ids, no special tokens
+    cls_id: int | None = None
+    sep_id: int | None = None
+    info: dict = dataclasses.field(default_factory=dict)  # where things came from (checkpoint step, files)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` as the model saw them in training: [CLS] ids [SEP] (where it has those)."""
+        if self.tokenize is None:
+            raise ValueError(f"{self.source} has no tokenizer (vocab.txt / spiece.model / SentencePiece model)")
+        ids = self.tokenize(text)
+        return ([self.cls_id] if self.cls_id is not None else []) + ids + (
+            [self.sep_id] if self.sep_id is not None else [])
+
+
+def _for_analysis(cfg: ModelConfig) -> ModelConfig:
+    """Only the xla attention implementation sows attention weights; analyses run in float32."""
+    return dataclasses.replace(cfg, attention_impl="xla", dtype="float32")
+
+
+# --- jaxpos runs -------------------------------------------------------------------------------------------------
+
+def load_run(workdir: str) -> AnalyzedModel:
+    """The encoder of a jaxpos masked-LM run (`jaxpos train --workdir DIR`): the typed config from
+    WORKDIR/config.json, the parameters of the newest checkpoint that restores (parameters only, onto the CPU;
+    nothing in the workdir is written), and the run's SentencePiece tokenizer."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpos.config import model_config
+    from jaxpos.data.tokenizer import CLS_ID, SEP_ID, load_tokenizer
+    from jaxpos.models import BertForMaskedLM
+    from jaxpos.training.checkpoint import Checkpointer
+
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+    config_path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{config_path} is missing: is {workdir!r} the workdir of a `jaxpos train` run?")
+    with open(config_path) as f:
+        config = json.load(f)
+    if config.get("task", "mlm") != "mlm" or "model" not in config:
+        raise ValueError(f"{config_path}: `jaxpos analyze --workdir` reads masked-LM runs (task 'mlm' with a "
+                         f"'model' block); this one has task={config.get('task')!r}")
+    try:
+        cfg = model_config(config["model"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{config_path}: its model block is not a jaxpos model config: {err}") from err
+    if cfg.num_decoder_layers:
+        raise ValueError(f"{config_path}: an encoder-decoder (num_decoder_layers={cfg.num_decoder_layers}); "
+                         "`jaxpos analyze` reads BERT-style encoders")
+
+    checkpoint_dir = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(checkpoint_dir) or not any(d.isdigit() for d in os.listdir(checkpoint_dir)):
+        raise FileNotFoundError(f"{checkpoint_dir} holds no checkpoint; train first (jaxpos train ... "
+                                f"--workdir {workdir})")
+    seq_len = config.get("data", {}).get("seq_len", cfg.max_length)
+    ids = jnp.zeros((1, min(seq_len, cfg.max_length)), jnp.int32)
+    abstract = nn.unbox(jax.eval_shape(lambda: BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), ids)))["params"]
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), abstract)
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
+    checkpointer = Checkpointer(checkpoint_dir, read_only=True)
+    try:
+        restored = checkpointer.restore_latest_params(abstract)
+    finally:
+        checkpointer.close()
+        absl.setLevel(level)
+    if restored is None:
+        raise ValueError(f"no checkpoint in {checkpoint_dir} restores (steps {checkpointer.steps()}) for the "
+                         f"model in {config_path}")
+    step, params = restored
+    params = jax.tree.map(np.asarray, params["bert"])  # the encoder; the MLM head is not analysed
+
+    data = config.get("data", {})
+    tokenizer_path = data.get("tokenizer_path") or os.path.join(workdir, "spm_mlm.model")
+    if not os.path.isfile(tokenizer_path):
+        raise FileNotFoundError(f"the run's SentencePiece model {tokenizer_path} is missing")
+    tokenizer = load_tokenizer(tokenizer_path)
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise ValueError(f"{tokenizer_path} has {tokenizer.vocab_size} pieces but the model in {config_path} "
+                         f"has vocab_size={cfg.vocab_size}")
+    vocabulary = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
+    return AnalyzedModel(name, workdir, _for_analysis(cfg), params, vocabulary, tokenizer.encode, CLS_ID, SEP_ID,
+                         info=dict(kind="jaxpos run", step=int(step), tokenizer=tokenizer_path))
+
+
+# --- Hugging Face folders ----------------------------------------------------------------------------------------
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "model.safetensors.index.json",
+                  "pytorch_model.bin.index.json", "model.ckpt.index")
+
+
+def load_hf(path: str) -> AnalyzedModel:
+    """A local Hugging Face BERT or ALBERT folder (config.json + model.safetensors or pytorch_model.bin), with
+    its vocabulary and tokenizer from vocab.txt (WordPiece) or spiece.model (SentencePiece) when present."""
+    from jaxpos.checkpoints.huggingface import bert_encoder_params, config_from_hf, load_hf_checkpoint
+
+    if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in _WEIGHT_FILES):
+        other = [f for f in _OTHER_WEIGHTS if os.path.exists(os.path.join(path, f))]
+        if other:
+            raise ValueError(f"{os.path.join(path, other[0])}: jaxpos reads {' or '.join(_WEIGHT_FILES)} only "
+                             "(save the model with transformers' save_pretrained from PyTorch)")
+    hf_config, state = load_hf_checkpoint(path)  # names a missing config.json or weights file itself
+    config_path = os.path.join(path, "config.json")
+    try:
+        cfg = config_from_hf(hf_config)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{config_path}: {err if not isinstance(err, KeyError) else f'missing field {err}'}") \
+            from err
+    weights = next(os.path.join(path, f) for f in _WEIGHT_FILES if os.path.exists(os.path.join(path, f)))
+    try:
+        params = bert_encoder_params(state, cfg)
+    except KeyError as err:
+        raise ValueError(f"{weights} does not fit {config_path}: {err.args[0]}") from err
+
+    vocabulary = tokenize = None
+    info = dict(kind="huggingface", model_type=hf_config.get("model_type", "bert"), weights=weights)
+    lower = _lower_case(path, hf_config.get("model_type", "bert"))
+    if os.path.isfile(os.path.join(path, "vocab.txt")):
+        vocabulary = _read_vocab(os.path.join(path, "vocab.txt"))
+        tokenize = WordPiece(vocabulary, lower)
+        info["vocabulary"] = os.path.join(path, "vocab.txt")
+    elif os.path.isfile(os.path.join(path, "spiece.model")):
+        import sentencepiece as spm
+
+        processor = spm.SentencePieceProcessor(model_file=os.path.join(path, "spiece.model"))
+        vocabulary = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        tokenize = (lambda text: processor.encode(text.lower())) if lower else processor.encode
+        info["vocabulary"] = os.path.join(path, "spiece.model")
+    if vocabulary is not None and len(vocabulary) != cfg.vocab_size:
+        raise ValueError(f"{info['vocabulary']} has {len(vocabulary)} entries but {config_path} says "
+                         f"vocab_size={cfg.vocab_size}")
+    special = {piece: i for i, piece in enumerate(vocabulary or []) if piece in ("[CLS]", "[SEP]")}
+    name = os.path.basename(os.path.normpath(os.path.abspath(path)))
+    return AnalyzedModel(name, path, _for_analysis(cfg), params, vocabulary, tokenize, special.get("[CLS]"),
+                         special.get("[SEP]"), info)
+
+
+def _lower_case(path: str, model_type: str) -> bool:
+    """do_lower_case from tokenizer_config.json; uncased is the default of BertTokenizer and AlbertTokenizer."""
+    config_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config_path):
+        with open(config_path) as f:
+            return bool(json.load(f).get("do_lower_case", True))
+    return True
+
+
+def _read_vocab(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        vocabulary = [line.rstrip("\n") for line in f]
+    while vocabulary and not vocabulary[-1]:
+        vocabulary.pop()
+    if not vocabulary:
+        raise ValueError(f"{path} is empty")
+    return vocabulary
+
+
+class WordPiece:
+    """BERT's tokenizer: split on whitespace and punctuation (lower-casing and stripping accents for uncased
+    vocabularies), then greedy longest-match-first pieces with '##' continuations; [UNK] for a word it cannot
+    cover. Enough to feed analyses; Chinese-character splitting and `never_split` lists are left out."""
+
+    _PUNCT = re.compile(r"(\W)", re.UNICODE)
+
+    def __init__(self, vocabulary: Sequence[str], lower_case: bool = True, max_chars: int = 100):
+        self.index = {piece: i for i, piece in enumerate(vocabulary)}
+        self.unk = self.index.get("[UNK]", 0)
+        self.lower_case, self.max_chars = lower_case, max_chars
+
+    def words(self, text: str) -> list[str]:
+        if self.lower_case:
+            text = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(c) != "Mn")
+        return [w for chunk in text.split() for w in self._PUNCT.split(chunk) if w and not w.isspace()]
+
+    def __call__(self, text: str) -> list[int]:
+        ids = []
+        for word in self.words(text):
+            if len(word) > self.max_chars:
+                ids.append(self.unk)
+                continue
+            pieces, start = [], 0
+            while start < len(word):
+                end = len(word)
+                while end > start and (("##" if start else "") + word[start:end]) not in self.index:
+                    end -= 1
+                if end == start:
+                    pieces = [self.unk]
+                    break
+                pieces.append(self.index[("##" if start else "") + word[start:end]])
+                start = end
+            ids.extend(pieces)
+        return ids

@@ -1,0 +1,149 @@
+"""`jaxpos train` for translation configs, and the `translate` / `eval-bleu` commands on a trained workdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+from jaxpos.config import model_config
+from jaxpos.data.translation import build_translation_data, eval_batches
+from jaxpos.decoding.bleu import corpus_bleu
+from jaxpos.decoding.translate import Translator, decode_config, read_sentences
+from jaxpos.models import EncoderDecoder
+from jaxpos.positions import check_packable
+from jaxpos.training.loop import Trainer
+from jaxpos.training.translation import TranslationTask
+
+
+def _loss_batches(data, tcfg):
+    """Dev batches for the loss: the `index` column only serves decoding."""
+    for batch in eval_batches(data.dev, tcfg.batch_size, tcfg.eval_batches, jax.process_index(),
+                              jax.process_count()):
+        yield {k: v for k, v in batch.items() if k != "index"}
+
+
+def _setup(config, workdir: str):
+    """(data, typed model config, task) for a translation config; the model's vocabulary follows the tokenizer."""
+    data = build_translation_data(config.data, config.train.batch_size, workdir)
+    if config.model.vocab_size != data.tokenizer.vocab_size:
+        config.model.vocab_size = data.tokenizer.vocab_size
+    cfg = model_config(config.model)
+    if cfg.num_decoder_layers < 1:
+        raise ValueError("a translation config needs model.num_decoder_layers >= 1")
+    if config.data.get("pack", True):
+        check_packable(cfg)
+    for name, length in (("data.max_length", config.data.max_length),
+                         ("data.eval_max_length", config.data.eval_max_length),
+                         ("decode.target_width", config.decode.target_width)):
+        if length > cfg.max_length and cfg.position.kind in ("absolute", "diet_abs", "tupe"):
+            raise ValueError(f"{name}={length} is longer than model.max_length={cfg.max_length}, the longest "
+                             f"sequence that position mechanism {cfg.position.kind!r} supports")
+    task = TranslationTask(EncoderDecoder(cfg), config.data.max_length, config.data.max_length,
+                           config.train.label_smoothing)
+    return data, cfg, task
+
+
+def train_translation(config, workdir: str):
+    """Trains an encoder-decoder as configured (resuming from WORKDIR), reports dev loss and BLEU along the way,
+    then test BLEU with beam search against the copy-the-source baseline. Returns the report dict."""
+    os.makedirs(workdir, exist_ok=True)
+    tcfg = config.train
+    print(f"jaxpos: translation, position={config.model.position.kind}, devices={jax.device_count()}x"
+          f"{jax.devices()[0].device_kind}, workdir={workdir}", flush=True)
+    data, cfg, task = _setup(config, workdir)
+    print(data.summary(), flush=True)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+    dcfg = decode_config(config.decode)
+    trainer = Trainer(config, workdir, task)
+
+    def bleu_hook(step, state):
+        if not tcfg.bleu_every or step % tcfg.bleu_every or step == tcfg.num_steps:
+            return None
+        translator = Translator(cfg, state.params, data.tokenizer, dcfg, data.dev.inputs.shape[1])
+        return {"bleu": translator.evaluate(data.dev, tcfg.bleu_sentences)[0].score}
+
+    try:
+        result = trainer.run(data.train, eval_batches=lambda: _loss_batches(data, tcfg), hooks=[bleu_hook])
+    finally:
+        trainer.close()
+    params = result.state.params
+    translator = Translator(cfg, params, data.tokenizer, dcfg, data.test.inputs.shape[1])
+    report = dict(step=int(jax.device_get(result.state.step)), train=result.final_metrics,
+                  dev=result.eval_metrics, position=cfg.position.kind)
+    if len(data.test):
+        bleu, hypotheses = translator.evaluate(data.test, progress=True)
+        copy = corpus_bleu(data.test.sources, data.test.references)
+        report.update(test_bleu=bleu.score, test_bleu_signature=bleu.signature, test_bleu_details=bleu.details,
+                      copy_source_bleu=copy.score, test_sentences=len(data.test))
+        if jax.process_index() == 0:
+            with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
+                f.writelines(h + "\n" for h in hypotheses)
+        print(f"test SacreBLEU {bleu.score:.2f} ({bleu.details}; {bleu.signature}) on {len(data.test)} "
+              f"sentences; copying the source scores {copy.score:.2f}", flush=True)
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "report.json"), "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def load_translator(workdir: str, overrides: list[str] = ()):
+    """(Translator with the latest good checkpoint's parameters, data) of a translation workdir."""
+    from jaxpos.config_io import apply_overrides, load_json_config
+
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {workdir} the workdir of a `jaxpos train` translation run?")
+    config = apply_overrides(load_json_config(path), list(overrides))
+    if config.get("task") != "translation":
+        raise ValueError(f"{workdir} holds a {config.get('task')!r} run, not a translation run")
+    data, cfg, task = _setup(config, workdir)
+    trainer = Trainer(config, workdir, task, log=False)
+    try:
+        state, step = trainer.initial_state(data.train)
+    finally:
+        trainer.close()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints: train first")
+    source_width = data.test.inputs.shape[1] if len(data.test) else config.data.eval_max_length
+    return Translator(cfg, state.params, data.tokenizer, decode_config(config.decode), source_width), data, step
+
+
+def translate_main(workdir: str, input_path: str | None, output_path: str | None, overrides=()) -> None:
+    """Translates the lines of `input_path` (stdin if None) into `output_path` (stdout if None), line by line."""
+    translator, _, step = load_translator(workdir, overrides)
+    if input_path:
+        with open(input_path, encoding="utf-8") as f:
+            sentences = read_sentences(f)
+    else:
+        sentences = read_sentences(sys.stdin)
+    cut = translator.count_truncated(sentences)
+    if cut:
+        print(f"warning: {cut} line(s) are longer than {translator.source_width - 1} tokens and were cut",
+              file=sys.stderr)
+    outputs = translator.translate(sentences, progress=output_path is not None)
+    out = open(output_path, "w", encoding="utf-8") if output_path else sys.stdout
+    try:
+        out.writelines(line + "\n" for line in outputs)
+    finally:
+        if output_path:
+            out.close()
+    print(f"translated {len(sentences)} line(s) with the step-{step} checkpoint of {workdir}", file=sys.stderr)
+
+
+def eval_bleu_main(workdir: str, split: str = "test", max_sentences: int = 0, overrides=()) -> float:
+    """Decodes a held-out split of the run's data and prints SacreBLEU with its signature."""
+    translator, data, step = load_translator(workdir, overrides)
+    eval_set = getattr(data, split)
+    if not len(eval_set):
+        raise ValueError(f"the {split!r} split of {workdir}'s data is empty")
+    bleu, _ = translator.evaluate(eval_set, max_sentences, progress=True)
+    copy = corpus_bleu(eval_set.sources[:len(_)], eval_set.references[:len(_)])
+    print(f"{split} ({len(_)} sentences, step {step}, beam {translator.dcfg.beam_size}, alpha "
+          f"{translator.dcfg.alpha}): SacreBLEU {bleu.score:.2f}\n{bleu.details}\nsignature: {bleu.signature}\n"
+          f"copying the source: {copy.score:.2f}")
+    return bleu.score

@@ -1,0 +1,48 @@
+"""Numerical rank: numpy's matrix_rank on constructed low-rank matrices; the DIET rank bounds."""
+
+import numpy as np
+import pytest
+
+from jaxpos.analysis.rank import numerical_rank
+
+
+def low_rank(rng, n, m, r, dtype=np.float64):
+    return (rng.normal(size=(n, r)) @ rng.normal(size=(r, m))).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matches_numpy(dtype):
+    rng = np.random.default_rng(0)
+    for n, m, r in [(8, 8, 3), (12, 5, 2), (6, 20, 6), (10, 10, 10)]:
+        a = low_rank(rng, n, m, r, dtype)
+        assert numerical_rank(a) == np.linalg.matrix_rank(a) == r
+        assert isinstance(numerical_rank(a), int)
+    assert numerical_rank(np.zeros((4, 3))) == 0
+    assert numerical_rank(np.eye(3, dtype=int)) == 3
+    # A loose relative tolerance drops the small singular value.
+    a = np.diag([1.0, 1e-3, 1e-9])
+    assert numerical_rank(a) == 3 and numerical_rank(a, rtol=1e-6) == 2 and numerical_rank(a, rtol=1e-2) == 1
+
+
+def test_batched():
+    rng = np.random.default_rng(1)
+    a = np.stack([low_rank(rng, 9, 7, r) for r in range(1, 7)]).reshape(2, 3, 9, 7)
+    ranks = numerical_rank(a)
+    assert ranks.shape == (2, 3)
+    np.testing.assert_array_equal(ranks.ravel(), np.arange(1, 7))
+    np.testing.assert_array_equal(ranks, np.linalg.matrix_rank(a))
+
+
+def test_absolute_position_logits_and_diet_abs():
+    rng = np.random.default_rng(2)
+    n, d, head_dim, r = 24, 16, 4, 3
+    x = rng.normal(size=(n, d)) + rng.normal(size=(n, d))  # token + position embeddings, rank d > D
+    assert numerical_rank(x) == d
+    w_q, w_k = rng.normal(size=(d, head_dim)), rng.normal(size=(d, head_dim))
+    logits = (x @ w_q) @ (x @ w_k).T / np.sqrt(head_dim)
+    assert numerical_rank(logits) == head_dim  # input APE: rank <= D
+    p_q, p_k = rng.normal(size=(n, r)), rng.normal(size=(n, r))
+    biased = logits + p_q @ p_k.T  # DIET-Abs per-head term of rank r
+    assert head_dim < numerical_rank(biased) <= head_dim + r
+    assert numerical_rank(biased) == head_dim + r  # generic factors reach the bound
+    assert numerical_rank(biased.astype(np.float32)) == head_dim + r
