@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 WORKDIR ?= runs/demo
 
-.PHONY: demo test install install-test clean
+.PHONY: demo test test-all install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,12 @@ install-test: $(VENV)/.installed-test
 demo: $(VENV)/.installed
 	$(BIN)/jaxpos train --config configs/mlm/tiny.py --workdir $(WORKDIR)
 
+# Two workers: the suite is dominated by single-threaded XLA compiles.
 test: $(VENV)/.installed-test
-	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -x -q
+	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -x -q -n 2 -m "not slow"
+
+test-all: $(VENV)/.installed-test
+	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -x -q -n 2
 
 clean:
 	rm -rf $(VENV) runs

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from jaxpos.analysis.cli import add_analyze_parser
+
 
 def _train(args, overrides):
     from jaxpos.config_io import apply_overrides, load_config
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     smoke = sub.add_parser("smoke", help="forward/backward of every positional mechanism; prints a table")
     smoke.add_argument("--seq-len", type=int, default=64)
     smoke.set_defaults(run=_smoke)
-    __import__("jaxpos.analysis.cli", fromlist=["cli"]).add_analyze_parser(sub)  # analyze (imports nothing heavy)
+    add_analyze_parser(sub)
 
     args, rest = parser.parse_known_args(argv)
     overrides = [r for r in rest if r.startswith("--config.")]

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import unicodedata
 from typing import Callable, Sequence
 
@@ -188,12 +187,17 @@ def _read_vocab(path: str) -> list[str]:
     return vocabulary
 
 
+def _is_punctuation(c: str) -> bool:
+    """BERT's rule: every non-alphanumeric printable ASCII character, and Unicode punctuation (category P*)."""
+    code = ord(c)
+    return 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126 or \
+        unicodedata.category(c).startswith("P")
+
+
 class WordPiece:
     """BERT's tokenizer: split on whitespace and punctuation (lower-casing and stripping accents for uncased
     vocabularies), then greedy longest-match-first pieces with '##' continuations; [UNK] for a word it cannot
     cover. Enough to feed analyses; Chinese-character splitting and `never_split` lists are left out."""
-
-    _PUNCT = re.compile(r"(\W)", re.UNICODE)
 
     def __init__(self, vocabulary: Sequence[str], lower_case: bool = True, max_chars: int = 100):
         self.index = {piece: i for i, piece in enumerate(vocabulary)}
@@ -203,7 +207,16 @@ class WordPiece:
     def words(self, text: str) -> list[str]:
         if self.lower_case:
             text = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(c) != "Mn")
-        return [w for chunk in text.split() for w in self._PUNCT.split(chunk) if w and not w.isspace()]
+        words = []
+        for chunk in text.split():
+            start = 0
+            for i, c in enumerate(chunk):
+                if _is_punctuation(c):  # BERT splits off every punctuation character, "_" included
+                    words += [chunk[start:i], c] if i > start else [c]
+                    start = i + 1
+            if start < len(chunk):
+                words.append(chunk[start:])
+        return words
 
     def __call__(self, text: str) -> list[int]:
         ids = []

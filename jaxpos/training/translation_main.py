@@ -61,14 +61,19 @@ def train_translation(config, workdir: str):
     dcfg = decode_config(config.decode)
     trainer = Trainer(config, workdir, task)
 
+    has_dev = len(data.dev) > 0
+    if not has_dev:
+        print("no dev split: training without dev loss or dev BLEU", flush=True)
+
     def bleu_hook(step, state):
-        if not tcfg.bleu_every or step % tcfg.bleu_every or step == tcfg.num_steps:
+        if not has_dev or not tcfg.bleu_every or step % tcfg.bleu_every:
             return None
         translator = Translator(cfg, state.params, data.tokenizer, dcfg, data.dev.inputs.shape[1])
         return {"bleu": translator.evaluate(data.dev, tcfg.bleu_sentences)[0].score}
 
     try:
-        result = trainer.run(data.train, eval_batches=lambda: _loss_batches(data, tcfg), hooks=[bleu_hook])
+        result = trainer.run(data.train, eval_batches=(lambda: _loss_batches(data, tcfg)) if has_dev else None,
+                             hooks=[bleu_hook])
     finally:
         trainer.close()
     params = result.state.params

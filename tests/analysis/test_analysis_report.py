@@ -175,6 +175,11 @@ def test_hf_folder_through_the_cli(tmp_path, texts):
     assert model.vocabulary == vocabulary and (model.cls_id, model.sep_id) == (2, 3)
     ids = model.encode("The value of the attribute.")
     assert ids[0] == 2 and ids[-1] == 3 and 1 not in ids  # common words are whole-word entries
+    import transformers
+
+    peer = transformers.BertTokenizer(str(tmp_path / "bert" / "vocab.txt"))
+    for text in texts[:80]:  # the WordPiece reimplementation against transformers' own
+        assert model.tokenize(text) == peer.encode(text, add_special_tokens=False)
     assert len(token_windows(model, corpus_sentences(model, texts, 10), 12, 3)) == 3
 
     out = tmp_path / "out"

@@ -17,7 +17,14 @@ from tests.helpers import VARIANTS
 from tests.training import synthetic
 
 
-@pytest.mark.parametrize("name,position", VARIANTS, ids=[v[0] for v in VARIANTS])
+# The papers' mechanisms learn in the default run; the other variants (whose gradients the mechanism tests check
+# in the default run) learn in `make test-all`.
+CORE = ("absolute", "tisa", "diet_rel", "diet_abs", "t5", "rope")
+CASES = [pytest.param(name, position, id=name, marks=() if name in CORE else pytest.mark.slow)
+         for name, position in VARIANTS]
+
+
+@pytest.mark.parametrize("name,position", CASES)
 def test_loss_decreases(name, position):
     config = synthetic.config(40)
     config.train.update(learning_rate=5e-3, warmup_steps=5)
