@@ -70,3 +70,16 @@ def load_json_config(path: str) -> ml_collections.ConfigDict:
             return ml_collections.ConfigDict(json.load(f))
         except json.JSONDecodeError as error:
             raise ValueError(f"{path} is not a valid JSON config: {error}") from error
+
+
+def load_run_config(workdir: str, task: str) -> ml_collections.ConfigDict:
+    """WORKDIR/config.json of a `jaxpos train` run, checked to be a run of `task` (mlm | translation)."""
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} is missing: is {workdir!r} the workdir of a `jaxpos train` run?")
+    config = load_json_config(path)
+    if config.get("task", "mlm") != task or "model" not in config:
+        raise ValueError(f"{path}: a {config.get('task', 'mlm')!r} run; this command reads {task!r} runs")
+    return config

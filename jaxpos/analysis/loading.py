@@ -55,20 +55,13 @@ def load_run(workdir: str) -> AnalyzedModel:
     import jax.numpy as jnp
 
     from jaxpos.config import model_config
+    from jaxpos.config_io import load_run_config
     from jaxpos.data.tokenizer import CLS_ID, SEP_ID, load_tokenizer
     from jaxpos.models import BertForMaskedLM
     from jaxpos.training.checkpoint import Checkpointer
 
-    if not os.path.isdir(workdir):
-        raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+    config = load_run_config(workdir, "mlm")
     config_path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"{config_path} is missing: is {workdir!r} the workdir of a `jaxpos train` run?")
-    with open(config_path) as f:
-        config = json.load(f)
-    if config.get("task", "mlm") != "mlm" or "model" not in config:
-        raise ValueError(f"{config_path}: `jaxpos analyze --workdir` reads masked-LM runs (task 'mlm' with a "
-                         f"'model' block); this one has task={config.get('task')!r}")
     try:
         cfg = model_config(config["model"])
     except (TypeError, ValueError) as err:

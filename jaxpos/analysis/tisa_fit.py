@@ -142,3 +142,16 @@ def fit_tisa_kernels(scores, offsets, num_kernels: int = 5, steps: int = 50, see
     tss = ((y - y.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
     r2 = np.where(tss > 0, 1 - rss / np.where(tss > 0, tss, 1.0), np.where(rss > 0, 0.0, 1.0))
     return dict(a=a, b=b, c=c, r2=r2)
+
+
+def tisa_init_from_profile(profile, num_layers: int, num_kernels: int = 5, **fit_options) -> tuple[dict, np.ndarray]:
+    """TISA parameters for a model of `num_layers` layers from the first layer's profile F-hat_P [H, n, n] of a
+    trained absolute-position model (TISA App. C): each head's fitted kernels, repeated in every layer.
+
+    Returns ({a, b, c: [L, H, S]} ready for the `position` parameters of a TISA stack with sharing "none",
+    r2 [H] of the fits).
+    """
+    n = np.shape(profile)[-1]
+    fit = fit_tisa_kernels(profile_rows_to_offsets(profile), np.arange(-(n - 1), n), num_kernels, **fit_options)
+    params = {k: np.repeat(np.asarray(fit[k], np.float32)[None], num_layers, axis=0) for k in "abc"}
+    return params, np.asarray(fit["r2"])

@@ -98,14 +98,9 @@ def train_translation(config, workdir: str):
 
 def load_translator(workdir: str, overrides: list[str] = ()):
     """(Translator with the latest good checkpoint's parameters, data) of a translation workdir."""
-    from jaxpos.config_io import apply_overrides, load_json_config
+    from jaxpos.config_io import apply_overrides, load_run_config
 
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: is {workdir} the workdir of a `jaxpos train` translation run?")
-    config = apply_overrides(load_json_config(path), list(overrides))
-    if config.get("task") != "translation":
-        raise ValueError(f"{workdir} holds a {config.get('task')!r} run, not a translation run")
+    config = apply_overrides(load_run_config(workdir, "translation"), list(overrides))
     data, cfg, task = _setup(config, workdir)
     trainer = Trainer(config, workdir, task, log=False)
     try:

@@ -56,3 +56,35 @@ def test_profile_round_trip():
     k = np.arange(-(n - 1), n).astype(float)
     np.testing.assert_allclose(scores, np.asarray(table), rtol=1e-6, atol=1e-7)
     assert_same_function(fit_tisa_kernels(scores, k), k, A, B, C)
+
+
+def test_tisa_model_initialised_from_an_absolute_model():
+    import flax.linen as nn
+    import jax
+
+    from jaxpos.analysis.profile import positional_profile
+    from jaxpos.analysis.tisa_fit import tisa_init_from_profile
+    from jaxpos.models import BertEncoder
+    from jaxpos.positions import make_position
+    from tests.helpers import tiny_config
+
+    absolute = tiny_config(dict(kind="absolute"))
+    ids = jnp.ones((1, absolute.max_length), jnp.int32)
+    params = nn.unbox(BertEncoder(absolute).init(jax.random.PRNGKey(0), ids)["params"])
+    profile = positional_profile(absolute, params)
+    init, r2 = tisa_init_from_profile(profile, absolute.num_layers)
+    tisa = tiny_config(dict(kind="tisa"))
+    tisa_params = nn.unbox(BertEncoder(tisa).init(jax.random.PRNGKey(1), ids)["params"])
+    assert {k: v.shape for k, v in init.items()} == {k: tisa_params["encoder"]["position"][k].shape for k in "abc"}
+    tisa_params["encoder"]["position"] = {k: jnp.asarray(v) for k, v in init.items()}
+    n = absolute.max_length
+    k = np.arange(-(n - 1), n)
+    target = profile_rows_to_offsets(profile)  # [H, 2n-1]
+    fitted = np.asarray(tisa_scores(jnp.asarray(k), *(jnp.asarray(init[x][0]) for x in "abc")))
+    rss = ((fitted - target) ** 2).sum(1)
+    tss = ((target - target.mean(1, keepdims=True)) ** 2).sum(1)
+    np.testing.assert_allclose(1 - rss / tss, r2, rtol=1e-3, atol=1e-4)  # r2 describes the installed kernels
+    positions = jnp.arange(n)
+    table = make_position(tisa, tisa.num_layers, False).apply({"params": init}, positions, positions).table
+    np.testing.assert_allclose(np.asarray(table)[0], fitted, rtol=1e-5, atol=1e-5)  # what the model now adds
+    assert np.all(np.isfinite(BertEncoder(tisa).apply({"params": tisa_params}, ids)))

@@ -74,7 +74,7 @@ def test_train_resume_translate_and_eval_bleu(run, capsys):
 
 def test_clear_errors(run, tmp_path):
     _, _, args = run
-    with pytest.raises(FileNotFoundError, match="config.json not found"):
+    with pytest.raises(FileNotFoundError, match="config.json is missing"):
         main(["eval-bleu", "--workdir", str(tmp_path)])
     with pytest.raises(ValueError, match="'diet_abs' .*data.pack=False"):
         main(args[:4] + [str(tmp_path / "w")] + args[5:] + ["--config.model.position.kind=diet_abs",
