@@ -28,12 +28,15 @@ def split_by_sentence(sentence_ids: np.ndarray, fractions=(0.7, 0.15, 0.15), see
 
 
 def identified(predictions: np.ndarray, inputs: np.ndarray, sentence_ids: np.ndarray) -> np.ndarray:
-    """[N] bool: is x_i the nearest (L2) input embedding to prediction i among the tokens of its sentence?"""
+    """[N] bool: is x_i the nearest (L2) input embedding to prediction i among the tokens of its sentence?
+
+    A repeated token without position embeddings has the same x at several places: a tie with x_i counts as
+    identified (nothing could tell the copies apart)."""
     hits = np.zeros(len(predictions), bool)
     for sentence in np.unique(sentence_ids):
         index = np.flatnonzero(sentence_ids == sentence)
         distance = ((predictions[index, None, :] - inputs[None, index, :]) ** 2).sum(-1)  # [n, n]
-        hits[index] = distance.argmin(axis=1) == np.arange(len(index))
+        hits[index] = np.diagonal(distance) <= distance.min(axis=1)
     return hits
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 
 import matplotlib
 
@@ -43,7 +44,7 @@ def plot_tisa_scores(params: dict, max_offset: int, path: str, profiles: np.ndar
         axes[0][0].legend(fontsize=6, ncol=2)
     for extra in range(layers, rows * cols):
         axes[extra // cols][extra % cols].axis("off")
-    fig.suptitle(suptitle)
+    fig.suptitle(textwrap.fill(suptitle, 48 * cols), fontsize=10)  # narrow one-panel figures wrap the title
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

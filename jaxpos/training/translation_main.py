@@ -7,7 +7,6 @@ import os
 import sys
 
 import jax
-import numpy as np
 
 from jaxpos.config import model_config
 from jaxpos.data.translation import build_translation_data, eval_batches
@@ -141,9 +140,10 @@ def eval_bleu_main(workdir: str, split: str = "test", max_sentences: int = 0, ov
     eval_set = getattr(data, split)
     if not len(eval_set):
         raise ValueError(f"the {split!r} split of {workdir}'s data is empty")
-    bleu, _ = translator.evaluate(eval_set, max_sentences, progress=True)
-    copy = corpus_bleu(eval_set.sources[:len(_)], eval_set.references[:len(_)])
-    print(f"{split} ({len(_)} sentences, step {step}, beam {translator.dcfg.beam_size}, alpha "
+    bleu, hypotheses = translator.evaluate(eval_set, max_sentences, progress=True)
+    count = len(hypotheses)
+    copy = corpus_bleu(eval_set.sources[:count], eval_set.references[:count])
+    print(f"{split} ({count} sentences, step {step}, beam {translator.dcfg.beam_size}, alpha "
           f"{translator.dcfg.alpha}): SacreBLEU {bleu.score:.2f}\n{bleu.details}\nsignature: {bleu.signature}\n"
           f"copying the source: {copy.score:.2f}")
     return bleu.score

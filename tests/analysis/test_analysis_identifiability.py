@@ -20,6 +20,12 @@ def test_identified_matches_a_loop():
     assert 0 < got.mean() < 1
 
 
+def test_a_repeated_token_is_identified_at_each_copy():
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])  # token 0 twice, no position embeddings
+    assert identified(x, x, np.zeros(3, int)).all()  # the naive probe at layer 0 identifies every token
+    assert not identified(x[[1, 0, 0]], x, np.zeros(3, int))[0]
+
+
 def test_split_keeps_sentences_whole():
     sentences = np.repeat(np.arange(40), 3)
     train, val, test = split_by_sentence(sentences)
