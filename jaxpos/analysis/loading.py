@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import unicodedata
 from typing import Callable, Sequence
@@ -50,7 +49,6 @@ def load_run(workdir: str) -> AnalyzedModel:
     """The encoder of a jaxpos masked-LM run (`jaxpos train --workdir DIR`): the typed config from
     WORKDIR/config.json, the parameters of the newest checkpoint that restores (parameters only, onto the CPU;
     nothing in the workdir is written), and the run's SentencePiece tokenizer."""
-    import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
@@ -58,7 +56,7 @@ def load_run(workdir: str) -> AnalyzedModel:
     from jaxpos.config_io import load_run_config
     from jaxpos.data.tokenizer import CLS_ID, SEP_ID, load_tokenizer
     from jaxpos.models import BertForMaskedLM
-    from jaxpos.training.checkpoint import Checkpointer
+    from jaxpos.training.checkpoint import restore_run_params
 
     config = load_run_config(workdir, "mlm")
     config_path = os.path.join(workdir, "config.json")
@@ -70,28 +68,9 @@ def load_run(workdir: str) -> AnalyzedModel:
         raise ValueError(f"{config_path}: an encoder-decoder (num_decoder_layers={cfg.num_decoder_layers}); "
                          "`jaxpos analyze` reads BERT-style encoders")
 
-    checkpoint_dir = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(checkpoint_dir) or not any(d.isdigit() for d in os.listdir(checkpoint_dir)):
-        raise FileNotFoundError(f"{checkpoint_dir} holds no checkpoint; train first (jaxpos train ... "
-                                f"--workdir {workdir})")
     seq_len = config.get("data", {}).get("seq_len", cfg.max_length)
     ids = jnp.zeros((1, min(seq_len, cfg.max_length)), jnp.int32)
-    abstract = nn.unbox(jax.eval_shape(lambda: BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), ids)))["params"]
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), abstract)
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
-    checkpointer = Checkpointer(checkpoint_dir, read_only=True)
-    try:
-        restored = checkpointer.restore_latest_params(abstract)
-    finally:
-        checkpointer.close()
-        absl.setLevel(level)
-    if restored is None:
-        raise ValueError(f"no checkpoint in {checkpoint_dir} restores (steps {checkpointer.steps()}) for the "
-                         f"model in {config_path}")
-    step, params = restored
+    step, params = restore_run_params(workdir, BertForMaskedLM(cfg), (ids,))
     params = jax.tree.map(np.asarray, params["bert"])  # the encoder; the MLM head is not analysed
 
     data = config.get("data", {})

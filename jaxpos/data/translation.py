@@ -248,9 +248,11 @@ def tfds_pairs(name: str, split: str, data_dir: str | None, source_lang: str, ta
     return text
 
 
-def load_parallel(config, stats: dict[str, TranslationStats]) -> dict[str, ParallelText]:
+def load_parallel(config, stats: dict[str, TranslationStats], splits_wanted: Sequence[str] = SPLITS
+                  ) -> dict[str, ParallelText]:
     """{"train", "dev", "test"} -> ParallelText of `config` (a `default_translation_data_config()` block); an
-    unconfigured dev/test split is empty. Raises ValueError when no training pair remains."""
+    unconfigured dev/test split, or one not in `splits_wanted` (held-out evaluation reads no training data),
+    is empty. Raises ValueError when no training pair remains of a wanted train split."""
     if config.source == "bible":
         splits = bible_pairs(config.source_edition, config.target_edition, config.dev_fraction,
                              config.test_fraction, stats)
@@ -262,6 +264,7 @@ def load_parallel(config, stats: dict[str, TranslationStats]) -> dict[str, Paral
         splits = {}
         for split, tfds_split in zip(SPLITS, (config.tfds_train_split, config.tfds_dev_split,
                                               config.tfds_test_split)):
+            tfds_split = tfds_split if split in splits_wanted else ""
             splits[split] = tfds_pairs(config.tfds_name, tfds_split, config.data_dir, config.source_lang,
                                        config.target_lang, stats[split],
                                        config.max_pairs if split == "train" else 0) if tfds_split else ParallelText()
@@ -269,6 +272,8 @@ def load_parallel(config, stats: dict[str, TranslationStats]) -> dict[str, Paral
         splits = {}
         for split in SPLITS:
             source, target = config[f"{split}_source"], config[f"{split}_target"]
+            if split not in splits_wanted:
+                source = target = ""
             if bool(source) != bool(target):
                 raise ValueError(f"data.{split}_source={source!r} and data.{split}_target={target!r}: give both "
                                  "files of the split, or neither")
@@ -277,9 +282,18 @@ def load_parallel(config, stats: dict[str, TranslationStats]) -> dict[str, Paral
                 else ParallelText()
     else:
         raise ValueError(f"data.source={config.source!r}; choose 'bible', 'tfds' or 'files'")
-    if not splits["train"]:
+    splits = {split: text if split in splits_wanted else ParallelText() for split, text in splits.items()}
+    if "train" in splits_wanted and not splits["train"]:
         raise ValueError(f"the {config.source!r} source has no non-empty training pair")
     return splits
+
+
+def load_eval_set(config, split: str, tokenizer: Tokenizer) -> tuple[EvalSet, TranslationStats]:
+    """One held-out split ("dev" or "test") of `config`'s data, tokenized as in training; no training pair is
+    read (for `jaxpos eval-bleu` on a finished run)."""
+    stats = {name: TranslationStats() for name in SPLITS}
+    text = load_parallel(config, stats, splits_wanted=(split,))[split]
+    return make_eval_set(text, tokenizer, config.eval_max_length, stats[split]), stats[split]
 
 
 # ------------------------------------------------------------------------------------------ tokens and packing

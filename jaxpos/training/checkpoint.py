@@ -101,3 +101,30 @@ class Checkpointer:
 def abstract_like(tree, shardings):
     """ShapeDtypeStructs carrying target shardings, the restore target for any mesh."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def restore_run_params(workdir: str, model, init_args: tuple, device: jax.Device | None = None):
+    """(step, params) of the newest restorable checkpoint in WORKDIR/checkpoints, parameters only (no optimiser
+    state), onto one device (default: the first CPU). `model.init(rng, *init_args)` gives the tree's shapes. The
+    workdir is only read. Raises FileNotFoundError when there is no checkpoint, ValueError when none restores."""
+    import flax.linen as nn
+
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory) or not any(d.isdigit() for d in os.listdir(directory)):
+        raise FileNotFoundError(f"{directory} holds no checkpoint; train first (jaxpos train ... --workdir {workdir})")
+    sharding = jax.sharding.SingleDeviceSharding(device or jax.devices("cpu")[0])
+    abstract = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_args)))["params"]
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
+    checkpointer = Checkpointer(directory, read_only=True)
+    try:
+        restored = checkpointer.restore_latest_params(abstract)
+    finally:
+        checkpointer.close()
+        absl.setLevel(level)
+    if restored is None:
+        raise ValueError(f"no checkpoint in {directory} restores (steps {checkpointer.steps()}) for the model in "
+                         f"{os.path.join(workdir, 'config.json')}")
+    return restored

@@ -9,7 +9,7 @@ import sys
 import jax
 
 from jaxpos.config import model_config
-from jaxpos.data.translation import build_translation_data, eval_batches
+from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import corpus_bleu
 from jaxpos.decoding.translate import Translator, decode_config, read_sentences
 from jaxpos.models import EncoderDecoder
@@ -96,20 +96,27 @@ def train_translation(config, workdir: str):
 
 
 def load_translator(workdir: str, overrides: list[str] = ()):
-    """(Translator with the latest good checkpoint's parameters, data) of a translation workdir."""
+    """(Translator with the newest restorable checkpoint's parameters, the run's config, checkpoint step) of a
+    translation workdir; reads no training data."""
+    import jax.numpy as jnp
+
     from jaxpos.config_io import apply_overrides, load_run_config
+    from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, load_tokenizer
+    from jaxpos.training.checkpoint import restore_run_params
 
     config = apply_overrides(load_run_config(workdir, "translation"), list(overrides))
-    data, cfg, task = _setup(config, workdir)
-    trainer = Trainer(config, workdir, task, log=False)
-    try:
-        state, step = trainer.initial_state(data.train)
-    finally:
-        trainer.close()
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints: train first")
-    source_width = data.test.inputs.shape[1] if len(data.test) else config.data.eval_max_length
-    return Translator(cfg, state.params, data.tokenizer, decode_config(config.decode), source_width), data, step
+    tokenizer_path = config.data.tokenizer_path or os.path.join(workdir, "spm_translation.model")
+    if not os.path.isfile(tokenizer_path):
+        raise FileNotFoundError(f"the run's SentencePiece model {tokenizer_path} is missing")
+    tokenizer = load_tokenizer(tokenizer_path, TRANSLATION_SPECIAL_TOKENS)
+    cfg = model_config(config.model)
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise ValueError(f"{tokenizer_path} has {tokenizer.vocab_size} pieces but the model in {workdir}/config.json "
+                         f"has vocab_size={cfg.vocab_size}")
+    ids = jnp.ones((1, config.data.max_length), jnp.int32)
+    step, params = restore_run_params(workdir, EncoderDecoder(cfg), (ids, ids), jax.devices()[0])
+    translator = Translator(cfg, params, tokenizer, decode_config(config.decode), config.data.eval_max_length)
+    return translator, config, step
 
 
 def translate_main(workdir: str, input_path: str | None, output_path: str | None, overrides=()) -> None:
@@ -136,8 +143,8 @@ def translate_main(workdir: str, input_path: str | None, output_path: str | None
 
 def eval_bleu_main(workdir: str, split: str = "test", max_sentences: int = 0, overrides=()) -> float:
     """Decodes a held-out split of the run's data and prints SacreBLEU with its signature."""
-    translator, data, step = load_translator(workdir, overrides)
-    eval_set = getattr(data, split)
+    translator, config, step = load_translator(workdir, overrides)
+    eval_set, _ = load_eval_set(config.data, split, translator.tokenizer)
     if not len(eval_set):
         raise ValueError(f"the {split!r} split of {workdir}'s data is empty")
     bleu, hypotheses = translator.evaluate(eval_set, max_sentences, progress=True)

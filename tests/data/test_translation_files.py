@@ -56,3 +56,19 @@ def test_overlong_pairs_dropped_in_training_and_cut_when_held_out(tmp_path):
     config.test_target = ""
     with pytest.raises(ValueError, match="give both files of the split"):
         build_translation_data(config, 4, str(tmp_path / "work"))
+
+
+def test_held_out_split_reads_no_training_data(tmp_path):
+    from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, train_sentencepiece
+    from jaxpos.data.translation import load_eval_set
+
+    words = ["house", "garden", "tree", "river", "mountain", "city"]
+    tokenizer = train_sentencepiece([f"the {a} and the {b}" for a in words for b in words], str(tmp_path / "spm"),
+                                    60, special_tokens=TRANSLATION_SPECIAL_TOKENS)
+    config = default_translation_data_config()
+    config.update(source="files", train_source=str(tmp_path / "gone.de"), train_target=str(tmp_path / "gone.en"),
+                  test_source=write(tmp_path / "t.de", "das Haus\n\nder Baum\n"),
+                  test_target=write(tmp_path / "t.en", "the house\nthe garden\nthe tree\n"), eval_max_length=8)
+    eval_set, stats = load_eval_set(config, "test", tokenizer)  # the training files do not even exist
+    assert eval_set.references == ["the house", "the tree"] and stats.skipped_empty == 1
+    assert eval_set.inputs.shape == (2, 8) and all(EOS_ID in row for row in eval_set.inputs)
