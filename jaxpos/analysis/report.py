@@ -106,7 +106,7 @@ def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[
         bar.set_postfix_str(name)
         start = time.perf_counter()
         try:
-            report[name] = globals()[f"_{name}"](ctx)
+            report[name] = _DIAGNOSTIC_FUNCTIONS[name](ctx)
         except Skip as why:
             report[name] = {"skipped": str(why)}
             report["skipped"][name] = str(why)
@@ -496,8 +496,14 @@ def _attribution(ctx: _Context) -> dict:
         summaries.append({k: np.asarray(v, np.float64) for k, v in
                           attribution.attribution_summary(contributions).items()})
     mean = {k: np.mean([s[k] for s in summaries], axis=0) for k in summaries[0]}
-    own = mean.get("own_share", mean.get("self_share"))  # (names of the summary's two per-layer shares)
-    top = mean.get("top_contributor", mean.get("top_share"))
+    own, top = mean["own_share"], mean["top_contributor"]
     plot_attribution(mean["by_distance"], own, top, ctx.figure("attribution.png"))
     return dict(length=length, windows=len(rows), layers=layers, self_share=own, top_share=top,
                 by_distance=mean["by_distance"], figure="attribution.png")
+
+
+_DIAGNOSTIC_FUNCTIONS = dict(
+    position_gram=_position_gram, positional_profile=_positional_profile, tisa_scores=_tisa_scores,
+    identical_word=_identical_word, rank=_rank, decomposition=_decomposition,
+    effective_attention=_effective_attention, identifiability=_identifiability, attribution=_attribution)
+assert tuple(_DIAGNOSTIC_FUNCTIONS) == DIAGNOSTICS
