@@ -43,6 +43,13 @@ def decode_config(values) -> DecodeConfig:
     return DecodeConfig(**values)
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled_decoder(cfg: ModelConfig, dcfg: DecodeConfig):
+    """The jitted `_decode_batch` of one model and decoding setting, shared by every Translator of them (a dev
+    BLEU every N training steps compiles once)."""
+    return jax.jit(functools.partial(_decode_batch, cfg=cfg, dcfg=dcfg))
+
+
 def _decode_batch(params, inputs, *, cfg: ModelConfig, dcfg: DecodeConfig):
     """inputs [B, S] (0-padded, EOS-terminated) -> (sequences [B, K, W], scores [B, K]), best first."""
     batch, beams, width = inputs.shape[0], dcfg.beam_size, dcfg.target_width
@@ -75,20 +82,18 @@ class Translator:
             raise ValueError(f"decode.beam_size={dcfg.beam_size}; need at least 1")
         self.cfg, self.params, self.tokenizer, self.dcfg = cfg, params, tokenizer, dcfg
         self.source_width = source_width
-        self._decode = jax.jit(functools.partial(_decode_batch, cfg=cfg, dcfg=dcfg))
+        self._decode = _compiled_decoder(cfg, dcfg)
 
-    def encode_sources(self, sentences: Sequence[str]) -> np.ndarray:
-        """[N, source_width] ids ending in EOS (sources longer than the width are cut, EOS kept)."""
+    def encode_sources(self, sentences: Sequence[str]) -> tuple[np.ndarray, int]:
+        """([N, source_width] ids ending in EOS, how many sources were longer than the width and cut, EOS
+        kept)."""
         inputs = np.zeros((len(sentences), self.source_width), np.int32)
+        cut = 0
         for i, ids in enumerate(self.tokenizer.encode_batch(list(sentences))):
+            cut += len(ids) + 1 > self.source_width
             ids = ids[:self.source_width - 1] + [EOS_ID]
             inputs[i, :len(ids)] = ids
-        return inputs
-
-    def count_truncated(self, sentences: Sequence[str]) -> int:
-        """How many sentences are longer than the source width (they are cut, EOS kept)."""
-        lengths = [len(ids) + 1 for ids in self.tokenizer.encode_batch([s for s in sentences if s.strip()])]
-        return sum(length > self.source_width for length in lengths)
+        return inputs, cut
 
     def translate_ids(self, inputs: np.ndarray, progress: bool = False, with_scores: bool = False):
         """Best hypothesis per source row: inputs [N, S] -> [N, W] int32 (0 after EOS), and with `with_scores`
@@ -111,16 +116,17 @@ class Translator:
             scores[start:start + len(chunk)] = np.asarray(best[:len(chunk), 0])
         return (out, scores) if with_scores else out
 
-    def translate(self, sentences: Sequence[str], progress: bool = False) -> list[str]:
-        """Detokenized translations of `sentences`; an empty or whitespace-only line translates to ""."""
+    def translate(self, sentences: Sequence[str], progress: bool = False) -> tuple[list[str], int]:
+        """(detokenized translations of `sentences`, how many were cut to the source width); an empty or
+        whitespace-only line translates to ""."""
         sentences = list(sentences)
         keep = [i for i, s in enumerate(sentences) if s.strip()]
-        outputs = [""] * len(sentences)
+        outputs, cut = [""] * len(sentences), 0
         if keep:
-            ids = self.translate_ids(self.encode_sources([sentences[i] for i in keep]), progress)
-            for i, row in zip(keep, ids):
+            inputs, cut = self.encode_sources([sentences[i] for i in keep])
+            for i, row in zip(keep, self.translate_ids(inputs, progress)):
                 outputs[i] = detokenize(self.tokenizer, row)
-        return outputs
+        return outputs, cut
 
     def evaluate(self, eval_set: EvalSet, max_sentences: int = 0, progress: bool = False
                  ) -> tuple[BleuResult, list[str]]:

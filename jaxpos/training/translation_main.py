@@ -35,12 +35,11 @@ def _setup(config, workdir: str):
         raise ValueError("a translation config needs model.num_decoder_layers >= 1")
     if config.data.get("pack", True):
         check_packable(cfg)
-    for name, length in (("data.max_length", config.data.max_length),
-                         ("data.eval_max_length", config.data.eval_max_length),
-                         ("decode.target_width", config.decode.target_width)):
-        if length > cfg.max_length and cfg.position.kind in ("absolute", "diet_abs", "tupe"):
-            raise ValueError(f"{name}={length} is longer than model.max_length={cfg.max_length}, the longest "
-                             f"sequence that position mechanism {cfg.position.kind!r} supports")
+    # The longest sources and targets the run will see, traced now: a mechanism whose tables are too short raises
+    # its own LengthError at start-up rather than at the first evaluation or at the final decoding.
+    longest = max(config.data.max_length, config.data.eval_max_length)
+    jax.eval_shape(EncoderDecoder(cfg).init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1, longest), "int32"),
+                   jax.ShapeDtypeStruct((1, max(longest, config.decode.target_width)), "int32"))
     task = TranslationTask(EncoderDecoder(cfg), config.data.max_length, config.data.max_length,
                            config.train.label_smoothing)
     return data, cfg, task
@@ -127,11 +126,10 @@ def translate_main(workdir: str, input_path: str | None, output_path: str | None
             sentences = read_sentences(f)
     else:
         sentences = read_sentences(sys.stdin)
-    cut = translator.count_truncated(sentences)
+    outputs, cut = translator.translate(sentences, progress=output_path is not None)
     if cut:
         print(f"warning: {cut} line(s) are longer than {translator.source_width - 1} tokens and were cut",
               file=sys.stderr)
-    outputs = translator.translate(sentences, progress=output_path is not None)
     out = open(output_path, "w", encoding="utf-8") if output_path else sys.stdout
     try:
         out.writelines(line + "\n" for line in outputs)

@@ -9,6 +9,7 @@ import pytest
 
 from jaxpos.cli import main
 from jaxpos.decoding import corpus_bleu
+from jaxpos.positions import LengthError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GERMAN = ["Haus", "Garten", "Baum", "Fluss", "Berg", "Stadt", "Straße", "Fenster"]
@@ -76,6 +77,9 @@ def test_clear_errors(run, tmp_path):
     _, _, args = run
     with pytest.raises(FileNotFoundError, match="config.json is missing"):
         main(["eval-bleu", "--workdir", str(tmp_path)])
+    with pytest.raises(LengthError, match="'absolute' has learned parameters for 24 positions .* length 32"):
+        main(args[:4] + [str(tmp_path / "w")] + args[5:] + ["--config.data.eval_max_length=32"])
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")  # raised at start-up, before any training
     with pytest.raises(ValueError, match="'diet_abs' .*data.pack=False"):
         main(args[:4] + [str(tmp_path / "w")] + args[5:] + ["--config.model.position.kind=diet_abs",
                                                              "--config.train.num_steps=1"])
