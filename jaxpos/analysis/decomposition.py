@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from jaxpos.analysis.taps import layer_params, run_encoder
+from jaxpos.analysis.taps import input_position_embedding, layer_params, run_encoder
 from jaxpos.config import ModelConfig
 
 TERMS = ("i", "h", "f", "c")
@@ -92,7 +92,7 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
     x = p["token_embed"]["embedding"][ids]
     if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
         x = x + p["type_embed"]["embedding"][types]
-    position_embedding = _input_position_embedding(cfg, enc, ids.shape[1])
+    position_embedding = input_position_embedding(cfg, enc, ids.shape[1])
     if position_embedding is not None:
         x = x + np.asarray(position_embedding, dtype)[None]
     if cfg.embed_layer_norm:
@@ -131,15 +131,3 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
         terms[3] = terms[3] + shift
         history.append(np.stack(terms))
     return Decomposition(np.stack(history), hidden_states.astype(dtype), segs != 0, feedforward_io)
-
-
-def _input_position_embedding(cfg: ModelConfig, encoder_params, length: int):
-    """What the mechanism adds to the token embeddings at the input ([T, E]), or None."""
-    from jaxpos.positions.absolute import sinusoidal_table
-
-    kind = cfg.position.kind
-    if kind == "absolute" or (kind == "tisa" and cfg.position.tisa.input_positions):
-        return encoder_params["position"]["embedding"][:length]
-    if kind == "sinusoidal":
-        return np.asarray(sinusoidal_table(np.arange(length), cfg.embed_width))
-    return None

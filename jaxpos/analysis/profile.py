@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from jaxpos.analysis.taps import has_learned_input_positions
 from jaxpos.config import ModelConfig
 
 
@@ -20,8 +21,7 @@ def positional_profile(cfg: ModelConfig, params) -> np.ndarray:
 
     `params` is a `BertEncoder` parameter tree of a model with learned input positions.
     """
-    has_table = cfg.position.kind == "absolute" or (cfg.position.kind == "tisa" and cfg.position.tisa.input_positions)
-    if not has_table:
+    if not has_learned_input_positions(cfg):
         raise ValueError(f"the positional profile needs learned input position embeddings; model.position.kind="
                          f"{cfg.position.kind!r} has none")
     p = jax.tree.map(lambda x: np.asarray(x, np.float64), nn.unbox(params))

@@ -30,7 +30,9 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from jaxpos.analysis import attribution, effective_attention, locality, rank, tisa_fit, toeplitz
 from jaxpos.analysis.loading import AnalyzedModel
+from jaxpos.analysis.taps import has_learned_input_positions, input_position_embedding
 
 log = logging.getLogger(__name__)
 
@@ -202,38 +204,15 @@ def _usable_lengths(ctx: _Context, lengths) -> list[int]:
     return sorted({min(int(n), ctx.cfg.max_length) for n in lengths if int(n) >= 3})
 
 
-def _need(module: str):
-    """Imports jaxpos.analysis.<module>; a missing module skips the diagnostic instead of failing the run."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"jaxpos.analysis.{module}")
-    except ModuleNotFoundError as err:
-        if err.name == f"jaxpos.analysis.{module}":
-            raise Skip(f"jaxpos.analysis.{module} is not available in this installation") from err
-        raise
-
-
-def _learned_input_positions(cfg) -> bool:
-    return cfg.position.kind == "absolute" or (cfg.position.kind == "tisa" and cfg.position.tisa.input_positions)
-
-
 def _input_position_table(ctx: _Context) -> np.ndarray | None:
     """[n, E] the positions added to the token embeddings (learned or sinusoidal), or None."""
-    cfg = ctx.cfg
-    if _learned_input_positions(cfg):
-        return np.asarray(ctx.params["encoder"]["position"]["embedding"], np.float64)
-    if cfg.position.kind == "sinusoidal":
-        from jaxpos.positions.absolute import sinusoidal_table
-
-        return np.asarray(sinusoidal_table(np.arange(cfg.max_length), cfg.embed_width), np.float64)
-    return None
+    table = input_position_embedding(ctx.cfg, ctx.params["encoder"], ctx.cfg.max_length)
+    return None if table is None else np.asarray(table, np.float64)
 
 
 # --- diagnostics -------------------------------------------------------------------------------------------------
 
 def _position_gram(ctx: _Context) -> dict:
-    toeplitz = _need("toeplitz")
     table = _input_position_table(ctx)
     if table is None:
         raise Skip(f"position.kind={ctx.cfg.position.kind!r} adds no position embeddings at the input")
@@ -243,16 +222,15 @@ def _position_gram(ctx: _Context) -> dict:
     from jaxpos.analysis.plots import plot_position_gram
 
     plot_position_gram(gram, r2, ctx.figure("position_gram.png"), ctx.model.name)
-    return dict(toeplitz_r2=r2, n=gram.shape[0], learned=_learned_input_positions(ctx.cfg),
+    return dict(toeplitz_r2=r2, n=gram.shape[0], learned=has_learned_input_positions(ctx.cfg),
                 figure="position_gram.png", array="arrays.npz:position_gram")
 
 
 def _positional_profile(ctx: _Context) -> dict:
     cfg = ctx.cfg
-    if not _learned_input_positions(cfg):
+    if not has_learned_input_positions(cfg):
         raise Skip(f"F-hat_P needs learned input position embeddings; position.kind={cfg.position.kind!r}"
                    + (" without tisa.input_positions" if cfg.position.kind == "tisa" else "") + " has none")
-    toeplitz, tisa_fit = _need("toeplitz"), _need("tisa_fit")
     from jaxpos.analysis.plots import plot_tisa_scores
     from jaxpos.analysis.profile import positional_profile
 
@@ -291,7 +269,6 @@ def _tisa_scores(ctx: _Context) -> dict:
 def _identical_word(ctx: _Context) -> dict:
     if ctx.model.vocabulary is None:
         raise Skip(f"{ctx.model.source} has no vocabulary file to draw whole words from")
-    loc = _need("locality")
     from jaxpos.analysis.plots import plot_positional_matrices
     from jaxpos.analysis.probing import identical_word_attention, sample_probe_words
 
@@ -303,7 +280,7 @@ def _identical_word(ctx: _Context) -> dict:
     weights = identical_word_attention(cfg, ctx.params, words, length=length)  # [L, H, n, n]
     per_layer = weights.mean(axis=1)  # [L, n, n]
     overall = per_layer.mean(axis=0)
-    scores = lambda m: (loc.locality(m), loc.symmetry(m))  # noqa: E731
+    scores = lambda m: (locality.locality(m), locality.symmetry(m))  # noqa: E731
     layer_scores = np.asarray([scores(m) for m in per_layer])
     head_scores = np.asarray([[scores(m) for m in layer] for layer in weights])  # [L, H, 2]
     overall_scores = scores(overall)
@@ -359,7 +336,6 @@ def _input_positional_logits(ctx: _Context, length: int) -> np.ndarray | None:
 
 
 def _rank(ctx: _Context) -> dict:
-    rank, toeplitz = _need("rank"), _need("toeplitz")
     from jaxpos.analysis.plots import plot_ranks
 
     cfg, opts = ctx.cfg, ctx.options
@@ -419,7 +395,6 @@ def _decomposition(ctx: _Context) -> dict:
 
 
 def _effective_attention(ctx: _Context) -> dict:
-    eff = _need("effective_attention")
     from jaxpos.analysis.plots import plot_effective_attention
     from jaxpos.analysis.taps import value_output_maps
 
@@ -433,8 +408,8 @@ def _effective_attention(ctx: _Context) -> dict:
         for row in rows:  # one window at a time: the value maps are [L, 1, H, T, d]
             weights, states = _run(ctx, row[None])
             maps = value_output_maps(cfg, ctx.params, states)
-            effective = eff.effective_attention(weights, maps)
-            correlations.append(eff.attention_correlation(weights, effective)[:, 0])  # [L, H]
+            effective = effective_attention.effective_attention(weights, maps)
+            correlations.append(effective_attention.attention_correlation(weights, effective)[:, 0])  # [L, H]
             example = (weights[-1, 0, 0], effective[-1, 0, 0], length)
         lengths.append(length)
         per_length.append(np.stack(correlations))  # [W, L, H]
@@ -480,7 +455,6 @@ def _identifiability(ctx: _Context) -> dict:
 
 
 def _attribution(ctx: _Context) -> dict:
-    attribution = _need("attribution")
     from jaxpos.analysis.plots import plot_attribution
 
     cfg, opts = ctx.cfg, ctx.options

@@ -47,6 +47,23 @@ def run_encoder(cfg: ModelConfig, params, input_ids, segment_ids=None, token_typ
     return _encoder_taps(cfg)(params, ids, segs, None if token_types is None else jnp.asarray(token_types))
 
 
+def has_learned_input_positions(cfg: ModelConfig) -> bool:
+    """Does the model add a learned position table to its token embeddings (BERT; TISA with input positions)?"""
+    kind = cfg.position.kind
+    return kind == "absolute" or (kind == "tisa" and cfg.position.tisa.input_positions)
+
+
+def input_position_embedding(cfg: ModelConfig, encoder_params, length: int) -> np.ndarray | None:
+    """What the mechanism adds to the token embeddings at the input ([T, E]: learned or sinusoidal), or None."""
+    from jaxpos.positions.absolute import sinusoidal_table
+
+    if has_learned_input_positions(cfg):
+        return np.asarray(encoder_params["position"]["embedding"][:length])
+    if cfg.position.kind == "sinusoidal":
+        return np.asarray(sinusoidal_table(np.arange(length), cfg.embed_width))
+    return None
+
+
 def layer_params(cfg: ModelConfig, params, layer: int):
     encoder = params["encoder"]
     return encoder["layer_shared"] if cfg.share_layers else encoder[f"layer_{layer}"]
