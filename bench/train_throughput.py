@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxpos.config import POSITION_KINDS, model_config
-from jaxpos.config_base import mesh_block, model_block, train_block
+from jaxpos.config.defaults import mesh_block, model_block, train_block
 from jaxpos.models import BertForMaskedLM
 from jaxpos.training.loop import Trainer
 from jaxpos.training.mlm import MaskedLMTask

@@ -10,7 +10,7 @@ from jaxpos.analysis.cli import add_analyze_parser
 
 
 def _train(args, overrides):
-    from jaxpos.config_io import apply_overrides, load_config
+    from jaxpos.config.files import apply_overrides, load_config
 
     if args.distributed:  # multi-host: coordinator and process ids come from the TPU / SLURM environment
         import jax

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from jaxpos.config import model_config
-from jaxpos.config_io import apply_overrides, load_config
+from jaxpos.config.files import apply_overrides, load_config
 from jaxpos.models import BertForMaskedLM, EncoderDecoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

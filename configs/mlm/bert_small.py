@@ -4,7 +4,7 @@
         --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds
 """
 
-from jaxpos.config_base import mlm_config
+from jaxpos.config.defaults import mlm_config
 
 
 def get_config():

@@ -7,7 +7,7 @@ shared across the heads of a layer (BERT-A*-s).
     # BERT-A* (per head):  --config.model.position.attenuated.sharing=none
 """
 
-from jaxpos.config_base import mlm_config
+from jaxpos.config.defaults import mlm_config
 
 
 def get_config():

@@ -6,7 +6,7 @@
     # DIET-Rel instead:  --config.model.position.kind=diet_rel
 """
 
-from jaxpos.config_base import mlm_config
+from jaxpos.config.defaults import mlm_config
 
 
 def get_config():

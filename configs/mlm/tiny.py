@@ -4,7 +4,7 @@
     jaxpos train --config configs/mlm/tiny.py --workdir runs/tiny_rel --config.model.position.kind=diet_rel
 """
 
-from jaxpos.config_base import mlm_config
+from jaxpos.config.defaults import mlm_config
 
 
 def get_config():

@@ -8,7 +8,7 @@
 For en -> de, swap the sides: --config.data.source_lang=en --config.data.target_lang=de.
 """
 
-from jaxpos.config_base import translation_config
+from jaxpos.config.defaults import translation_config
 
 
 def get_config():

@@ -7,7 +7,7 @@
 diet_abs, tupe and attenuated need --config.data.pack=False (their bias depends on absolute row positions).
 """
 
-from jaxpos.config_base import translation_config
+from jaxpos.config.defaults import translation_config
 
 
 def get_config():

@@ -53,7 +53,7 @@ def load_run(workdir: str) -> AnalyzedModel:
     import jax.numpy as jnp
 
     from jaxpos.config import model_config
-    from jaxpos.config_io import load_run_config
+    from jaxpos.config.files import load_run_config
     from jaxpos.data.tokenizer import CLS_ID, SEP_ID, load_tokenizer
     from jaxpos.models import BertForMaskedLM
     from jaxpos.training.checkpoint import restore_run_params

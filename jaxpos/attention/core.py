@@ -29,6 +29,15 @@ def fold_factors(q_BTHD, k_BSHD, factors):
     return q, k
 
 
+def apply_rotary(x_BTHD: jax.Array, cos_TK: jax.Array, sin_TK: jax.Array) -> jax.Array:
+    """Rotates channel pairs (x[..., k], x[..., k + D/2]) by the angle of their position (NeoX layout)."""
+    half = x_BTHD.shape[-1] // 2
+    x1, x2 = x_BTHD[..., :half], x_BTHD[..., half:]
+    cos, sin = cos_TK[None, :, None, :], sin_TK[None, :, None, :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTHD.dtype)
+
+
 def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: PositionalBias,
            q_pos: jax.Array, k_pos: jax.Array, mask: jax.Array | None = None,
            q_types: jax.Array | None = None, k_types: jax.Array | None = None,

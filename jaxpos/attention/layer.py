@@ -7,10 +7,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias
-from jaxpos.attention.core import attend
+from jaxpos.attention.core import apply_rotary, attend
 from jaxpos.config import ModelConfig
 from jaxpos.initializers import normal_init
-from jaxpos.positions.rope import apply_rotary
 
 
 def dense(cfg: ModelConfig, features, axis, kernel_axes, bias_axes, name: str) -> nn.DenseGeneral:

@@ -18,15 +18,6 @@ def rotary_tables(positions: jax.Array, head_dim: int, base: float) -> tuple[jax
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rotary(x_BTHD: jax.Array, cos_TK: jax.Array, sin_TK: jax.Array) -> jax.Array:
-    """Rotates channel pairs (x[..., k], x[..., k + D/2]) by the angle of their position (NeoX layout)."""
-    half = x_BTHD.shape[-1] // 2
-    x1, x2 = x_BTHD[..., :half], x_BTHD[..., half:]
-    cos, sin = cos_TK[None, :, None, :], sin_TK[None, :, None, :]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BTHD.dtype)
-
-
 class RopePosition(PositionMechanism):
     """Fixed rotations; inductive. The tables for the query and key positions are computed once per pass."""
 

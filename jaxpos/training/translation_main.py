@@ -99,7 +99,7 @@ def load_translator(workdir: str, overrides: list[str] = ()):
     translation workdir; reads no training data."""
     import jax.numpy as jnp
 
-    from jaxpos.config_io import apply_overrides, load_run_config
+    from jaxpos.config.files import apply_overrides, load_run_config
     from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, load_tokenizer
     from jaxpos.training.checkpoint import restore_run_params
 

@@ -14,7 +14,7 @@ import pytest
 from jaxpos.analysis.loading import WordPiece, load_hf, load_run
 from jaxpos.analysis.report import analyze, corpus_sentences, token_windows
 from jaxpos.config import model_config
-from jaxpos.config_base import mlm_config
+from jaxpos.config.defaults import mlm_config
 from jaxpos.data.corpus import embedded_documents
 from jaxpos.data.mlm import split_sentences
 from jaxpos.data.tokenizer import train_sentencepiece

@@ -10,7 +10,8 @@ from jaxpos.attention.bias import expand_toeplitz, offsets
 from jaxpos.positions.absolute import sinusoidal_table
 from jaxpos.positions.alibi import alibi_slopes
 from jaxpos.positions.attenuated import attenuated_delta
-from jaxpos.positions.rope import apply_rotary, rotary_tables
+from jaxpos.attention.core import apply_rotary
+from jaxpos.positions.rope import rotary_tables
 from jaxpos.positions.t5 import t5_bucket
 from jaxpos.positions.tisa import tisa_scores
 

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 
 from jaxpos.config import model_config
-from jaxpos.config_base import mesh_block, model_block, train_block
+from jaxpos.config.defaults import mesh_block, model_block, train_block
 from jaxpos.models import BertForMaskedLM
 from jaxpos.training.loop import Trainer
 from jaxpos.training.mlm import MaskedLMTask

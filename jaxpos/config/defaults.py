@@ -6,11 +6,11 @@ import dataclasses
 
 import ml_collections
 
-from jaxpos.config import ModelConfig
+from jaxpos.config.model import ModelConfig
 
 
 def model_block(**overrides) -> ml_collections.ConfigDict:
-    """`config.model`: every ModelConfig field (see jaxpos/config.py for each one's meaning)."""
+    """`config.model`: every ModelConfig field (see jaxpos/config/model.py for each one's meaning)."""
     block = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
     block.update(overrides)
     return block
