@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from jaxpos.analysis.cli import add_analyze_parser
 
 
 def _train(args, overrides):
+    from jaxpos.config import model_config
     from jaxpos.config.files import apply_overrides, load_config
 
     if args.distributed:  # multi-host: coordinator and process ids come from the TPU / SLURM environment
@@ -18,6 +20,7 @@ def _train(args, overrides):
         jax.distributed.initialize()
 
     config = apply_overrides(load_config(args.config), overrides)
+    model_config(config.model)  # refuse a bad model block before any data is read or tokenizer trained
     if config.task == "mlm":
         from jaxpos.training.mlm_main import train_mlm
 
@@ -48,8 +51,40 @@ def _smoke(args, overrides):
     print(smoke_table(seq_len=args.seq_len))
 
 
+# Errors that jaxpos's own checks raise about what the user gave (config, paths, data); shown as one line.
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ModuleNotFoundError)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_error_status(error: BaseException) -> int | None:
+    """The exit status for an error that jaxpos explains in one line, or None for a fault (keeps its traceback).
+
+    2 for USER_ERRORS raised by jaxpos's own code (the innermost frame of the traceback is in the package: the
+    same types raised inside jax, orbax or numpy are faults); 1 for a diverged or unrestorable run.
+    """
+    from jaxpos.training.checkpoint import CheckpointError
+    from jaxpos.training.loop import TrainingDiverged
+
+    if isinstance(error, (TrainingDiverged, CheckpointError)):  # a run's outcome, already explained by its message
+        return 1
+    tb = error.__traceback__
+    if not isinstance(error, USER_ERRORS) or tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return 2 if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR) else None
+
+
+def _message(error: BaseException) -> str:
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)  # KeyError quotes its text
+    return " ".join(str(text).split()) or type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs one `jaxpos` command. User errors print `jaxpos: error: ...` and return 2 (1 for a diverged or
+    unrestorable run); `--debug` shows their traceback instead. Real faults raise as usual."""
     parser = argparse.ArgumentParser(prog="jaxpos", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of every error (any position)")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train from a config; resumes from the workdir's latest checkpoint",
                            epilog="Override any config field with --config.a.b=value, e.g. "
@@ -77,12 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     add_analyze_parser(sub)
 
     args, rest = parser.parse_known_args(argv)
+    debug = args.debug or "--debug" in rest  # accepted after the subcommand too
     overrides = [r for r in rest if r.startswith("--config.")]
-    unknown = [r for r in rest if not r.startswith("--config.")]
+    unknown = [r for r in rest if not r.startswith("--config.") and r != "--debug"]
     if unknown:
         parser.error(f"unrecognised arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args.run(args, overrides)
+    try:
+        args.run(args, overrides)
+    except Exception as error:
+        status = None if debug else user_error_status(error)
+        if status is None:
+            raise
+        print(f"jaxpos: error: {_message(error)}", file=sys.stderr, flush=True)
+        return status
     return 0
 
 

@@ -56,8 +56,12 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
             node = node[name]
         if leaf not in node:
             raise ValueError(f"unknown config field {key!r}; known here: {', '.join(sorted(node.keys()))}")
+        try:
+            value = _parse(text, node[leaf])
+        except ValueError as error:
+            raise ValueError(f"--{key}={text}: {error}") from None
         with node.ignore_type():
-            node[leaf] = _parse(text, node[leaf])
+            node[leaf] = value
     return config
 
 

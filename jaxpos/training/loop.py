@@ -151,7 +151,7 @@ class Trainer:
         start = int(jax.device_get(state.step))
         writer = MetricWriter(self.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0)
         if resumed is not None and self.log:
-            writer.bar.write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints")
+            writer.write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints")
         stop = {"signal": None}
         previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
         pending, window, final_metrics, eval_metrics = None, [], {}, {}
@@ -184,8 +184,10 @@ class Trainer:
                     final_metrics = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
                     final_metrics["step_time"] = elapsed / len(window)
                     final_metrics["tokens_per_s"] = tokens_per_step / final_metrics["step_time"]
-                    writer.scalars(done, final_metrics)
                     writer.postfix(loss=final_metrics["loss"])
+                    if done == tcfg.num_steps:
+                        writer.finish_bar()
+                    writer.scalars(done, final_metrics)
                     window = []
                 if eval_batches is not None and (done % tcfg.eval_every == 0 or done == tcfg.num_steps):
                     eval_metrics = self.evaluate(state.params, eval_batches())
@@ -201,7 +203,7 @@ class Trainer:
                         pending = None
                     self.checkpointer.save(done, state, data.get_state())
                 if stop["signal"]:
-                    writer.bar.write(f"received signal {stop['signal']}: checkpointed step {done}, stopping")
+                    writer.write(f"received signal {stop['signal']}: checkpointed step {done}, stopping")
                     break
         finally:
             self.checkpointer.wait()

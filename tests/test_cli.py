@@ -1,0 +1,63 @@
+"""The command line: a user's mistake is one line on stderr with exit status 2; faults keep their traceback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxpos import cli
+
+TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "mlm", "tiny.py")
+
+
+def _error_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["--config.model.position.kind=bogus"], "unknown position mechanism 'bogus'"),
+    (["--config.data.source=text", "--config.data.paths=['/nonexistent/dir/*.txt']"], "matches no file"),
+    (["--config.train.num_steps=many"], "--config.train.num_steps=many"),
+    (["--config.model.no_such_field=1"], "unknown config field"),
+])
+def test_user_errors_are_one_line(tmp_path, capsys, overrides, expected):
+    status = cli.main(["train", "--config", TINY, "--workdir", str(tmp_path / "run"), *overrides])
+    lines = _error_lines(capsys)
+    assert status == 2
+    assert len(lines) == 1 and lines[0].startswith("jaxpos: error: ") and expected in lines[0], lines
+
+
+def test_missing_config_file_is_one_line(tmp_path, capsys):
+    assert cli.main(["train", "--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path)]) == 2
+    assert _error_lines(capsys) == [f"jaxpos: error: config file {str(tmp_path / 'nope.py')!r} does not exist"]
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(ValueError, match="unknown position mechanism"):
+        cli.main(["--debug", "train", "--config", TINY, "--workdir", str(tmp_path),
+                  "--config.model.position.kind=bogus"])
+    with pytest.raises(ValueError, match="unknown position mechanism"):  # after the subcommand too
+        cli.main(["train", "--config", TINY, "--workdir", str(tmp_path), "--config.model.position.kind=bogus",
+                  "--debug"])
+
+
+def test_errors_raised_outside_jaxpos_are_faults(monkeypatch, tmp_path):
+    import numpy as np
+
+    def broken(args, overrides):
+        np.reshape(np.zeros(3), (2, 2))  # a ValueError raised inside numpy: a bug, not a user error
+
+    monkeypatch.setattr(cli, "_smoke", broken)
+    with pytest.raises(ValueError):
+        cli.main(["smoke"])
+
+
+def test_console_script_exit_status_and_stderr(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "jaxpos.cli", "train", "--config", TINY, "--workdir",
+                           str(tmp_path), "--config.model.position.kind=bogus"],
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "jaxpos: error: unknown position mechanism 'bogus'; choose one of none, absolute, sinusoidal, tisa, "
+        "diet_rel, diet_abs, t5, shaw, tupe, rope, alibi, attenuated"]
