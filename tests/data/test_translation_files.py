@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from jaxpos.data.translation import (EOS_ID, TranslationStats, build_translation_data,
-                                     default_translation_data_config, parallel_file_pairs, read_lines)
+from jaxpos.data.parallel import TranslationStats, parallel_file_pairs, read_lines
+from jaxpos.data.translation import EOS_ID, build_translation_data, default_translation_data_config
 
 
 def write(path, text, encoding="utf-8"):

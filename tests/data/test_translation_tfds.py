@@ -5,8 +5,8 @@ import pytest
 pytest.importorskip("array_record", reason="TFDS data sources need the array_record package")
 tfds = pytest.importorskip("tensorflow_datasets")
 
-from jaxpos.data.translation import (TranslationStats, build_translation_data,  # noqa: E402
-                                     default_translation_data_config, tfds_pairs)
+from jaxpos.data.parallel import TranslationStats, tfds_pairs  # noqa: E402
+from jaxpos.data.translation import build_translation_data, default_translation_data_config  # noqa: E402
 
 GERMAN = ["ein Haus", "zwei Häuser", "ein roter Hund", "der Hund schläft", "die Katze", "drei Katzen"]
 ENGLISH = ["a house", "two houses", "a red dog", "the dog sleeps", "the cat", "three cats"]
