@@ -107,6 +107,8 @@ def summary(report: dict) -> str:
     if get("effective_attention", "correlation") is not None:
         pairs = zip(get("effective_attention", "lengths"), get("effective_attention", "correlation"))
         lines.append("  raw vs effective attention r: " + ", ".join(f"T={n}: {r:.3f}" for n, r in pairs))
+    if get("effective_attention", "rank_summary"):
+        lines.append("  effective attention: " + get("effective_attention", "rank_summary"))
     for kind, values in (get("identifiability", "rates") or {}).items():
         lines.append(f"  identifiability ({kind}) per layer: {fmt(values)}")
     if get("attribution", "self_share") is not None:

@@ -27,6 +27,9 @@ TERMS = ("i", "h", "f", "c")
 
 @dataclasses.dataclass
 class Decomposition:
+    """The terms i, h, f, c of a post-LN encoder's hidden states (sum over axis 1 = the hidden states) for a
+    batch of B sequences of length T, L layers, width d; `decompose` builds it."""
+
     terms: np.ndarray  # [L+1, 4, B, T, d]: i, h, f, c after the embeddings (index 0) and after each layer
     hidden: np.ndarray  # [L+1, B, T, d]: the model's own hidden states (sown by the encoder), for comparison
     mask: np.ndarray  # [B, T] bool: real (non-padding) tokens

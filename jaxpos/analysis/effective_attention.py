@@ -4,22 +4,25 @@ A head's output is A T with T = E W_V^h W_O^h [T, d]. Any component of an attent
 of T (all x with x^T T = 0) leaves the output unchanged, so only A_eff = A - A N N^T matters, N an orthonormal
 basis of that null space. Equivalently A_eff = A U_r U_r^T, U_r the left singular vectors of T with singular
 values above the rank tolerance. Attention is not identifiable whenever the sequence is longer than rank(T).
+
+The tolerance is relative to T's largest singular value and independent of the dtype (default
+`jaxpos.analysis.rank.RTOL`, for maps computed in float32): a dtype-derived one would find no null space in
+float32 maps cast to float64, whose rounding noise then sits above float64's eps.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from jaxpos.analysis.rank import RTOL, above_tolerance
 
-def _column_space(t: np.ndarray, rtol: float | None, dtype) -> tuple[np.ndarray, np.ndarray]:
+
+def _column_space(t: np.ndarray, rtol: float) -> tuple[np.ndarray, np.ndarray]:
     """Left singular vectors U [..., T, T] of t [..., T, d] and a mask [..., T] of those above the tolerance."""
-    if rtol is None:  # numpy's matrix_rank default, with the eps of the dtype the maps were computed in
-        rtol = max(t.shape[-2:]) * np.finfo(dtype).eps
     u, s, _ = np.linalg.svd(t, full_matrices=True)
-    k = t.shape[-2]
-    s = np.concatenate([s, np.zeros(s.shape[:-1] + (k - s.shape[-1],))], axis=-1)  # pad to T when d < T
-    keep = s > rtol * s.max(axis=-1, keepdims=True)
-    return u, keep
+    keep = above_tolerance(s, rtol)
+    pad = np.zeros(keep.shape[:-1] + (t.shape[-2] - keep.shape[-1],), bool)  # d < T: the rest is null space
+    return u, np.concatenate([keep, pad], axis=-1)
 
 
 def _float_dtype(*arrays):
@@ -27,29 +30,31 @@ def _float_dtype(*arrays):
     return dtype if np.issubdtype(dtype, np.inexact) else np.dtype(np.float64)
 
 
-def left_null_space(t, rtol: float | None = None) -> np.ndarray:
-    """Orthonormal basis N [T, T - rank] of {x : x^T t = 0} for t [T, d] (SVD, rank tolerance rtol * S.max)."""
+def left_null_space(t, rtol: float = RTOL) -> np.ndarray:
+    """Orthonormal basis N [T, T - rank] of {x : x^T t = 0} for t [T, d]: singular values at or below
+    rtol * S.max count as zero, whatever t's dtype (see `jaxpos.analysis.rank.RTOL`)."""
     a = np.asarray(t)
     if a.ndim != 2:
         raise ValueError(f"expected a value-output map [T, d], got shape {a.shape}")
-    u, keep = _column_space(a.astype(np.float64), rtol, _float_dtype(a))
+    u, keep = _column_space(a.astype(np.float64), rtol)
     return u[:, ~keep]
 
 
-def effective_attention(weights, value_maps, rtol: float | None = None) -> np.ndarray:
+def effective_attention(weights, value_maps, rtol: float = RTOL) -> np.ndarray:
     """A_eff = A - A N N^T of attention weights [..., T, T] given value-output maps [..., T, d] -> [..., T, T].
 
     Leading dims broadcast, e.g. weights [L, B, H, T, T] with maps [L, B, H, T, d] from
-    `jaxpos.analysis.taps.value_output_maps`. Computed in float64, returned in the inputs' float dtype.
+    `jaxpos.analysis.taps.value_output_maps`. N spans the left null space at relative tolerance `rtol`, the
+    same for any dtype (the rank it keeps is `numerical_rank(value_maps, rtol)`). Computed in float64, returned
+    in the inputs' float dtype.
     """
     a, t = np.asarray(weights), np.asarray(value_maps)
     if a.ndim < 2 or t.ndim < 2 or a.shape[-1] != t.shape[-2]:
         raise ValueError(f"weights [..., T, T] and value maps [..., T, d] disagree: {a.shape} vs {t.shape}")
-    dtype = _float_dtype(a, t)
-    u, keep = _column_space(t.astype(np.float64), rtol, dtype)
+    u, keep = _column_space(t.astype(np.float64), rtol)
     basis = u * keep[..., None, :]  # zero the null-space columns: basis basis^T projects onto range(T)
     projector = basis @ np.swapaxes(basis, -1, -2)
-    return (a.astype(np.float64) @ projector).astype(dtype)
+    return (a.astype(np.float64) @ projector).astype(_float_dtype(a, t))
 
 
 def attention_correlation(weights, effective, mask=None) -> np.ndarray:

@@ -9,7 +9,8 @@ Diagnostics (REFERENCE.md, "Analyses"), each recorded under its name in the repo
   identical_word       positional weight matrices from identical-word sentences, locality and symmetry (Chen)
   rank                 numerical rank of attention logits and of positional attention matrices (DIET Fig. 2, 8)
   decomposition        Muppet term importance across layers and feed-forward linearity r^2
-  effective_attention  raw vs effective attention, Pearson r against sequence length (Brunner section 3)
+  effective_attention  raw vs effective attention, Pearson r against sequence length, with the rank tolerance
+                       and the rank of each head's value-output map T it kept (Brunner section 3)
   identifiability      token identifiability per layer, naive and linear probes (Brunner section 4)
   attribution          hidden token attribution by neighbour distance (Brunner section 5)
 
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 
 DIAGNOSTICS = ("position_gram", "positional_profile", "tisa_scores", "identical_word", "rank", "decomposition",
                "effective_attention", "identifiability", "attribution")
-LOGIT_RANK_RTOL = 1e-4  # the logits are recovered from float32 attention weights: finer ranks are noise
 
 
 class Skip(Exception):
@@ -348,8 +348,8 @@ def _rank(ctx: _Context) -> dict:
     # log A = logits - logsumexp per row: centring each row removes that constant (and softmax's invariance).
     log_weights = np.log(np.maximum(weights.astype(np.float64), 1e-30))
     centred = log_weights - log_weights.mean(axis=-1, keepdims=True)
-    logit_rank = rank.numerical_rank(centred, rtol=LOGIT_RANK_RTOL)  # [L, B, H]
-    result = dict(length=length, windows=len(rows), head_dim=cfg.head_dim, rtol=LOGIT_RANK_RTOL,
+    logit_rank = rank.numerical_rank(centred)  # [L, B, H]; recovered from float32 weights, hence rank.RTOL
+    result = dict(length=length, windows=len(rows), head_dim=cfg.head_dim, rtol=rank.RTOL,
                   logit_rank=logit_rank.mean(axis=1), logit_rank_mean=float(logit_rank.mean()),
                   logit_rank_max=int(logit_rank.max()))
     terms = {"input": (_input_positional_logits(ctx, length), "input positions (P W_Q)(P W_K)^T, layer 1"),
@@ -399,27 +399,33 @@ def _effective_attention(ctx: _Context) -> dict:
     from jaxpos.analysis.taps import value_output_maps
 
     cfg, opts = ctx.cfg, ctx.options
-    per_length, example, lengths = [], None, []
+    per_length, ranks, example, lengths = [], [], None, []
     for length in tqdm(_usable_lengths(ctx, opts.lengths), desc="effective attention", leave=False):
         rows = token_windows(ctx.model, ctx.sentences, length, opts.windows)
         if len(rows) == 0:
             continue
-        correlations = []
+        correlations, window_ranks = [], []
         for row in rows:  # one window at a time: the value maps are [L, 1, H, T, d]
             weights, states = _run(ctx, row[None])
             maps = value_output_maps(cfg, ctx.params, states)
-            effective = effective_attention.effective_attention(weights, maps)
+            effective = effective_attention.effective_attention(weights, maps, rank.RTOL)
             correlations.append(effective_attention.attention_correlation(weights, effective)[:, 0])  # [L, H]
-            example = (weights[-1, 0, 0], effective[-1, 0, 0], length)
+            window_ranks.append(rank.numerical_rank(maps, rank.RTOL)[:, 0])  # the rank the projection kept
+            example = (weights[-1, 0, 0], effective[-1, 0, 0], length, window_ranks[-1][-1, 0])
         lengths.append(length)
         per_length.append(np.stack(correlations))  # [W, L, H]
+        ranks.append(np.stack(window_ranks))  # [W, L, H]
     if not lengths:
         raise Skip("the sentences give no window of any of the requested lengths")
     by_layer = np.stack([np.nanmean(c, axis=(0, 2)) for c in per_length])  # [len, L]
-    raw, effective, length = example
+    raw, effective, length, example_rank = example
     plot_effective_attention(raw, effective, lengths, by_layer, cfg.head_dim, ctx.figure("effective_attention.png"),
-                             f"layer {cfg.num_layers}, head 1, T = {length}")
+                             f"layer {cfg.num_layers}, head 1, T = {length}, rank {example_rank} of {length}")
+    found = ", ".join(f"T={n}: rank {r.min()}" + (f"-{r.max()}" if r.max() > r.min() else "") + f" of {n}"
+                      for n, r in zip(lengths, ranks))
     return dict(lengths=lengths, windows=[len(c) for c in per_length], head_dim=cfg.head_dim,
+                rtol=rank.RTOL, value_map_rank=[r.mean(axis=0) for r in ranks],  # [L, H] per length
+                rank_summary=f"tolerance {rank.RTOL:g} x the largest singular value of T; {found}",
                 correlation=[float(np.nanmean(c)) for c in per_length], correlation_by_layer=by_layer,
                 correlation_by_head=[np.nanmean(c, axis=0) for c in per_length], figure="effective_attention.png")
 

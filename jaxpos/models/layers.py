@@ -21,15 +21,19 @@ def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
 
 
 def activation(name: str):
+    """The feed-forward nonlinearity named by `ModelConfig.activation`: "gelu" (erf), "gelu_tanh" or "relu"."""
     return {"gelu": lambda x: nn.gelu(x, approximate=False),
             "gelu_tanh": lambda x: nn.gelu(x, approximate=True), "relu": nn.relu}[name]
 
 
 class MlpBlock(nn.Module):
+    """The feed-forward sublayer W2 act(W1 x + b1) + b2 (params wi [d, mlp_dim], wo [mlp_dim, d]), no residual."""
+
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x):
+        """x [..., d] -> [..., d]."""
         cfg = self.cfg
         h = dense(cfg, cfg.mlp_dim, -1, ("embed", "mlp"), ("mlp",), "wi")(x)
         h = activation(cfg.activation)(h)
@@ -46,6 +50,8 @@ class TransformerLayer(nn.Module):
     @nn.compact
     def __call__(self, x, *, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None,
                  enc_pos=None, cross_mask=None, deterministic=True):
+        """x [B, T, d] -> [B, T, d]. bias (this layer's `PositionalBias`), q_pos [T], k_pos [S], mask and types
+        [B, T] feed self-attention; encoded [B, S_enc, d], cross_bias, enc_pos [S_enc], cross_mask cross-attention."""
         cfg = self.cfg
 
         def sublayer(x, fn, name):

@@ -41,10 +41,34 @@ def test_random_low_rank_maps():
         np.testing.assert_allclose(eff[idx], a[idx] - a[idx] @ null @ null.T, atol=1e-10)
     # Nothing is left of the null-space part: A_eff N = 0, and the change lies in the null space.
     assert np.abs(eff - a).max() > 1e-2
-    # A looser tolerance treats a tiny extra direction as null.
+    # The default tolerance (1e-4 of the largest singular value) treats a tiny extra direction as null; a
+    # tolerance below it keeps the direction.
     t_eps = t[0, 0] + 1e-7 * rng.normal(size=(seq, d))
-    assert left_null_space(t_eps).shape[1] == seq - d
-    assert left_null_space(t_eps, rtol=1e-5).shape[1] == seq - rank
+    assert left_null_space(t_eps).shape[1] == seq - rank
+    assert left_null_space(t_eps, rtol=1e-12).shape[1] == seq - d
+    with pytest.raises(ValueError, match="rtol"):
+        left_null_space(t_eps, rtol=-1.0)
+
+
+def test_float32_maps_cast_to_float64():
+    """T = E W_V W_O computed in float32 has rank D < T; cast to float64 before the SVD it must still give the
+    effective attention of the float32 path and of the exact range of E W_V (QR of the float64 factors)."""
+    rng = np.random.default_rng(4)
+    seq, d, head_dim = 24, 48, 8
+    e, w_v, w_o = rng.normal(size=(seq, d)), rng.normal(size=(d, head_dim)), rng.normal(size=(head_dim, d))
+    t32 = (e.astype(np.float32) @ w_v.astype(np.float32)) @ w_o.astype(np.float32)
+    a32 = rng.random((seq, seq)).astype(np.float32)
+    a32 /= a32.sum(-1, keepdims=True)
+    q, _ = np.linalg.qr(e @ w_v)  # [T, D]: orthonormal basis of range(T), W_O having full row rank
+    exact = a32.astype(np.float64) @ q @ q.T
+    eff32 = effective_attention(a32, t32)
+    eff64 = effective_attention(a32.astype(np.float64), t32.astype(np.float64))
+    assert eff32.dtype == np.float32 and eff64.dtype == np.float64
+    np.testing.assert_allclose(eff64, exact, atol=1e-7)  # the dtype-derived tolerance was off by 0.1 here
+    np.testing.assert_allclose(eff64, eff32, atol=1e-7)
+    np.testing.assert_allclose(eff64 @ t32, a32 @ t32.astype(np.float64), atol=1e-5 * np.abs(a32 @ t32).max())
+    assert left_null_space(t32.astype(np.float64)).shape == (seq, seq - head_dim)
+    assert np.abs(eff64 - a32).max() > 0.1  # a real projection, not the identity
 
 
 def test_full_row_rank_keeps_attention():

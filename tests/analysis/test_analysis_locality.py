@@ -8,18 +8,20 @@ from jaxpos.analysis.locality import (attenuated_matrix, attenuated_sweep, local
                                       symmetry)
 
 
-def loop_locality(m):
-    n = len(m)
-    return sum(sum(m[i][j] / 2 ** abs(i - j) for j in range(n)) for i in range(n)) / n
+def loop_locality(m, positions=None):
+    positions = range(len(m)) if positions is None else positions
+    n = len(m[0])
+    return sum(sum(row[j] / 2 ** abs(i - j) for j in range(n)) for row, i in zip(m, positions)) / len(m)
 
 
-def loop_symmetry(m):
-    n, pooled = len(m), []
-    for i in range(n):
+def loop_symmetry(m, positions=None):
+    positions = range(len(m)) if positions is None else positions
+    n, pooled = len(m[0]), []
+    for row, i in zip(m, positions):
         k = min(i, n - 1 - i)
         if k == 0:
             continue
-        d = [abs(m[i][i - t] - m[i][i + t]) for t in range(1, k + 1)]
+        d = [abs(row[i - t] - row[i + t]) for t in range(1, k + 1)]
         lo, hi = min(d), max(d)
         pooled += [(x - lo) / (hi - lo) if hi > lo else 0.0 for x in d]
     return 1 - sum(pooled) / len(pooled)
@@ -40,6 +42,30 @@ def test_reference_vectors():
     rows = np.tile([0.1, 0.3, 0.2, 0.5, 0.4], (5, 1))
     assert symmetry(rows) == pytest.approx(0.75, abs=1e-12)
     assert locality(rows) == pytest.approx(0.67375, abs=1e-12)
+
+
+def test_reference_single_rows():
+    assert locality([[1, 0, 0, 0, 0]], query_positions=[0]) == 1.0
+    assert locality([[0, 0, 0, 0, 1]], query_positions=[0]) == 1 / 16
+    assert symmetry([[0.1, 0.2, 0.4, 0.2, 0.1]], query_positions=[2]) == 1.0
+    np.testing.assert_array_equal(locality_rows([[1, 0, 0, 0, 0], [0, 0, 0, 0, 1]], [0, 0]), [1, 1 / 16])
+    rows = np.tile([0.1, 0.3, 0.2, 0.5, 0.4], (5, 1))  # explicit positions 0..n-1 are the square default
+    assert symmetry(rows, np.arange(5)) == symmetry(rows) and locality(rows, np.arange(5)) == locality(rows)
+
+
+@pytest.mark.parametrize("rows, n", [(1, 3), (2, 5), (7, 4), (6, 11)])
+def test_rows_at_query_positions_against_double_loop(rows, n):
+    rng = np.random.default_rng(10 * rows + n)
+    for _ in range(3):
+        m = rng.random((rows, n))
+        m /= m.sum(1, keepdims=True)
+        positions = rng.integers(0, n, size=rows)
+        positions[0] = rng.integers(1, n - 1)  # one row with keys on both sides: symmetry is defined
+        assert locality(m, positions) == pytest.approx(loop_locality(m.tolist(), positions.tolist()), abs=1e-12)
+        assert symmetry(m, positions) == pytest.approx(loop_symmetry(m.tolist(), positions.tolist()), abs=1e-12)
+        np.testing.assert_allclose(locality_rows(m, positions),
+                                   [loop_locality([r], [i]) for r, i in zip(m.tolist(), positions.tolist())],
+                                   rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("n", [3, 4, 7, 10])
@@ -78,3 +104,15 @@ def test_bad_inputs():
             fn(np.ones((3, 4)))
         with pytest.raises(ValueError, match=r"\(2, 3, 3\)"):
             fn(np.ones((2, 3, 3)))
+        with pytest.raises(ValueError, match=r"one integer query position per row: shape \(3,\)"):
+            fn(np.ones((3, 4)), [0, 1])
+        with pytest.raises(ValueError, match=r"one integer query position per row"):
+            fn(np.ones((3, 4)), [0.0, 1.0, 2.0])
+        with pytest.raises(ValueError, match=r"must lie in \[0, 3\].*got -1\.\.2"):
+            fn(np.ones((3, 4)), [0, -1, 2])
+        with pytest.raises(ValueError, match=r"must lie in \[0, 3\].*got 0\.\.4"):
+            fn(np.ones((3, 4)), [0, 4, 2])
+        with pytest.raises(ValueError, match=r"rows >= 1"):
+            fn(np.ones((0, 4)), [])
+    with pytest.raises(ValueError, match=r"keys on both sides.*\[0, 4, 0\]"):
+        symmetry(np.ones((3, 5)), [0, 4, 0])

@@ -19,9 +19,23 @@ def test_matches_numpy(dtype):
         assert isinstance(numerical_rank(a), int)
     assert numerical_rank(np.zeros((4, 3))) == 0
     assert numerical_rank(np.eye(3, dtype=int)) == 3
-    # A loose relative tolerance drops the small singular value.
+    # The tolerance is relative to the largest singular value: the default 1e-4 drops 1e-9, keeps 1e-3.
     a = np.diag([1.0, 1e-3, 1e-9])
-    assert numerical_rank(a) == 3 and numerical_rank(a, rtol=1e-6) == 2 and numerical_rank(a, rtol=1e-2) == 1
+    assert numerical_rank(a) == 2 and numerical_rank(a, rtol=1e-12) == 3 and numerical_rank(a, rtol=1e-2) == 1
+    assert numerical_rank(2e5 * a) == 2 and numerical_rank(a.astype(np.float32)) == 2
+    with pytest.raises(ValueError, match="rtol"):
+        numerical_rank(a, rtol=1.5)
+
+
+def test_float32_product_cast_to_float64():
+    """The rank does not depend on the dtype a float32-computed matrix arrives in: rounding noise (about 1e-8
+    of the largest singular value here) stays below the default tolerance after a cast to float64."""
+    rng = np.random.default_rng(3)
+    for n, m, r in [(16, 32, 4), (64, 96, 8), (40, 40, 12)]:
+        a32 = rng.normal(size=(n, r)).astype(np.float32) @ rng.normal(size=(r, m)).astype(np.float32)
+        assert numerical_rank(a32) == numerical_rank(a32.astype(np.float64)) == r
+        s = np.linalg.svd(a32.astype(np.float64), compute_uv=False)
+        assert 0 < s[r] / s[0] < 1e-6  # the noise the dtype-derived tolerance (max(n, m) * 2.2e-16) counted
 
 
 def test_batched():

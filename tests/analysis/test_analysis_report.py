@@ -123,6 +123,11 @@ def test_absolute_run_report_agrees_with_direct_calls(tmp_path, spm_model, texts
     assert effective["lengths"] == [8, 16]
     assert effective["correlation"][0] == pytest.approx(1.0, abs=1e-5)  # T <= D: attention is identifiable
     assert effective["correlation"][1] < 1.0
+    # The value-output maps T [T, d] have rank min(T, D) at the explicit tolerance, whatever their dtype.
+    assert effective["rtol"] == rank["rtol"] == 1e-4
+    np.testing.assert_array_equal(effective["value_map_rank"], np.full((2, 2, 4), 8.0))
+    assert effective["rank_summary"] == ("tolerance 0.0001 x the largest singular value of T; "
+                                         "T=8: rank 8 of 8, T=16: rank 8 of 16")
 
     rates = report["identifiability"]["rates"]
     assert rates["naive"][0] == 1.0 and len(rates["linear"]) == 3
@@ -198,7 +203,7 @@ def test_hf_folder_through_the_cli(tmp_path, texts):
     figures_exist(report, out)
 
 
-def test_bad_inputs_name_the_file(tmp_path, spm_model, texts):
+def test_bad_inputs_name_the_file(tmp_path, spm_model, texts, capsys):
     from jaxpos.cli import main
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -236,5 +241,5 @@ def test_bad_inputs_name_the_file(tmp_path, spm_model, texts):
     with pytest.raises(ValueError, match="config.json.*unsupported Hugging Face model_type 'gpt2'"):
         load_hf(str(tmp_path / "bert"))
     config_path.write_text(config)
-    with pytest.raises(FileNotFoundError, match="--text 'missing.txt' does not exist"):
-        main(["analyze", "--hf", str(tmp_path / "bert"), "--text", "missing.txt"])
+    assert main(["analyze", "--hf", str(tmp_path / "bert"), "--text", "missing.txt"]) == 2  # a user error: one line
+    assert "jaxpos: error: --text 'missing.txt' does not exist" in capsys.readouterr().err
