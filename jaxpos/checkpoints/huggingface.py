@@ -1,7 +1,9 @@
 """Import Hugging Face BERT and ALBERT checkpoints (PyTorch state dicts or local folders) into jaxpos encoders.
 
 Maps `BertModel` / `BertForMaskedLM` and `AlbertModel` / `AlbertForMaskedLM` weights onto `BertEncoder` /
-`BertForMaskedLM` (absolute learned positions, post-LN; ALBERT's factorised embeddings and shared layers).
+`BertForMaskedLM` (absolute learned positions, post-LN; ALBERT's factorised embeddings and shared layers; a tied
+or untied output layer; BERT's `is_decoder` as a causal encoder) and the pooler for classification heads.
+A config.json field that would make transformers build a model jaxpos cannot represent is refused by name.
 Needs no torch for safetensors folders; `pytorch_model.bin` needs torch.
 """
 
@@ -9,35 +11,88 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
 
 from jaxpos.config import ModelConfig, model_config
 
-_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+# hidden_act names with an exact jaxpos equivalent (the *_tanh/new/fast/accurate names are one tanh formula).
+_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                "gelu_python_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_accurate": "gelu_tanh",
+                "relu": "relu"}
+
+# config.json fields that config_from_hf maps onto ModelConfig.
+_MAPPED = frozenset({
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
+    "layer_norm_eps", "initializer_range", "tie_word_embeddings", "is_decoder", "embedding_size"})
+
+# Fields jaxpos can only import at their default: field -> (default, what jaxpos supports).
+_DEFAULT_ONLY = {
+    "position_embedding_type": ("absolute", "learned absolute positions ('relative_key*' adds distance tables)"),
+    "add_cross_attention": (False, "encoders without cross-attention layers"),
+    "pruned_heads": ({}, "the same number of heads in every layer"),
+    "num_hidden_groups": (1, "one shared ALBERT layer group"),
+    "inner_group_num": (1, "one layer per ALBERT group"),
+}
+
+# Fields that leave transformers' encoder and MLM forward pass unchanged: outputs, generation, task heads, special
+# tokens, storage dtype (weights import as float32), attention kernels, bookkeeping, legacy TF-port keys.
+_IRRELEVANT = frozenset({
+    "architectures", "transformers_version", "_name_or_path", "name_or_path", "_commit_hash", "dtype",
+    "torch_dtype", "use_bfloat16", "torchscript", "tf_legacy_loss", "xla_device", "gradient_checkpointing",
+    "attn_implementation", "_attn_implementation", "_attn_implementation_autoset", "_attn_implementation_internal",
+    "return_dict", "output_attentions", "output_hidden_states", "output_past", "use_cache",
+    "chunk_size_feed_forward", "is_encoder_decoder", "tie_encoder_decoder", "cross_attention_hidden_size",
+    "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "task_specific_params",
+    "classifier_dropout", "classifier_dropout_prob", "tokenizer_class", "prefix",
+    "pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
+    "pooler_size_per_head", "pooler_type", "down_scale_factor", "gap_size", "net_structure_type",
+    "num_memory_blocks"})
+
+
+def _check_fields(hf: Mapping[str, Any]) -> None:
+    """Refuse a config.json field whose value jaxpos cannot represent; warn about fields it does not know."""
+    for key, (default, supported) in _DEFAULT_ONLY.items():
+        if key in hf and hf[key] != default:
+            raise ValueError(f"config.json has {key}={hf[key]!r}; jaxpos imports only {key}={default!r} "
+                             f"({supported})")
+    act = hf.get("hidden_act", "gelu")
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"config.json has hidden_act={act!r}; jaxpos imports only {sorted(_ACTIVATIONS)}")
+    unknown = sorted(set(hf) - _MAPPED - set(_DEFAULT_ONLY) - _IRRELEVANT)
+    # transformers' BERT/ALBERT ignore keys they do not define and hub configs carry odd extras: warn, don't refuse.
+    if unknown:
+        warnings.warn(f"config.json fields {unknown} are unknown to the jaxpos importer and ignored", stacklevel=3)
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
-    """A jaxpos ModelConfig equivalent to a Hugging Face BertConfig or AlbertConfig (a dict from config.json)."""
+    """A jaxpos ModelConfig equivalent to a Hugging Face BertConfig or AlbertConfig (a dict from config.json).
+    Raises ValueError naming a field whose value jaxpos cannot represent."""
     model_type = hf.get("model_type", "bert")
     if model_type not in ("bert", "albert"):
         raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; jaxpos imports bert and albert")
-    if model_type == "albert" and (hf.get("num_hidden_groups", 1) != 1 or hf.get("inner_group_num", 1) != 1):
-        raise ValueError("only ALBERT checkpoints with one layer group of one layer (all published ones) import")
-    act = hf.get("hidden_act", "gelu")
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"unsupported hidden_act {act!r} in the Hugging Face config; known: {list(_ACTIVATIONS)}")
+    _check_fields(hf)
     values = dict(
         vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"],
         max_length=hf["max_position_embeddings"], type_vocab_size=hf.get("type_vocab_size", 2),
         dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=_ACTIVATIONS[act],
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=_ACTIVATIONS[hf.get("hidden_act", "gelu")],
         init_std=hf.get("initializer_range", 0.02), layer_norm="post",
-        position=dict(kind="absolute", segment="input"))
-    if model_type == "albert":
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), position=dict(kind="absolute", segment="input"))
+    if model_type == "albert":  # transformers' AlbertModel ignores is_decoder: it is always bidirectional
         values.update(embedding_dim=hf["embedding_size"], share_layers=True)
+    else:
+        values.update(causal=bool(hf.get("is_decoder", False)))
     values.update(overrides)
     return model_config(values)
 
@@ -48,10 +103,20 @@ class _Weights:
     def __init__(self, state: Mapping[str, Any], prefix: str):
         self.state, self.prefix = state, prefix
 
-    def __call__(self, key: str) -> np.ndarray:
+    def _name(self, key: str) -> str | None:
         for name in (self.prefix + key, self.prefix + key.replace(".weight", ".gamma").replace(".bias", ".beta")):
             if name in self.state:
-                return _to_numpy(self.state[name])
+                return name
+        return None
+
+    def __contains__(self, key: str) -> bool:
+        return self._name(key) is not None
+
+    def __call__(self, key: str, *fallbacks: str) -> np.ndarray:
+        """The weight under `key`, else under the first of `fallbacks` present."""
+        for k in (key, *fallbacks):
+            if k in self:
+                return _to_numpy(self.state[self._name(k)])
         raise KeyError(f"checkpoint has no weight {self.prefix + key!r}")
 
 
@@ -100,12 +165,17 @@ def _family(state) -> str:
     return "albert" if any("albert_layer_groups" in k for k in state) else "bert"
 
 
-def bert_encoder_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
-    """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT or ALBERT state dict (`BertModel`,
-    `BertForMaskedLM`, `AlbertModel`, `AlbertForMaskedLM`, ...; a leading `bert.`/`albert.` is detected)."""
+def _encoder_weights(state: Mapping[str, Any]) -> tuple[str, _Weights]:
+    """The family and the encoder's weights (a leading `bert.`/`albert.` of a model with heads is detected)."""
     family = _family(state)
     prefix = f"{family}." if any(k.startswith(f"{family}.") for k in state) else ""
-    w = _Weights(state, prefix)
+    return family, _Weights(state, prefix)
+
+
+def bert_encoder_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
+    """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT or ALBERT state dict (`BertModel`,
+    `BertForMaskedLM`, `AlbertModel`, `AlbertForMaskedLM`, ...)."""
+    family, w = _encoder_weights(state)
     encoder = {"embed_norm": _norm(w, "embeddings.LayerNorm"),
                "position": {"embedding": w("embeddings.position_embeddings.weight")}}
     if family == "albert":
@@ -121,13 +191,30 @@ def bert_encoder_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
 
 def bert_mlm_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
     """Parameters of a jaxpos `BertForMaskedLM` from a Hugging Face `BertForMaskedLM`/`BertForPreTraining`
-    or `AlbertForMaskedLM`."""
+    or `AlbertForMaskedLM`; with `cfg.tie_embeddings` off (tie_word_embeddings=false) the checkpoint's own
+    decoder [V, E] becomes `decoder` {"kernel": [E, V], "bias": [V]}."""
     family = _family(state)
     w = _Weights(state, "predictions." if family == "albert" else "cls.predictions.")
     dense_name, norm_name = ("dense", "LayerNorm") if family == "albert" else ("transform.dense",
                                                                                "transform.LayerNorm")
-    return {"bert": bert_encoder_params(state, cfg), "head_dense": _linear(w, dense_name),
-            "head_norm": _norm(w, norm_name), "output_bias": w("bias")}
+    params = {"bert": bert_encoder_params(state, cfg), "head_dense": _linear(w, dense_name),
+              "head_norm": _norm(w, norm_name), "output_bias": w("bias")}
+    if not cfg.tie_embeddings:  # transformers < 5 shares decoder.bias with `bias` and may save only the latter
+        params["decoder"] = {"kernel": w("decoder.weight").T, "bias": w("decoder.bias", "bias")}
+    return params
+
+
+def bert_pooler_params(state: Mapping[str, Any]) -> dict | None:
+    """The pooler of a BERT or ALBERT state dict as a flax Dense {"kernel": [d, d], "bias": [d]}
+    (pooled = tanh(hidden[:, 0] @ kernel + bias)), or None when the checkpoint has none (e.g. *ForMaskedLM)."""
+    family, w = _encoder_weights(state)
+    key = "pooler" if family == "albert" else "pooler.dense"
+    return _linear(w, key) if f"{key}.weight" in w else None
+
+
+def hf_pooler_params(path: str) -> dict | None:
+    """`bert_pooler_params` of a local Hugging Face folder (see `load_hf_checkpoint`)."""
+    return bert_pooler_params(load_hf_checkpoint(path)[1])
 
 
 def load_hf_checkpoint(path: str) -> tuple[dict, dict[str, np.ndarray]]:
