@@ -1,4 +1,5 @@
-"""The `jaxpos` command: train, translate, eval-bleu, analyze, smoke."""
+"""The `jaxpos` command: train, translate, eval-bleu, analyze, finetune, evaluate, finetune-sweep, probe-word-order,
+smoke."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sys
 
 from jaxpos.analysis.cli import add_analyze_parser
+from jaxpos.training.finetune_cli import add_finetune_parser
 
 
 def _train(args, overrides):
@@ -29,6 +31,9 @@ def _train(args, overrides):
         from jaxpos.training.translation_main import train_translation
 
         train_translation(config, args.workdir)
+    elif config.task == "finetune":
+        raise ValueError(f"{args.config} is a fine-tuning config: run it with `jaxpos finetune --config "
+                         f"{args.config} --init PRETRAINED --workdir DIR`")
     else:
         raise ValueError(f"unknown task {config.task!r} in {args.config}")
 
@@ -110,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     smoke.add_argument("--seq-len", type=int, default=64)
     smoke.set_defaults(run=_smoke)
     add_analyze_parser(sub)
+    add_finetune_parser(sub)
 
     args, rest = parser.parse_known_args(argv)
     debug = args.debug or "--debug" in rest  # accepted after the subcommand too

@@ -94,3 +94,27 @@ def translation_config() -> ml_collections.ConfigDict:
     config.decode = decode_block(beam_size=10, alpha=0.6)  # DIET section 4.3
     config.mesh = mesh_block()
     return config
+
+
+def finetune_config() -> ml_collections.ConfigDict:
+    """Fine-tuning defaults (BERT's GLUE recipe): AdamW at 2e-5, batch 32, 3 epochs, 10% warmup then linear decay,
+    dropout 0.1, sequences of 128 tokens; dev scores at every evaluation. The architecture comes from --init."""
+    from jaxpos.data.classification import default_finetune_data_config
+
+    config = ml_collections.ConfigDict()
+    config.task = "finetune"
+    # Overrides of the pretrained model's config; its architecture comes from --init. On GPUs, e.g.
+    # --config.model.attention_impl=cudnn --config.model.dtype=bfloat16.
+    config.model = ml_collections.ConfigDict(dict(dropout=0.1, attention_dropout=0.1, attention_impl="xla",
+                                                  dtype="float32"))
+    config.data = default_finetune_data_config()
+    config.train = train_block(
+        num_steps=0,  # 0: num_epochs passes over the training set
+        num_epochs=3.0,
+        batch_size=32, learning_rate=2e-5, warmup_fraction=0.1, weight_decay=0.01, log_every=50,
+        eval_every=0,  # steps between dev evaluations (every one is kept in WORKDIR/evals.json); 0 = once an epoch
+        checkpoint_every=0,  # 0 = at every evaluation
+        eval_batch_size=0,  # 0 = batch_size
+        keep_checkpoints=1)
+    config.mesh = mesh_block()
+    return config

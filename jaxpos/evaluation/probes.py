@@ -1,0 +1,71 @@
+"""Word-order probes (Chen et al. 2021, section 5, Table 3): a fine-tuned model's accuracy on variants of a dev set
+whose first sentences have local swaps (window x = 2..5) or global swaps, and the drop from the original.
+
+A model that ignores word order loses nothing; the larger the drop, the more the task accuracy rests on order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Sequence
+
+WINDOWS = (2, 3, 4, 5)
+
+
+def variant_names(windows: Sequence[int] = WINDOWS) -> list[tuple[str, str, int]]:
+    """(name, kind, window) of each perturbation: local_2 ... local_5, then global."""
+    return [(f"local_{x}", "local", x) for x in windows] + [("global", "global", 0)]
+
+
+def word_order_drops(accuracy: Callable[[list], float], examples: list, windows: Sequence[int] = WINDOWS,
+                     seed: int = 0) -> dict:
+    """{"original": acc, "variants": {name: {"accuracy": acc, "drop": original - acc}}} for `accuracy`, a
+    function from a list of Examples to an accuracy."""
+    from jaxpos.data.word_order import perturb_examples
+
+    original = float(accuracy(examples))
+    variants = {}
+    for name, kind, window in variant_names(windows):
+        value = float(accuracy(perturb_examples(examples, kind, window, seed)))
+        variants[name] = dict(accuracy=value, drop=original - value)
+    return dict(original=original, variants=variants)
+
+
+def markdown(result: dict) -> str:
+    names = list(result["variants"])
+    lines = ["| | original | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|",
+             f"| accuracy | {result['original']:.4f} | "
+             + " | ".join(f"{result['variants'][n]['accuracy']:.4f}" for n in names) + " |",
+             "| drop | | " + " | ".join(f"{result['variants'][n]['drop']:+.4f}" for n in names) + " |"]
+    return "\n".join(lines) + "\n"
+
+
+def probe_run(workdir: str, split: str | None = None, windows: Sequence[int] = WINDOWS, seed: int = 0,
+              overrides: Sequence[str] = ()) -> dict:
+    """The probe on a fine-tuned classification run's split (default: its first dev split); writes
+    WORKDIR/word_order_probe.json and .md."""
+    from jaxpos.data.classification import load_examples
+    from jaxpos.training.finetune_main import load_finetuned
+
+    run = load_finetuned(workdir, overrides)
+    if run.spec.num_labels == 1 or "accuracy" not in run.spec.metrics:
+        raise ValueError(f"the word-order probe measures accuracy; task {run.spec.name!r} has "
+                         f"{', '.join(run.spec.metrics)}")
+    if run.spec.name == "word_order":
+        raise ValueError("the word_order task's labels are about word order, so perturbing its sentences changes "
+                         "their labels; probe a task such as mrpc, rte or snli")
+    split = split or run.spec.dev_splits[0]
+    examples = load_examples(run.config.data, split)
+    result = word_order_drops(lambda ex: run.evaluate(ex)["accuracy"], examples, windows, seed)
+    result.update(task=run.spec.name, split=split, examples=len(examples), step=run.step, seed=seed,
+                  position=run.config.model.position.kind)
+    path = os.path.join(workdir, "word_order_probe")
+    with open(path + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+    table = markdown(result)
+    with open(path + ".md", "w") as f:
+        f.write(table)
+    print(f"word-order probe: {run.spec.name} {split}, {len(examples)} examples, step {run.step}, position "
+          f"{result['position']}\n{table}wrote {path}.json")
+    return result

@@ -1,0 +1,38 @@
+"""BERT-style sequence classification and regression: the encoder, BERT's pooler on [CLS], and a linear head."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxpos.attention.layer import dense
+from jaxpos.config import ModelConfig
+from jaxpos.models.bert import BertEncoder
+
+
+class BertForSequenceClassification(nn.Module):
+    """input_ids [B, T] -> logits [B, num_labels] (float32); num_labels=1 is a regression score.
+
+    The pooler is BERT's: tanh(W h_0 + b) on the first token's hidden state ([CLS]); then dropout and the linear
+    head. Parameters: `bert` (a BertEncoder, the same subtree as BertForMaskedLM's), `pooler`, `classifier`.
+    """
+
+    cfg: ModelConfig
+    num_labels: int
+
+    def setup(self):
+        cfg = self.cfg
+        self.encoder = BertEncoder(cfg, name="bert")
+        self.pooler = dense(cfg, cfg.d_model, -1, ("embed", None), (None,), "pooler")
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.classifier = dense(cfg, self.num_labels, -1, ("embed", None), (None,), "classifier")
+
+    def pool(self, input_ids, *, segment_ids=None, token_types=None, deterministic: bool = True):
+        """The pooled [CLS] representation [B, d]."""
+        hidden = self.encoder(input_ids, segment_ids=segment_ids, token_types=token_types,
+                              deterministic=deterministic)
+        return jnp.tanh(self.pooler(hidden[:, 0]))
+
+    def __call__(self, input_ids, *, segment_ids=None, token_types=None, deterministic: bool = True):
+        pooled = self.pool(input_ids, segment_ids=segment_ids, token_types=token_types, deterministic=deterministic)
+        return self.classifier(self.dropout(pooled, deterministic=deterministic)).astype(jnp.float32)

@@ -1,0 +1,102 @@
+"""`jaxpos finetune`, `evaluate`, `finetune-sweep` and `probe-word-order`: classification and regression on a
+pretrained encoder, the papers' seeds x learning-rates protocol, and word-order probes of a fine-tuned run."""
+
+from __future__ import annotations
+
+
+def add_finetune_parser(subparsers) -> None:
+    """Registers the fine-tuning subcommands on an argparse subparsers object."""
+    overrides = "Override any config field with --config.a.b=value, e.g. --config.data.task=mrpc " \
+                "--config.data.source=glue_dir --config.data.glue_dir=/data/glue"
+    parser = subparsers.add_parser(
+        "finetune", help="fine-tune a jaxpos run or a Hugging Face BERT/ALBERT folder on a classification or "
+                         "regression task; resumes from the workdir's latest checkpoint", epilog=overrides)
+    parser.add_argument("--config", required=True, help="config file, e.g. configs/finetune/glue.py")
+    parser.add_argument("--init", required=True, help="a `jaxpos train` masked-LM workdir or a local Hugging Face "
+                                                      "BERT/ALBERT folder")
+    parser.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, evals.json, report.json")
+    parser.set_defaults(run=_finetune)
+
+    parser = subparsers.add_parser("evaluate", help="scores of a fine-tuned run's latest checkpoint on a split",
+                                   epilog="--config.data.* overrides point at other data, e.g. another glue_dir")
+    parser.add_argument("--workdir", required=True, help="the workdir of a `jaxpos finetune` run")
+    parser.add_argument("--split", help="a labelled split (default: the task's first dev split)")
+    parser.set_defaults(run=_evaluate)
+
+    parser = subparsers.add_parser(
+        "finetune-sweep", help="the papers' protocol: seeds x learning rates per model and task; the median over "
+                               "seeds of each run's maximum dev score over checkpoints", epilog=overrides)
+    parser.add_argument("--config", required=True, help="config file, e.g. configs/finetune/glue.py")
+    parser.add_argument("--init", required=True, action="append",
+                        help="NAME=PATH (or PATH, named by its folder) of a pretrained model; repeat for several")
+    parser.add_argument("--tasks", required=True, help="comma-separated tasks, e.g. mrpc,rte,stsb")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0,1,2,3,4)")
+    parser.add_argument("--learning-rates", default="2e-5,3e-5,5e-5", help="comma-separated (default 2e-5,3e-5,5e-5)")
+    parser.add_argument("--out", required=True, help="one workdir per run under OUT/MODEL/TASK/, tables beside them")
+    parser.set_defaults(run=_sweep)
+
+    parser = subparsers.add_parser(
+        "probe-word-order", help="accuracy of a fine-tuned run on local-swap (x=2..5) and global-swap variants of "
+                                 "the first sentence, and the drop from the original (Chen et al. Table 3)")
+    parser.add_argument("--workdir", required=True, help="the workdir of a `jaxpos finetune` classification run")
+    parser.add_argument("--split", help="a labelled split (default: the task's first dev split)")
+    parser.add_argument("--windows", default="2,3,4,5", help="local-swap windows (default 2,3,4,5)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random swaps")
+    parser.set_defaults(run=_probe)
+
+
+def _finetune(args, overrides):
+    from jaxpos.config.files import apply_overrides, load_config
+    from jaxpos.training.finetune_main import finetune
+
+    config = apply_overrides(load_config(args.config), overrides)
+    if config.get("task") != "finetune":
+        raise ValueError(f"{args.config} is a {config.get('task')!r} config; `jaxpos finetune` takes a fine-tuning "
+                         "config such as configs/finetune/glue.py")
+    return finetune(config, args.init, args.workdir)
+
+
+def _data_overrides(overrides, command: str) -> list[str]:
+    """Only data fields may change after training (where the data lives, batch size of evaluation)."""
+    bad = [o for o in overrides if not o.startswith("--config.data.")]
+    if bad:
+        raise ValueError(f"`jaxpos {command}` takes --config.data.* overrides only (got {' '.join(bad)})")
+    return list(overrides)
+
+
+def _evaluate(args, overrides):
+    from jaxpos.training.finetune_main import evaluate
+
+    return evaluate(args.workdir, args.split, _data_overrides(overrides, "evaluate"))
+
+
+def _numbers(text: str, kind, flag: str) -> list:
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise ValueError(f"{flag} {text!r}: not a comma-separated list of numbers") from err
+
+
+def _sweep(args, overrides):
+    import os
+
+    from jaxpos.evaluation.protocol import markdown, sweep
+
+    inits = {}
+    for item in args.init:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = os.path.basename(os.path.normpath(item)), item
+        inits[name] = path
+    rows = sweep(args.config, inits, [t.strip() for t in args.tasks.split(",") if t.strip()],
+                 _numbers(args.seeds, int, "--seeds"), _numbers(args.learning_rates, float, "--learning-rates"),
+                 args.out, overrides)
+    print(markdown(rows) + f"wrote {os.path.join(args.out, 'sweep.md')} and sweep.json/.md per model and task")
+    return rows
+
+
+def _probe(args, overrides):
+    from jaxpos.evaluation.probes import probe_run
+
+    return probe_run(args.workdir, args.split, _numbers(args.windows, int, "--windows"), args.seed,
+              _data_overrides(overrides, "probe-word-order"))

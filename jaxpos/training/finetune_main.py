@@ -1,0 +1,363 @@
+"""`jaxpos finetune` and `jaxpos evaluate`: a classification or regression head on a pretrained encoder (a jaxpos
+masked-LM run or a Hugging Face BERT/ALBERT folder), trained by the shared loop with dev scores at every evaluation.
+
+A fine-tuned workdir holds config.json (the full model config and where the encoder came from), checkpoints/,
+tensorboard/, evals.json (the dev scores of every evaluation, for the maximum over checkpoints) and report.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jaxpos.config import ModelConfig, model_config
+from jaxpos.data.classification import task_spec
+from jaxpos.models import BertForSequenceClassification
+from jaxpos.training.finetune import ClassificationTask, example_losses, predictions_from_logits
+from jaxpos.training.loop import Trainer
+
+EVALS_FILE, REPORT_FILE = "evals.json", "report.json"
+
+
+# --- the pretrained encoder --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Pretrained:
+    cfg: ModelConfig  # the encoder's config as it was trained (attention_impl and dtype as saved)
+    encoder: dict | None  # BertEncoder parameters (numpy), None when only the tokenizer was loaded
+    pooler: dict | None  # {"kernel": [d, d], "bias": [d]} where the checkpoint has one (BERT/ALBERT), else None
+    tokenizer: Any  # what jaxpos.data.classification.encode_examples takes
+    info: dict  # kind ("jaxpos" | "huggingface"), path, checkpoint step, tokenizer file
+
+
+def init_kind(path: str) -> str:
+    """'jaxpos' for a `jaxpos train` masked-LM workdir, 'huggingface' for a BERT/ALBERT folder; else a clear error."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"--init {path!r} does not exist")
+    config_path = os.path.join(path, "config.json")
+    if os.path.isfile(config_path):
+        with open(config_path) as f:
+            try:
+                config = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{config_path} is not valid JSON: {err}") from err
+        if "model_type" in config:
+            return "huggingface"
+        if "model" in config and config.get("task", "mlm") == "mlm":
+            return "jaxpos"
+        if "model" in config:
+            raise ValueError(f"--init {path!r} is a jaxpos {config.get('task')!r} run; fine-tuning starts from a "
+                             "masked-LM run (jaxpos train --config configs/mlm/...)")
+    raise ValueError(f"--init {path!r} is neither a jaxpos masked-LM run (config.json + checkpoints/) nor a Hugging "
+                     "Face BERT/ALBERT folder (config.json with model_type + model.safetensors/pytorch_model.bin)")
+
+
+def load_pretrained(path: str, weights: bool = True) -> Pretrained:
+    """The encoder (and pooler, where there is one) and tokenizer of a jaxpos run or a Hugging Face folder.
+    With weights=False only the config and tokenizer are read (for `evaluate`, whose weights are its own)."""
+    from jaxpos.data.classification import hf_tokenizer, jaxpos_tokenizer
+
+    kind = init_kind(path)
+    if kind == "jaxpos":
+        from jaxpos.config.files import load_run_config
+
+        config = load_run_config(path, "mlm")
+        cfg = model_config(config["model"])
+        tokenizer_path = config.get("data", {}).get("tokenizer_path") or os.path.join(path, "spm_mlm.model")
+        info = dict(kind=kind, path=os.path.abspath(path), tokenizer=tokenizer_path)
+        encoder = None
+        if weights:
+            from jaxpos.analysis.loading import load_run
+
+            loaded = load_run(path)  # newest restorable checkpoint, parameters only, workdir untouched
+            encoder, info["step"] = loaded.params, loaded.info["step"]
+        return Pretrained(cfg, encoder, None, jaxpos_tokenizer(tokenizer_path), info)
+
+    from jaxpos.checkpoints import huggingface as hf
+
+    info = dict(kind=kind, path=os.path.abspath(path))
+    encoder = pooler = None
+    if weights:
+        from jaxpos.analysis.loading import load_hf
+
+        loaded = load_hf(path)
+        cfg, encoder = loaded.cfg, loaded.params
+        pooler = hf.hf_pooler_params(path)
+        info["weights"] = loaded.info["weights"]
+    else:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = hf.config_from_hf(json.load(f))
+    return Pretrained(cfg, encoder, pooler, hf_tokenizer(path), info)
+
+
+def merge_params(params: dict, pretrained: Pretrained, shardings) -> dict:
+    """`params` (a fresh BertForSequenceClassification init) with the pretrained encoder (and pooler) in place,
+    put onto `shardings`. A shape or name mismatch is a clear error."""
+    new = {"bert": pretrained.encoder}
+    if pretrained.pooler is not None:
+        new["pooler"] = pretrained.pooler
+    for name, tree in new.items():
+        want = jax.tree_util.tree_structure(params[name])
+        if jax.tree_util.tree_structure(tree) != want:
+            have = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+            need = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params[name])[0]}
+            raise ValueError(f"the pretrained {name} parameters do not fit the model: missing "
+                             f"{sorted(need - have)[:5]}, unexpected {sorted(have - need)[:5]}")
+        for (key, a), b in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(params[name])):
+            if np.shape(a) != b.shape:
+                raise ValueError(f"pretrained {name}{jax.tree_util.keystr(key)} has shape {np.shape(a)}, the model "
+                                 f"needs {b.shape}")
+    out = dict(params, **new)
+    return jax.tree.map(lambda x, ref, s: jax.device_put(np.asarray(x, dtype=ref.dtype), s), out, params, shardings)
+
+
+class FinetuneTrainer(Trainer):
+    """The shared Trainer; a fresh run starts from the pretrained encoder instead of a random one."""
+
+    def __init__(self, config, workdir: str, task: ClassificationTask, pretrained: Pretrained, **kwargs):
+        super().__init__(config, workdir, task, **kwargs)
+        self.pretrained = pretrained
+
+    def initial_state(self, data):
+        state, resumed = super().initial_state(data)
+        if resumed is None:
+            # Adam's moments start at zero whatever the parameters, so only the parameters are replaced.
+            state = state.replace(params=merge_params(state.params, self.pretrained, self.state_shardings.params))
+        return state, resumed
+
+
+# --- prediction and scores ---------------------------------------------------------------------------------------
+
+def make_predict_fn(task: ClassificationTask, trainer: Trainer | None = None) -> Callable:
+    """jitted (params, batch) -> (logits [B, C], losses [B], labels [B], weights [B]); with a trainer, sharded
+    like its steps (inputs are global batches; outputs replicated on every host)."""
+
+    def fn(params, batch):
+        logits = task.logits(params, batch)
+        losses, _ = example_losses(logits, batch["labels"].astype(jnp.float32), task.model.num_labels)
+        return logits, losses, batch["labels"], batch["weights"]
+
+    if trainer is None:
+        return jax.jit(fn)
+    from jaxpos.sharding import replicated
+
+    return jax.jit(fn, in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
+                   out_shardings=replicated(trainer.mesh))
+
+
+def predict(predict_fn, params, batches: Iterable[dict], put: Callable = lambda b: b):
+    """(logits [N, C], losses [N], labels [N]) over the real rows of `batches` (weight > 0), in order."""
+    out = []
+    for batch in batches:
+        logits, losses, labels, weights = jax.device_get(predict_fn(params, put(batch)))
+        keep = np.asarray(weights) > 0
+        out.append((np.asarray(logits)[keep], np.asarray(losses)[keep], np.asarray(labels)[keep]))
+    if not out:
+        raise ValueError("the evaluation data yielded no batch")
+    return tuple(np.concatenate(parts) for parts in zip(*out))
+
+
+def scores(spec, logits, losses, labels) -> dict:
+    """The task's metrics (the first is its main score) and the mean loss."""
+    from jaxpos.evaluation.metrics import compute_metrics
+
+    result = compute_metrics(spec.metrics, predictions_from_logits(logits), labels)
+    return dict({k: float(v) for k, v in result.items()}, loss=float(np.mean(losses)))
+
+
+def chance_scores(spec, labels: np.ndarray) -> dict | None:
+    """Scores of always predicting the majority class of `labels` (None for regression)."""
+    from jaxpos.evaluation.metrics import compute_metrics
+
+    if spec.num_labels == 1:
+        return None
+    values, counts = np.unique(labels, return_counts=True)
+    constant = np.full(len(labels), values[np.argmax(counts)], np.float32)
+    return {k: float(v) for k, v in compute_metrics(spec.metrics, constant, labels).items()}
+
+
+def load_encoded(dcfg, split: str, tokenizer, spec, need_labels: bool = True):
+    """(examples, EncodedExamples) of one split; a split without labels is an error when they are needed."""
+    from jaxpos.data.classification import encode_examples, load_examples
+
+    examples = load_examples(dcfg, split)  # raises for an unknown split or an empty one
+    encoded = encode_examples(examples, tokenizer, dcfg.max_length)
+    if need_labels and not np.all(np.isfinite(encoded.labels)):
+        raise ValueError(f"the {split!r} split of task {spec.name!r} has no labels (GLUE test sets are unlabelled); "
+                         f"evaluate on {', '.join(spec.dev_splits)}")
+    return examples, encoded
+
+
+def _write_json(path: str, value) -> None:
+    if jax.process_index() == 0:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=2)
+        os.replace(tmp, path)  # never a half-written file for the sweep to read
+
+
+def read_evals(workdir: str) -> list[dict]:
+    """Every dev evaluation of a fine-tuned run: [{"step": s, "<split>": {metric: value}}, ...] by step."""
+    path = os.path.join(workdir, EVALS_FILE)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return json.load(f)["evals"]
+
+
+def _format(values: dict) -> str:
+    return " ".join(f"{k}={v:.4f}" for k, v in values.items())
+
+
+# --- the commands ------------------------------------------------------------------------------------------------
+
+def _resolve_model(config, pretrained: Pretrained) -> ModelConfig:
+    overrides = config.model.to_dict()
+    try:
+        return dataclasses.replace(pretrained.cfg, **overrides)
+    except TypeError as err:
+        raise ValueError(f"config.model may only override fields of the pretrained model's config: {err}") from err
+
+
+def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bool = True) -> dict:
+    """Fine-tunes the encoder at INIT on config.data.task (resuming from WORKDIR's checkpoints); evaluates on the
+    dev split(s) every train.eval_every steps. Returns the report (also WORKDIR/report.json)."""
+    os.makedirs(workdir, exist_ok=True)
+    dcfg, tcfg = config.data, config.train
+    spec = task_spec(dcfg.task)
+    pretrained = load_pretrained(init)
+    cfg = _resolve_model(config, pretrained)
+    kind = "regression" if spec.num_labels == 1 else f"{spec.num_labels} classes"
+    print(f"jaxpos: fine-tuning on {spec.name} ({kind}, {'sentence pairs' if spec.pair else 'single sentences'}), "
+          f"encoder from {init} "
+          f"({pretrained.info['kind']}, position={cfg.position.kind}, segments={cfg.position.segment}), "
+          f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}", flush=True)
+
+    from jaxpos.data.classification import ClassificationTrainIterator, eval_batches
+
+    _, train = load_encoded(dcfg, "train", pretrained.tokenizer, spec)
+    dev = {split: load_encoded(dcfg, split, pretrained.tokenizer, spec)[1] for split in spec.dev_splits}
+    steps_per_epoch = math.ceil(len(train.labels) / tcfg.batch_size)
+    if not tcfg.num_steps:
+        tcfg.num_steps = max(1, math.ceil(tcfg.num_epochs * steps_per_epoch))
+    tcfg.eval_every = tcfg.eval_every or min(steps_per_epoch, tcfg.num_steps)
+    tcfg.checkpoint_every = tcfg.checkpoint_every or tcfg.eval_every
+    eval_batch_size = tcfg.get("eval_batch_size") or tcfg.batch_size
+    print(f"data ({dcfg.source}): {len(train.labels)} train examples ({train.truncated} cut to {dcfg.max_length} "
+          "tokens), " + ", ".join(f"{len(e.labels)} {s}" for s, e in dev.items())
+          + f"; {tcfg.num_steps} steps of {tcfg.batch_size} ({tcfg.num_steps / steps_per_epoch:.2f} epochs)",
+          flush=True)
+
+    main_split = spec.dev_splits[0]
+    chance = chance_scores(spec, dev[main_split].labels)
+    saved = config.copy_and_resolve_references()
+    saved.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
+    saved.init = pretrained.info
+    _write_json(os.path.join(workdir, "config.json"), json.loads(saved.to_json_best_effort()))
+
+    task = ClassificationTask(BertForSequenceClassification(cfg, spec.num_labels), dcfg.max_length)
+    trainer = FinetuneTrainer(config, workdir, task, pretrained, log=log)
+    predict_fn = make_predict_fn(task, trainer)
+    evals_path = os.path.join(workdir, EVALS_FILE)
+    evals = {e["step"]: e for e in read_evals(workdir)}
+
+    def dev_hook(step, state):
+        if step % tcfg.eval_every and step != tcfg.num_steps:
+            return None
+        entry = {"step": step}
+        for split, encoded in dev.items():
+            batches = eval_batches(encoded, eval_batch_size, jax.process_index(), jax.process_count())
+            entry[split] = scores(spec, *predict(predict_fn, state.params, batches, trainer.global_batch))
+        evals[step] = entry  # a re-run of a step after a resume replaces its scores
+        _write_json(evals_path, dict(task=spec.name, main_metric=spec.metrics[0], main_split=main_split,
+                                     evals=[evals[s] for s in sorted(evals)]))
+        return {(k if split == main_split else f"{split}/{k}"): v
+                for split in dev for k, v in entry[split].items()}
+
+    data = ClassificationTrainIterator(train, tcfg.batch_size, seed=dcfg.seed,
+                                       process_index=jax.process_index(), process_count=jax.process_count())
+    try:
+        result = trainer.run(data, hooks=[dev_hook])
+    finally:
+        trainer.close()
+
+    history = [evals[s] for s in sorted(evals)]
+    main = spec.metrics[0]
+    best = max(history, key=lambda e: e[main_split][main]) if history else None
+    report = dict(task=spec.name, step=int(jax.device_get(result.state.step)), train=result.final_metrics,
+                  dev=history[-1] if history else None, best=best, main_metric=main, main_split=main_split,
+                  chance=chance, position=cfg.position.kind, init=pretrained.info)
+    _write_json(os.path.join(workdir, REPORT_FILE), report)
+    if history:
+        last = history[-1][main_split]
+        chance_text = f" (chance: {main} {chance[main]:.4f}, majority class)" if chance else ""
+        print(f"{main_split} at step {history[-1]['step']}: {_format(last)}{chance_text}; best {main} "
+              f"{best[main_split][main]:.4f} at step {best['step']}", flush=True)
+    print(f"checkpoints: {os.path.join(workdir, 'checkpoints')}  TensorBoard: {os.path.join(workdir, 'tensorboard')}"
+          f"  scores: {evals_path}")
+    return report
+
+
+@dataclasses.dataclass
+class FinetunedRun:
+    config: ml_collections.ConfigDict
+    spec: Any  # TaskSpec
+    task: ClassificationTask
+    params: dict
+    tokenizer: Any
+    step: int
+
+    def evaluate(self, examples, batch_size: int | None = None) -> dict:
+        """Scores of the run on a list of Examples (e.g. a perturbed dev set)."""
+        from jaxpos.data.classification import encode_examples
+
+        encoded = encode_examples(examples, self.tokenizer, self.config.data.max_length)
+        return self.evaluate_encoded(encoded, batch_size)
+
+    def evaluate_encoded(self, encoded, batch_size: int | None = None) -> dict:
+        from jaxpos.data.classification import eval_batches
+
+        batch_size = batch_size or self.config.train.get("eval_batch_size") or self.config.train.batch_size
+        predict_fn = make_predict_fn(self.task)
+        return scores(self.spec, *predict(predict_fn, self.params, eval_batches(encoded, batch_size)))
+
+
+def load_finetuned(workdir: str, overrides: Iterable[str] = ()) -> FinetunedRun:
+    """A fine-tuned run's newest restorable checkpoint (parameters only, onto the CPU), its config and tokenizer.
+    `overrides` (--config.data.*) may point the data somewhere else, e.g. another glue_dir."""
+    from jaxpos.config.files import apply_overrides, load_run_config
+    from jaxpos.training.checkpoint import restore_run_params
+
+    config = apply_overrides(load_run_config(workdir, "finetune"), list(overrides))
+    spec = task_spec(config.data.task)
+    cfg = model_config(config.model)
+    init = config.get("init", {})
+    if not init.get("path") or not os.path.isdir(init["path"]):
+        raise FileNotFoundError(f"{workdir}/config.json: the pretrained model {init.get('path')!r} (needed for its "
+                                "tokenizer) is gone")
+    pretrained = load_pretrained(init["path"], weights=False)
+    task = ClassificationTask(BertForSequenceClassification(cfg, spec.num_labels), config.data.max_length)
+    args, kwargs = task.init_inputs()
+    step, params = restore_run_params(workdir, task.model, args)
+    return FinetunedRun(config, spec, task, params, pretrained.tokenizer, int(step))
+
+
+def evaluate(workdir: str, split: str | None = None, overrides: Iterable[str] = ()) -> dict:
+    """Scores of a fine-tuned run's newest checkpoint on a labelled split (default: the task's first dev split)."""
+    run = load_finetuned(workdir, overrides)
+    split = split or run.spec.dev_splits[0]
+    _, encoded = load_encoded(run.config.data, split, run.tokenizer, run.spec)
+    result = run.evaluate_encoded(encoded)
+    chance = chance_scores(run.spec, encoded.labels)
+    main = run.spec.metrics[0]
+    chance_text = f" (chance: {main} {chance[main]:.4f}, majority class)" if chance else ""
+    print(f"{run.spec.name} {split} ({len(encoded.labels)} examples, step {run.step}): {_format(result)}{chance_text}")
+    return dict(result, step=run.step, split=split, examples=len(encoded.labels), chance=chance)

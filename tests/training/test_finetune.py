@@ -1,0 +1,342 @@
+"""Fine-tuning: the head against numpy, the losses against numpy, gradients through every kind of positional
+mechanism, the protocol's arithmetic, the word-order drop, and the CLI end to end on tiny GLUE-layout files
+(single sentences, pairs, regression) from a jaxpos MLM run and from a random Hugging Face BERT."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpos.models import BertEncoder, BertForSequenceClassification
+from jaxpos.training.finetune import ClassificationTask
+from tests.helpers import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def batch_of(rng, cfg, batch=4, length=10, labels=None):
+    ids = rng.integers(5, cfg.vocab_size, (batch, length)).astype(np.int32)
+    segment_ids = np.ones_like(ids)
+    segment_ids[1, 7:] = 0  # padding
+    token_types = np.zeros_like(ids)
+    token_types[:, 5:] = 1  # sentence B
+    return dict(input_ids=ids, segment_ids=segment_ids, token_types=token_types,
+                labels=np.asarray(labels if labels is not None else rng.integers(0, 3, batch), np.float32))
+
+
+def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_head_is_bert_pooler_then_linear_on_cls():
+    cfg = tiny_config(dict(kind="absolute"))
+    model = BertForSequenceClassification(cfg, 3)
+    batch = batch_of(np.random.default_rng(0), cfg)
+    inputs = dict(segment_ids=batch["segment_ids"], token_types=batch["token_types"])
+    params = model.init(jax.random.PRNGKey(0), batch["input_ids"], **inputs)["params"]
+    params = jax.tree.map(np.asarray, jax.tree.map(lambda x: getattr(x, "value", x), params,
+                                                   is_leaf=lambda x: hasattr(x, "value")))
+    logits = np.asarray(model.apply({"params": params}, batch["input_ids"], **inputs))
+    hidden = np.asarray(BertEncoder(cfg).apply({"params": params["bert"]}, batch["input_ids"], **inputs))
+    pooled = np.tanh(hidden[:, 0] @ params["pooler"]["kernel"] + params["pooler"]["bias"])
+    expected = pooled @ params["classifier"]["kernel"] + params["classifier"]["bias"]
+    assert logits.shape == (4, 3)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+    names = jax.tree_util.tree_map(lambda x: x.names, model.init(jax.random.PRNGKey(0), batch["input_ids"])["params"],
+                                   is_leaf=lambda x: hasattr(x, "names"))
+    assert names["pooler"]["kernel"] == ("embed", None) and names["classifier"]["bias"] == (None,)
+
+
+@pytest.mark.parametrize("num_labels", [3, 1], ids=["classification", "regression"])
+def test_losses_are_weighted_sums(num_labels):
+    cfg = tiny_config(dict(kind="tisa"))
+    task = ClassificationTask(BertForSequenceClassification(cfg, num_labels), 10)
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 3, 4) if num_labels > 1 else rng.random(4) * 5
+    batch = batch_of(rng, cfg, labels=labels)
+    batch["weights"] = np.asarray([1, 1, 0, 1], np.float32)  # row 2 is eval padding
+    params = jax.jit(task.model.init)(jax.random.PRNGKey(0), batch["input_ids"])["params"]
+    from flax.core import meta
+    params = meta.unbox(params)
+    loss, sums = task.loss(params, batch, None, False)
+    logits = np.asarray(task.logits(params, batch))
+    w = batch["weights"]
+    if num_labels > 1:
+        nll = -log_softmax(logits)[np.arange(4), labels]
+        np.testing.assert_allclose(float(loss), np.sum(nll * w), rtol=1e-5)
+        assert float(sums["correct"]) == np.sum((logits.argmax(-1) == labels) * w)
+    else:
+        np.testing.assert_allclose(float(loss), np.sum((logits[:, 0] - labels) ** 2 * w), rtol=1e-5)
+        assert "correct" not in sums
+    assert float(sums["weight"]) == 3.0
+    summary = task.summarize(sums)
+    np.testing.assert_allclose(float(summary["loss"]), float(loss) / 3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("position", [dict(kind="diet_rel", segment="per_head"), dict(kind="diet_abs"),
+                                      dict(kind="tisa")],
+                         ids=["diet_rel_per_head_segments", "diet_abs", "tisa"])
+def test_every_kind_of_mechanism_fine_tunes(position):
+    """Finite gradients that reach the positional parameters (and the per-head segment tables)."""
+    from flax.core import meta
+    cfg = tiny_config(position, dropout=0.1, attention_dropout=0.1)
+    task = ClassificationTask(BertForSequenceClassification(cfg, 2), 10)
+    batch = batch_of(np.random.default_rng(2), cfg, labels=[0, 1, 1, 0])
+    params = meta.unbox(task.model.init(jax.random.PRNGKey(0), batch["input_ids"])["params"])
+    grads, _ = jax.jit(jax.grad(task.loss, has_aux=True), static_argnums=3)(params, batch, jax.random.PRNGKey(1),
+                                                                            True)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+    encoder = grads["bert"]["encoder"]
+    positional = [v for k, v in encoder.items() if k in ("position", "segments")]
+    assert positional, sorted(encoder)
+    assert all(np.any(np.asarray(g) != 0) for tree in positional for g in jax.tree.leaves(tree))
+
+
+def test_protocol_takes_the_max_over_checkpoints_then_the_median_over_seeds():
+    from jaxpos.evaluation.protocol import markdown, run_score, summarize
+
+    evals = [{"step": 10, "dev": {"accuracy": 0.5}}, {"step": 20, "dev": {"accuracy": 0.75}},
+             {"step": 30, "dev": {"accuracy": 0.625}}]
+    assert run_score(evals, "dev", "accuracy") == 0.75
+    maxima = {2e-5: {0: 0.80, 1: 0.70, 2: 0.90}, 5e-5: {0: 0.60, 1: 0.95, 2: 0.85, 3: 0.84}}
+    result = summarize(maxima)
+    assert result["per_lr"][2e-5]["median"] == pytest.approx(0.80)
+    assert result["per_lr"][5e-5]["median"] == pytest.approx((0.84 + 0.85) / 2)  # even count: mean of the middle
+    assert result["best_lr"] == 5e-5 and result["score"] == pytest.approx(0.845)
+    table = markdown([dict(model="tisa", task="mrpc", metric="dev accuracy", **result)])
+    assert "| tisa | mrpc | dev accuracy | 0.8450 | 5e-05 |" in table
+
+
+def test_word_order_drop_is_original_minus_variant_accuracy():
+    from jaxpos.data.classification import Example
+    from jaxpos.evaluation.probes import variant_names, word_order_drops
+
+    examples = [Example("the parser reads every token of the source file before it stops", None, 0.0),
+                Example("a compiler turns readable source code into machine instructions quickly", "b", 1.0)]
+    originals = {e.text_a for e in examples}
+    # A stand-in "model" that is right exactly on unperturbed sentences, and on every second perturbed one.
+    def accuracy(batch):
+        return float(np.mean([e.text_a in originals or i % 2 == 1 for i, e in enumerate(batch)]))
+
+    result = word_order_drops(accuracy, examples, windows=(2, 5), seed=3)
+    assert [n for n, _, _ in variant_names((2, 5))] == ["local_2", "local_5", "global"]
+    assert result["original"] == 1.0
+    for name, values in result["variants"].items():
+        assert values["accuracy"] == 0.5, name  # both sentences change under every perturbation
+        assert values["drop"] == pytest.approx(result["original"] - values["accuracy"])
+
+
+# --- end to end through the commands ----------------------------------------------------------------------------
+
+WORDS = ["river", "mountain", "garden", "window", "city", "forest", "bridge", "castle", "harbour", "valley"]
+
+
+def finetune_cli(argv):
+    """The `finetune`, `evaluate`, `finetune-sweep` and `probe-word-order` subcommands, errors raised as is."""
+    import argparse
+
+    from jaxpos.training.finetune_cli import add_finetune_parser
+
+    parser = argparse.ArgumentParser()
+    add_finetune_parser(parser.add_subparsers(dest="command", required=True))
+    args, rest = parser.parse_known_args(argv)
+    assert all(r.startswith("--config.") for r in rest), rest
+    return args.run(args, rest)
+
+
+def write_tsv(path, header, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines("\t".join(map(str, r)) + "\n" for r in ([header] if header else []) + rows)
+
+
+@pytest.fixture(scope="module")
+def glue_dir(tmp_path_factory):
+    """CoLA (single sentences, header-less), MRPC (pairs) and STS-B (regression) in GLUE's layout; learnable:
+    CoLA's label is whether the sentence repeats its first word, MRPC's whether both sentences are equal."""
+    root = tmp_path_factory.mktemp("glue")
+    rng = np.random.default_rng(0)
+
+    def sentence(n=5):
+        return " ".join(rng.choice(WORDS, n))
+
+    for split, n in (("train", 32), ("dev", 12)):
+        cola = []
+        for i in range(n):
+            words = sentence().split()
+            if i % 2:
+                words[-1] = words[0]
+            cola.append(("src", i % 2, "*" if i % 2 == 0 else "", " ".join(words)))
+        write_tsv(root / "CoLA" / f"{split}.tsv", None, cola)
+        mrpc = []
+        for i in range(n):
+            a = sentence()
+            mrpc.append((i % 2, i, i + 1, a, a if i % 2 else sentence()))
+        write_tsv(root / "MRPC" / f"{split}.tsv", ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"], mrpc)
+        stsb = []
+        for i in range(n):
+            a, b = sentence().split(), sentence().split()
+            overlap = int(rng.integers(0, 6))
+            b[:overlap] = a[:overlap]
+            stsb.append((i, " ".join(a), " ".join(b), f"{overlap:.1f}"))
+        write_tsv(root / "STS-B" / f"{split}.tsv", ["index", "sentence1", "sentence2", "score"], stsb)
+    write_tsv(root / "CoLA" / "test.tsv", ["index", "sentence"], [(i, sentence()) for i in range(4)])
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def mlm_run(tmp_path_factory):
+    """A tiny TISA masked-LM run of two steps, as `jaxpos train` leaves it."""
+    from jaxpos.config.defaults import mlm_config
+    from jaxpos.training.mlm_main import train_mlm
+
+    workdir = str(tmp_path_factory.mktemp("mlm"))
+    config = mlm_config()
+    config.model.update(d_model=32, num_layers=1, num_heads=4, mlp_dim=48, max_length=32)
+    config.model.position.kind = "tisa"
+    config.data.update(seq_len=32, vocab_size=300, max_documents=20, tokenizer_max_sentences=2000)
+    config.train.update(num_steps=2, batch_size=8, log_every=1, eval_every=2, eval_batches=1, checkpoint_every=2)
+    train_mlm(config, workdir)
+    return workdir
+
+
+FT = os.path.join(ROOT, "configs", "finetune", "glue.py")
+SMALL = ["--config.data.source=glue_dir", "--config.data.max_length=24", "--config.train.batch_size=8",
+         "--config.train.learning_rate=1e-3", "--config.train.log_every=1", "--config.train.eval_every=2"]
+
+
+@pytest.fixture(scope="module")
+def finetuned(mlm_run, glue_dir, tmp_path_factory):
+    """task -> (workdir, printed output) of a run fine-tuned for 2 steps, then resumed to 4 (once per task)."""
+    import contextlib
+    import io
+
+    root, done = tmp_path_factory.mktemp("finetuned"), {}
+
+    def get(task):
+        if task not in done:
+            workdir = str(root / task)
+            args = ["finetune", "--config", FT, "--init", mlm_run, "--workdir", workdir, f"--config.data.task={task}",
+                    f"--config.data.glue_dir={glue_dir}", *SMALL]
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                finetune_cli(args + ["--config.train.num_steps=2"])
+                finetune_cli(args + ["--config.train.num_steps=4"])
+            done[task] = workdir, out.getvalue()
+        return done[task]
+
+    return get
+
+
+@pytest.mark.parametrize("task", ["cola", "mrpc", "stsb"])
+def test_finetune_resume_and_evaluate_on_glue_files(task, finetuned):
+    from jaxpos.data.classification import TASKS
+
+    workdir, out = finetuned(task)
+    assert "resumed from checkpoint step 2" in out
+    spec = TASKS[task]
+    evals = json.load(open(os.path.join(workdir, "evals.json")))["evals"]
+    assert [e["step"] for e in evals] == [2, 4]
+    report = json.load(open(os.path.join(workdir, "report.json")))
+    assert report["step"] == 4 and report["dev"] == evals[-1]
+    if spec.num_labels > 1:
+        assert report["chance"]["accuracy"] == 0.5 and "chance: " in out  # 6 of 12 dev labels are 1
+    else:
+        assert report["chance"] is None
+    scores = finetune_cli(["evaluate", "--workdir", workdir])
+    for name in (*spec.metrics, "loss"):  # the same checkpoint scored again, on one device
+        assert scores[name] == pytest.approx(evals[-1]["dev"][name], abs=1e-4), name
+    assert all(np.isfinite(v) for v in evals[-1]["dev"].values())
+
+
+def test_probe_word_order_on_a_pair_task(finetuned):
+    workdir, _ = finetuned("mrpc")
+    result = finetune_cli(["probe-word-order", "--workdir", workdir, "--windows", "2,3"])
+    assert set(result["variants"]) == {"local_2", "local_3", "global"} and result["examples"] == 12
+    assert result["original"] == pytest.approx(finetune_cli(["evaluate", "--workdir", workdir])["accuracy"])
+    for values in result["variants"].values():
+        assert values["drop"] == pytest.approx(result["original"] - values["accuracy"])
+    assert json.load(open(os.path.join(workdir, "word_order_probe.json")))["variants"] == result["variants"]
+
+
+def test_sweep_reports_the_median_over_seeds_of_the_max_over_checkpoints(mlm_run, glue_dir, tmp_path):
+    out = str(tmp_path / "sweep")
+    rows = finetune_cli(["finetune-sweep", "--config", FT, "--init", f"tisa={mlm_run}", "--tasks", "cola",
+                         "--seeds", "0,1,2", "--learning-rates", "1e-3", "--out", out,
+                         f"--config.data.glue_dir={glue_dir}", "--config.train.num_steps=4", *SMALL])
+    maxima = []
+    for seed in (0, 1, 2):
+        evals = json.load(open(os.path.join(out, "tisa", "cola", f"lr0.001_seed{seed}", "evals.json")))["evals"]
+        maxima.append(max(e["dev"]["matthews"] for e in evals))
+    saved = json.load(open(os.path.join(out, "tisa", "cola", "sweep.json")))
+    assert rows[0]["score"] == saved["score"] == pytest.approx(sorted(maxima)[1])
+    assert "| tisa | cola | dev matthews |" in open(os.path.join(out, "sweep.md")).read()
+
+
+def test_clear_errors(mlm_run, glue_dir, tmp_path):
+    from jaxpos.config.defaults import finetune_config
+    from jaxpos.data.classification import TASKS, jaxpos_tokenizer
+    from jaxpos.training.finetune_main import load_encoded
+
+    base = ["finetune", "--config", FT, "--workdir", str(tmp_path / "w")]
+    with pytest.raises(ValueError, match="neither a jaxpos masked-LM run .* nor a Hugging Face"):
+        finetune_cli(base + ["--init", str(tmp_path)])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        finetune_cli(base + ["--init", str(tmp_path / "nope")])
+    with pytest.raises(ValueError, match="unknown fine-tuning task 'colaa'"):
+        finetune_cli(base + ["--init", mlm_run, "--config.data.task=colaa"])
+    config = finetune_config()
+    config.data.update(task="cola", source="glue_dir", glue_dir=glue_dir)
+    with pytest.raises(ValueError, match="'test' split of task 'cola' has no labels"):
+        load_encoded(config.data, "test", jaxpos_tokenizer(os.path.join(mlm_run, "spm_mlm.model")), TASKS["cola"])
+
+
+def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
+    """A random transformers BertModel: the fine-tuning run's initial encoder and pooler give the same outputs as
+    the PyTorch model; then two steps on MRPC."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from jaxpos.config.defaults import finetune_config
+    from jaxpos.training.finetune_main import FinetuneTrainer, load_pretrained
+
+    folder = str(tmp_path / "bert")
+    os.makedirs(folder)
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    with open(os.path.join(folder, "vocab.txt"), "w") as f:
+        f.write("\n".join(vocabulary) + "\n")
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(
+        vocab_size=len(vocabulary), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=37, max_position_embeddings=32)).eval()
+    hf.save_pretrained(folder)
+
+    pretrained = load_pretrained(folder)
+    config = finetune_config()
+    config.model.update(dropout=0.0, attention_dropout=0.0)
+    config.train.update(num_steps=1, batch_size=8)
+    cfg = dataclasses.replace(pretrained.cfg, dropout=0.0, attention_dropout=0.0)
+    task = ClassificationTask(BertForSequenceClassification(cfg, 2), 12)
+    trainer = FinetuneTrainer(config, str(tmp_path / "init"), task, pretrained, log=False)
+    state, resumed = trainer.initial_state(data=None)
+    trainer.close()
+    assert resumed is None
+    ids = np.asarray([[2, 5, 6, 7, 3, 8, 9, 3, 0, 0]], np.int32)
+    types = np.asarray([[0, 0, 0, 0, 0, 1, 1, 1, 0, 0]], np.int32)
+    mask = (ids > 0).astype(np.int32)
+    pooled = task.model.apply({"params": jax.device_get(state.params)}, ids, segment_ids=mask, token_types=types,
+                              method=BertForSequenceClassification.pool)
+    with torch.no_grad():
+        expected = hf(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
+                      token_type_ids=torch.tensor(types, dtype=torch.long)).pooler_output.numpy()
+    np.testing.assert_allclose(np.asarray(pooled), expected, rtol=1e-4, atol=1e-5)
+
+    workdir = str(tmp_path / "ft")
+    report = finetune_cli(["finetune", "--config", FT, "--init", folder, "--workdir", workdir,
+                           "--config.data.task=mrpc", f"--config.data.glue_dir={glue_dir}",
+                           "--config.train.num_steps=2", *SMALL])
+    assert report["step"] == 2 and report["init"]["kind"] == "huggingface"
+    assert np.isfinite(report["dev"]["dev"]["f1"])
