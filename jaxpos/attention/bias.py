@@ -55,6 +55,12 @@ def segment_logits(table_HGG: jax.Array, q_types_BT: jax.Array, k_types_BS: jax.
 
 @struct.dataclass
 class PositionalBias:
+    """What a mechanism hands to attention, for all layers of a stack; every field is optional.
+
+    L' is L (one entry per layer) or 1 (shared by all layers); H' is H or 1 (shared by the heads); T queries,
+    S keys, D head dim. Only `content_scale` and `fold_factors` are static (not arrays).
+    """
+
     table: jax.Array | None = None  # [L', H', W] Toeplitz scores per offset j - i, W = 2*span - 1
     factors: tuple[jax.Array, jax.Array] | None = None  # P_Q [L', H', T, r], P_K [L', H', S|k, r]: bias = P_Q P_K^T
     dense: jax.Array | None = None  # [L', H', T, S] a full position-only matrix (attenuated encoding)
@@ -65,6 +71,8 @@ class PositionalBias:
     rotary_keys: tuple[jax.Array, jax.Array] | None = None  # cos, sin [1, S, D/2] at the key positions
     kv_projection: jax.Array | None = None  # [L', k, S] Linformer E: keys/values projected to k positions
     fold_factors: bool = struct.field(pytree_node=False, default=False)  # fold P_Q P_K^T into q.k
+    # Factor on the content term q.k/sqrt(D): 1 everywhere but TUPE, whose q.k/sqrt(2D) needs 1/sqrt(2).
+    content_scale: float = struct.field(pytree_node=False, default=1.0)
 
     def for_layer(self, layer: int) -> "PositionalBias":
         """The slice of layer `layer` (leading axis removed; shared fields give their only entry)."""
@@ -76,6 +84,7 @@ class PositionalBias:
 
     @property
     def has_position_logits(self) -> bool:
+        """Whether a table, factors, a dense matrix or Shaw r^K add positional terms to the logits."""
         return any(x is not None for x in (self.table, self.factors, self.dense, self.rel_keys))
 
 

@@ -9,22 +9,25 @@ and chooses how to apply them:
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias, clipped_offset_index, position_logits, segment_logits
 
 
-def fold_factors(q_BTHD, k_BSHD, factors):
-    """Appends sqrt(D)*P_Q to q and P_K to k so that q'.k'/sqrt(D) = q.k/sqrt(D) + P_Q P_K^T, no [T, S] tensor.
+def fold_factors(q_BTHD, k_BSHD, factors, scale):
+    """Appends P_Q/scale to q and P_K to k so that scale*q'.k' = scale*q.k + P_Q P_K^T, no [T, S] tensor.
 
-    factors: P_Q [H'|1, T, r], P_K [H'|1, S, r] -> q' [B, T, H, D + r], k' [B, S, H, D + r].
+    factors: P_Q [H'|1, T, r], P_K [H'|1, S, r]; scale: the content scale (1/sqrt(D) but for TUPE)
+    -> q' [B, T, H, D + r], k' [B, S, H, D + r].
     """
     p_q, p_k = factors
-    batch, _, heads, head_dim = q_BTHD.shape
+    batch, _, heads, _ = q_BTHD.shape
     p_q = jnp.broadcast_to(jnp.swapaxes(p_q, 0, 1)[None], (batch, p_q.shape[1], heads, p_q.shape[-1]))
     p_k = jnp.broadcast_to(jnp.swapaxes(p_k, 0, 1)[None], (batch, p_k.shape[1], heads, p_k.shape[-1]))
-    q = jnp.concatenate([q_BTHD, (head_dim**0.5 * p_q).astype(q_BTHD.dtype)], axis=-1)
+    q = jnp.concatenate([q_BTHD, (p_q / scale).astype(q_BTHD.dtype)], axis=-1)
     k = jnp.concatenate([k_BSHD, p_k.astype(k_BSHD.dtype)], axis=-1)
     return q, k
 
@@ -43,14 +46,29 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
            q_types: jax.Array | None = None, k_types: jax.Array | None = None,
            implementation: str = "xla", content: bool = True, position: bool = True,
            dropout_rng: jax.Array | None = None, dropout_rate: float = 0.0,
+           q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
+           causal: bool = False,
            ) -> tuple[jax.Array, jax.Array | None]:
     """Multi-head attention with positional terms. Returns (out [B, T, H, D], weights [B, H, T, S] or None).
 
     `bias` is one layer's slice; `mask` a boolean [B|1, 1, T, S]; q_types/k_types the token types used by a
     per-head segment table. `content=False` drops q.k, `position=False` drops every positional logit term.
+    "pallas" (the Toeplitz kernel) takes the mask as q_segment_ids [B, T] / kv_segment_ids [B, S] (0 = padding)
+    and `causal` (q_pos == k_pos), which must describe `mask`; it falls back where it cannot run (`_pallas_blocker`).
     """
+    if implementation == "pallas":
+        blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, mask, content, position, dropout_rng, dropout_rate,
+                                  q_segment_ids, kv_segment_ids, causal)
+        if blocker is None:
+            from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+            out = toeplitz_attention(q_BTHD, k_BSHD, v_BSHD, bias.table,
+                                     q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, causal=causal,
+                                     q_offset=0 if causal else q_pos[0] - k_pos[0])
+            return out, None
+        implementation = _pallas_fallback(bias, content, position, dropout_rng, dropout_rate)
+        _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
     head_dim = q_BTHD.shape[-1]
-    scale = head_dim**-0.5
+    scale = bias.content_scale * head_dim**-0.5
     factors = bias.factors if position else None
     fold = factors is not None and (bias.fold_factors or implementation != "xla")
     if implementation != "xla":
@@ -58,7 +76,7 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
             raise ValueError(f"attention implementation {implementation!r} supports neither Shaw relative "
                              "vectors nor the content_only/position_only switches; use attention_impl='xla'")
         if fold:
-            q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors)
+            q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors, scale)
         logits_bias = _additive_terms(bias, q_pos, k_pos, q_types, k_types, include_factors=False,
                                       dtype=q_BTHD.dtype)
         if fold:  # v keeps its width: pad it so q, k, v share the head dimension, then drop the padding
@@ -70,7 +88,7 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         return out[..., :head_dim], None
 
     if fold:
-        q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors)
+        q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors, scale)
         if not content:  # keep only the folded positional channels
             q_BTHD = q_BTHD.at[..., :head_dim].set(0)
     logits = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BSHD, preferred_element_type=jnp.float32) * scale
@@ -114,3 +132,44 @@ def _additive_terms(bias, q_pos, k_pos, q_types, k_types, *, include_factors, dt
         seg = segment_logits(bias.segment_table, q_types, k_types)
         total = seg if total is None else total + seg
     return None if total is None else total.astype(dtype)
+
+
+_NOTED: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    """Logs a fallback note once per distinct message (attend runs once per layer and trace)."""
+    if message not in _NOTED:
+        _NOTED.add(message)
+        logging.getLogger(__name__).warning(message)
+
+
+def _pallas_blocker(q, k, bias, mask, content, position, dropout_rng, dropout_rate, q_segment_ids, kv_segment_ids,
+                    causal) -> str | None:
+    """Why the Pallas Toeplitz kernel cannot compute this call (None: it can)."""
+    if jax.default_backend() == "tpu":
+        return "the kernel has no TPU lowering yet"
+    if not (content and position):
+        return "the content_only/position_only switches need the xla path"
+    if dropout_rng is not None and dropout_rate > 0.0:
+        return "attention dropout"
+    if position and any(x is not None for x in (bias.factors, bias.dense, bias.rel_keys, bias.rel_values)):
+        return "a positional term other than a Toeplitz table (low-rank factors, dense matrix or Shaw vectors)"
+    if bias.segment_table is not None:
+        return "per-head segment tables"
+    if bias.content_scale != 1.0:
+        return "a content scale other than 1/sqrt(D)"
+    if bias.table is not None and bias.table.ndim != 2:
+        return f"a table of shape {bias.table.shape} (expected [H|1, W])"
+    if mask is not None and q_segment_ids is None and kv_segment_ids is None and not causal:
+        return "a boolean mask without segment ids or the causal flag"
+    if causal and q.shape[1] != k.shape[1]:
+        return "causal attention with T != S (decoding with a cache)"
+    return None
+
+
+def _pallas_fallback(bias, content, position, dropout_rng, dropout_rate) -> str:
+    """cuDNN on GPUs where jax.nn.dot_product_attention can express the call, else the XLA reference."""
+    cudnn_ok = (jax.default_backend() == "gpu" and content and position and bias.rel_keys is None
+                and bias.rel_values is None and not (dropout_rng is not None and dropout_rate > 0.0))
+    return "cudnn" if cudnn_ok else "xla"

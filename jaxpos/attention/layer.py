@@ -33,7 +33,9 @@ class MultiHeadAttention(nn.Module):
 
     @nn.compact
     def __call__(self, inputs_q, inputs_kv, *, bias: PositionalBias, q_pos, k_pos, mask=None,
-                 q_types=None, k_types=None, deterministic: bool = True):
+                 q_types=None, k_types=None, mask_ids: tuple | None = None, deterministic: bool = True):
+        """mask [B|1, 1, T, S] bool; mask_ids (q_segment [B, T] | None, k_segment [B, S] | None, causal) is what
+        `mask` was built from (`attention_mask`), for kernels that mask from ids instead of a [T, S] tensor."""
         cfg = self.cfg
         heads, head_dim = cfg.num_heads, cfg.head_dim
         q = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")(inputs_q)
@@ -55,7 +57,7 @@ class MultiHeadAttention(nn.Module):
             projection = bias.kv_projection.astype(k.dtype)
             k = jnp.einsum("ks,bshd->bkhd", projection, k)
             v = jnp.einsum("ks,bshd->bkhd", projection, v)
-            mask = None
+            mask = mask_ids = None
 
         pcfg = cfg.position
         dropout_rng = None
@@ -64,10 +66,12 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("attention dropout needs attention_impl='xla'; set model.attention_dropout=0 "
                                  f"to train with {cfg.attention_impl!r}")
             dropout_rng = self.make_rng("dropout")
+        q_segment_ids, kv_segment_ids, causal = mask_ids or (None, None, False)
         out, weights = attend(
             q, k, v, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask, q_types=q_types, k_types=k_types,
             implementation=cfg.attention_impl, content=not pcfg.position_only, position=not pcfg.content_only,
-            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout)
+            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids, causal=causal)
         if weights is not None:
             self.sow("intermediates", "attention_weights", weights)
         return dense(cfg, cfg.d_model, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out")(out)

@@ -49,9 +49,10 @@ class TransformerLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, *, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None,
-                 enc_pos=None, cross_mask=None, deterministic=True):
+                 enc_pos=None, cross_mask=None, mask_ids=None, cross_mask_ids=None, deterministic=True):
         """x [B, T, d] -> [B, T, d]. bias (this layer's `PositionalBias`), q_pos [T], k_pos [S], mask and types
-        [B, T] feed self-attention; encoded [B, S_enc, d], cross_bias, enc_pos [S_enc], cross_mask cross-attention."""
+        [B, T] feed self-attention; encoded [B, S_enc, d], cross_bias, enc_pos [S_enc], cross_mask cross-attention.
+        mask_ids / cross_mask_ids: the (q_segment, k_segment, causal) each mask was built from."""
         cfg = self.cfg
 
         def sublayer(x, fn, name):
@@ -63,12 +64,13 @@ class TransformerLayer(nn.Module):
 
         self_attention = MultiHeadAttention(cfg, self_attention=True, decode=self.decode, name="self_attention")
         x = sublayer(x, lambda h: self_attention(h, h, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask,
-                                                 q_types=types, k_types=types,
+                                                 q_types=types, k_types=types, mask_ids=mask_ids,
                                                  deterministic=deterministic), "self_attention")
         if self.cross_attention:
             cross = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
             x = sublayer(x, lambda h: cross(h, encoded, bias=cross_bias, q_pos=q_pos, k_pos=enc_pos,
-                                            mask=cross_mask, deterministic=deterministic), "cross_attention")
+                                            mask=cross_mask, mask_ids=cross_mask_ids,
+                                            deterministic=deterministic), "cross_attention")
         return sublayer(x, MlpBlock(cfg, name="mlp"), "mlp")
 
 
@@ -128,17 +130,18 @@ class TransformerStack(nn.Module):
             bias = bias.replace(segment_table=segments())
             if token_types is None:
                 token_types = jnp.zeros(x.shape[:2], jnp.int32)
+        mask_ids = (segment_ids, segment_ids, self.causal)
         mask = attention_mask(q_segment=segment_ids, k_segment=segment_ids, q_pos=q_pos, k_pos=k_pos,
                               causal=self.causal)
 
-        cross_bias = cross_mask = enc_pos = None
+        cross_bias = cross_mask = cross_mask_ids = enc_pos = None
         if self.cross_attention:
             enc_pos = jnp.arange(encoded.shape[1], dtype=jnp.int32)
             cross_bias = PositionalBias()
             if cfg.cross_attention_position:
                 cross_bias = make_position(cfg, self.num_layers, False, name="cross_position")(q_pos, enc_pos)
-            cross_mask = attention_mask(q_segment=None if self.decode else segment_ids,
-                                        k_segment=encoded_segment_ids)
+            cross_mask_ids = (None if self.decode else segment_ids, encoded_segment_ids, False)
+            cross_mask = attention_mask(q_segment=cross_mask_ids[0], k_segment=cross_mask_ids[1])
 
         self.sow("intermediates", "hidden_states", x)  # analysis taps: the input of layer 0, then each output
         shared = TransformerLayer(cfg, self.cross_attention, self.decode, name="layer_shared") \
@@ -147,7 +150,8 @@ class TransformerStack(nn.Module):
             layer = shared or TransformerLayer(cfg, self.cross_attention, self.decode, name=f"layer_{i}")
             x = layer(x, bias=bias.for_layer(i), q_pos=q_pos, k_pos=k_pos, mask=mask, types=token_types,
                       encoded=encoded, cross_bias=cross_bias.for_layer(i) if cross_bias is not None else None,
-                      enc_pos=enc_pos, cross_mask=cross_mask, deterministic=deterministic)
+                      enc_pos=enc_pos, cross_mask=cross_mask, mask_ids=mask_ids, cross_mask_ids=cross_mask_ids,
+                      deterministic=deterministic)
             self.sow("intermediates", "hidden_states", x)
         if cfg.layer_norm == "pre":
             x = layer_norm(cfg, "final_norm")(x)

@@ -1,5 +1,7 @@
 """The `jax.nn.dot_product_attention` path of a whole model equals the XLA reference path."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,3 +31,33 @@ def test_shaw_needs_the_reference_path():
     model = BertForMaskedLM(tiny_config(dict(kind="shaw"), attention_impl="jax"))
     with pytest.raises(ValueError, match="use attention_impl='xla'"):
         model.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))
+
+
+@pytest.mark.parametrize("position, causal", [(dict(kind="tisa"), False), (dict(kind="diet_rel"), True)],
+                         ids=["tisa_padded_packed", "diet_rel_causal"])
+def test_pallas_kernel_in_a_model_matches_xla(position, causal, caplog):
+    """The model passes its segment ids and causal flag to the Toeplitz kernel (interpret mode here): logits and
+    parameter gradients at real positions equal the XLA path's (padding queries see no key there by design)."""
+    ids = jax.random.randint(jax.random.PRNGKey(0), (2, 13), 1, 61)
+    segs = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
+    real = (segs != 0)[..., None]
+    weight = jax.random.normal(jax.random.PRNGKey(2), (2, 13, 61)) * real
+    results = []
+    caplog.set_level(logging.WARNING, logger="jaxpos.attention.core")
+    for impl in ("xla", "pallas"):
+        model = BertForMaskedLM(tiny_config(position, attention_impl=impl, causal=causal))
+        params = model.init(jax.random.PRNGKey(1), ids)["params"]
+
+        def loss(p):
+            logits = model.apply({"params": p}, ids, segment_ids=segs)
+            return jnp.sum(logits * weight), logits
+
+        (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        results.append((logits * real, grads))
+    assert "falls back" not in caplog.text  # the kernel ran in every layer
+    (want, want_grads), (got, got_grads) = results
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for path, g in jax.tree_util.tree_leaves_with_path(got_grads):
+        w = dict(jax.tree_util.tree_leaves_with_path(want_grads))[path]
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=max(1e-4 * float(np.abs(w).max()), 1e-7),
+                                   err_msg=jax.tree_util.keystr(path))

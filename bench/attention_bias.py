@@ -1,0 +1,135 @@
+"""Attention forward+backward with and without a Toeplitz bias: median ms, ratio to the fastest no-bias path, and
+the bias memory (issue target 2/3).
+
+    python bench/attention_bias.py                  # GPU: T = 512, 2048, 8192 with B*T = 16k, H = 12, D = 64, bf16
+    python bench/attention_bias.py --runs 50 --lengths 512,2048
+    python bench/attention_bias.py --cpu-smoke      # tiny shapes on the CPU (Pallas interpreter): runs every path
+
+Paths (each jitted; the gradient of sum(out * g) to q, k, v and, where a table is used, to the table):
+  cudnn            jax.nn.dot_product_attention(implementation="cudnn"), no bias
+  cudnn+bias       the same with the table expanded to a [1, H, T, T] bf16 bias (gradient to the table through it)
+  xla+table        jaxpos attend(implementation="xla"): einsum + softmax with the expanded float32 bias
+  pallas           jaxpos toeplitz_attention, no table
+  pallas+table     jaxpos toeplitz_attention with the table inside the kernel
+Times: warm-up runs, then the median of --runs timed runs, each ended by block_until_ready. Bias memory: what
+the bias (and its gradient partials) takes beside q, k, v; the table alone is H * (2T - 1) floats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpos.attention import PositionalBias, attend
+from jaxpos.attention.bias import expand_toeplitz
+from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+
+
+def paths(smoke: bool, blocks: dict):
+    """name -> (uses a table, no-bias path, loss(q, k, v, table, g))."""
+    dpa_impl = None if smoke else "cudnn"  # the CPU has no cuDNN: the smoke run times the XLA composite
+
+    def dpa(q, k, v, table, g):
+        return jnp.sum(jax.nn.dot_product_attention(q, k, v, implementation=dpa_impl).astype(jnp.float32) * g)
+
+    def dpa_bias(q, k, v, table, g):
+        pos = jnp.arange(q.shape[1])
+        bias = expand_toeplitz(table, pos, pos)[None].astype(q.dtype)  # [1, H, T, T]
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=dpa_impl)
+        return jnp.sum(out.astype(jnp.float32) * g)
+
+    def xla(q, k, v, table, g):
+        pos = jnp.arange(q.shape[1])
+        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos)
+        return jnp.sum(out.astype(jnp.float32) * g)
+
+    def pallas(q, k, v, table, g):
+        return jnp.sum(toeplitz_attention(q, k, v, None, **blocks).astype(jnp.float32) * g)
+
+    def pallas_table(q, k, v, table, g):
+        return jnp.sum(toeplitz_attention(q, k, v, table, **blocks).astype(jnp.float32) * g)
+
+    return {"cudnn": (False, True, dpa), "cudnn+bias": (True, False, dpa_bias), "xla+table": (True, False, xla),
+            "pallas": (False, True, pallas), "pallas+table": (True, False, pallas_table)}
+
+
+def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int) -> int:
+    """Bytes of the bias-related buffers of a path (not counting the attention weights of the XLA path)."""
+    if name == "cudnn+bias":
+        return heads * length * length * 2  # [1, H, T, T] bf16 (and as much again for its gradient)
+    if name == "xla+table":
+        return heads * length * length * 4  # [H, T, T] float32 expansion
+    if name == "pallas+table":
+        rows = batch * heads * (length // block_dq) * (length + block_dq) * 4  # dS diagonal-sum rows
+        return heads * 2 * length * 4 + rows
+    return 0
+
+
+def time_path(loss, use_table, q, k, v, table, g, warmup, runs):
+    argnums = (0, 1, 2, 3) if use_table else (0, 1, 2)
+    step = jax.jit(jax.grad(loss, argnums=argnums))
+    for _ in range(warmup):
+        jax.block_until_ready(step(q, k, v, table, g))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(step(q, k, v, table, g))
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="512,2048,8192")
+    parser.add_argument("--tokens", type=int, default=16384, help="B * T")
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--block-q", type=int, default=64)
+    parser.add_argument("--block-k", type=int, default=64)
+    parser.add_argument("--block-dq", type=int, default=32)
+    parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, 2 runs, on the CPU (interpreter)")
+    args = parser.parse_args(argv)
+    dtype = jnp.bfloat16
+    if args.cpu_smoke:
+        jax.config.update("jax_platforms", "cpu")
+        args.lengths, args.tokens, args.heads, args.head_dim, args.runs, args.warmup = "32", 64, 2, 16, 2, 1
+        args.block_q = args.block_k = args.block_dq = 16
+    blocks = dict(block_q=args.block_q, block_k=args.block_k, block_dq=args.block_dq)
+    chosen = {name: p for name, p in paths(args.cpu_smoke, blocks).items() if name in args.paths.split(",")}
+    print(f"device: {jax.devices()[0].device_kind}; H={args.heads} D={args.head_dim} B*T={args.tokens} bf16; "
+          f"blocks {blocks}; median of {args.runs} runs (ms, forward+backward)")
+    print(f"{'T (B)':>12} {'path':>14} {'ms':>9} {'x fastest no-bias':>18} {'bias MiB':>10}")
+    for length in map(int, args.lengths.split(",")):
+        batch = max(1, args.tokens // length)
+        rng = np.random.default_rng(length)
+        q, k, v, g = (jnp.asarray(rng.normal(size=(batch, length, args.heads, args.head_dim)), dtype)
+                      for _ in range(4))
+        table = jnp.asarray(rng.normal(size=(args.heads, 2 * length - 1)), jnp.float32)
+        results = {}
+        for name, (use_table, _, loss) in chosen.items():
+            try:
+                results[name] = time_path(loss, use_table, q, k, v, table, g.astype(jnp.float32), args.warmup,
+                                          args.runs)
+            except Exception as error:  # one path failing (e.g. cuDNN shape limits) must not hide the others
+                results[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:60]}"
+        no_bias = [results[n] for n, (_, nb, _) in chosen.items() if nb and isinstance(results[n], float)]
+        fastest = min(no_bias) if no_bias else None
+        for name, value in results.items():
+            mib = bias_bytes(name, batch, length, args.heads, args.block_dq) / 2**20
+            if isinstance(value, float):
+                ratio = f"{value / fastest:.2f}" if fastest else "-"
+                print(f"{f'{length} ({batch})':>12} {name:>14} {value:9.3f} {ratio:>18} {mib:10.1f}")
+            else:
+                print(f"{f'{length} ({batch})':>12} {name:>14} {'failed':>9} {value}")
+
+
+if __name__ == "__main__":
+    main()

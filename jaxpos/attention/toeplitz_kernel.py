@@ -1,0 +1,469 @@
+"""Flash attention in Pallas with a Toeplitz bias computed inside the kernel, and its table gradient.
+
+`toeplitz_attention(q, k, v, table)` computes softmax(q.k/sqrt(D) + table[j - i] + mask) v without a [T, S]
+bias: every mechanism whose bias depends on the offset j - i only (TISA, DIET-Rel, T5, ALiBi, attenuated offset
+tables) builds its table [H'|1, 2*span - 1] once per step, and autodiff through that construction turns the table
+gradient returned here into parameter gradients.
+
+How the table enters the kernels. Outside them, one small gather (`_offset_table`) re-indexes the table by the
+local offset of the padded problem: ext[h, (j - i) + Tp - 1] = table[h, clip(k_pos[j] - q_pos[i] + centre)]
+(the convention of `bias.expand_toeplitz`, clipping included), so a (query block, key block) tile reads a
+contiguous window of bq + bk - 1 entries of ext that depends on the block diagonal alone. The gradient goes the
+other way: the dq kernel sums each tile's dS along its diagonals (a window of partial sums), chains the windows
+of one query block into one row, and a reshape-and-sum in XLA (`_sum_rows`) adds the rows of all query blocks
+and the batch; autodiff of the gather then folds clipped offsets back onto the table's ends. No atomics and no
+[T, S] tensor: the partial rows take B*H*T*(S + b)/b floats (b = dq block), the table itself H*(T + S).
+
+Masks: `kv_segment_ids` [B, S] with 0 = padding (never attended), `q_segment_ids` [B, T] (queries attend only to
+keys of the same non-zero id), `causal` (key position <= query position). This is `masks.attention_mask`'s
+convention. A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is
+skipped. Fully masked rows (padding queries) give out = 0 and zero gradients; the XLA reference gives the mean
+of v there (softmax of equal logits), a value no loss should read.
+
+Backends: the Pallas Triton lowering on GPUs, the Pallas interpreter where `interpret` (by default on the CPU).
+The bias tile is a gather from the offset table and the diagonal sums a skewed gather from a scratch copy of dS;
+Mosaic TPU has no such gathers (see tests/attention/test_toeplitz_kernel.py for what lowers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+NEG = -1e30  # finite logit for masked entries: exp(NEG - NEG) = 1 keeps the running max of an empty row NaN-free
+_BIG_ID = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Static settings of one call (hashable: a nondiff argument of the custom VJP)."""
+
+    scale: float
+    causal: bool
+    q_offset: int  # causal: key j is visible to query i when j - i <= q_offset (q_pos[i] - k_pos[j] >= 0)
+    block_q: int
+    block_k: int
+    block_dq: int  # square tiles of the dq / table-gradient kernel
+    t_pad: int
+    s_pad: int
+    use_q_segments: bool
+    interpret: bool
+    backend: str  # "triton" | "mosaic_tpu": the compiler parameters and barrier used when not interpreting
+    num_warps: int
+    num_stages: int
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _dot(a, b, contract):
+    """a . b contracting axis contract[0] of a with contract[1] of b, float32 accumulation."""
+    return lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _bias_tile(ext_ref, q_start, k_start, bq, bk, t_pad):
+    """Toeplitz tile [bq, bk]: ext[(k_start + c) - (q_start + r) + t_pad - 1], a gather from the offset row."""
+    r = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    c = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+    return ext_ref[k_start - q_start + (t_pad - 1) + c - r]
+
+
+def _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st: _Static):
+    """Boolean [bq, bk]: key not padding, same segment (when query ids are given), causal."""
+    valid = (k_ids != 0)[None, :]
+    if st.use_q_segments:
+        valid = jnp.logical_and(valid, q_ids[:, None] == k_ids[None, :])
+    if st.causal:
+        r = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+        c = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+        valid = jnp.logical_and(valid, (k_start + c) - (q_start + r) <= st.q_offset)
+    return jnp.broadcast_to(valid, (bq, bk))
+
+
+def _id_range(ids):
+    """(smallest, largest) non-zero id of a block; (BIG, 0) when it is all padding."""
+    return jnp.min(jnp.where(ids != 0, ids, _BIG_ID)), jnp.max(ids)
+
+
+def _overlaps(q_range, k_ids, st: _Static):
+    """Whether a (query block, key block) tile can hold an unmasked entry (from the id ranges alone)."""
+    k_lo, k_hi = _id_range(k_ids)
+    if not st.use_q_segments:
+        return k_hi > 0
+    q_lo, q_hi = q_range
+    return jnp.logical_and(k_lo <= q_hi, q_lo <= k_hi)
+
+
+def _causal_k_end(q_start, bq, bk, st: _Static, num_k_blocks):
+    """Number of key blocks a query block starting at q_start can see."""
+    if not st.causal:
+        return num_k_blocks
+    last = q_start + bq - 1 + st.q_offset  # last visible key index
+    return jnp.clip(lax.div(last + bk, bk), 0, num_k_blocks)
+
+
+def _causal_q_begin(k_start, bq, st: _Static):
+    """First query block that can see a key block starting at k_start."""
+    if not st.causal:
+        return 0
+    return lax.div(jnp.maximum(k_start - st.q_offset, 0), bq)
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse_ref, *, st: _Static):
+    """One query block of one (batch, head): online softmax over the key blocks, writes out and logsumexp."""
+    bq, bk = st.block_q, st.block_k
+    q_start = pl.program_id(2) * bq
+    q = q_ref[...]
+    q_ids = qseg_ref[...]
+    q_range = _id_range(q_ids)
+    carry = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq,), NEG, jnp.float32), jnp.zeros((bq,), jnp.float32))
+
+    def body(jb, carry):
+        k_start = jb * bk
+        k_ids = kseg_ref[pl.ds(k_start, bk)]
+
+        def compute(carry):
+            acc, m, l = carry
+            k = k_ref[pl.ds(k_start, bk), :]
+            v = v_ref[pl.ds(k_start, bk), :]
+            s = _dot(q, k, (1, 1)) * st.scale
+            if ext_ref is not None:
+                s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st.t_pad)
+            mask = _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st)
+            s = jnp.where(mask, s, NEG)
+            m_new = jnp.maximum(m, jnp.max(s, axis=1))
+            p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+            correction = jnp.exp(m - m_new)
+            acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v, (1, 0))
+            return acc, m_new, l * correction + jnp.sum(p, axis=1)
+
+        return lax.cond(_overlaps(q_range, k_ids, st), compute, lambda c: c, carry)
+
+    k_end = _causal_k_end(q_start, bq, bk, st, st.s_pad // bk)
+    acc, m, l = lax.fori_loop(0, k_end, body, carry)
+    seen = l > 0.0
+    safe_l = jnp.where(seen, l, 1.0)
+    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
+    # +inf for rows with no visible key: the backward's exp(s - lse) is then 0 there.
+    lse_ref[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
+
+
+def _probabilities_and_ds(q, k, v, do, lse, delta, ext_ref, q_ids, k_ids, q_start, k_start, bq, bk, st):
+    """Recomputed P [bq, bk] and dS = P * (dP - delta) [bq, bk] of one tile, float32."""
+    s = _dot(q, k, (1, 1)) * st.scale
+    if ext_ref is not None:
+        s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st.t_pad)
+    mask = _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st)
+    p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
+    dp = _dot(do, v, (1, 1))
+    return p, p * (dp - delta[:, None])
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dk_ref, dv_ref,
+                 *, st: _Static):
+    """One key block of one (batch, head): dK and dV accumulated over the query blocks."""
+    bq, bk = st.block_q, st.block_k
+    k_start = pl.program_id(2) * bk
+    k, v = k_ref[...], v_ref[...]
+    k_ids = kseg_ref[...]
+    k_range = _id_range(k_ids)
+    carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+
+    def body(ib, carry):
+        q_start = ib * bq
+        q_ids = qseg_ref[pl.ds(q_start, bq)]
+
+        def compute(carry):
+            dk, dv = carry
+            q = q_ref[pl.ds(q_start, bq), :]
+            do = do_ref[pl.ds(q_start, bq), :]
+            p, ds = _probabilities_and_ds(q, k, v, do, lse_ref[pl.ds(q_start, bq)], delta_ref[pl.ds(q_start, bq)],
+                                          ext_ref, q_ids, k_ids, q_start, k_start, bq, bk, st)
+            dv = dv + _dot(p.astype(do.dtype), do, (0, 0))
+            dk = dk + _dot(ds.astype(q.dtype), q, (0, 0)) * st.scale
+            return dk, dv
+
+        if st.use_q_segments:
+            needed = _overlaps(_id_range(q_ids), k_ids, st)
+        else:
+            needed = k_range[1] > 0
+        return lax.cond(needed, compute, lambda c: c, carry)
+
+    dk, dv = lax.fori_loop(_causal_q_begin(k_start, bq, st), st.t_pad // bq, body, carry)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _diagonal_sums(ds, scratch_ref, st: _Static):
+    """Sums of a square tile dS [b, b] along its 2b - 1 diagonals, as (low [b], high [b]) halves.
+
+    Window entry w = c - r + b - 1 holds sum_r dS[r, c]; low = w in [0, b), high = w in [b, 2b - 1) (last entry
+    0). Registers cannot be read skewed, so dS goes through a scratch block and comes back by a skewed gather.
+    """
+    b = ds.shape[0]
+    barrier = _barrier(st)
+    scratch_ref[...] = ds
+    barrier()  # the gather below reads entries other threads wrote
+    r = lax.broadcasted_iota(jnp.int32, (b, b), 0)
+    w = lax.broadcasted_iota(jnp.int32, (b, b), 1)
+    halves = []
+    for col in (w - (b - 1) + r, w + 1 + r):
+        inside = jnp.logical_and(col >= 0, col < b)
+        vals = scratch_ref[r, jnp.clip(col, 0, b - 1)]
+        halves.append(jnp.sum(jnp.where(inside, vals, 0.0), axis=0))
+    barrier()  # the next tile's store must not overtake these reads
+    return halves
+
+
+def _barrier(st: _Static):
+    if st.interpret or st.backend != "triton":  # sequential interpreter; Mosaic orders its own stores
+        return lambda: None
+    from jax.experimental.pallas import triton as plgpu
+    return plgpu.debug_barrier
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dq_ref, drow_ref,
+               scratch_ref, *, st: _Static):
+    """One query block of one (batch, head): dQ over the key blocks and, with a table, its row of dS diagonal sums.
+
+    drow (length S_pad + b) gets at position p = k_start + w the sum of dS over this query block's entries of
+    offset window w; consecutive windows overlap by b - 1, so the high half of one is carried into the next.
+    """
+    b = st.block_dq
+    q_start = pl.program_id(2) * b
+    q, do = q_ref[...], do_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    q_ids = qseg_ref[...]
+    q_range = _id_range(q_ids)
+    has_table = ext_ref is not None
+    zeros_b = jnp.zeros((b,), jnp.float32)
+
+    def body(jb, carry):
+        dq, high = carry
+        k_start = jb * b
+        k_ids = kseg_ref[pl.ds(k_start, b)]
+
+        def compute(dq):
+            k = k_ref[pl.ds(k_start, b), :]
+            v = v_ref[pl.ds(k_start, b), :]
+            _, ds = _probabilities_and_ds(q, k, v, do, lse, delta, ext_ref, q_ids, k_ids, q_start, k_start, b, b, st)
+            dq = dq + _dot(ds.astype(k.dtype), k, (1, 0)) * st.scale
+            sums = _diagonal_sums(ds, scratch_ref, st) if has_table else (zeros_b, zeros_b)
+            return (dq,) + tuple(sums)
+
+        dq, low, new_high = lax.cond(_overlaps(q_range, k_ids, st), compute,
+                                     lambda dq: (dq, zeros_b, zeros_b), dq)
+        if has_table:
+            drow_ref[pl.ds(k_start, b)] = high + low
+        return dq, new_high
+
+    num_k = st.s_pad // b
+    k_end = _causal_k_end(q_start, b, b, st, num_k)
+    dq, high = lax.fori_loop(0, k_end, body, (jnp.zeros(q.shape, jnp.float32), zeros_b))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    if has_table:
+        drow_ref[pl.ds(k_end * b, b)] = high
+
+        def clear(jb, carry):  # chunks past the causal limit
+            drow_ref[pl.ds(jb * b, b)] = zeros_b
+            return carry
+
+        lax.fori_loop(k_end + 1, num_k + 1, clear, None)
+
+
+def _compiler_params(st: _Static):
+    if st.interpret:
+        return None
+    if st.backend == "mosaic_tpu":
+        from jax.experimental.pallas import tpu as pltpu
+        return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))
+    from jax.experimental.pallas import triton as plgpu
+    return plgpu.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)
+
+
+def _table_spec(ext):
+    """BlockSpec of the offset table: the whole row of the program's head (or the shared row)."""
+    if ext is None:
+        return None
+    shared = ext.shape[0] == 1
+    return pl.BlockSpec((None, ext.shape[1]), lambda b, h, i: (0 if shared else h, 0))
+
+
+def _forward(q, k, v, ext, qseg, kseg, st: _Static):
+    batch, t_pad, heads, dim = q.shape
+    bq = st.block_q
+    grid = (batch, heads, t_pad // bq)
+    row_q = pl.BlockSpec((None, bq, None, dim), lambda b, h, i: (b, i, h, 0))
+    full_k = pl.BlockSpec((None, st.s_pad, None, dim), lambda b, h, i: (b, 0, h, 0))
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, st=st),
+        grid=grid,
+        in_specs=[row_q, full_k, full_k, _table_spec(ext),
+                  pl.BlockSpec((None, bq), lambda b, h, i: (b, i)),
+                  pl.BlockSpec((None, st.s_pad), lambda b, h, i: (b, 0))],
+        out_specs=[row_q, pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, t_pad), jnp.float32)],
+        interpret=st.interpret, compiler_params=_compiler_params(st), name="toeplitz_attention_fwd",
+    )(q, k, v, ext, qseg, kseg)
+
+
+def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
+    batch, t_pad, heads, dim = q.shape
+    s_pad = st.s_pad
+    delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), do.astype(jnp.float32))
+    full_q = pl.BlockSpec((None, t_pad, None, dim), lambda b, h, j: (b, 0, h, 0))
+    full_k = pl.BlockSpec((None, s_pad, None, dim), lambda b, h, i: (b, 0, h, 0))
+    full_rows = pl.BlockSpec((None, None, t_pad), lambda b, h, j: (b, h, 0))
+    bk = st.block_k
+    row_k = pl.BlockSpec((None, bk, None, dim), lambda b, h, j: (b, j, h, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, st=st),
+        grid=(batch, heads, s_pad // bk),
+        in_specs=[full_q, row_k, row_k, full_q, full_rows, full_rows, _table_spec(ext),
+                  pl.BlockSpec((None, t_pad), lambda b, h, j: (b, 0)),
+                  pl.BlockSpec((None, bk), lambda b, h, j: (b, j))],
+        out_specs=[row_k, row_k],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        interpret=st.interpret, compiler_params=_compiler_params(st), name="toeplitz_attention_dkdv",
+    )(q, k, v, do, lse, delta, ext, qseg, kseg)
+
+    b = st.block_dq
+    nq = t_pad // b
+    row_q = pl.BlockSpec((None, b, None, dim), lambda bb, h, i: (bb, i, h, 0))
+    rows = pl.BlockSpec((None, None, b), lambda bb, h, i: (bb, h, i))
+    out_specs = [row_q]
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    if ext is not None:
+        out_specs += [pl.BlockSpec((None, None, None, s_pad + b), lambda bb, h, i: (bb, h, i, 0)),
+                      pl.BlockSpec((None, None, None, b, b), lambda bb, h, i: (bb, h, i, 0, 0))]
+        out_shape += [jax.ShapeDtypeStruct((batch, heads, nq, s_pad + b), jnp.float32),
+                      jax.ShapeDtypeStruct((batch, heads, nq, b, b), jnp.float32)]  # scratch, discarded
+
+    def kernel(*refs):
+        if ext is None:
+            refs = refs[:6] + (None,) + refs[6:] + (None, None)
+        _dq_kernel(*refs, st=st)
+
+    results = pl.pallas_call(
+        kernel,
+        grid=(batch, heads, nq),
+        in_specs=[row_q, full_k, full_k, row_q, rows, rows] + ([] if ext is None else [_table_spec(ext)])
+        + [pl.BlockSpec((None, b), lambda bb, h, i: (bb, i)), pl.BlockSpec((None, s_pad), lambda bb, h, i: (bb, 0))],
+        out_specs=out_specs, out_shape=out_shape,
+        interpret=st.interpret, compiler_params=_compiler_params(st), name="toeplitz_attention_dq",
+    )(q, k, v, do, lse, delta, *([] if ext is None else [ext]), qseg, kseg)
+    dq = results[0]
+    d_ext = None if ext is None else _sum_rows(results[1], ext.shape[0], b)
+    return dq, dk, dv, d_ext
+
+
+def _sum_rows(drow, table_heads, b):
+    """Per-query-block rows [B, H, nq, S_pad + b] -> offset-table gradient [H'|1, T_pad + S_pad].
+
+    Row i starts at offset column (nq - 1 - i) * b. Reversing the rows makes the shift k * b for row k; padding
+    each row with nq * b zeros and re-reading the flat buffer with rows b shorter applies exactly those shifts.
+    """
+    rows = jnp.sum(drow, axis=0)  # [H, nq, L]
+    if table_heads == 1:
+        rows = jnp.sum(rows, axis=0, keepdims=True)
+    heads, nq, length = rows.shape
+    rows = jnp.pad(rows[:, ::-1], ((0, 0), (0, 0), (0, nq * b)))
+    width = length + (nq - 1) * b
+    skewed = rows.reshape(heads, -1)[:, : nq * width].reshape(heads, nq, width)
+    return jnp.sum(skewed, axis=1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention(q, k, v, ext, qseg, kseg, st):
+    return _forward(q, k, v, ext, qseg, kseg, st)[0]
+
+
+def _attention_fwd(q, k, v, ext, qseg, kseg, st):
+    out, lse = _forward(q, k, v, ext, qseg, kseg, st)
+    return out, (q, k, v, ext, qseg, kseg, out, lse)
+
+
+def _attention_bwd(st, residuals, do):
+    q, k, v, ext, qseg, kseg, out, lse = residuals
+    dq, dk, dv, d_ext = _backward(q, k, v, ext, qseg, kseg, out, lse, do, st)
+    return dq, dk, dv, d_ext, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _offset_table(table, q_offset, t_pad: int, s_pad: int):
+    """ext [H'|1, T_pad + S_pad] with ext[:, (j - i) + T_pad - 1] = table at offset k_pos[j] - q_pos[i].
+
+    k_pos[j] - q_pos[i] = (j - i) - q_offset; columns follow `expand_toeplitz`: centre (W - 1) / 2, clipped.
+    The last column (never read) keeps the length even.
+    """
+    width = table.shape[-1]
+    if width % 2 != 1:
+        raise ValueError(f"a Toeplitz table has an odd number of offset columns, got {width}")
+    local = jnp.arange(t_pad + s_pad, dtype=jnp.int32) - (t_pad - 1)
+    index = jnp.clip(local - q_offset + (width - 1) // 2, 0, width - 1)
+    return jnp.take(table.astype(jnp.float32), index, axis=-1)
+
+
+def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Array | None = None, *,
+                       q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
+                       causal: bool = False, q_offset: int | jax.Array = 0, block_q: int = 64, block_k: int = 64,
+                       block_dq: int = 32, interpret: bool | None = None, backend: str | None = None,
+                       num_warps: int = 4, num_stages: int = 2) -> jax.Array:
+    """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, D].
+
+    q [B, T, H, D], k and v [B, S, H, D]; table [H|1, W] float32 (W = 2*span - 1 odd; column (k_pos - q_pos) +
+    (W - 1)/2, offsets beyond the table clip to its ends, as `expand_toeplitz`) or None. Positions are
+    q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be traced unless `causal` (key visible when
+    k_pos <= q_pos). Segment ids: 0 = padding (module docstring). Logits are q.k/sqrt(D) + bias, accumulated in
+    float32 whatever the input dtype; the table gradient is float32. Block sizes are powers of two; T and S are
+    padded to them (padded keys are masked). `interpret` None: the Pallas interpreter when the backend is the CPU.
+    `backend` "triton" (GPU; num_warps, num_stages apply) or "mosaic_tpu"; None: from the default backend.
+    """
+    batch, t, heads, dim = q.shape
+    s = k.shape[1]
+    if k.shape != (batch, s, heads, dim) or v.shape != k.shape:
+        raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must share batch, heads and head dim")
+    if table is not None and (table.ndim != 2 or table.shape[0] not in (1, heads)):
+        raise ValueError(f"table must be [H|1, W] with H = {heads}, got {table.shape}")
+    if causal and not isinstance(q_offset, int):
+        raise ValueError("a causal mask needs a static (Python int) q_offset")
+    for name, size in (("block_q", block_q), ("block_k", block_k), ("block_dq", block_dq)):
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{name}={size} must be a power of two >= 16")
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    if backend is None:
+        backend = "mosaic_tpu" if jax.default_backend() == "tpu" else "triton"
+    if backend not in ("triton", "mosaic_tpu"):
+        raise ValueError(f"backend={backend!r}; choose triton or mosaic_tpu")
+
+    # Small problems take smaller blocks (down to 16, the least a tensor-core dot takes).
+    block_q, block_dq = (min(x, max(16, _next_pow2(t))) for x in (block_q, block_dq))
+    block_k, block_dq = min(block_k, max(16, _next_pow2(s))), min(block_dq, max(16, _next_pow2(s)))
+    t_pad = -(-t // max(block_q, block_dq)) * max(block_q, block_dq)
+    s_pad = -(-s // max(block_k, block_dq)) * max(block_k, block_dq)
+    dim_pad = max(16, _next_pow2(dim))  # zero channels change no dot product
+
+    def pad(x, length):
+        return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, dim_pad - dim)))
+
+    kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
+    kseg = jnp.pad(kseg, ((0, 0), (0, s_pad - s)))  # padded keys: id 0, never attended
+    use_q = q_segment_ids is not None
+    qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
+    qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))
+    ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
+    st = _Static(scale=dim**-0.5, causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
+                 block_k=block_k, block_dq=block_dq, t_pad=t_pad, s_pad=s_pad, use_q_segments=use_q,
+                 interpret=bool(interpret), backend=backend, num_warps=num_warps, num_stages=num_stages)
+    out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, st)
+    return out[:, :t, :, :dim]

@@ -1,0 +1,203 @@
+"""The Pallas Toeplitz attention kernel (interpret mode on the CPU) against the XLA reference `attend`.
+
+Outputs and gradients of q, k, v and the table (and through it the mechanisms' parameters) with padding, packing,
+causal masks, odd lengths, T != S, head-shared tables, no table and bf16 inputs; the fallbacks of attend's
+"pallas" path; and what lowers for GPU (Triton) and TPU from this machine. Each kernel configuration compiles
+once (a few seconds in the interpreter), so each test packs several features into one call.
+"""
+
+import logging
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpos.attention import PositionalBias, attend, attention_mask
+from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+from jaxpos.positions import make_position
+from tests.helpers import tiny_config
+
+MECHANISMS = {  # every mechanism whose bias is a Toeplitz table
+    "tisa": dict(kind="tisa"),
+    "diet_rel": dict(kind="diet_rel"),
+    "t5": dict(kind="t5"),
+    "alibi": dict(kind="alibi"),
+    "attenuated_offset": dict(kind="attenuated", attenuated=dict(form="offset")),
+}
+HEADS, D = 2, 16
+
+
+def random(shape, seed, dtype=jnp.float32):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+
+
+def reference(q, k, v, table, *, q_seg=None, kv_seg=None, causal=False, q_offset=0):
+    """attend(implementation="xla") with the same mask; -> (out, rows [B, T] that see at least one key)."""
+    q_pos = q_offset + jnp.arange(q.shape[1])
+    k_pos = jnp.arange(k.shape[1])
+    mask = attention_mask(q_segment=q_seg, k_segment=kv_seg, q_pos=q_pos, k_pos=k_pos, causal=causal)
+    out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=q_pos, k_pos=k_pos, mask=mask)
+    rows = jnp.ones(q.shape[:2], bool) if mask is None else jnp.any(jnp.broadcast_to(
+        mask, (q.shape[0], 1, q.shape[1], k.shape[1]))[:, 0], axis=-1)
+    return out, rows
+
+
+def assert_close(got, want, rtol=1e-4):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * max(np.abs(want).max(), 1e-6))
+
+
+def check_against_reference(args, build_table, kernel_kwargs, reference_kwargs, rtol=1e-4):
+    """Out and the gradients of q, k, v and the table's parameters of `sum(out * g)` over rows that see a key.
+
+    args: (q, k, v, params); build_table(params) -> table [H|1, W] or None.
+    """
+    q, k, v, params = args
+    _, rows = reference(q, k, v, build_table(params), **reference_kwargs)
+    weight = random(q.shape, 99) * rows[:, :, None, None]  # rows with no visible key differ by design
+
+    def loss_kernel(q, k, v, params):
+        out = toeplitz_attention(q, k, v, build_table(params), **kernel_kwargs)
+        return jnp.sum(out.astype(jnp.float32) * weight), out
+
+    def loss_reference(q, k, v, params):
+        up = [x.astype(jnp.float32) for x in (q, k, v)]
+        out, _ = reference(*up, build_table(params), **reference_kwargs)
+        return jnp.sum(out * weight), out
+
+    (_, got), got_grads = jax.value_and_grad(loss_kernel, argnums=(0, 1, 2, 3), has_aux=True)(*args)
+    (_, want), want_grads = jax.value_and_grad(loss_reference, argnums=(0, 1, 2, 3), has_aux=True)(*args)
+    assert_close(got * rows[:, :, None, None], want * rows[:, :, None, None], rtol)
+    np.testing.assert_array_equal(np.asarray(got)[~np.asarray(rows)], 0.0)  # no visible key: 0, not NaN
+    for got_leaf, want_leaf in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+        assert_close(got_leaf, want_leaf, rtol)
+
+
+def mechanism(kind_block, length):
+    """(apply(params) -> table [H, 2*length - 1], params) of a mechanism built through its module."""
+    cfg = tiny_config(kind_block, num_heads=HEADS, d_model=HEADS * D, max_length=length + 3)
+    module = make_position(cfg, 1, False)
+    pos = jnp.arange(length)
+    params = flax.linen.unbox(module.init(jax.random.PRNGKey(5), pos, pos)).get("params", {})
+
+    def apply(p):
+        table = module.apply({"params": p}, pos, pos).table[0]
+        return jnp.broadcast_to(table, (HEADS, table.shape[-1]))
+
+    return apply, params
+
+
+def test_every_mechanism_with_padding_and_packing():
+    """The five mechanisms side by side as heads (one kernel compile), odd length 37 with block 16, two packed
+    pieces and trailing padding: out, dq, dk, dv and each mechanism's parameter gradients."""
+    length, batch = 37, 2
+    built = {name: mechanism(block, length) for name, block in MECHANISMS.items()}
+    heads = HEADS * len(built)
+
+    def build_table(params):
+        return jnp.concatenate([built[name][0](params[name]) for name in built], axis=0)
+
+    params = {name: p for name, (_, p) in built.items()}
+    seg = jnp.asarray([[1] * 20 + [2] * 14 + [0] * 3, [1] * 9 + [2] * 26 + [0] * 2])
+    q, k, v = (random((batch, length, heads, D), seed) for seed in (0, 1, 2))
+    check_against_reference((q, k, v, params), build_table,
+                            dict(q_segment_ids=seg, kv_segment_ids=seg, block_q=16, block_k=16, block_dq=16),
+                            dict(q_seg=seg, kv_seg=seg))
+
+
+def test_causal_cross_lengths_shared_clipped_table():
+    """T = 37 queries at positions 13..49 over S = 50 keys, causal, a head-shared table [1, 2*20 - 1] whose
+    ends are clipped, packing with per-side ids, unequal blocks (q 16, k 32)."""
+    batch, t, s, offset = 2, 37, 50, 13
+    q = random((batch, t, HEADS, D), 3)
+    k, v = random((batch, s, HEADS, D), 4), random((batch, s, HEADS, D), 5)
+    table = random((1, 39), 6)
+    q_seg = jnp.asarray([[1] * 10 + [2] * 27, [1] * 30 + [0] * 7])
+    kv_seg = jnp.asarray([[1] * 23 + [2] * 27, [1] * 45 + [0] * 5])
+    check_against_reference((q, k, v, table), lambda p: p,
+                            dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
+                                 block_q=16, block_k=32, block_dq=16),
+                            dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
+
+
+def test_no_table_bf16_key_padding_only():
+    """No table, bf16 inputs (float32 accumulation), padding keys only (no query ids), D = 8 padded to 16,
+    T = 21 != S = 30, against the reference on the upcast inputs at bf16 tolerance."""
+    batch, t, s, dim = 2, 21, 30, 8
+    q = random((batch, t, HEADS, dim), 7, jnp.bfloat16)
+    k, v = random((batch, s, HEADS, dim), 8, jnp.bfloat16), random((batch, s, HEADS, dim), 9, jnp.bfloat16)
+    kv_seg = jnp.asarray([[1] * 30, [1] * 17 + [0] * 13])
+    check_against_reference((q, k, v, {}), lambda p: None, dict(kv_segment_ids=kv_seg, block_q=16, block_k=16,
+                                                                block_dq=16),
+                            dict(kv_seg=kv_seg), rtol=2e-2)
+
+
+def test_attend_pallas_path_and_fallbacks(caplog):
+    """attend(implementation="pallas") equals the xla path for a table with packed causal segments; terms the
+    kernel cannot express fall back to xla with one logged note."""
+    batch, length = 1, 20
+    q, k, v = (random((batch, length, HEADS, D), seed) for seed in (10, 11, 12))
+    pos = jnp.arange(length)
+    seg = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2])
+    mask = attention_mask(q_segment=seg, k_segment=seg, q_pos=pos, k_pos=pos, causal=True)
+    bias = PositionalBias(table=random((HEADS, 2 * length - 1), 13))
+    want, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask)
+    got, weights = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas",
+                          q_segment_ids=seg, kv_segment_ids=seg, causal=True)
+    assert weights is None
+    valid = np.asarray(seg != 0)
+    assert_close(np.asarray(got)[valid], np.asarray(want)[valid])
+
+    factors = (random((1, length, 2), 14), random((1, length, 2), 15))
+    with_factors = PositionalBias(table=bias.table, factors=factors)
+    want, _ = attend(q, k, v, bias=with_factors, q_pos=pos, k_pos=pos, mask=mask)
+    with caplog.at_level(logging.WARNING, logger="jaxpos.attention.core"):
+        for _ in range(2):
+            got, _ = attend(q, k, v, bias=with_factors, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas")
+    assert_close(got, want, 1e-5)
+    notes = [r.message for r in caplog.records if "falls back" in r.message]
+    assert len(notes) == 1 and "factors" in notes[0]
+
+
+def lowered_text(platform, backend, grad):
+    """The StableHLO of the kernel (forward, or forward and backward) lowered for `platform` from this host."""
+    shape = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
+    table = jax.ShapeDtypeStruct((4, 511), jnp.float32)
+    seg = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+
+    def forward(q, k, v, table, seg):
+        return toeplitz_attention(q, k, v, table, q_segment_ids=seg, kv_segment_ids=seg, causal=True,
+                                  interpret=False, backend=backend)
+
+    def both(*args):
+        return jax.grad(lambda *a: forward(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))(*args)
+
+    fn = both if grad else forward
+    return jax.jit(fn).trace(shape, shape, shape, table, seg).lower(lowering_platforms=(platform,)).as_text()
+
+
+def triton_lowering_available():
+    try:
+        from jax._src.lib import triton  # noqa: F401  (the Triton MLIR dialect shipped with jaxlib)
+        from jax.experimental.pallas import triton as plgpu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not triton_lowering_available(), reason="this jaxlib has no Pallas Triton lowering")
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "forward_backward"])
+def test_lowers_for_gpu_triton(grad):
+    """Lowering only (no GPU here): the three kernels become Triton custom calls in the CUDA module."""
+    text = lowered_text("cuda", "triton", grad)
+    assert text.count("__gpu$xla.gpu.triton") == (3 if grad else 1)
+
+
+@pytest.mark.skip(reason="no TPU lowering: Mosaic needs [B, H, T, D] blocks (the kernel squeezes H between T and "
+                         "D) and has no 2-D gather for the Toeplitz tile; a TPU variant would use pltpu.roll with "
+                         "a stride for the tile and the diagonal sums (that roll lowers for TPU from this host)")
+def test_lowers_for_tpu():
+    lowered_text("tpu", "mosaic_tpu", grad=True)
