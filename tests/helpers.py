@@ -27,6 +27,7 @@ VARIANTS = [
     ("attenuated", dict(kind="attenuated")),
     ("attenuated_matrix", dict(kind="attenuated", attenuated=dict(form="matrix", sharing="head"))),
     ("attenuated_offset", dict(kind="attenuated", attenuated=dict(form="offset"))),
+    ("attenuated_abs_offset", dict(kind="attenuated", attenuated=dict(form="abs_offset"))),
     ("diet_rel_per_head_segments", dict(kind="diet_rel", segment="per_head")),
 ]
 

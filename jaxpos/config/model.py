@@ -15,7 +15,10 @@ POSITION_KINDS = (
     "t5", "shaw", "tupe", "rope", "alibi", "attenuated",
 )
 SEGMENT_MODES = ("input", "per_head", "none")
-SHARING_MODES = ("none", "head", "layer")  # per head & layer | shared across heads | shared across layers
+# none: a set per head and layer | head: one set per layer, shared by that layer's heads |
+# layer: one set per head, shared by all layers of the stack
+SHARING_MODES = ("none", "head", "layer")
+ATTENUATED_FORMS = ("fixed", "matrix", "offset", "abs_offset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +42,28 @@ class DietAbsConfig:
     linformer_k: int | None = None  # project keys/values to k positions (DIET section 3.4)
 
 
+def t5_exact_buckets(num_buckets: int, bidirectional: bool) -> int:
+    """Offsets 0..count-1 (per direction) that get a T5 bucket each: num_buckets/4 bidirectional, /2 causal."""
+    return num_buckets // 4 if bidirectional else num_buckets // 2
+
+
 @dataclasses.dataclass(frozen=True)
 class T5Config:
-    num_buckets: int = 32
-    max_distance: int = 128
+    num_buckets: int = 32  # bidirectional stacks: even and >= 4 (half per direction); causal stacks: >= 2
+    max_distance: int = 128  # log-spaced buckets reach it; must exceed the exact-bucket count (t5_exact_buckets)
+
+    def check(self, bidirectional: bool, stack: str) -> None:
+        """Raises a ValueError unless the bucket function is well defined for a stack of this direction."""
+        where = f"the {'bidirectional' if bidirectional else 'causal'} {stack}"
+        if self.num_buckets < (4 if bidirectional else 2) or (bidirectional and self.num_buckets % 2):
+            need = "even and >= 4 (half the buckets per direction)" if bidirectional else ">= 2"
+            raise ValueError(f"position.t5.num_buckets={self.num_buckets} must be {need} for {where}")
+        exact = t5_exact_buckets(self.num_buckets, bidirectional)
+        if self.max_distance <= exact:
+            raise ValueError(
+                f"position.t5.max_distance={self.max_distance} must be greater than {exact}, the number of exact "
+                f"buckets (num_buckets/{4 if bidirectional else 2}) of {where}: the log-spaced buckets divide by "
+                f"log(max_distance/{exact}), which is 0 (NaN) or negative (buckets of the other direction)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +81,11 @@ class RopeConfig:
 class AttenuatedConfig:
     w: float = 0.05  # locality: larger w = more local
     s: float = 1.0  # symmetry: weight of keys after the query relative to keys before it
-    form: str = "fixed"  # fixed | matrix (a learnable n x n matrix, Chen A.2) | offset (learnable per-offset table)
-    sharing: str = "none"  # none = BERT-A* (per head); head = BERT-A*-s (shared across the heads of a layer)
+    # fixed | matrix (a learnable n x n matrix, Chen A.2) | offset (a learnable table over offsets j - i) |
+    # abs_offset (a learnable table over |j - i|, as the authors' code; needs s = 1). Learned forms start at the
+    # fixed form: the tables from its centre row.
+    form: str = "fixed"
+    sharing: str = "none"  # none = BERT-A* (per head); head = BERT-A*-s (shared by the heads of a layer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +114,11 @@ class PositionConfig:
             sharing = getattr(self, name).sharing
             if sharing not in SHARING_MODES:
                 raise ValueError(f"position.{name}.sharing={sharing!r}; choose one of {SHARING_MODES}")
-        if self.attenuated.form not in ("fixed", "matrix", "offset"):
-            raise ValueError(f"position.attenuated.form={self.attenuated.form!r}; choose fixed, matrix or offset")
+        if self.attenuated.form not in ATTENUATED_FORMS:
+            raise ValueError(f"position.attenuated.form={self.attenuated.form!r}; choose one of {ATTENUATED_FORMS}")
+        if self.attenuated.form == "abs_offset" and self.attenuated.s != 1.0:
+            raise ValueError(f"position.attenuated.form='abs_offset' indexes by |j - i|, so it is symmetric and "
+                             f"needs s=1 (got s={self.attenuated.s}); use form='offset' for s != 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +143,9 @@ class ModelConfig:
     causal: bool = False  # causal self-attention in the encoder stack (decoder-only use)
     tie_embeddings: bool = True  # MLM head / decoder output shares the input embedding matrix
     cross_attention_position: bool = False  # relative/positional bias in encoder-decoder attention too
-    attention_impl: str = "xla"  # xla (einsum reference) | jax (jax.nn.dot_product_attention) | cudnn
+    # xla (einsum reference) | jax (jax.nn.dot_product_attention) | cudnn | pallas (the Toeplitz-table kernel,
+    # jaxpos/attention/toeplitz_kernel.py; falls back to cudnn/xla for terms it cannot take)
+    attention_impl: str = "xla"
     dtype: str = "float32"  # compute dtype; parameters stay param_dtype
     param_dtype: str = "float32"
     init_std: float = 0.02
@@ -136,10 +165,16 @@ class ModelConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
         if self.layer_norm not in ("post", "pre"):
             raise ValueError(f"layer_norm={self.layer_norm!r}; choose post or pre")
-        if self.attention_impl not in ("xla", "jax", "cudnn"):
-            raise ValueError(f"attention_impl={self.attention_impl!r}; choose xla, jax or cudnn")
+        if self.attention_impl not in ("xla", "jax", "cudnn", "pallas"):
+            raise ValueError(f"attention_impl={self.attention_impl!r}; choose xla, jax, cudnn or pallas")
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
+        if self.position.kind == "t5":  # check every stack the model builds: (name, bidirectional)
+            stacks = [("stack", not self.causal)]
+            if self.num_decoder_layers:  # encoder-decoder: a bidirectional encoder and a causal decoder
+                stacks = [("encoder", True), ("decoder", False)]
+            for stack, bidirectional in stacks:
+                self.position.t5.check(bidirectional, stack)
 
 
 def _build(cls, values: Mapping[str, Any], where: str):

@@ -26,12 +26,16 @@ def check_length(kind: str, length: int, max_length: int, hint: str = "") -> Non
 
 
 def sharing_shape(sharing: str, num_layers: int, num_heads: int) -> tuple[int, int]:
-    """Leading (layers, heads) sizes of a parameter under a sharing mode: none | head | layer."""
+    """Leading (layers, heads) sizes of a parameter under a sharing mode (config.model.SHARING_MODES).
+
+    none: a set per head and layer; head: one set per layer, shared by that layer's heads; layer: one set per
+    head, shared by all layers of the stack.
+    """
     if sharing == "none":
         return num_layers, num_heads
-    if sharing == "head":  # one set per layer, shared across its heads
+    if sharing == "head":
         return num_layers, 1
-    if sharing == "layer":  # one set per head, shared across the layers of the stack
+    if sharing == "layer":
         return 1, num_heads
     raise ValueError(f"unknown sharing mode {sharing!r}; choose none, head or layer")
 
@@ -60,12 +64,15 @@ class PositionMechanism(nn.Module):
 
     @property
     def pcfg(self):
+        """The position block of the model config."""
         return self.cfg.position
 
     def embed(self, positions: jax.Array) -> jax.Array | None:
+        """Input position embeddings at `positions` [T] (or [B, T]) -> [T, d] (or [B, T, d]); None: nothing added."""
         return None
 
     def __call__(self, q_pos: jax.Array, k_pos: jax.Array) -> PositionalBias:
+        """The logit terms for queries at q_pos [T] and keys at k_pos [S], all layers at once ("none": empty)."""
         return PositionalBias()
 
 

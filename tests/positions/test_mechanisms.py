@@ -1,6 +1,7 @@
 """Every mechanism by name: brute-force references, translation invariance, parameter counts, gradients,
 length limits."""
 
+import dataclasses
 import math
 
 import flax
@@ -118,6 +119,7 @@ def test_parameter_counts_match_the_papers():
     assert count(dict(kind="attenuated", attenuated=dict(form="matrix"))) == 37_748_736  # 512^2 * 12 * 12
     assert count(dict(kind="attenuated", attenuated=dict(form="matrix", sharing="head"))) == 3_145_728
     assert count(dict(kind="attenuated", attenuated=dict(form="offset"))) == (2 * n - 1) * 144
+    assert count(dict(kind="attenuated", attenuated=dict(form="abs_offset"))) == n * 144
     assert count(dict(kind="attenuated")) == 0
     assert count(dict(kind="diet_rel")) == (2 * n - 1) * 144
     assert count(dict(kind="t5")) == 32 * 12
@@ -183,3 +185,110 @@ def test_unknown_mechanism_names_the_choices():
         tiny_config(dict(kind="xpos"))
     with pytest.raises(ValueError, match="unknown config field model.position.tisa.kernels"):
         tiny_config(dict(kind="tisa", tisa=dict(kernels=3)))
+
+
+@pytest.mark.parametrize("num_buckets", [4, 8, 32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_t5_smallest_max_distance_keeps_buckets_in_their_direction(num_buckets, causal):
+    exact = num_buckets // 2 if causal else num_buckets // 4
+    with pytest.raises(ValueError, match=f"greater than {exact}"):
+        tiny_config(dict(kind="t5", t5=dict(num_buckets=num_buckets, max_distance=exact)), causal=causal)
+    tcfg = tiny_config(dict(kind="t5", t5=dict(num_buckets=num_buckets, max_distance=exact + 1)),
+                       causal=causal).position.t5
+    rel = np.arange(-300, 301)
+    buckets = np.asarray(t5_bucket(jnp.asarray(rel), bidirectional=not causal, num_buckets=tcfg.num_buckets,
+                                   max_distance=tcfg.max_distance))
+    half = num_buckets if causal else num_buckets // 2
+    for k, bucket in zip(rel, buckets):
+        if k > 0 and causal:  # keys after the query: one bucket, 0
+            assert bucket == 0, (k, bucket)
+        elif k > 0:  # keys after the query: the upper half, exact for the first offsets
+            assert half <= bucket < num_buckets and (k >= exact or bucket == half + k), (k, bucket)
+        else:  # the query itself and keys before it: the lower half, exact for the first offsets
+            assert 0 <= bucket < half and (-k >= exact or bucket == -k), (k, bucket)
+    for side in (rel < 0, rel > 0):  # further keys never get a nearer bucket
+        ordered = buckets[side][np.argsort(np.abs(rel[side]))]
+        assert np.all(np.diff(ordered) >= 0)
+    torch = pytest.importorskip("torch")
+    from transformers.models.t5.modeling_t5 import T5Attention
+    want = T5Attention._relative_position_bucket(torch.tensor(rel), bidirectional=not causal,
+                                                 num_buckets=num_buckets, max_distance=exact + 1).numpy()
+    np.testing.assert_array_equal(buckets, want)
+
+
+def test_t5_smallest_max_distance_gives_finite_outputs():
+    from jaxpos.models import EncoderDecoder
+
+    ids = jax.random.randint(jax.random.PRNGKey(0), (1, 40), 1, 61)  # offsets well past max_distance
+    for overrides, max_distance in ((dict(), 9), (dict(causal=True), 17)):
+        cfg = tiny_config(dict(kind="t5", t5=dict(num_buckets=32, max_distance=max_distance)), **overrides)
+        model = BertForMaskedLM(cfg)
+        logits = model.apply(model.init(jax.random.PRNGKey(1), ids), ids)
+        assert np.all(np.isfinite(logits))
+    cfg = tiny_config(dict(kind="t5", t5=dict(num_buckets=32, max_distance=17)), num_decoder_layers=2)
+    model = EncoderDecoder(cfg)
+    logits = model.apply(model.init(jax.random.PRNGKey(1), ids, ids), ids, ids)
+    assert np.all(np.isfinite(logits))
+
+
+def test_tupe_scales_content_and_position_by_one_over_sqrt_2d():
+    """alpha = (x W_Q + b_Q)(x W_K + b_K)^T / sqrt(2D) + (p U_Q)(p U_K)^T / sqrt(2D), from the captured layer inputs."""
+    cfg = tiny_config(dict(kind="tupe"), init_std=0.3)
+    ids = jax.random.randint(jax.random.PRNGKey(0), (2, cfg.max_length), 1, cfg.vocab_size)
+    model = BertForMaskedLM(cfg)
+    variables = model.init(jax.random.PRNGKey(1), ids)
+    logits, state = model.apply(variables, ids, mutable=["intermediates"])
+    params = jax.tree.map(lambda x: np.asarray(x, np.float64), flax.linen.unbox(variables["params"]))["bert"]
+    encoder, inter = params["encoder"], state["intermediates"]["bert"]["encoder"]
+    p = params["encoder"]["position"]["embedding"]
+    root = math.sqrt(2 * cfg.head_dim)
+    for layer in range(cfg.num_layers):
+        attention = encoder[f"layer_{layer}"]["self_attention"]
+        x = np.asarray(inter["hidden_states"][layer], np.float64)  # [B, T, d], the layer's input
+        q = np.einsum("btd,dhr->bhtr", x, attention["query"]["kernel"]) + attention["query"]["bias"][None, :, None]
+        k = np.einsum("btd,dhr->bhtr", x, attention["key"]["kernel"]) + attention["key"]["bias"][None, :, None]
+        p_q = np.einsum("td,dhr->htr", p, encoder["position"]["u_q"][layer])
+        p_k = np.einsum("td,dhr->htr", p, encoder["position"]["u_k"][layer])
+        want = np.einsum("bhir,bhjr->bhij", q, k) / root + np.einsum("hir,hjr->hij", p_q, p_k)[None] / root
+        got = np.log(np.asarray(inter[f"layer_{layer}"]["self_attention"]["attention_weights"][0], np.float64))
+        np.testing.assert_allclose(got - got.mean(-1, keepdims=True), want - want.mean(-1, keepdims=True),
+                                   atol=1e-5)
+    folded = BertForMaskedLM(dataclasses.replace(cfg, attention_impl="jax"))  # the content scale when folded
+    np.testing.assert_allclose(folded.apply(variables, ids), logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form,w,s", [("offset", 0.05, 1.0), ("offset", 0.001, 1.0), ("offset", 0.05, 0.5),
+                                      ("abs_offset", 0.05, 1.0), ("abs_offset", 0.001, 1.0)])
+def test_attenuated_tables_start_at_the_fixed_forms_interior_row(form, w, s):
+    n, centre = 16, 7  # the centre row (n-1)//2
+    _, learned, _ = mechanism_bias(dict(kind="attenuated", attenuated=dict(form=form, w=w, s=s)), n)
+    k = np.arange(n) - centre
+    alpha = np.where(k >= 0, -s * w * k**2, -w * k**2)
+    want = np.exp(alpha) / np.exp(alpha).sum()
+    np.testing.assert_allclose(learned[:, :, centre], np.broadcast_to(want, learned[:, :, centre].shape), atol=1e-7,
+                               rtol=1e-6)
+    # With 64 positions, every row 20 or more from both ends matches as well (the tails it misses are < 1e-6).
+    _, learned, _ = mechanism_bias(dict(kind="attenuated", attenuated=dict(form=form, w=0.05, s=s)), 64,
+                                   max_length=64)
+    _, fixed, _ = mechanism_bias(dict(kind="attenuated", attenuated=dict(w=0.05, s=s)), 64, max_length=64)
+    np.testing.assert_allclose(learned[:, :, 20:44], np.broadcast_to(fixed, learned.shape)[:, :, 20:44], atol=1e-6)
+
+
+def test_attenuated_abs_offset_is_a_symmetric_table_over_distance():
+    cfg = tiny_config(dict(kind="attenuated", attenuated=dict(form="abs_offset")))
+    module = make_position(cfg, cfg.num_layers, False)
+    n = 11
+    pos = jnp.arange(n)
+    variables = flax.linen.unbox(module.init(jax.random.PRNGKey(0), pos, pos))
+    table = np.asarray(jax.random.normal(jax.random.PRNGKey(1), variables["params"]["table"].shape))
+    assert table.shape == (cfg.num_layers, cfg.num_heads, cfg.max_length)
+    bias = module.apply({"params": {"table": jnp.asarray(table)}}, pos, pos)
+    dense = np.stack([position_logits(bias.for_layer(l), pos, pos) for l in range(cfg.num_layers)])
+    want = np.zeros(dense.shape)
+    for layer in range(cfg.num_layers):
+        for h in range(cfg.num_heads):
+            for i in range(n):
+                for j in range(n):
+                    want[layer, h, i, j] = table[layer, h, abs(j - i)]
+    np.testing.assert_array_equal(dense, want)
+    np.testing.assert_array_equal(dense, np.swapaxes(dense, -1, -2))
