@@ -70,16 +70,17 @@ def test_train_resume_translate_and_eval_bleu(run, capsys):
     references = open(tmp / "test.en", encoding="utf-8").read().splitlines()
     assert score == pytest.approx(corpus_bleu(hypotheses, references).score, abs=0.01)  # same checkpoint
     with pytest.raises(ValueError, match="unknown config field 'config.decode.beams'"):
-        main(["translate", "--workdir", workdir, "--config.decode.beams=3"])
+        main(["--debug", "translate", "--workdir", workdir, "--config.decode.beams=3"])
 
 
 def test_clear_errors(run, tmp_path):
     _, _, args = run
+    args = ["--debug", *args]  # the errors themselves (without --debug each is one line: tests/test_cli.py)
     with pytest.raises(FileNotFoundError, match="config.json is missing"):
-        main(["eval-bleu", "--workdir", str(tmp_path)])
+        main(["--debug", "eval-bleu", "--workdir", str(tmp_path)])
     with pytest.raises(LengthError, match="'absolute' has learned parameters for 24 positions .* length 32"):
-        main(args[:4] + [str(tmp_path / "w")] + args[5:] + ["--config.data.eval_max_length=32"])
+        main(args[:5] + [str(tmp_path / "w")] + args[6:] + ["--config.data.eval_max_length=32"])
     assert not os.path.exists(tmp_path / "w" / "checkpoints")  # raised at start-up, before any training
     with pytest.raises(ValueError, match="'diet_abs' .*data.pack=False"):
-        main(args[:4] + [str(tmp_path / "w")] + args[5:] + ["--config.model.position.kind=diet_abs",
+        main(args[:5] + [str(tmp_path / "w")] + args[6:] + ["--config.model.position.kind=diet_abs",
                                                              "--config.train.num_steps=1"])
