@@ -54,15 +54,7 @@ def test_mlm_logits_match_bert_for_masked_lm(tmp_path):
     hf = transformers.BertForMaskedLM(transformers.BertConfig(**HF_CONFIG)).eval()
     with torch.no_grad():  # a non-zero output bias so the test sees it
         hf.cls.predictions.bias.normal_()
-    hf.save_pretrained(tmp_path)
-    hf_config, state = load_hf_checkpoint(str(tmp_path))
-    ids, attention, types = hf_inputs()
-    with torch.no_grad():
-        want = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(attention),
-                  token_type_ids=torch.tensor(types)).logits.numpy()
-    cfg = config_from_hf(hf_config)
-    got = BertForMaskedLM(cfg).apply({"params": bert_mlm_params(state, cfg)}, jnp.asarray(ids),
-                                     segment_ids=jnp.asarray(attention), token_types=jnp.asarray(types))
+    want, got, attention, _ = mlm_logits(hf, tmp_path)
     assert_valid_close(got, want, attention, tol=2e-5)
 
 
