@@ -1,6 +1,8 @@
 """The compact positional terms that travel from a positional mechanism to the attention function.
 
-A mechanism computes them once per forward pass from its parameters (never per example). Every field carries a
+A mechanism computes them once per forward pass from its parameters (never per example). In packed rows only the
+read becomes per example: `piece_positions` says where each token sits in its own piece, and `at_pieces` gathers
+the rows of factors and dense matrices there (per layer, inside attention). Every other field carries a
 leading layer axis of size L (one entry per layer) or 1 (shared by all layers of the stack); `for_layer` picks a
 layer's slice. Fields stay compact (tables, low-rank factors) so that attention implementations can avoid
 materialising [H, T, S]; `position_logits` is the reference expansion.
@@ -70,6 +72,9 @@ class PositionalBias:
     rotary: tuple[jax.Array, jax.Array] | None = None  # cos, sin [L'=1, T, D/2] at the query positions
     rotary_keys: tuple[jax.Array, jax.Array] | None = None  # cos, sin [1, S, D/2] at the key positions
     kv_projection: jax.Array | None = None  # [L', k, S] Linformer E: keys/values projected to k positions
+    # (q [B, T], k [B, S]) positions within each packed piece (no layer axis), at which `factors` and `dense`
+    # (computed at positions 0..T-1 / 0..S-1) are read; None: read at the row positions, as computed.
+    piece_positions: tuple[jax.Array, jax.Array] | None = None
     fold_factors: bool = struct.field(pytree_node=False, default=False)  # fold P_Q P_K^T into q.k
     # Factor on the content term q.k/sqrt(D): 1 everywhere but TUPE, whose q.k/sqrt(2D) needs 1/sqrt(2).
     content_scale: float = struct.field(pytree_node=False, default=1.0)
@@ -80,7 +85,8 @@ class PositionalBias:
         def pick(x):
             return x[layer if x.shape[0] > 1 else 0]
 
-        return jax.tree.map(pick, self)
+        pieces = self.piece_positions  # per example, not per layer
+        return jax.tree.map(pick, self.replace(piece_positions=None)).replace(piece_positions=pieces)
 
     @property
     def has_position_logits(self) -> bool:
@@ -88,13 +94,38 @@ class PositionalBias:
         return any(x is not None for x in (self.table, self.factors, self.dense, self.rel_keys))
 
 
+def at_pieces(bias: PositionalBias) -> PositionalBias:
+    """One layer's slice with factors and dense matrices read at its `piece_positions` (unchanged without them).
+
+    factors P_Q [H', T, r], P_K [H', S, r] -> [B, H', T, r], [B, H', S, r] (a Linformer P_K has no positions and
+    stays); dense [H', T, S] -> [B, H', T, S]. Toeplitz tables need no read: within a piece j - i is the same.
+    """
+    if bias.piece_positions is None:
+        return bias
+    q_BT, k_BS = bias.piece_positions
+    factors, dense = bias.factors, bias.dense
+    if factors is not None:
+        p_q, p_k = factors
+        p_q = jnp.moveaxis(jnp.take(p_q, q_BT, axis=1), 1, 0)  # [B, H', T, r]
+        if bias.kv_projection is None:
+            p_k = jnp.moveaxis(jnp.take(p_k, k_BS, axis=1), 1, 0)
+        factors = (p_q, p_k)
+    if dense is not None:
+        rows = jnp.moveaxis(jnp.take(dense, q_BT, axis=1), 1, 0)  # [B, H', T, S_full]
+        index = jnp.broadcast_to(k_BS[:, None, None, :], rows.shape[:3] + k_BS.shape[-1:])
+        dense = jnp.take_along_axis(rows, index, axis=-1)
+    return bias.replace(factors=factors, dense=dense, piece_positions=None)
+
+
 def position_logits(bias: PositionalBias, q_pos: jax.Array, k_pos: jax.Array, *,
                     include_factors: bool = True) -> jax.Array | None:
-    """Position-only logit terms of one layer, materialised: [H'|1, T, S] (None if there are none).
+    """Position-only logit terms of one layer, materialised: [H'|1, T, S], or [B, H'|1, T, S] when read at
+    piece positions (None if there are none).
 
     `bias` is a layer slice (no leading layer axis). Query-dependent (Shaw) and per-example (segment) terms are
     not position-only and are added by the attention function itself.
     """
+    bias = at_pieces(bias)
     total = None
 
     def add(term):
@@ -105,7 +136,7 @@ def position_logits(bias: PositionalBias, q_pos: jax.Array, k_pos: jax.Array, *,
         add(expand_toeplitz(bias.table, q_pos, k_pos))
     if bias.factors is not None and include_factors:
         p_q, p_k = bias.factors
-        add(jnp.einsum("htr,hsr->hts", p_q, p_k))
+        add(jnp.einsum("...htr,...hsr->...hts", p_q, p_k))
     if bias.dense is not None:
         add(bias.dense)
     return total

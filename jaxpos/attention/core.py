@@ -14,19 +14,23 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from jaxpos.attention.bias import PositionalBias, clipped_offset_index, position_logits, segment_logits
+from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, position_logits,
+                                  segment_logits)
 
 
 def fold_factors(q_BTHD, k_BSHD, factors, scale):
     """Appends P_Q/scale to q and P_K to k so that scale*q'.k' = scale*q.k + P_Q P_K^T, no [T, S] tensor.
 
-    factors: P_Q [H'|1, T, r], P_K [H'|1, S, r]; scale: the content scale (1/sqrt(D) but for TUPE)
-    -> q' [B, T, H, D + r], k' [B, S, H, D + r].
+    factors: P_Q [H'|1, T, r], P_K [H'|1, S, r], or per example (packed rows) [B, H'|1, T, r], [B, H'|1, S, r];
+    scale: the content scale (1/sqrt(D) but for TUPE) -> q' [B, T, H, D + r], k' [B, S, H, D + r].
     """
-    p_q, p_k = factors
     batch, _, heads, _ = q_BTHD.shape
-    p_q = jnp.broadcast_to(jnp.swapaxes(p_q, 0, 1)[None], (batch, p_q.shape[1], heads, p_q.shape[-1]))
-    p_k = jnp.broadcast_to(jnp.swapaxes(p_k, 0, 1)[None], (batch, p_k.shape[1], heads, p_k.shape[-1]))
+
+    def per_token(p):  # [B|1, H'|1, T, r] -> [B, T, H, r]
+        p = jnp.swapaxes(p if p.ndim == 4 else p[None], 1, 2)
+        return jnp.broadcast_to(p, (batch, p.shape[1], heads, p.shape[-1]))
+
+    p_q, p_k = map(per_token, factors)
     q = jnp.concatenate([q_BTHD, (p_q / scale).astype(q_BTHD.dtype)], axis=-1)
     k = jnp.concatenate([k_BSHD, p_k.astype(k_BSHD.dtype)], axis=-1)
     return q, k
@@ -67,6 +71,7 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
             return out, None
         implementation = _pallas_fallback(bias, content, position, dropout_rng, dropout_rate)
         _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
+    bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
     head_dim = q_BTHD.shape[-1]
     scale = bias.content_scale * head_dim**-0.5
     factors = bias.factors if position else None
@@ -122,10 +127,10 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
 
 
 def _additive_terms(bias, q_pos, k_pos, q_types, k_types, *, include_factors, dtype):
-    """Sum of position-only terms [1, H'|1, T, S] and per-head segment terms [B, H, T, S], or None."""
+    """Sum of position-only terms [B|1, H'|1, T, S] and per-head segment terms [B, H, T, S], or None."""
     total = position_logits(bias, q_pos, k_pos, include_factors=include_factors)
     if total is not None:
-        total = total[None].astype(jnp.float32)
+        total = (total if total.ndim == 4 else total[None]).astype(jnp.float32)
     if bias.segment_table is not None:
         if q_types is None or k_types is None:
             raise ValueError("per-head segment attention needs token types for queries and keys")

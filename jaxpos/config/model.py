@@ -78,6 +78,13 @@ class RopeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TupeConfig:
+    # Ke et al. reset the positional correlations of [CLS] (position 0 of each sequence) to two learned scalars
+    # per head: theta_1 from [CLS] to every key, theta_2 from every other query to [CLS].
+    untie_cls: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class AttenuatedConfig:
     w: float = 0.05  # locality: larger w = more local
     s: float = 1.0  # symmetry: weight of keys after the query relative to keys before it
@@ -101,6 +108,7 @@ class PositionConfig:
     t5: T5Config = T5Config()
     shaw: ShawConfig = ShawConfig()
     rope: RopeConfig = RopeConfig()
+    tupe: TupeConfig = TupeConfig()
     attenuated: AttenuatedConfig = AttenuatedConfig()
 
     def __post_init__(self):
@@ -114,6 +122,8 @@ class PositionConfig:
             sharing = getattr(self, name).sharing
             if sharing not in SHARING_MODES:
                 raise ValueError(f"position.{name}.sharing={sharing!r}; choose one of {SHARING_MODES}")
+        if not isinstance(self.tupe.untie_cls, bool):
+            raise ValueError(f"position.tupe.untie_cls={self.tupe.untie_cls!r} must be true or false")
         if self.attenuated.form not in ATTENUATED_FORMS:
             raise ValueError(f"position.attenuated.form={self.attenuated.form!r}; choose one of {ATTENUATED_FORMS}")
         if self.attenuated.form == "abs_offset" and self.attenuated.s != 1.0:

@@ -80,9 +80,11 @@ class TransformerStack(nn.Module):
 
     x [B, T, E] are token (and token-type) embeddings (E = d_model unless embeddings are factorised); returns hidden states [B, T, d].
     `segment_ids` [B, T]: packing-piece ids, 0 = padding; `token_types` [B, T]: segments for per-head
-    segment attention; `input_positions` [B, T]: positions of the input position embeddings when a row packs
-    several sequences (each restarting at 0). Relative biases need no such positions: the packing mask keeps
-    every query inside its own sequence, where offsets j - i are the same as in a row of its own.
+    segment attention; `input_positions` [B, T]: positions within each sequence when a row packs several (each
+    restarting at 0), for the input position embeddings and for the position-only terms that depend on absolute
+    positions (DIET-Abs, TUPE factors; attenuated matrices), which attention reads there. Toeplitz biases need
+    no such positions: the packing mask keeps every query inside its own sequence, where offsets j - i are the
+    same as in a row of its own.
     """
 
     cfg: ModelConfig
@@ -124,6 +126,8 @@ class TransformerStack(nn.Module):
             x = dense(cfg, cfg.d_model, -1, (None, "embed"), ("embed",), "embed_projection")(x)
 
         bias = position(q_pos, k_pos)  # once per forward pass, for all layers
+        if input_positions is not None and not self.decode and (bias.factors is not None or bias.dense is not None):
+            bias = bias.replace(piece_positions=(input_positions, input_positions))  # packed rows: read per piece
         if cfg.position.segment == "per_head":
             segments = SegmentAttention(self.num_layers, cfg.num_heads, cfg.position.num_segments, cfg.init_std,
                                         name="segments")

@@ -35,18 +35,6 @@ MECHANISMS: dict[str, type[PositionMechanism]] = {
 
 # Mechanisms whose only positional signal is added to the token embeddings (no logit term to switch off).
 INPUT_ONLY = ("none", "absolute", "sinusoidal")
-# Mechanisms whose logit term depends on where a sequence starts in its row, not only on offsets j - i: their
-# bias is computed once for the row, so packed rows (several sequences per row) would shift it.
-ROW_POSITION_BIAS = ("diet_abs", "tupe", "attenuated")
-
-
-def check_packable(cfg: ModelConfig) -> None:
-    """Raises a ValueError when cfg's mechanism cannot train on packed rows (see ROW_POSITION_BIAS)."""
-    if cfg.position.kind in ROW_POSITION_BIAS:
-        raise ValueError(f"position mechanism {cfg.position.kind!r} adds a bias that depends on absolute row "
-                         "positions, so it cannot see packed rows (several pairs per row) correctly; set "
-                         "data.pack=False (one pair per row)")
-
 
 def make_position(cfg: ModelConfig, num_layers: int, causal: bool, name: str = "position") -> PositionMechanism:
     """The mechanism module named by cfg.position.kind, owning parameters for `num_layers` layers."""
@@ -56,4 +44,4 @@ def make_position(cfg: ModelConfig, num_layers: int, causal: bool, name: str = "
     return MECHANISMS[kind](cfg=cfg, num_layers=num_layers, causal=causal, name=name)
 
 
-__all__ = ["MECHANISMS", "INPUT_ONLY", "ROW_POSITION_BIAS", "check_packable", "LengthError", "PositionMechanism", "SegmentAttention", "make_position"]
+__all__ = ["MECHANISMS", "INPUT_ONLY", "LengthError", "PositionMechanism", "SegmentAttention", "make_position"]

@@ -13,7 +13,6 @@ from jaxpos.data.translation import build_translation_data, eval_batches, load_e
 from jaxpos.decoding.bleu import corpus_bleu
 from jaxpos.decoding.translate import Translator, decode_config, read_sentences
 from jaxpos.models import EncoderDecoder
-from jaxpos.positions import check_packable
 from jaxpos.training.loop import Trainer
 from jaxpos.training.translation import TranslationTask
 
@@ -33,8 +32,6 @@ def _setup(config, workdir: str):
     cfg = model_config(config.model)
     if cfg.num_decoder_layers < 1:
         raise ValueError("a translation config needs model.num_decoder_layers >= 1")
-    if config.data.get("pack", True):
-        check_packable(cfg)
     # The longest sources and targets the run will see, traced now: a mechanism whose tables are too short raises
     # its own LengthError at start-up rather than at the first evaluation or at the final decoding.
     longest = max(config.data.max_length, config.data.eval_max_length)

@@ -82,16 +82,50 @@ def test_absolute_mechanisms_are_not_translation_invariant():
     assert not np.allclose(dense[..., 1:, 1:], dense[..., :-1, :-1])
 
 
+def untie_cls(logits, theta):
+    """Ke et al.'s reset_theta in numpy: row 0 (from [CLS], [CLS]->[CLS] included) = theta_1, column 0 of the
+    other rows = theta_2. logits [L, H, T, S], theta [L, H, 2]."""
+    out = np.array(logits, copy=True)
+    out[..., 0, :] = theta[..., 0, None]
+    out[..., 1:, 0] = theta[..., 1, None]
+    return out
+
+
 def test_diet_abs_and_tupe_are_their_low_rank_products():
     params, dense, cfg = mechanism_bias(dict(kind="diet_abs", diet_abs=dict(sharing="none", rank=3)), 7)
     want = np.einsum("lhir,lhjr->lhij", params["p_q"][:, :, :7], params["p_k"][:, :, :7])
     np.testing.assert_allclose(dense, want, rtol=1e-5, atol=1e-6)
-    params, dense, cfg = mechanism_bias(dict(kind="tupe"), 7)
-    p = params["embedding"][:7]
-    qh = np.einsum("td,ldhr->lhtr", p, params["u_q"])
-    kh = np.einsum("td,ldhr->lhtr", p, params["u_k"])
-    want = np.einsum("lhir,lhjr->lhij", qh, kh) / math.sqrt(2 * cfg.head_dim)
-    np.testing.assert_allclose(dense, want, rtol=1e-4, atol=1e-6)
+    for untie in (False, True):
+        params, dense, cfg = mechanism_bias(dict(kind="tupe", tupe=dict(untie_cls=untie)), 7)
+        p = params["embedding"][:7]
+        qh = np.einsum("td,ldhr->lhtr", p, params["u_q"])
+        kh = np.einsum("td,ldhr->lhtr", p, params["u_k"])
+        want = np.einsum("lhir,lhjr->lhij", qh, kh) / math.sqrt(2 * cfg.head_dim)
+        if untie:
+            want = untie_cls(want, params["cls_theta"])
+            assert not np.allclose(want[..., 1:, 1:], dense[..., 0:1, 0:1])  # theta differs from the rest
+        else:
+            assert "cls_theta" not in params
+        np.testing.assert_allclose(dense, want, rtol=1e-4, atol=1e-6)
+
+
+def test_tupe_unties_the_first_token_of_every_packed_piece():
+    """Read at per-piece positions, row/column 0 of each piece (not of the row) carry theta_1 / theta_2."""
+    params, dense, cfg = mechanism_bias(dict(kind="tupe"), 9)
+    module = make_position(cfg, cfg.num_layers, False)
+    pos = jnp.arange(9)
+    variables = module.init(jax.random.PRNGKey(3), pos, pos)
+    pieces = jnp.asarray([[0, 1, 2, 3, 0, 1, 2, 0, 1]])  # three pieces in one row
+    bias = module.apply(variables, pos, pos).replace(piece_positions=(pieces, pieces))
+    for layer in range(cfg.num_layers):
+        got = np.asarray(position_logits(bias.for_layer(layer), pos, pos))[0]  # [H, T, S]
+        index = np.asarray(pieces[0])
+        np.testing.assert_allclose(got, dense[layer][:, index][:, :, index], rtol=1e-5, atol=1e-6)
+        theta = params["cls_theta"][layer]
+        for start in (0, 4, 7):
+            np.testing.assert_allclose(got[:, start, :], np.broadcast_to(theta[:, :1], got[:, 0].shape), rtol=1e-6)
+        for i, j in [(1, 0), (5, 4), (8, 7), (5, 0)]:  # others to the [CLS] of their piece; (5, 0): row 0 of the row
+            np.testing.assert_allclose(got[:, i, j], theta[:, 1], rtol=1e-6)
 
 
 def test_attenuated_matrix_form_starts_at_the_fixed_form():
@@ -249,7 +283,9 @@ def test_tupe_scales_content_and_position_by_one_over_sqrt_2d():
         k = np.einsum("btd,dhr->bhtr", x, attention["key"]["kernel"]) + attention["key"]["bias"][None, :, None]
         p_q = np.einsum("td,dhr->htr", p, encoder["position"]["u_q"][layer])
         p_k = np.einsum("td,dhr->htr", p, encoder["position"]["u_k"][layer])
-        want = np.einsum("bhir,bhjr->bhij", q, k) / root + np.einsum("hir,hjr->hij", p_q, p_k)[None] / root
+        theta = encoder["position"]["cls_theta"][layer][None]
+        positional = untie_cls(np.einsum("hir,hjr->hij", p_q, p_k)[None] / root, theta)[0]
+        want = np.einsum("bhir,bhjr->bhij", q, k) / root + positional[None]
         got = np.log(np.asarray(inter[f"layer_{layer}"]["self_attention"]["attention_weights"][0], np.float64))
         np.testing.assert_allclose(got - got.mean(-1, keepdims=True), want - want.mean(-1, keepdims=True),
                                    atol=1e-5)

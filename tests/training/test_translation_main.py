@@ -81,6 +81,3 @@ def test_clear_errors(run, tmp_path):
     with pytest.raises(LengthError, match="'absolute' has learned parameters for 24 positions .* length 32"):
         main(args[:5] + [str(tmp_path / "w")] + args[6:] + ["--config.data.eval_max_length=32"])
     assert not os.path.exists(tmp_path / "w" / "checkpoints")  # raised at start-up, before any training
-    with pytest.raises(ValueError, match="'diet_abs' .*data.pack=False"):
-        main(args[:5] + [str(tmp_path / "w")] + args[6:] + ["--config.model.position.kind=diet_abs",
-                                                             "--config.train.num_steps=1"])
