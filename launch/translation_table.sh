@@ -3,7 +3,7 @@
 # positional mechanism, each pinned to its own 2 CPU cores and stopped (SIGTERM: checkpoint, then test BLEU)
 # after MINUTES of training; prints test SacreBLEU per mechanism against copying the source.
 #
-#   MINUTES=20 launch/translation_table.sh runs/table4 tisa diet_rel "diet_abs --config.data.pack=False" absolute
+#   MINUTES=20 launch/translation_table.sh runs/table4 tisa diet_rel diet_abs absolute "absolute --config.data.pack=False"
 #
 # Each argument after the workdir is a mechanism, optionally followed by more --config overrides.
 set -euo pipefail

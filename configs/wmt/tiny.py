@@ -4,7 +4,8 @@
     jaxpos eval-bleu --workdir runs/wmt_tiny
     echo "Im Anfang war das Wort." | jaxpos translate --workdir runs/wmt_tiny
 
-diet_abs, tupe and attenuated need --config.data.pack=False (their bias depends on absolute row positions).
+Every mechanism trains on packed rows (several pairs a row, each at its own positions); --config.data.pack=False
+gives one pair per row.
 """
 
 from jaxpos.config.defaults import translation_config

@@ -51,7 +51,7 @@ def default_translation_data_config() -> ml_collections.ConfigDict:
         dev_source="", dev_target="",  # source=files: "" = no dev set
         test_source="", test_target="",  # source=files: "" = no test set
         max_pairs=0,  # read at most this many training pairs (0 = all); packing happens in memory
-        pack=True,  # several pairs per training row (False: one pair per row, for diet_abs, tupe, attenuated)
+        pack=True,  # several pairs per training row, each at its own positions (False: one pair per row)
         max_length=128,  # tokens per packed training row (flax wmt: 256); training pairs with a longer side,
         # EOS included, are dropped and counted
         eval_max_length=256,  # dev/test sources and targets are cut to this many tokens (no pair is dropped)
@@ -140,8 +140,8 @@ def _fill(sequences: Sequence[np.ndarray], row: np.ndarray, offset: np.ndarray, 
 
 
 def one_pair_per_row(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], length: int) -> PackedPairs:
-    """Rows holding one pair each (data.pack=False), in the `PackedPairs` layout, for mechanisms whose bias
-    depends on absolute row positions."""
+    """Rows holding one pair each (data.pack=False), in the `PackedPairs` layout (the unpacked control of a
+    comparison: every mechanism also trains on packed rows)."""
     n = len(sources)
     too_long = [i for i, (s, t) in enumerate(zip(sources, targets)) if len(s) > length or len(t) > length]
     if too_long:
