@@ -33,8 +33,10 @@ def test_shaw_needs_the_reference_path():
         model.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))
 
 
-@pytest.mark.parametrize("position, causal", [(dict(kind="tisa"), False), (dict(kind="diet_rel"), True)],
-                         ids=["tisa_padded_packed", "diet_rel_causal"])
+# The causal case repeats, at model level, what tests/attention/test_toeplitz_kernel.py checks for causal masks.
+@pytest.mark.parametrize("position, causal", [
+    (dict(kind="tisa"), False), pytest.param(dict(kind="diet_rel"), True, marks=pytest.mark.slow)],
+    ids=["tisa_padded_packed", "diet_rel_causal"])
 def test_pallas_kernel_in_a_model_matches_xla(position, causal, caplog):
     """The model passes its segment ids and causal flag to the Toeplitz kernel (interpret mode here): logits and
     parameter gradients at real positions equal the XLA path's (padding queries see no key there by design)."""
