@@ -28,6 +28,7 @@ class AnalyzedModel:
     cls_id: int | None = None
     sep_id: int | None = None
     info: dict = dataclasses.field(default_factory=dict)  # where things came from (checkpoint step, files)
+    pooler: dict | None = None  # a Hugging Face checkpoint's pooler {"kernel": [d, d], "bias": [d]}, if it has one
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` as the model saw them in training: [CLS] ids [SEP] (where it has those)."""
@@ -97,7 +98,8 @@ _OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "model.safetensors.index.
 def load_hf(path: str) -> AnalyzedModel:
     """A local Hugging Face BERT or ALBERT folder (config.json + model.safetensors or pytorch_model.bin), with
     its vocabulary and tokenizer from vocab.txt (WordPiece) or spiece.model (SentencePiece) when present."""
-    from jaxpos.checkpoints.huggingface import bert_encoder_params, config_from_hf, load_hf_checkpoint
+    from jaxpos.checkpoints.huggingface import (bert_encoder_params, bert_pooler_params, config_from_hf,
+                                                load_hf_checkpoint)
 
     if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in _WEIGHT_FILES):
         other = [f for f in _OTHER_WEIGHTS if os.path.exists(os.path.join(path, f))]
@@ -137,7 +139,7 @@ def load_hf(path: str) -> AnalyzedModel:
     special = {piece: i for i, piece in enumerate(vocabulary or []) if piece in ("[CLS]", "[SEP]")}
     name = os.path.basename(os.path.normpath(os.path.abspath(path)))
     return AnalyzedModel(name, path, _for_analysis(cfg), params, vocabulary, tokenize, special.get("[CLS]"),
-                         special.get("[SEP]"), info)
+                         special.get("[SEP]"), info, bert_pooler_params(state))
 
 
 def _lower_case(path: str, model_type: str) -> bool:

@@ -89,8 +89,7 @@ def load_pretrained(path: str, weights: bool = True) -> Pretrained:
         from jaxpos.analysis.loading import load_hf
 
         loaded = load_hf(path)
-        cfg, encoder = loaded.cfg, loaded.params
-        pooler = hf.hf_pooler_params(path)
+        cfg, encoder, pooler = loaded.cfg, loaded.params, loaded.pooler  # one read of the weights file
         info["weights"] = loaded.info["weights"]
     else:
         with open(os.path.join(path, "config.json")) as f:
