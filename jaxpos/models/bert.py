@@ -7,13 +7,8 @@ import jax.numpy as jnp
 
 from jaxpos.attention.layer import dense
 from jaxpos.config import ModelConfig
-from jaxpos.initializers import normal_init
+from jaxpos.models.embedding import embedding
 from jaxpos.models.layers import TransformerStack, activation, layer_norm
-
-
-def embedding(cfg: ModelConfig, num: int, axes: tuple[str, str], name: str, std: float | None = None) -> nn.Embed:
-    return nn.Embed(num, cfg.embed_width, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-                    embedding_init=nn.with_logical_partitioning(normal_init(std or cfg.init_std), axes))
 
 
 class BertEncoder(nn.Module):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from jaxpos.attention.layer import dense
 from jaxpos.config import ModelConfig
-from jaxpos.models.bert import embedding
+from jaxpos.models.embedding import embedding
 from jaxpos.models.layers import TransformerStack
 
 
