@@ -94,7 +94,11 @@ def main(argv=None):
     parser.add_argument("--block-q", type=int, default=64)
     parser.add_argument("--block-k", type=int, default=64)
     parser.add_argument("--block-dq", type=int, default=32)
+    parser.add_argument("--num-warps", type=int, default=4)
+    parser.add_argument("--num-stages", type=int, default=2)
     parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table")
+    parser.add_argument("--kernel-configs", default="",
+                        help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, 2 runs, on the CPU (interpreter)")
     args = parser.parse_args(argv)
     dtype = jnp.bfloat16
@@ -102,11 +106,16 @@ def main(argv=None):
         jax.config.update("jax_platforms", "cpu")
         args.lengths, args.tokens, args.heads, args.head_dim, args.runs, args.warmup = "32", 64, 2, 16, 2, 1
         args.block_q = args.block_k = args.block_dq = 16
-    blocks = dict(block_q=args.block_q, block_k=args.block_k, block_dq=args.block_dq)
+    blocks = dict(block_q=args.block_q, block_k=args.block_k, block_dq=args.block_dq, num_warps=args.num_warps,
+                  num_stages=args.num_stages)
     chosen = {name: p for name, p in paths(args.cpu_smoke, blocks).items() if name in args.paths.split(",")}
+    for spec in filter(None, args.kernel_configs.split(",")):
+        bq, bk, bdq, warps, stages = map(int, spec.split("/"))
+        tuned = dict(block_q=bq, block_k=bk, block_dq=bdq, num_warps=warps, num_stages=stages)
+        chosen[f"pallas+table {spec}"] = paths(args.cpu_smoke, tuned)["pallas+table"]
     print(f"device: {jax.devices()[0].device_kind}; H={args.heads} D={args.head_dim} B*T={args.tokens} bf16; "
           f"blocks {blocks}; median of {args.runs} runs (ms, forward+backward)")
-    print(f"{'T (B)':>12} {'path':>14} {'ms':>9} {'x fastest no-bias':>18} {'bias MiB':>10}")
+    print(f"{'T (B)':>12} {'path':>28} {'ms':>9} {'x fastest no-bias':>18} {'bias MiB':>10}")
     for length in map(int, args.lengths.split(",")):
         batch = max(1, args.tokens // length)
         rng = np.random.default_rng(length)
@@ -123,12 +132,13 @@ def main(argv=None):
         no_bias = [results[n] for n, (_, nb, _) in chosen.items() if nb and isinstance(results[n], float)]
         fastest = min(no_bias) if no_bias else None
         for name, value in results.items():
-            mib = bias_bytes(name, batch, length, args.heads, args.block_dq) / 2**20
+            block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq
+            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq) / 2**20
             if isinstance(value, float):
                 ratio = f"{value / fastest:.2f}" if fastest else "-"
-                print(f"{f'{length} ({batch})':>12} {name:>14} {value:9.3f} {ratio:>18} {mib:10.1f}")
+                print(f"{f'{length} ({batch})':>12} {name:>28} {value:9.3f} {ratio:>18} {mib:10.1f}", flush=True)
             else:
-                print(f"{f'{length} ({batch})':>12} {name:>14} {'failed':>9} {value}")
+                print(f"{f'{length} ({batch})':>12} {name:>28} {'failed':>9} {value}", flush=True)
 
 
 if __name__ == "__main__":

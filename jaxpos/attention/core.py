@@ -69,7 +69,7 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
                                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, causal=causal,
                                      q_offset=0 if causal else q_pos[0] - k_pos[0])
             return out, None
-        implementation = _pallas_fallback(bias, content, position, dropout_rng, dropout_rate)
+        implementation = _pallas_fallback(bias, q_BTHD.dtype, content, position, dropout_rng, dropout_rate)
         _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
     bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
     head_dim = q_BTHD.shape[-1]
@@ -173,8 +173,10 @@ def _pallas_blocker(q, k, bias, mask, content, position, dropout_rng, dropout_ra
     return None
 
 
-def _pallas_fallback(bias, content, position, dropout_rng, dropout_rate) -> str:
-    """cuDNN on GPUs where jax.nn.dot_product_attention can express the call, else the XLA reference."""
-    cudnn_ok = (jax.default_backend() == "gpu" and content and position and bias.rel_keys is None
+def _pallas_fallback(bias, dtype, content, position, dropout_rng, dropout_rate) -> str:
+    """cuDNN on GPUs where jax.nn.dot_product_attention can express the call (bf16/fp16 inputs, no Shaw terms,
+    no dropout), else the XLA reference."""
+    cudnn_ok = (jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16) and content and position
+                and bias.rel_keys is None
                 and bias.rel_values is None and not (dropout_rng is not None and dropout_rate > 0.0))
     return "cudnn" if cudnn_ok else "xla"

@@ -53,6 +53,8 @@ class _Static:
     t_pad: int
     s_pad: int
     use_q_segments: bool
+    masked: bool  # any mask at all (key ids, query ids, causal or padded keys); else no mask arithmetic
+    skip_tiles: bool  # ids given: test each tile for overlap (a branch in the loop, which stops Triton pipelining)
     interpret: bool
     backend: str  # "triton" | "mosaic_tpu": the compiler parameters and barrier used when not interpreting
     num_warps: int
@@ -64,8 +66,11 @@ def _next_pow2(n: int) -> int:
 
 
 def _dot(a, b, contract):
-    """a . b contracting axis contract[0] of a with contract[1] of b, float32 accumulation."""
-    return lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())), preferred_element_type=jnp.float32)
+    """a . b contracting axis contract[0] of a with contract[1] of b, float32 accumulation (float32 inputs in
+    full precision: Triton's default for them is tf32)."""
+    precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+    return lax.dot_general(a, b, ((contract[:1], contract[1:]), ((), ())), precision=precision,
+                           preferred_element_type=jnp.float32)
 
 
 def _bias_tile(ext_ref, q_start, k_start, bq, bk, t_pad):
@@ -76,7 +81,9 @@ def _bias_tile(ext_ref, q_start, k_start, bq, bk, t_pad):
 
 
 def _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st: _Static):
-    """Boolean [bq, bk]: key not padding, same segment (when query ids are given), causal."""
+    """Boolean [bq, bk]: key not padding, same segment (when query ids are given), causal; None: no mask."""
+    if not st.masked:
+        return None
     valid = (k_ids != 0)[None, :]
     if st.use_q_segments:
         valid = jnp.logical_and(valid, q_ids[:, None] == k_ids[None, :])
@@ -137,13 +144,18 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
             if ext_ref is not None:
                 s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st.t_pad)
             mask = _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st)
-            s = jnp.where(mask, s, NEG)
+            if mask is not None:
+                s = jnp.where(mask, s, NEG)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+            p = jnp.exp(s - m_new[:, None])
+            if mask is not None:
+                p = jnp.where(mask, p, 0.0)
             correction = jnp.exp(m - m_new)
             acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v, (1, 0))
             return acc, m_new, l * correction + jnp.sum(p, axis=1)
 
+        if not st.skip_tiles:
+            return compute(carry)
         return lax.cond(_overlaps(q_range, k_ids, st), compute, lambda c: c, carry)
 
     k_end = _causal_k_end(q_start, bq, bk, st, st.s_pad // bk)
@@ -161,7 +173,9 @@ def _probabilities_and_ds(q, k, v, do, lse, delta, ext_ref, q_ids, k_ids, q_star
     if ext_ref is not None:
         s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st.t_pad)
     mask = _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st)
-    p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
+    p = jnp.exp(s - lse[:, None])
+    if mask is not None:
+        p = jnp.where(mask, p, 0.0)
     dp = _dot(do, v, (1, 1))
     return p, p * (dp - delta[:, None])
 
@@ -190,6 +204,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_
             dk = dk + _dot(ds.astype(q.dtype), q, (0, 0)) * st.scale
             return dk, dv
 
+        if not st.skip_tiles:
+            return compute(carry)
         if st.use_q_segments:
             needed = _overlaps(_id_range(q_ids), k_ids, st)
         else:
@@ -258,8 +274,11 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
             sums = _diagonal_sums(ds, scratch_ref, st) if has_table else (zeros_b, zeros_b)
             return (dq,) + tuple(sums)
 
-        dq, low, new_high = lax.cond(_overlaps(q_range, k_ids, st), compute,
-                                     lambda dq: (dq, zeros_b, zeros_b), dq)
+        if st.skip_tiles:
+            dq, low, new_high = lax.cond(_overlaps(q_range, k_ids, st), compute,
+                                         lambda dq: (dq, zeros_b, zeros_b), dq)
+        else:
+            dq, low, new_high = compute(dq)
         if has_table:
             drow_ref[pl.ds(k_start, b)] = high + low
         return dq, new_high
@@ -464,6 +483,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
     st = _Static(scale=dim**-0.5, causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
                  block_k=block_k, block_dq=block_dq, t_pad=t_pad, s_pad=s_pad, use_q_segments=use_q,
-                 interpret=bool(interpret), backend=backend, num_warps=num_warps, num_stages=num_stages)
+                 masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
+                 skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret), backend=backend, num_warps=num_warps, num_stages=num_stages)
     out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, st)
     return out[:, :t, :, :dim]
