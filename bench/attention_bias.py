@@ -95,7 +95,7 @@ def main(argv=None):
     parser.add_argument("--block-k", type=int, default=64)
     parser.add_argument("--block-dq", type=int, default=32)
     parser.add_argument("--num-warps", type=int, default=4)
-    parser.add_argument("--num-stages", type=int, default=2)
+    parser.add_argument("--num-stages", type=int, default=3)
     parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table")
     parser.add_argument("--kernel-configs", default="",
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")

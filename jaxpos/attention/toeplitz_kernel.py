@@ -436,7 +436,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                        q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
                        causal: bool = False, q_offset: int | jax.Array = 0, block_q: int = 64, block_k: int = 64,
                        block_dq: int = 32, interpret: bool | None = None, backend: str | None = None,
-                       num_warps: int = 4, num_stages: int = 2) -> jax.Array:
+                       num_warps: int = 4, num_stages: int = 3) -> jax.Array:
     """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, D].
 
     q [B, T, H, D], k and v [B, S, H, D]; table [H|1, W] float32 (W = 2*span - 1 odd; column (k_pos - q_pos) +
