@@ -1,5 +1,5 @@
 """The `jaxpos` command: train, translate, eval-bleu, analyze, finetune, evaluate, finetune-sweep, probe-word-order,
-smoke."""
+reproduce, smoke, tokenizer, export."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import os
 import sys
 
 from jaxpos.analysis.cli import add_analyze_parser
+from jaxpos.checkpoints import add_export_parser
+from jaxpos.reproduction.cli import add_reproduce_parser
 from jaxpos.training.finetune_cli import add_finetune_parser
 
 
@@ -54,6 +56,12 @@ def _smoke(args, overrides):
     from jaxpos.smoke import smoke_table
 
     print(smoke_table(seq_len=args.seq_len))
+
+
+def _tokenizer(args, overrides):
+    from jaxpos.data.pipeline import tokenizer_main
+
+    tokenizer_main(args.config, args.out, overrides)
 
 
 # Errors that jaxpos's own checks raise about what the user gave (config, paths, data); shown as one line.
@@ -114,8 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     smoke = sub.add_parser("smoke", help="forward/backward of every positional mechanism; prints a table")
     smoke.add_argument("--seq-len", type=int, default=64)
     smoke.set_defaults(run=_smoke)
+    tokenizer = sub.add_parser("tokenizer", help="train a config's SentencePiece model once (before a multi-process "
+                                                 "run); then pass --config.data.tokenizer_path=OUT.model")
+    tokenizer.add_argument("--config", required=True, help="the training config, e.g. configs/mlm/diet.py")
+    tokenizer.add_argument("--out", required=True, help="writes OUT.model, OUT.vocab, OUT.json (local or gs://...)")
+    tokenizer.set_defaults(run=_tokenizer)
     add_analyze_parser(sub)
     add_finetune_parser(sub)
+    add_export_parser(sub)
+    add_reproduce_parser(sub)
 
     args, rest = parser.parse_known_args(argv)
     debug = args.debug or "--debug" in rest  # accepted after the subcommand too

@@ -2,10 +2,16 @@
 
 Mesh axes: `data` (pure data parallelism), `fsdp` (data parallelism with parameters sharded along `embed`),
 `tensor` (heads / mlp / vocab split across devices). Nothing here assumes one device or one host.
+
+Activations are constrained by the same names (`constrain` in the models, active only inside
+`activation_sharding`): [B, T, d] hidden states as `HIDDEN` (batch over data x fsdp, features whole), queries,
+keys and values as `HEADS`, the MLP's hidden layer as `MLP_HIDDEN`. Without them XLA's propagation follows the
+fsdp-sharded weights and all-reduces full-batch activations instead of gathering the weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -29,22 +35,51 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("abspos_k", None),
     ("rank", None),
     ("kernels", None),
+    ("activation_embed", None),  # the features of [B, T, d] activations: whole (fsdp shards the batch there)
 )
+
+# Logical layouts of the activations the models constrain.
+HIDDEN = ("batch", "length", "activation_embed")  # [B, T, d]
+HEADS = ("batch", "length", "heads", "kv")  # [B, T, H, Dh]
+MLP_HIDDEN = ("batch", "length", "mlp")  # [B, T, F]
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over all devices; data=-1 takes what the other two leave."""
+    """A (data, fsdp, tensor) mesh over all devices (of every process); data=-1 takes what the other two leave.
+
+    Devices are laid out in `jax.devices()` order (process by process), so with the batch axes outermost each
+    process's devices hold a contiguous block of the batch."""
     devices = list(devices if devices is not None else jax.devices())
+    have = f"have {len(devices)}" + (f" ({jax.process_count()} processes x {jax.local_device_count()} devices)"
+                                     if jax.process_count() > 1 else "")
+    if min(data if data != -1 else 1, fsdp, tensor) < 1:
+        raise ValueError(f"config.mesh sizes must be positive (data may be -1): data={data}, fsdp={fsdp}, "
+                         f"tensor={tensor}")
     if data == -1:
         if len(devices) % (fsdp * tensor):
-            raise ValueError(f"{len(devices)} devices cannot be split into fsdp={fsdp} x tensor={tensor}")
+            raise ValueError(f"config.mesh fsdp={fsdp} x tensor={tensor} does not divide the devices: {have}")
         data = len(devices) // (fsdp * tensor)
     if data * fsdp * tensor != len(devices):
-        raise ValueError(f"mesh data={data} x fsdp={fsdp} x tensor={tensor} needs {data * fsdp * tensor} devices, "
-                         f"have {len(devices)}")
+        raise ValueError(f"config.mesh data={data} x fsdp={fsdp} x tensor={tensor} needs {data * fsdp * tensor} "
+                         f"devices, {have}")
     grid = np.asarray(devices, dtype=object).reshape(data, fsdp, tensor)
     axis_types = (jax.sharding.AxisType.Auto,) * 3  # classic pjit propagation, not explicit-sharding mode
     return Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh):
+    """Binds the models' activation constraints (`constrain`) to `mesh`; elsewhere they are no-ops. Enter it
+    inside the function that `jax.jit` traces."""
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        yield
+
+
+def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+    """`nn.with_logical_constraint` by this table, e.g. constrain(h, HIDDEN); a no-op outside
+    `activation_sharding`. (The table is passed here rather than set with `nn.logical_axis_rules`, which would
+    also constrain flax's flattened DenseGeneral kernels at their initialiser's rank and fail.)"""
+    return nn.with_logical_constraint(x, names, rules=LOGICAL_AXIS_RULES)
 
 
 def logical_sharding(boxed_tree, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
@@ -58,12 +93,19 @@ def batch_sharding(mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> NamedSharding:
     return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), rules))
 
 
-def check_batch_divisible(batch_size: int, mesh: Mesh) -> None:
-    """Clear error when the global batch does not split evenly over the data-parallel devices."""
+def check_batch_divisible(batch_size: int, mesh: Mesh, process_count: int = 1, accum_steps: int = 1) -> None:
+    """Clear errors when the global batch does not split evenly over the data-parallel devices (data x fsdp),
+    over the processes (each reads batch_size / processes rows), or into micro-batches on each process."""
     ways = mesh.shape["data"] * mesh.shape["fsdp"]
     if batch_size % ways:
-        raise ValueError(f"global batch size {batch_size} is not divisible by the {ways} data-parallel devices "
-                         f"of mesh {dict(mesh.shape)}")
+        raise ValueError(f"global batch size {batch_size} (train.batch_size) is not divisible by the {ways} "
+                         f"data-parallel devices (data x fsdp) of mesh {dict(mesh.shape)}")
+    if batch_size % process_count:
+        raise ValueError(f"global batch size {batch_size} (train.batch_size) is not divisible by the "
+                         f"{process_count} processes, each of which reads its share of every batch")
+    if batch_size % (accum_steps * process_count):
+        raise ValueError(f"global batch size {batch_size} (train.batch_size) does not split into "
+                         f"train.grad_accum_steps={accum_steps} micro-batches on each of {process_count} processes")
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

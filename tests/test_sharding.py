@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from jaxpos.models import BertForMaskedLM
-from jaxpos.sharding import batch_sharding, check_batch_divisible, logical_sharding, make_mesh
+from jaxpos.sharding import (HEADS, HIDDEN, LOGICAL_AXIS_RULES, MLP_HIDDEN, activation_sharding, batch_sharding,
+                             check_batch_divisible, constrain, logical_sharding, make_mesh)
+from jaxpos.training.loop import make_global_batch
 from tests.helpers import VARIANTS, tiny_config
 
 
@@ -42,8 +44,51 @@ def test_sharded_forward_matches_single_device():
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 def test_bad_mesh_and_batch_are_clear_errors():
     mesh = make_mesh(data=4, fsdp=2)
-    check_batch_divisible(16, mesh)
-    with pytest.raises(ValueError, match="batch size 12 is not divisible by the 8 data-parallel devices"):
+    check_batch_divisible(16, mesh, process_count=2, accum_steps=2)
+    with pytest.raises(ValueError, match=r"batch size 12 \(train.batch_size\) is not divisible by the 8 "
+                                         r"data-parallel devices \(data x fsdp\) of mesh"):
         check_batch_divisible(12, mesh)
-    with pytest.raises(ValueError, match="needs 12 devices, have 8"):
+    with pytest.raises(ValueError, match=r"batch size 24 \(train.batch_size\) is not divisible by the 16 processes"):
+        check_batch_divisible(24, make_mesh(data=1, fsdp=1, tensor=8), process_count=16)
+    with pytest.raises(ValueError, match=r"does not split into train.grad_accum_steps=3 micro-batches on each of 2"):
+        check_batch_divisible(16, mesh, process_count=2, accum_steps=3)
+    with pytest.raises(ValueError, match="config.mesh data=3 x fsdp=2 x tensor=2 needs 12 devices, have 8"):
         make_mesh(data=3, fsdp=2, tensor=2)
+    with pytest.raises(ValueError, match="config.mesh fsdp=3 x tensor=1 does not divide the devices: have 8"):
+        make_mesh(fsdp=3)
+    with pytest.raises(ValueError, match="config.mesh sizes must be positive"):
+        make_mesh(data=8, fsdp=0)
+
+
+def test_activation_layouts_follow_the_rule_table():
+    to_mesh = lambda names: flax.linen.logical_to_mesh_axes(names, LOGICAL_AXIS_RULES)  # noqa: E731
+    batch = ("data", "fsdp")  # the features of activations stay whole: fsdp is taken by the batch
+    assert to_mesh(HIDDEN) == jax.sharding.PartitionSpec(batch, None, None)
+    assert to_mesh(HEADS) == jax.sharding.PartitionSpec(batch, None, "tensor", None)
+    assert to_mesh(MLP_HIDDEN) == jax.sharding.PartitionSpec(batch, None, "tensor")
+    assert to_mesh(("embed", "mlp")) == jax.sharding.PartitionSpec("fsdp", "tensor")  # parameters: fsdp
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_constraints_apply_only_inside_activation_sharding():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    x = jnp.ones((8, 4, 16))
+    outside = jax.jit(lambda x: constrain(x, HIDDEN) * 2).lower(x).as_text()
+    assert "sharding_constraint" not in outside and "mhlo.sharding" not in outside
+
+    def inside(x):
+        with activation_sharding(mesh):
+            return constrain(x, HIDDEN) * 2
+
+    text = jax.jit(inside).lower(x).as_text()
+    assert "sharding_constraint" in text and '"data", "fsdp"' in text
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_global_batch_of_one_process():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    local = {"ids": np.arange(32).reshape(8, 4)}
+    batch = make_global_batch(local, batch_sharding(mesh))["ids"]
+    assert batch.sharding == batch_sharding(mesh)
+    assert [s.data.shape for s in batch.addressable_shards] == [(2, 4)] * 8
+    np.testing.assert_array_equal(np.asarray(batch), local["ids"])

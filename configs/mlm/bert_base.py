@@ -1,7 +1,7 @@
 """BERT-base (L=12, d=768, H=12), seq 512.
 
     jaxpos train --config configs/mlm/bert_base.py --workdir runs/base --config.model.position.kind=tisa \
-        --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds
+        --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds --config.data.streaming=True
 """
 
 from jaxpos.config.defaults import mlm_config

@@ -1,7 +1,7 @@
 """BERT-small (d=512, L=4, H=8, as in DIET's cost table), seq 128.
 
     jaxpos train --config configs/mlm/bert_small.py --workdir runs/small \
-        --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds
+        --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds --config.data.streaming=True
 """
 
 from jaxpos.config.defaults import mlm_config

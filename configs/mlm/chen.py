@@ -3,7 +3,7 @@ betas (0.9, 0.999), weight decay 0.01, warmup 10%, dropout 0.1, 600k steps; the 
 shared across the heads of a layer (BERT-A*-s).
 
     jaxpos train --config configs/mlm/chen.py --workdir runs/chen \
-        --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds
+        --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds --config.data.streaming=True
     # BERT-A* (per head):  --config.model.position.attenuated.sharing=none
 """
 

@@ -2,7 +2,7 @@
 500k steps, no next-sentence loss; DIET-Abs with layer-wise sharing and per-head segment attention.
 
     jaxpos train --config configs/mlm/diet.py --workdir runs/diet \
-        --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds
+        --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds --config.data.streaming=True
     # DIET-Rel instead:  --config.model.position.kind=diet_rel
 """
 

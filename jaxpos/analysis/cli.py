@@ -28,13 +28,17 @@ def add_analyze_parser(subparsers) -> None:
     parser.add_argument("--lengths", help="effective attention: comma-separated sequence lengths "
                                           "(default 16,32,64,128; --quick 8,16,32)")
     parser.add_argument("--only", help="comma-separated subset of the diagnostics")
+    parser.add_argument("--checkpoints", metavar="all|STEPS",
+                        help="with --workdir: analyse every saved checkpoint ('all') or these comma-separated "
+                             "steps, each into OUT/step_<N>/, and draw the diagnostics against the step "
+                             "(OUT/over_training.json and .png)")
     parser.add_argument("--quick", action="store_true",
                         help="small budgets everywhere (few words, short lengths, probes of a few epochs): "
                              "a minute on a CPU for a small model")
     parser.set_defaults(run=run_analyze)
 
 
-def _texts(path: str | None) -> list[str]:
+def analysis_texts(path: str | None) -> list[str]:
     """Documents to draw sentences from: a text file's blank-line blocks, or the embedded corpus with the
     documents a run holds out (never trained on) first."""
     from jaxpos.data.corpus import embedded_documents, is_eval_document, split_blocks
@@ -56,6 +60,8 @@ def run_analyze(args, overrides=()) -> dict:
     if overrides:
         raise ValueError(f"`jaxpos analyze` takes no --config overrides (got {' '.join(overrides)}); the model's "
                          "own config is used")
+    if args.checkpoints and not args.workdir:
+        raise ValueError("--checkpoints needs --workdir (a Hugging Face folder has one set of weights)")
     model = load_run(args.workdir) if args.workdir else load_hf(args.hf)
     out = args.out or (os.path.join(args.workdir, "analysis") if args.workdir else f"analysis_{model.name}")
     settings = dict(QUICK) if args.quick else {}
@@ -68,16 +74,40 @@ def run_analyze(args, overrides=()) -> dict:
     max_sentences = settings.pop("max_sentences", 400)
     sentences = []
     if model.tokenize is not None:
-        sentences = corpus_sentences(model, _texts(args.text), max_sentences)
+        sentences = corpus_sentences(model, analysis_texts(args.text), max_sentences)
     else:
         print(f"{model.source} has no vocabulary file: the sentence-level diagnostics will be skipped")
     print(f"jaxpos analyze: {model.name} ({model.cfg.position.kind}, L={model.cfg.num_layers}, "
           f"H={model.cfg.num_heads}, d={model.cfg.d_model}), {len(sentences)} sentences -> {out}", flush=True)
     only = [n.strip() for n in args.only.split(",")] if args.only else None
+    if args.checkpoints:
+        from jaxpos.analysis.over_training import analyze_over_training, checkpoint_steps, select_steps
+
+        steps = select_steps(args.checkpoints, checkpoint_steps(args.workdir))
+        result = analyze_over_training(model, out, sentences=sentences, steps=steps, only=only, **settings)
+        print(over_training_summary(result))
+        print(f"wrote {os.path.join(out, 'over_training.json')} and step_<N>/ for steps "
+              f"{', '.join(map(str, steps))}")
+        return result
     report = analyze(model, out, sentences=sentences, only=only, **settings)
     print(summary(report))
     print(f"wrote {os.path.join(out, 'report.json')}")
     return report
+
+
+def over_training_summary(result: dict) -> str:
+    """One line per step with the headline numbers drawn against it."""
+    def fmt(value, digits=3):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = ["  step  Toeplitz R^2(P)  locality  symmetry  logit rank  Muppet i h f c (last layer)"]
+    for index, step in enumerate(result["steps"]):
+        values = {name: series[index] for name, series in result["series"].items()}
+        muppet = values["importance_last"]
+        lines.append(f"  {step:>4}  {fmt(values['toeplitz_r2']):>15}  {fmt(values['locality']):>8}  "
+                     f"{fmt(values['symmetry']):>8}  {fmt(values['logit_rank_mean'], 1):>10}  "
+                     + (" ".join(f"{v:.2f}" for v in muppet) if muppet else "-"))
+    return "\n".join(lines)
 
 
 def summary(report: dict) -> str:

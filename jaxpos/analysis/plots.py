@@ -190,3 +190,48 @@ def plot_attribution(by_distance: np.ndarray, self_share: np.ndarray, top_share:
     axes[1].set_title("the token's own contribution", fontsize=9)
     axes[1].legend(fontsize=7)
     return _save(fig, path)
+
+
+def plot_over_training(steps, series: dict, path: str, head_dim: int | None = None, title: str = "") -> str:
+    """Diagnostics against the training step (`jaxpos analyze --checkpoints`): Toeplitz R^2 of E_P E_P^T,
+    identical-word locality and symmetry, attention logit rank (mean, max; positional rank), and the Muppet
+    importance of each term at the last layer. `series` maps names (`over_training.headline`) to one value per
+    step (None where a diagnostic did not apply); a panel whose values are all None is left out."""
+    def present(name):
+        values = series.get(name) or []
+        return any(v is not None for v in values)
+
+    def line(ax, name, label, **kwargs):
+        values = [np.nan if v is None else v for v in series[name]]
+        ax.plot(steps, values, marker="o", label=label, **kwargs)
+
+    panels = []
+    if present("toeplitz_r2"):
+        panels.append(("Toeplitz $R^2$ of $E_P E_P^T$", [("toeplitz_r2", "$R^2$")]))
+    if present("locality") or present("symmetry"):
+        panels.append(("identical-word attention", [("locality", "locality"), ("symmetry", "symmetry")]))
+    if present("logit_rank_mean"):
+        panels.append(("numerical rank", [("logit_rank_mean", "logits, mean"), ("logit_rank_max", "logits, max"),
+                                          ("positional_rank_mean", "positional logits, mean")]))
+    if present("importance_last"):
+        panels.append(("Muppet importance, last layer", "importance"))
+    if not panels:
+        raise ValueError("no diagnostic to draw over training: every series is empty")
+    fig, axes = _grid(len(panels), max_cols=4, size=(3.6, 3.0))
+    for ax, (name, lines) in zip(axes, panels):
+        if lines == "importance":
+            values = np.asarray([[np.nan] * 4 if v is None else v for v in series["importance_last"]], float)
+            for k, term in enumerate(("i (input)", "h (attention)", "f (feed-forward)", "c (biases)")):
+                ax.plot(steps, values[:, k], marker="o", label=term)
+        else:
+            for key, label in lines:
+                if present(key):
+                    line(ax, key, label)
+            if name == "numerical rank" and head_dim:
+                ax.axhline(head_dim, color="red", ls="--", lw=1, label=f"D = {head_dim}")
+        ax.set_xlabel("training step")
+        ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)

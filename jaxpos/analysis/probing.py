@@ -3,6 +3,7 @@ exposes the purely positional part of a model's attention."""
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Sequence
 
@@ -43,6 +44,13 @@ def sample_probe_words(vocabulary: Sequence[str], count: int = 100, seed: int = 
     return np.sort(rng.choice(candidates, size=min(count, len(candidates)), replace=False))
 
 
+@functools.lru_cache(maxsize=32)
+def _summed_weights(cfg: ModelConfig):
+    """(params, ids [B, T]) -> attention weights summed over the batch [L, H, T, T], jitted once per config (the
+    parameters are an argument, so the checkpoints of a run share one compilation)."""
+    return jax.jit(lambda params, ids: run_encoder(cfg, params, ids)[0].sum(axis=1))
+
+
 def identical_word_attention(cfg: ModelConfig, params, word_ids: Sequence[int], length: int = 128,
                              batch_size: int = 25) -> np.ndarray:
     """Attention weights averaged over sentences that repeat one word `length` times: [L, H, length, length].
@@ -50,15 +58,13 @@ def identical_word_attention(cfg: ModelConfig, params, word_ids: Sequence[int], 
     Averaging further over heads and layers gives the model's positional weight matrix (Chen et al. Fig. 1).
     """
 
-    @jax.jit
-    def weights_of(ids):
-        return run_encoder(cfg, params, ids)[0].sum(axis=1)  # [L, H, T, T], summed over the batch
-
+    weights_of = _summed_weights(cfg)
     words = np.asarray(word_ids, np.int32)
     if words.size == 0:
         raise ValueError("no probe words given")
     total = 0.0
     for start in range(0, len(words), batch_size):  # a short last chunk compiles once more
         chunk = words[start:start + batch_size]
-        total = total + np.asarray(weights_of(jnp.asarray(np.repeat(chunk[:, None], length, axis=1))), np.float64)
+        total = total + np.asarray(weights_of(params, jnp.asarray(np.repeat(chunk[:, None], length, axis=1))),
+                                   np.float64)
     return total / len(words)

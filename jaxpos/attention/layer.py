@@ -10,6 +10,7 @@ from jaxpos.attention.bias import PositionalBias
 from jaxpos.attention.core import apply_rotary, attend
 from jaxpos.config import ModelConfig
 from jaxpos.initializers import normal_init
+from jaxpos.sharding import HEADS, HIDDEN, constrain
 
 
 def dense(cfg: ModelConfig, features, axis, kernel_axes, bias_axes, name: str) -> nn.DenseGeneral:
@@ -41,6 +42,8 @@ class MultiHeadAttention(nn.Module):
         q = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")(inputs_q)
         k = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "key")(inputs_kv)
         v = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "value")(inputs_kv)
+        # Batch over data x fsdp, heads over tensor: the fsdp-sharded kernels are gathered, not the activations.
+        q, k, v = (constrain(t, HEADS) for t in (q, k, v))
 
         if bias.rotary is not None:
             q = apply_rotary(q, *bias.rotary)
@@ -74,7 +77,9 @@ class MultiHeadAttention(nn.Module):
             kv_segment_ids=kv_segment_ids, causal=causal)
         if weights is not None:
             self.sow("intermediates", "attention_weights", weights)
-        return dense(cfg, cfg.d_model, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out")(out)
+        out = constrain(out, HEADS)
+        return constrain(
+            dense(cfg, cfg.d_model, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out")(out), HIDDEN)
 
     def _update_cache(self, k, v, q_pos):
         """First call (initialisation) sizes the cache from a full-length input; later calls write step q_pos."""

@@ -23,11 +23,17 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", 
                 "gelu_python_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_accurate": "gelu_tanh",
                 "relu": "relu"}
 
+# config.json field -> (ModelConfig field, default when absent; None: required). The exporter writes them back.
+CONFIG_FIELDS = {
+    "vocab_size": ("vocab_size", None), "hidden_size": ("d_model", None), "num_hidden_layers": ("num_layers", None),
+    "num_attention_heads": ("num_heads", None), "intermediate_size": ("mlp_dim", None),
+    "max_position_embeddings": ("max_length", None), "type_vocab_size": ("type_vocab_size", 2),
+    "hidden_dropout_prob": ("dropout", 0.1), "attention_probs_dropout_prob": ("attention_dropout", 0.1),
+    "layer_norm_eps": ("layer_norm_eps", 1e-12), "initializer_range": ("init_std", 0.02)}
+
 # config.json fields that config_from_hf maps onto ModelConfig.
-_MAPPED = frozenset({
-    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-    "max_position_embeddings", "type_vocab_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
-    "layer_norm_eps", "initializer_range", "tie_word_embeddings", "is_decoder", "embedding_size"})
+_MAPPED = frozenset(CONFIG_FIELDS) | {"model_type", "hidden_act", "tie_word_embeddings", "is_decoder",
+                                     "embedding_size"}
 
 # Fields jaxpos can only import at their default: field -> (default, what jaxpos supports).
 _DEFAULT_ONLY = {
@@ -81,14 +87,11 @@ def config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
     if model_type not in ("bert", "albert"):
         raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; jaxpos imports bert and albert")
     _check_fields(hf)
-    values = dict(
-        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"],
-        max_length=hf["max_position_embeddings"], type_vocab_size=hf.get("type_vocab_size", 2),
-        dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=_ACTIVATIONS[hf.get("hidden_act", "gelu")],
-        init_std=hf.get("initializer_range", 0.02), layer_norm="post",
-        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), position=dict(kind="absolute", segment="input"))
+    values = {field: hf[key] if default is None else hf.get(key, default)
+              for key, (field, default) in CONFIG_FIELDS.items()}
+    values.update(activation=_ACTIVATIONS[hf.get("hidden_act", "gelu")], layer_norm="post",
+                  tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+                  position=dict(kind="absolute", segment="input"))
     if model_type == "albert":  # transformers' AlbertModel ignores is_decoder: it is always bidirectional
         values.update(embedding_dim=hf["embedding_size"], share_layers=True)
     else:
@@ -126,22 +129,7 @@ def _to_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
-def _norm(w, key):
-    return {"scale": w(f"{key}.weight"), "bias": w(f"{key}.bias")}
-
-
-def _heads(w, key, cfg, kind):
-    """torch Linear [out, in] -> DenseGeneral kernels in the layout of the attention layer."""
-    weight, bias = w(f"{key}.weight"), w(f"{key}.bias")
-    h, dh = cfg.num_heads, cfg.head_dim
-    if kind == "in":  # query/key/value: [d, H, D]
-        return {"kernel": weight.T.reshape(cfg.d_model, h, dh), "bias": bias.reshape(h, dh)}
-    return {"kernel": weight.T.reshape(h, dh, cfg.d_model), "bias": bias}
-
-
-def _linear(w, key):
-    return {"kernel": w(f"{key}.weight").T, "bias": w(f"{key}.bias")}
-
+# --- the one name and layout mapping, used by the importer here and the exporter (jaxpos/checkpoints/export.py) --
 
 # Sub-module names of one layer in each family: attention q/k/v/out, attention LN, MLP in/out, MLP LN.
 _LAYER_NAMES = {
@@ -150,15 +138,90 @@ _LAYER_NAMES = {
     "albert": ("attention.query", "attention.key", "attention.value", "attention.dense", "attention.LayerNorm",
                "ffn", "ffn_output", "full_layer_layer_norm"),
 }
+ENCODER_PREFIX = {"bert": "bert.", "albert": "albert."}  # of the encoder inside *ForMaskedLM
+MLM_HEAD_PREFIX = {"bert": "cls.predictions.", "albert": "predictions."}
 
 
-def _layer(w, p, cfg, family):
-    q, k, v, o, attn_norm, wi, wo, mlp_norm = (p + name for name in _LAYER_NAMES[family])
-    return {"self_attention": {"query": _heads(w, q, cfg, "in"), "key": _heads(w, k, cfg, "in"),
-                               "value": _heads(w, v, cfg, "in"), "out": _heads(w, o, cfg, "out")},
-            "self_attention_norm": _norm(w, attn_norm),
-            "mlp": {"wi": _linear(w, wi), "wo": _linear(w, wo)},
-            "mlp_norm": _norm(w, mlp_norm)}
+def encoder_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, ...], str]]:
+    """(Hugging Face module name, path in the `BertEncoder` parameters, kind) of every encoder weight; kinds are
+    those of `from_hf` / `to_hf`. Names are relative to the encoder (no `bert.` / `albert.` prefix)."""
+    layout = [("embeddings.word_embeddings", ("token_embed",), "embedding"),
+              ("embeddings.token_type_embeddings", ("type_embed",), "embedding"),
+              ("embeddings.position_embeddings", ("encoder", "position"), "embedding"),
+              ("embeddings.LayerNorm", ("encoder", "embed_norm"), "norm")]
+    if family == "albert":
+        layout.append(("encoder.embedding_hidden_mapping_in", ("encoder", "embed_projection"), "linear"))
+        layers = [("encoder.albert_layer_groups.0.albert_layers.0.", "layer_shared")]
+    else:
+        layers = [(f"encoder.layer.{i}.", f"layer_{i}") for i in range(cfg.num_layers)]
+    for prefix, name in layers:
+        q, k, v, o, attn_norm, wi, wo, mlp_norm = (prefix + n for n in _LAYER_NAMES[family])
+        path = ("encoder", name)
+        layout += [(q, path + ("self_attention", "query"), "heads_in"),
+                   (k, path + ("self_attention", "key"), "heads_in"),
+                   (v, path + ("self_attention", "value"), "heads_in"),
+                   (o, path + ("self_attention", "out"), "heads_out"),
+                   (attn_norm, path + ("self_attention_norm",), "norm"),
+                   (wi, path + ("mlp", "wi"), "linear"), (wo, path + ("mlp", "wo"), "linear"),
+                   (mlp_norm, path + ("mlp_norm",), "norm")]
+    return layout
+
+
+def mlm_head_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, ...], str]]:
+    """(name under MLM_HEAD_PREFIX, path in the `BertForMaskedLM` parameters, kind) of the MLM head's weights.
+    `decoder` exists only with tie_embeddings off (tie_word_embeddings=false)."""
+    dense, norm = ("dense", "LayerNorm") if family == "albert" else ("transform.dense", "transform.LayerNorm")
+    layout = [(dense, ("head_dense",), "linear"), (norm, ("head_norm",), "norm"),
+              ("bias", ("output_bias",), "vector")]
+    if not cfg.tie_embeddings:
+        layout.append(("decoder", ("decoder",), "decoder"))
+    return layout
+
+
+def from_hf(get, name: str, kind: str, cfg: ModelConfig | None):
+    """The jaxpos parameters of one Hugging Face module. `get(key, *fallbacks)` returns a tensor as numpy."""
+    if kind == "embedding":  # [N, E] both sides
+        return {"embedding": get(f"{name}.weight")}
+    if kind == "norm":
+        return {"scale": get(f"{name}.weight"), "bias": get(f"{name}.bias")}
+    if kind == "vector":
+        return get(name)
+    weight = get(f"{name}.weight")  # torch Linear [out, in]
+    # transformers < 5 shares decoder.bias with the head's `bias` and may save only the latter.
+    bias = get(f"{name}.bias", "bias") if kind == "decoder" else get(f"{name}.bias")
+    if kind == "heads_in":  # query/key/value DenseGeneral: [d, H, Dh]
+        return {"kernel": weight.T.reshape(cfg.d_model, cfg.num_heads, cfg.head_dim),
+                "bias": bias.reshape(cfg.num_heads, cfg.head_dim)}
+    if kind == "heads_out":  # [H, Dh, d]
+        return {"kernel": weight.T.reshape(cfg.num_heads, cfg.head_dim, cfg.d_model), "bias": bias}
+    return {"kernel": weight.T, "bias": bias}  # linear, decoder: [in, out]
+
+
+def to_hf(value, name: str, kind: str) -> dict[str, np.ndarray]:
+    """The inverse of `from_hf`: Hugging Face tensors {full name: array} of one module's jaxpos parameters."""
+    if kind == "embedding":
+        return {f"{name}.weight": value["embedding"]}
+    if kind == "norm":
+        return {f"{name}.weight": value["scale"], f"{name}.bias": value["bias"]}
+    if kind == "vector":
+        return {name: value}
+    kernel, bias = value["kernel"], value["bias"]
+    if kind == "heads_in":  # [d, H, Dh] -> [H*Dh, d]
+        return {f"{name}.weight": kernel.reshape(kernel.shape[0], -1).T, f"{name}.bias": bias.reshape(-1)}
+    if kind == "heads_out":  # [H, Dh, d] -> [d, H*Dh]
+        return {f"{name}.weight": kernel.reshape(-1, kernel.shape[-1]).T, f"{name}.bias": bias}
+    return {f"{name}.weight": kernel.T, f"{name}.bias": bias}
+
+
+def _nested(entries) -> dict:
+    """{path tuple: value} -> nested dict."""
+    tree: dict = {}
+    for path, value in entries:
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree
 
 
 def _family(state) -> str:
@@ -168,7 +231,7 @@ def _family(state) -> str:
 def _encoder_weights(state: Mapping[str, Any]) -> tuple[str, _Weights]:
     """The family and the encoder's weights (a leading `bert.`/`albert.` of a model with heads is detected)."""
     family = _family(state)
-    prefix = f"{family}." if any(k.startswith(f"{family}.") for k in state) else ""
+    prefix = ENCODER_PREFIX[family] if any(k.startswith(ENCODER_PREFIX[family]) for k in state) else ""
     return family, _Weights(state, prefix)
 
 
@@ -176,17 +239,7 @@ def bert_encoder_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
     """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT or ALBERT state dict (`BertModel`,
     `BertForMaskedLM`, `AlbertModel`, `AlbertForMaskedLM`, ...)."""
     family, w = _encoder_weights(state)
-    encoder = {"embed_norm": _norm(w, "embeddings.LayerNorm"),
-               "position": {"embedding": w("embeddings.position_embeddings.weight")}}
-    if family == "albert":
-        encoder["embed_projection"] = _linear(w, "encoder.embedding_hidden_mapping_in")
-        encoder["layer_shared"] = _layer(w, "encoder.albert_layer_groups.0.albert_layers.0.", cfg, family)
-    else:
-        for i in range(cfg.num_layers):
-            encoder[f"layer_{i}"] = _layer(w, f"encoder.layer.{i}.", cfg, family)
-    return {"token_embed": {"embedding": w("embeddings.word_embeddings.weight")},
-            "type_embed": {"embedding": w("embeddings.token_type_embeddings.weight")},
-            "encoder": encoder}
+    return _nested((path, from_hf(w, name, kind, cfg)) for name, path, kind in encoder_layout(cfg, family))
 
 
 def bert_mlm_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
@@ -194,14 +247,9 @@ def bert_mlm_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
     or `AlbertForMaskedLM`; with `cfg.tie_embeddings` off (tie_word_embeddings=false) the checkpoint's own
     decoder [V, E] becomes `decoder` {"kernel": [E, V], "bias": [V]}."""
     family = _family(state)
-    w = _Weights(state, "predictions." if family == "albert" else "cls.predictions.")
-    dense_name, norm_name = ("dense", "LayerNorm") if family == "albert" else ("transform.dense",
-                                                                               "transform.LayerNorm")
-    params = {"bert": bert_encoder_params(state, cfg), "head_dense": _linear(w, dense_name),
-              "head_norm": _norm(w, norm_name), "output_bias": w("bias")}
-    if not cfg.tie_embeddings:  # transformers < 5 shares decoder.bias with `bias` and may save only the latter
-        params["decoder"] = {"kernel": w("decoder.weight").T, "bias": w("decoder.bias", "bias")}
-    return params
+    w = _Weights(state, MLM_HEAD_PREFIX[family])
+    params = _nested((path, from_hf(w, name, kind, cfg)) for name, path, kind in mlm_head_layout(cfg, family))
+    return {"bert": bert_encoder_params(state, cfg), **params}
 
 
 def bert_pooler_params(state: Mapping[str, Any]) -> dict | None:
@@ -209,7 +257,7 @@ def bert_pooler_params(state: Mapping[str, Any]) -> dict | None:
     (pooled = tanh(hidden[:, 0] @ kernel + bias)), or None when the checkpoint has none (e.g. *ForMaskedLM)."""
     family, w = _encoder_weights(state)
     key = "pooler" if family == "albert" else "pooler.dense"
-    return _linear(w, key) if f"{key}.weight" in w else None
+    return from_hf(w, key, "linear", None) if f"{key}.weight" in w else None
 
 
 def hf_pooler_params(path: str) -> dict | None:

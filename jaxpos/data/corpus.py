@@ -3,6 +3,7 @@
 Each source yields documents (strings) in a fixed order. Bad data is counted in a `DataStats`, never fatal:
 whitespace-only documents are skipped, bytes that are not UTF-8 become spaces. The held-out split is a pure
 function of the document's position in its source (see `is_eval_document`), so it never depends on timing.
+Paths and globs may be local or URLs that etils.epath reads (gs://, s3://, ...).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import glob
 import os
 import re
 from typing import Iterator, Sequence
+
+from etils import epath
 
 _BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n")
 _HEADING_UNDERLINE = re.compile(r"^\s*([*=\-~^])\1{2,}\s*$")
@@ -88,10 +91,14 @@ def embedded_documents() -> list[str]:
     return documents
 
 
+def is_url(path) -> bool:
+    """Whether `path` names a remote location (gs://, s3://, ...) rather than a local file."""
+    return "://" in str(path)
+
+
 def read_text_file(path: str, stats: DataStats) -> str:
     """A file's text as UTF-8 (a BOM dropped); each invalid byte sequence becomes a space and is counted."""
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = epath.Path(path).read_bytes()
     text = raw.decode("utf-8-sig", errors="replace")
     bad = text.count("\ufffd") - raw.decode("utf-8-sig", errors="ignore").count("\ufffd")  # genuine U+FFFD kept
     stats.files += 1
@@ -102,16 +109,28 @@ def read_text_file(path: str, stats: DataStats) -> str:
     return text
 
 
+def _glob_files(pattern: str) -> list[str]:
+    """Files matching one glob, sorted: local (with ** recursion) or a URL, listed through etils.epath."""
+    if not is_url(pattern):
+        return [p for p in sorted(glob.glob(os.path.expanduser(pattern), recursive=True)) if os.path.isfile(p)]
+    parts = pattern.split("/")
+    wild = next((i for i, part in enumerate(parts) if glob.has_magic(part)), None)
+    if wild is None:
+        return [pattern] if epath.Path(pattern).is_file() else []
+    base = epath.Path("/".join(parts[:wild]))  # epath globs below the last wildcard-free folder
+    return sorted(str(p) for p in base.glob("/".join(parts[wild:])) if not p.is_dir())
+
+
 def expand_globs(patterns: Sequence[str] | str) -> list[str]:
-    """Files matched by each glob (sorted within a glob, globs in the given order, duplicates read once)."""
+    """Files matched by each glob, local or URL (sorted within a glob, globs in the given order, duplicates read
+    once)."""
     if isinstance(patterns, str):
         patterns = [p for p in patterns.split(",") if p.strip()]
     if not patterns:
         raise ValueError("data.source='text' needs data.paths: a list of files or globs")
     files: dict[str, None] = {}
     for pattern in patterns:
-        matched = [p for p in sorted(glob.glob(os.path.expanduser(pattern.strip()), recursive=True))
-                   if os.path.isfile(p)]
+        matched = _glob_files(pattern.strip())
         if not matched:
             raise FileNotFoundError(f"data.paths: the glob {pattern!r} matches no file")
         files.update(dict.fromkeys(matched))
@@ -120,14 +139,20 @@ def expand_globs(patterns: Sequence[str] | str) -> list[str]:
 
 def text_file_documents(patterns: Sequence[str] | str, doc_separator: str, stats: DataStats) -> Iterator[str]:
     """Documents of local text files: one per blank-line-separated block (`blank_line`) or per file (`file`)."""
+    check_doc_separator(doc_separator)
+    for path in expand_globs(patterns):
+        yield from file_documents(path, doc_separator, stats)
+
+
+def check_doc_separator(doc_separator: str) -> None:
     if doc_separator not in ("blank_line", "file"):
         raise ValueError(f"data.doc_separator={doc_separator!r}; choose 'blank_line' or 'file'")
-    for path in expand_globs(patterns):
-        text = read_text_file(path, stats)
-        if doc_separator == "blank_line":
-            yield from split_blocks(text)
-        else:
-            yield text.strip()
+
+
+def file_documents(path: str, doc_separator: str, stats: DataStats) -> list[str]:
+    """The documents of one text file, empty ones included: its blank-line-separated blocks, or the whole file."""
+    text = read_text_file(path, stats)
+    return split_blocks(text) if doc_separator == "blank_line" else [text.strip()]
 
 
 def _record_text(record: dict, field: str, name: str) -> str:
@@ -140,8 +165,10 @@ def _record_text(record: dict, field: str, name: str) -> str:
 
 
 def tfds_documents(name: str, split: str, data_dir: str | None, text_field: str = "text",
-                   max_documents: int = 0, read_threads: int = 8) -> Iterator[str]:
-    """Documents of a TFDS dataset prepared as array_record, read without TensorFlow.
+                   max_documents: int = 0, read_threads: int = 8, start: int = 0,
+                   stop: int | None = None) -> Iterator[str]:
+    """Documents of a TFDS dataset prepared as array_record, read without TensorFlow: records [start, stop) of
+    the split (at most `max_documents` of them, 0 = all).
 
     `tfds.data_source` gives random access to the records; grain reads them in index order on `read_threads`
     threads. The dataset must already be prepared in `data_dir` (nothing is downloaded).
@@ -150,7 +177,7 @@ def tfds_documents(name: str, split: str, data_dir: str | None, text_field: str 
     import tensorflow_datasets as tfds
 
     source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-    dataset = grain.MapDataset.source(source)
+    dataset = grain.MapDataset.source(source)[start:stop]
     if max_documents:
         dataset = dataset[:max_documents]
     dataset = dataset.map(lambda record: _record_text(record, text_field, name))

@@ -4,9 +4,13 @@ Row layout (T = seq_len), as in DIET App. A (whole sentences of documents, no ne
 
     tokens       [CLS] a1 a2 a3 [SEP] b1 b2 [SEP] [PAD] [PAD]
     segment_ids    1   1  1  1    1   2  2    2     0     0
+    positions      0   1  2  3    4   0  1    2     0     0
 
 Every row starts with [CLS]; each run of one document's sentences in a row (a "piece") ends with [SEP] and has
-its own segment id 1, 2, 3, ... so attention can be kept inside a document; 0 marks padding. A document that
+its own segment id 1, 2, 3, ... so attention can be kept inside a document; 0 marks padding. Positions restart
+at 0 in every piece (`piece_positions`), so each piece is encoded as if it had the row to itself, for every
+positional mechanism (a later piece's first token takes position 0, where a row of its own would put [CLS]:
+TUPE's untied [CLS] applies to it too). A document that
 does not fit continues in the next row (as piece 1 there). A sentence longer than T - 2 tokens is cut into
 pieces of at most T - 2 tokens (counted in `DataStats.split_long`).
 """
@@ -41,6 +45,17 @@ def split_sentences(document: str, newline_ends_sentence: bool = False) -> list[
     return sentences
 
 
+def piece_positions(segment_ids: np.ndarray) -> np.ndarray:
+    """Positions within each packed piece: segment_ids [..., T] -> [..., T] int32, restarting at 0 wherever the
+    segment id changes (so a piece sees the positions it would have in a row of its own); 0 on padding."""
+    segment_ids = np.asarray(segment_ids)
+    column = np.arange(segment_ids.shape[-1])
+    starts = np.ones(segment_ids.shape, bool)
+    starts[..., 1:] = segment_ids[..., 1:] != segment_ids[..., :-1]
+    first = np.maximum.accumulate(np.where(starts, column, 0), axis=-1)  # each token's piece start
+    return np.where(segment_ids > 0, column - first, 0).astype(np.int32)
+
+
 @dataclasses.dataclass
 class PackedExamples:
     """Packed rows of a split: `tokens` [N, T] int32 (unmasked ids), `segment_ids` [N, T] int32 (0 = pad)."""
@@ -55,6 +70,80 @@ class PackedExamples:
     def seq_len(self) -> int:
         return self.tokens.shape[1]
 
+    @property
+    def positions(self) -> np.ndarray:
+        """[N, T] int32 positions within each piece (`piece_positions`)."""
+        return piece_positions(self.segment_ids)
+
+
+class RowPacker:
+    """Packs whole sentences into rows of `seq_len` tokens as they arrive (layout in the module docstring).
+
+    `add_document` returns the rows it completed; `finish` closes the last one. Its state (the open row) is
+    a small JSON-ready dict, so a stream that packs on the fly can save and restore its position.
+    """
+
+    def __init__(self, seq_len: int, stats: DataStats | None = None, *, cls_id: int = CLS_ID,
+                 sep_id: int = SEP_ID, pad_id: int = PAD_ID):
+        if seq_len < 3:
+            raise ValueError(f"seq_len={seq_len}: a row needs room for [CLS], one token and [SEP]")
+        self.seq_len, self.cls_id, self.sep_id, self.pad_id = seq_len, cls_id, sep_id, pad_id
+        self.stats = stats if stats is not None else DataStats()
+        self.capacity = seq_len - 2  # the longest sentence piece that fits in a row beside [CLS] and [SEP]
+        self.row, self.segments, self.piece = [cls_id], [1], 0
+
+    def get_state(self) -> dict:
+        """The open row (tokens without its [SEP]s yet to come, segment ids, pieces so far)."""
+        return dict(row=list(map(int, self.row)), segments=list(map(int, self.segments)), piece=self.piece)
+
+    def set_state(self, state: dict) -> None:
+        self.row, self.segments, self.piece = list(state["row"]), list(state["segments"]), int(state["piece"])
+
+    def _close_row(self, rows: list) -> None:
+        if self.piece:
+            pad = self.seq_len - len(self.row)
+            rows.append((self.row + [self.pad_id] * pad, self.segments + [0] * pad))
+        self.row, self.segments, self.piece = [self.cls_id], [1], 0
+
+    def add_document(self, document: Sequence[Sequence[int]]) -> list[tuple[list[int], list[int]]]:
+        """Adds one document's sentences (token id lists; empty ones are ignored); returns the completed rows as
+        (tokens, segment_ids) lists of seq_len ints. The document's last piece is closed with [SEP]."""
+        rows, piece_open = [], False
+        for sentence in document:
+            if len(sentence) > self.capacity:
+                self.stats.split_long += 1
+            for start in range(0, len(sentence), self.capacity):
+                chunk = list(sentence[start:start + self.capacity])
+                if len(self.row) + len(chunk) + 1 > self.seq_len:  # + 1: an open piece always has room for [SEP]
+                    if piece_open:
+                        self.row.append(self.sep_id)
+                        self.segments.append(self.piece)
+                        piece_open = False
+                    self._close_row(rows)
+                if not piece_open:
+                    self.piece += 1
+                    piece_open = True
+                self.row.extend(chunk)
+                self.segments.extend([self.piece] * len(chunk))
+        if piece_open:  # the document ends: the next one starts a new piece
+            self.row.append(self.sep_id)
+            self.segments.append(self.piece)
+        self.stats.packed_examples += len(rows)
+        return rows
+
+    def finish(self) -> list[tuple[list[int], list[int]]]:
+        """Closes the open row (if it holds a piece) and returns it; the packer starts empty again."""
+        rows = []
+        self._close_row(rows)
+        self.stats.packed_examples += len(rows)
+        return rows
+
+
+def rows_to_examples(rows: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int) -> PackedExamples:
+    """(tokens, segment_ids) row pairs -> PackedExamples [N, seq_len] int32."""
+    tokens = np.asarray([r[0] for r in rows], np.int32).reshape(-1, seq_len)
+    return PackedExamples(tokens, np.asarray([r[1] for r in rows], np.int32).reshape(-1, seq_len))
+
 
 def pack_documents(documents: Sequence[Sequence[Sequence[int]]], seq_len: int,
                    stats: DataStats | None = None, *, cls_id: int = CLS_ID, sep_id: int = SEP_ID,
@@ -64,46 +153,25 @@ def pack_documents(documents: Sequence[Sequence[Sequence[int]]], seq_len: int,
     documents: per document, its sentences as lists of token ids (empty sentences are ignored).
     Returns PackedExamples with tokens/segment_ids [N, seq_len] int32.
     """
-    if seq_len < 3:
-        raise ValueError(f"seq_len={seq_len}: a row needs room for [CLS], one token and [SEP]")
-    stats = stats if stats is not None else DataStats()
-    capacity = seq_len - 2  # the longest sentence piece that fits in a row beside [CLS] and [SEP]
-    rows, row_segments = [], []
-    row, segments, piece, piece_open = [cls_id], [1], 0, False
+    packer = RowPacker(seq_len, stats, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id)
+    rows = [row for document in documents for row in packer.add_document(document)]
+    return rows_to_examples(rows + packer.finish(), seq_len)
 
-    def close_piece():
-        nonlocal piece_open
-        if piece_open:
-            row.append(sep_id)
-            segments.append(piece)
-            piece_open = False
 
-    def close_row():
-        nonlocal row, segments, piece
-        close_piece()
-        if piece:
-            rows.append(row + [pad_id] * (seq_len - len(row)))
-            row_segments.append(segments + [0] * (seq_len - len(segments)))
-        row, segments, piece = [cls_id], [1], 0
-
-    for document in documents:
-        for sentence in document:
-            if len(sentence) > capacity:
-                stats.split_long += 1
-            for start in range(0, len(sentence), capacity):
-                chunk = list(sentence[start:start + capacity])
-                if len(row) + len(chunk) + 1 > seq_len:  # + 1: an open piece always has room for its [SEP]
-                    close_row()
-                if not piece_open:
-                    piece += 1
-                    piece_open = True
-                row.extend(chunk)
-                segments.extend([piece] * len(chunk))
-        close_piece()  # the document ends: the next one starts a new piece
-    close_row()
-    stats.packed_examples += len(rows)
-    tokens = np.asarray(rows, np.int32).reshape(-1, seq_len)
-    return PackedExamples(tokens, np.asarray(row_segments, np.int32).reshape(-1, seq_len))
+def encode_documents(documents: Sequence[str], tokenizer, stats: DataStats,
+                     newline_ends_sentence: bool = False) -> list[list[list[int]]]:
+    """Per document, its sentences' token ids (`split_sentences`, then one batched SentencePiece call); sentences
+    that tokenize to nothing are dropped and counted."""
+    sentences = [split_sentences(d, newline_ends_sentence) for d in documents]
+    encoded = iter(tokenizer.encode_batch([s for doc in sentences for s in doc]))
+    by_document = []
+    for document in sentences:
+        ids = [next(encoded) for _ in document]
+        stats.skipped_empty += sum(not s for s in ids)  # e.g. a sentence of characters the vocabulary drops
+        by_document.append([s for s in ids if s])
+    stats.sentences += sum(len(d) for d in by_document)
+    stats.tokens += sum(len(s) for d in by_document for s in d)
+    return by_document
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
@@ -150,6 +218,17 @@ def mask_batch(targets: np.ndarray, example_ids: np.ndarray, key: Sequence[int],
     input_ids = np.where(chosen & (u_action < 0.8), mask_id, targets)
     input_ids = np.where(chosen & (u_action >= 0.8) & (u_action < 0.9), random_ids, input_ids)
     return input_ids.astype(np.int32), chosen.astype(np.float32)
+
+
+def masked_rows(targets: np.ndarray, segment_ids: np.ndarray, example_ids: np.ndarray, key: tuple[int, ...],
+                vocab_size: int, mask_prob: float) -> dict[str, np.ndarray]:
+    """A training batch from packed rows targets/segment_ids [B, T] with ids `example_ids` [B] (masking is a
+    function of (key, id)): input_ids, targets, segment_ids, positions, token_types int32, mask_weights
+    float32, all [B, T]."""
+    input_ids, mask_weights = mask_batch(targets, example_ids, key, vocab_size=vocab_size, mask_prob=mask_prob)
+    return dict(input_ids=input_ids, targets=targets, mask_weights=mask_weights, segment_ids=segment_ids,
+                positions=piece_positions(segment_ids),
+                token_types=np.zeros_like(targets))  # one sentence "A" per row: no next-sentence task
 
 
 def unigram_entropy(tokens: np.ndarray | Sequence[int] | None = None, *,

@@ -8,23 +8,33 @@ have seen, on any number of hosts:
     batch    = order[j·B : (j+1)·B]                   host h of P gets rows [h·B/P, (h+1)·B/P) of it
     masking of example i in epoch e: hash_uniform(seed, 0, e, i, position, draw)  (held-out: (seed, 1, 0, i, ...))
 
-Each epoch drops the num_examples mod B examples its permutation puts last (a different few every epoch).
-The iterator's state is the step plus what it was computed for (`MLMTrainIterator.get_state`).
+Each epoch drops the num_examples mod B examples its permutation puts last (a different few every epoch);
+data.shuffle=False visits the rows in packing order instead. The iterator's state is the step plus what it was
+computed for (`MLMTrainIterator.get_state`).
+
+With data.streaming=True the corpus is read shard by shard instead, each process its own shards
+(jaxpos/data/stream.py); where both paths apply (one process, one shard within one shuffle window) they give
+the same batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import zlib
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import ml_collections
 import numpy as np
 
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.order import ShuffledBatches, host_slice
-from jaxpos.data.mlm import PackedExamples, mask_batch, pack_documents, split_sentences, unigram_entropy
-from jaxpos.data.tokenizer import MLM_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
+from jaxpos.data.mlm import (PackedExamples, encode_documents, masked_rows, pack_documents, split_sentences,
+                             unigram_entropy)
+from jaxpos.data.stream import (ShardReader, StreamingMLMIterator, held_out_examples, host_process, list_shards,
+                                process_shards)
+from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer, tokenizer_settings,
+                                   train_tokenizer_file)
 
 _TRAIN_MASKS, _EVAL_MASKS, _ORDER = 0, 1, 2  # independent RNG streams
 
@@ -42,15 +52,23 @@ def default_data_config() -> ml_collections.ConfigDict:
         tfds_eval_split="",  # source=tfds: held-out split, e.g. "train[:1%]"; "" holds out eval_fraction
         text_field="text",  # source=tfds: the feature holding the text (wikipedia, c4: "text")
         data_dir="",  # source=tfds: TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
-        max_documents=0,  # read at most this many documents of the source (0 = all); packing is in memory
+        max_documents=0,  # read at most this many documents of the source (0 = all; in memory only)
+        streaming=False,  # source=text/tfds: read the corpus shard by shard (files; TFDS array_record files)
+        # instead of in memory: process p of P reads shards p, p+P, ..., packs and masks on the fly, and the
+        # stream position is saved in checkpoints (jaxpos/data/stream.py)
+        shuffle=True,  # a new row order every epoch; False: rows in packing order
+        shuffle_window=16384,  # streaming: rows permuted together (memory: ~8·seq_len bytes a row); shards are
+        # shuffled too. A corpus that fits in one window is visited exactly as in memory
         eval_fraction=0.05,  # share of documents held out (every 1/eval_fraction-th), unless tfds_eval_split
         seq_len=128,  # tokens per packed row, [CLS], [SEP]s and padding included
         vocab_size=8000,  # SentencePiece pieces, the 5 special tokens included (an upper bound: small corpora
         # give fewer; the model's vocabulary follows the tokenizer)
-        tokenizer_path="",  # an existing .model ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4); "" trains one
-        # and caches it as WORKDIR/spm_mlm.model (reused on resume)
+        tokenizer_path="",  # an existing .model ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), e.g. made by
+        # `jaxpos tokenizer`; "" trains one (process 0; the others wait for it) and caches it as
+        # WORKDIR/spm_mlm.model (reused on resume). Local or a URL (gs://...)
         tokenizer_model_type="unigram",  # SentencePiece algorithm: unigram | bpe
         tokenizer_max_sentences=300_000,  # train the tokenizer on at most this many sampled sentences
+        # (streaming: the first max_sentences / shards training sentences of every shard)
         mask_prob=0.15,  # BERT: this share of the non-special tokens is predicted; of those 80% [MASK],
         # 10% a random token, 10% unchanged
         seed=0,  # data order, masking, and the tokenizer's sentence sample
@@ -60,43 +78,39 @@ def default_data_config() -> ml_collections.ConfigDict:
 def build_examples(documents: list[str], tokenizer: Tokenizer, seq_len: int, stats: DataStats,
                    newline_ends_sentence: bool = False) -> PackedExamples:
     """Splits documents into sentences, tokenizes them and packs them into [N, seq_len] rows."""
-    sentences = [split_sentences(d, newline_ends_sentence) for d in documents]
-    encoded = iter(tokenizer.encode_batch([s for doc in sentences for s in doc]))
-    by_document = []
-    for document in sentences:
-        ids = [next(encoded) for _ in document]
-        stats.skipped_empty += sum(not s for s in ids)  # e.g. a sentence of characters the vocabulary drops
-        by_document.append([s for s in ids if s])
-    stats.sentences += sum(len(d) for d in by_document)
-    stats.tokens += sum(len(s) for d in by_document for s in d)
-    return pack_documents(by_document, seq_len, stats)
+    return pack_documents(encode_documents(documents, tokenizer, stats, newline_ends_sentence), seq_len, stats)
 
 
 def masked_batch(examples: PackedExamples, indices: np.ndarray, key: tuple[int, ...], vocab_size: int,
                  mask_prob: float) -> dict[str, np.ndarray]:
     """The batch of example rows `indices` [B], masked as a function of (key, example index). All [B, T]."""
-    targets = examples.tokens[indices]
-    input_ids, mask_weights = mask_batch(targets, indices, key, vocab_size=vocab_size, mask_prob=mask_prob)
-    return dict(input_ids=input_ids, targets=targets, mask_weights=mask_weights,
-                segment_ids=examples.segment_ids[indices],
-                token_types=np.zeros_like(targets))  # one sentence "A" per row: no next-sentence task
+    return masked_rows(examples.tokens[indices], examples.segment_ids[indices], indices, key, vocab_size,
+                       mask_prob)
 
 
 class MLMTrainIterator(ShuffledBatches):
     """Endless training batches: this host's slice of every global batch, as a dict of numpy arrays
-    input_ids, targets, segment_ids, token_types int32 and mask_weights float32, all [batch_size / hosts, T].
+    input_ids, targets, segment_ids, positions (within each packed piece), token_types int32 and mask_weights
+    float32, all [batch_size / hosts, T].
     Batch k is a pure function of (seed, k) (see jaxpos/data/order.py); masks are drawn per epoch."""
 
     def __init__(self, examples: PackedExamples, tokenizer: Tokenizer, batch_size: int, *, seed: int = 0,
-                 mask_prob: float = 0.15, process_index: int | None = None, process_count: int | None = None):
+                 mask_prob: float = 0.15, shuffle: bool = True, process_index: int | None = None,
+                 process_count: int | None = None):
         if len(examples) < batch_size:
             raise ValueError(f"the corpus packs into {len(examples)} examples of {examples.seq_len} tokens, fewer "
                              f"than one global batch of {batch_size}: add data, or lower the batch size or "
                              "data.seq_len")
+        fingerprint = zlib.crc32(examples.tokens.tobytes())  # a corpus changed under a run
         super().__init__(len(examples), batch_size, seed=seed, order_stream=_ORDER,
-                         fingerprint=zlib.crc32(examples.tokens.tobytes()),  # a corpus changed under a run
+                         fingerprint=fingerprint if shuffle else zlib.crc32(b"unshuffled", fingerprint),
                          process_index=process_index, process_count=process_count)
         self.examples, self.mask_prob, self.vocab_size = examples, mask_prob, tokenizer.vocab_size
+        self.shuffle = shuffle
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The row order of `epoch` [num_rows]: a permutation, or packing order without data.shuffle."""
+        return super().order(epoch) if self.shuffle else np.arange(self.num_rows)
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This host's slice of global batch `step`."""
@@ -127,35 +141,124 @@ class MLMData:
     """Everything `build_mlm_data` made: the tokenizer, the training iterator, the held-out rows, counters."""
 
     tokenizer: Tokenizer
-    train: MLMTrainIterator
+    train: MLMTrainIterator | StreamingMLMIterator
     eval_examples: PackedExamples
-    stats: DataStats  # train split, plus the source-level counters
+    stats: DataStats  # train split, plus the source-level counters (streaming: what this process read so far)
     eval_stats: DataStats
-    unigram_entropy: float  # nats/token of the training targets' unigram distribution
+    unigram_entropy: float  # nats/token of the training targets' unigram distribution (streaming: of the
+    # held-out rows, since the training rows are never all in memory)
     tokenizer_trained: bool  # False when a cached or configured model was loaded
 
     def summary(self) -> str:
         return f"train: {self.stats.summary()}\neval: {self.eval_stats.summary()}\ntokenizer: {self.tokenizer}"
 
 
+def _sentences(documents: Iterable[str], config) -> Iterator[str]:
+    return (s for d in documents for s in split_sentences(d, config.newline_ends_sentence))
+
+
+def tokenizer_training_sentences(config) -> Iterator[str]:
+    """The sentences a run with data config `config` trains its tokenizer on (before `sample_texts`): every
+    training sentence in memory; streaming, a bounded read of the shards (`ShardReader.sentences`)."""
+    if config.get("streaming", False):
+        return ShardReader(config, None, DataStats()).sentences(list_shards(config), config.tokenizer_max_sentences)
+    train_documents, _ = load_documents(config, DataStats(), DataStats())
+    return _sentences(train_documents, config)
+
+
+def _tokenizer(config, workdir: str, sentences: Iterable[str], process_index, process_count):
+    return load_or_train_tokenizer(
+        workdir, sentences, config.vocab_size, model_path=config.tokenizer_path or None,
+        special_tokens=MLM_SPECIAL_TOKENS, model_type=config.tokenizer_model_type,
+        max_sentences=config.tokenizer_max_sentences, seed=config.seed, process_index=process_index,
+        process_count=process_count)
+
+
+def _empty_held_out(config, training: str) -> ValueError:
+    return ValueError(f"the held-out split is empty ({training}, data.eval_fraction={config.eval_fraction}); raise "
+                      "data.eval_fraction or add documents")
+
+
 def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: str, *,
-                   process_index: int | None = None, process_count: int | None = None) -> MLMData:
+                   process_index: int | None = None, process_count: int | None = None,
+                   eval_rows: int = 0) -> MLMData:
     """Reads the configured corpus, trains (or loads) the tokenizer, packs both splits; `batch_size` is global.
+    With data.streaming, only the held-out rows are packed now (at most `eval_rows`, 0 = all) and the training
+    rows are read shard by shard as the iterator runs.
 
     Raises ValueError for an empty corpus, an empty held-out split, or fewer packed examples than one batch.
     """
+    if config.get("streaming", False):
+        return _build_streaming(config, batch_size, workdir, process_index, process_count, eval_rows)
     stats, eval_stats = DataStats(), DataStats()
     train_documents, eval_documents = load_documents(config, stats, eval_stats)
     if not eval_documents:
-        raise ValueError(f"the held-out split is empty ({len(train_documents)} training documents, "
-                         f"data.eval_fraction={config.eval_fraction}); raise data.eval_fraction or add documents")
-    training_sentences = (s for d in train_documents for s in split_sentences(d, config.newline_ends_sentence))
-    tokenizer, trained = load_or_train_tokenizer(
-        workdir, training_sentences, config.vocab_size, model_path=config.tokenizer_path or None,
-        special_tokens=MLM_SPECIAL_TOKENS, model_type=config.tokenizer_model_type,
-        max_sentences=config.tokenizer_max_sentences, seed=config.seed)
+        raise _empty_held_out(config, f"{len(train_documents)} training documents")
+    tokenizer, trained = _tokenizer(config, workdir, _sentences(train_documents, config), process_index,
+                                    process_count)
     train = build_examples(train_documents, tokenizer, config.seq_len, stats, config.newline_ends_sentence)
     held_out = build_examples(eval_documents, tokenizer, config.seq_len, eval_stats, config.newline_ends_sentence)
     iterator = MLMTrainIterator(train, tokenizer, batch_size, seed=config.seed, mask_prob=config.mask_prob,
-                                process_index=process_index, process_count=process_count)
+                                shuffle=config.get("shuffle", True), process_index=process_index,
+                                process_count=process_count)
     return MLMData(tokenizer, iterator, held_out, stats, eval_stats, unigram_entropy(train.tokens), trained)
+
+
+def _build_streaming(config, batch_size: int, workdir: str, process_index, process_count,
+                     eval_rows: int) -> MLMData:
+    shards = list_shards(config)
+    index, count = host_process(process_index, process_count)
+    process_shards(shards, index, count)  # too few shards: say so before a tokenizer is trained
+    sentences = ShardReader(config, None, DataStats()).sentences(shards, config.tokenizer_max_sentences)
+    tokenizer, trained = _tokenizer(config, workdir, sentences, index, count)
+    stats, eval_stats = DataStats(), DataStats()
+    # What the stream position depends on besides the shards: a changed setting or vocabulary is refused on resume.
+    reading = {k: config[k] for k in ("source", "doc_separator", "newline_ends_sentence", "eval_fraction",
+                                      "tfds_name", "tfds_eval_split", "text_field", "mask_prob")}
+    fingerprint = zlib.crc32(tokenizer.processor.serialized_model_proto(),
+                             zlib.crc32(json.dumps(reading, sort_keys=True).encode()))
+    iterator = StreamingMLMIterator(
+        shards, ShardReader(config, tokenizer, stats), config.seq_len, batch_size, vocab_size=tokenizer.vocab_size,
+        seed=config.seed, mask_prob=config.mask_prob, shuffle=config.shuffle, window=config.shuffle_window,
+        fingerprint=fingerprint, process_index=index, process_count=count)
+    held_out = held_out_examples(config, shards, tokenizer, eval_stats, config.seq_len, eval_rows)
+    if not len(held_out):
+        raise _empty_held_out(config, f"{len(shards)} shard(s)")
+    return MLMData(tokenizer, iterator, held_out, stats, eval_stats, unigram_entropy(held_out.tokens), trained)
+
+
+def train_tokenizer(config, out: str) -> Tokenizer:
+    """`jaxpos tokenizer`: trains the tokenizer that a run with data config `config` would train (same sentences,
+    settings and model) and writes OUT.model, OUT.vocab and OUT.json (`out` may end in .model; local or URL)."""
+    prefix = out[:-len(".model")] if out.endswith(".model") else out
+    sample, settings = tokenizer_settings(tokenizer_training_sentences(config), config.vocab_size,
+                                          special_tokens=MLM_SPECIAL_TOKENS, model_type=config.tokenizer_model_type,
+                                          max_sentences=config.tokenizer_max_sentences, seed=config.seed)
+    return train_tokenizer_file(sample, settings, prefix)
+
+
+def tokenizer_main(config_spec: str, out: str, overrides: list[str]) -> Tokenizer:
+    """`jaxpos tokenizer --config CFG --out OUT`: trains the tokenizer a run of CFG would train (masked-LM or
+    translation) once, so that every process of a multi-process run reads it (data.tokenizer_path=OUT.model)."""
+    from jaxpos.config.files import apply_overrides, load_config
+
+    config = apply_overrides(load_config(config_spec), overrides)
+    dcfg = config.data
+    if config.task == "mlm":
+        tokenizer = train_tokenizer(dcfg, out)
+    elif config.task == "translation":
+        from jaxpos.data.parallel import SPLITS, TranslationStats, load_parallel
+        from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS
+
+        train = load_parallel(dcfg, {s: TranslationStats() for s in SPLITS}, splits_wanted=("train",))["train"]
+        sample, settings = tokenizer_settings(
+            (sentence for pair in zip(train.sources, train.targets) for sentence in pair), dcfg.vocab_size,
+            special_tokens=TRANSLATION_SPECIAL_TOKENS, model_type=dcfg.tokenizer_model_type,
+            max_sentences=dcfg.tokenizer_max_sentences, seed=dcfg.seed)
+        tokenizer = train_tokenizer_file(sample, settings, out[:-len(".model")] if out.endswith(".model") else out)
+    else:
+        raise ValueError(f"{config_spec} is a {config.task!r} config; `jaxpos tokenizer` trains the tokenizer of a "
+                         "masked-LM or translation config (fine-tuning reuses the pretrained model's)")
+    print(f"wrote {tokenizer.path} ({tokenizer.vocab_size} pieces); train with "
+          f"--config.data.tokenizer_path={tokenizer.path}")
+    return tokenizer

@@ -8,6 +8,10 @@ Special tokens take the first ids, in the order given to `train_sentencepiece`:
 [PAD], [UNK], [BOS] and [EOS] become SentencePiece's own pad/unk/bos/eos pieces (so `encode(..., add_bos=True)`
 works); the others are control symbols, which text can never produce: a literal "[MASK]" in the corpus is
 tokenized as ordinary characters, so the data cannot forge a special token.
+
+Model files may be local or at URLs that etils.epath handles (gs://, ...). A run trains its tokenizer once: on
+process 0, while the other processes wait for the file (`load_or_train_tokenizer`), or beforehand with
+`jaxpos tokenizer --config CFG --out PATH` (`train_tokenizer_file`) and `data.tokenizer_path=PATH.model`.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
 MLM_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TRANSLATION_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
@@ -33,10 +39,11 @@ class Tokenizer:
     """A SentencePiece model whose special tokens sit at ids 0..len(special_tokens)-1."""
 
     def __init__(self, model_path: str, special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS):
-        if not os.path.isfile(model_path):
+        path = epath.Path(model_path)
+        if not path.exists() or path.is_dir():
             raise FileNotFoundError(f"SentencePiece model {model_path!r} does not exist")
         self.path = model_path
-        self.processor = spm.SentencePieceProcessor(model_file=model_path)
+        self.processor = spm.SentencePieceProcessor(model_proto=path.read_bytes())  # read through epath: URLs too
         self.special_tokens = tuple(special_tokens)
         found = [self.processor.piece_to_id(token) for token in self.special_tokens]
         if found != list(range(len(self.special_tokens))):
@@ -76,8 +83,8 @@ class Tokenizer:
 
 
 def load_tokenizer(path: str, special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS) -> Tokenizer:
-    """Loads a `.model` file and checks that its special tokens sit at the documented ids."""
-    return Tokenizer(os.path.expanduser(path), special_tokens)
+    """Loads a `.model` file (local or URL) and checks that its special tokens sit at the documented ids."""
+    return Tokenizer(path if "://" in path else os.path.expanduser(path), special_tokens)
 
 
 def sample_texts(texts: Iterable[str], max_texts: int, seed: int = 0) -> list[str]:
@@ -121,9 +128,13 @@ def train_sentencepiece(texts: Iterable[str], model_prefix: str, vocab_size: int
             roles[f"{role}_id"], roles[f"{role}_piece"] = token_id, token
         else:
             control_symbols.append(token)  # SentencePiece fills the free low ids with these, in order
-    directory = os.path.dirname(os.path.abspath(model_prefix))
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+    remote = "://" in model_prefix
+    directory = None if remote else os.path.dirname(os.path.abspath(model_prefix))
+    if remote:
+        epath.Path(model_prefix).parent.mkdir(parents=True, exist_ok=True)
+    else:
+        os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:  # SentencePiece writes local files only
         scratch_prefix = os.path.join(scratch, "spm")
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences), model_prefix=scratch_prefix, vocab_size=vocab_size,
@@ -131,42 +142,79 @@ def train_sentencepiece(texts: Iterable[str], model_prefix: str, vocab_size: int
             character_coverage=character_coverage, input_sentence_size=0, shuffle_input_sentence=False,
             max_sentence_length=1 << 16, num_threads=num_threads,
             minloglevel=2, **roles)
-        for suffix in (".model", ".vocab"):  # a concurrent reader never sees a half-written model
-            os.replace(scratch_prefix + suffix, model_prefix + suffix)
+        for suffix in (".vocab", ".model"):  # a concurrent reader never sees a half-written model
+            if remote:  # one object upload: atomic for readers of gs:// and the like
+                epath.Path(model_prefix + suffix).write_bytes(epath.Path(scratch_prefix + suffix).read_bytes())
+            else:
+                os.replace(scratch_prefix + suffix, model_prefix + suffix)
     return Tokenizer(model_prefix + ".model", special_tokens)
 
 
-def load_or_train_tokenizer(workdir: str, sentences: Iterable[str], vocab_size: int, *,
-                            model_path: str | None = None, name: str = "spm_mlm",
-                            special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS, model_type: str = "unigram",
-                            max_sentences: int = 300_000, seed: int = 0) -> tuple[Tokenizer, bool]:
-    """The tokenizer of a run and whether it was trained now.
-
-    `model_path` given: that file. Otherwise WORKDIR/<name>.model, reused when its WORKDIR/<name>.json records
-    the same settings and training sentences (a resumed run keeps its vocabulary), trained when absent. A cached
-    model made with other settings raises: a run's checkpoints only fit the vocabulary they were trained with.
-    """
-    if model_path:
-        return load_tokenizer(model_path, special_tokens), False
+def tokenizer_settings(sentences: Iterable[str], vocab_size: int, *,
+                       special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS, model_type: str = "unigram",
+                       max_sentences: int = 300_000, seed: int = 0) -> tuple[list[str], dict]:
+    """(training sample, settings): the sentences a tokenizer trains on (`sample_texts`) and what identifies the
+    model it gives (the settings and a hash of the sample), as saved beside it in `<prefix>.json`."""
     sample = sample_texts(sentences, max_sentences, seed)
     digest = hashlib.sha256()
     for sentence in sample:
         digest.update(sentence.encode("utf-8", errors="replace") + b"\n")
     settings = dict(vocab_size=vocab_size, special_tokens=list(special_tokens), model_type=model_type,
                     max_sentences=max_sentences, seed=seed, sentences=len(sample), sha256=digest.hexdigest())
+    return sample, settings
+
+
+def train_tokenizer_file(sample: list[str], settings: dict, model_prefix: str) -> Tokenizer:
+    """Trains on `sample` with `settings` (from `tokenizer_settings`); writes `<prefix>.model`, `.vocab`, then
+    `.json` (the settings, written last: a process that sees it can read the model)."""
+    tokenizer = train_sentencepiece(sample, model_prefix, settings["vocab_size"],
+                                    special_tokens=settings["special_tokens"], model_type=settings["model_type"],
+                                    max_sentences=settings["max_sentences"], seed=settings["seed"])
+    epath.Path(model_prefix + ".json").write_text(json.dumps(settings, indent=1))
+    return tokenizer
+
+
+def load_or_train_tokenizer(workdir: str, sentences: Iterable[str], vocab_size: int, *,
+                            model_path: str | None = None, name: str = "spm_mlm",
+                            special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS, model_type: str = "unigram",
+                            max_sentences: int = 300_000, seed: int = 0, process_index: int | None = None,
+                            process_count: int | None = None, wait_s: float = 3600.0) -> tuple[Tokenizer, bool]:
+    """The tokenizer of a run and whether it was trained now (by this process).
+
+    `model_path` given: that file. Otherwise WORKDIR/<name>.model, reused when its WORKDIR/<name>.json records
+    the same settings and training sentences (a resumed run keeps its vocabulary), trained when absent. Only
+    process 0 reads `sentences` and checks or trains; the others wait up to `wait_s` seconds for its settings
+    file and load the model (the workdir must be shared, e.g. a gs:// bucket). A cached model made with other
+    settings raises: a run's checkpoints only fit the vocabulary they were trained with.
+    """
+    if model_path:
+        return load_tokenizer(model_path, special_tokens), False
+    if process_index is None or process_count is None:
+        import jax
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
     prefix = os.path.join(workdir, name)
-    settings_path = prefix + ".json"
-    if os.path.exists(prefix + ".model") and os.path.exists(settings_path):
-        with open(settings_path) as f:
-            cached = json.load(f)
+    settings_path = epath.Path(prefix + ".json")
+    if process_index != 0:  # reads no sentences: process 0 checks or trains the model, then writes the settings
+        deadline = time.monotonic() + wait_s
+        while not settings_path.exists():
+            if time.monotonic() > deadline:
+                raise FileNotFoundError(
+                    f"process {process_index} of {process_count} waited {wait_s:.0f} s for {prefix}.model, which "
+                    "process 0 trains: every process must see the same workdir (a shared filesystem or a gs:// "
+                    "bucket), or train the tokenizer beforehand with `jaxpos tokenizer --config CFG --out PATH` "
+                    "and set data.tokenizer_path=PATH.model")
+            time.sleep(min(1.0, wait_s / 10))
+        return load_tokenizer(prefix + ".model", special_tokens), False
+    sample, settings = tokenizer_settings(sentences, vocab_size, special_tokens=special_tokens,
+                                          model_type=model_type, max_sentences=max_sentences, seed=seed)
+    if epath.Path(prefix + ".model").exists() and settings_path.exists():
+        cached = json.loads(settings_path.read_text())
         if cached != settings:
             changed = {k: (cached.get(k), v) for k, v in settings.items() if cached.get(k) != v}
             raise ValueError(f"{prefix}.model was trained with other settings or data (cached, now): {changed}. "
                              "Checkpoints in this workdir fit the old vocabulary: use a new workdir, or delete "
                              f"{prefix}.model to retrain")
         return load_tokenizer(prefix + ".model", special_tokens), False
-    tokenizer = train_sentencepiece(sample, prefix, vocab_size, special_tokens=special_tokens,
-                                    model_type=model_type, max_sentences=max_sentences, seed=seed)
-    with open(settings_path, "w") as f:
-        json.dump(settings, f, indent=1)
-    return tokenizer, True
+    return train_tokenizer_file(sample, settings, prefix), True

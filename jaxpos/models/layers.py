@@ -10,6 +10,7 @@ from jaxpos.attention.layer import MultiHeadAttention, dense
 from jaxpos.attention.masks import attention_mask
 from jaxpos.config import ModelConfig
 from jaxpos.positions import INPUT_ONLY, SegmentAttention, make_position
+from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
 
 
 def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
@@ -36,7 +37,7 @@ class MlpBlock(nn.Module):
         """x [..., d] -> [..., d]."""
         cfg = self.cfg
         h = dense(cfg, cfg.mlp_dim, -1, ("embed", "mlp"), ("mlp",), "wi")(x)
-        h = activation(cfg.activation)(h)
+        h = constrain(activation(cfg.activation)(h), MLP_HIDDEN)
         return dense(cfg, cfg.d_model, -1, ("mlp", "embed"), ("embed",), "wo")(h)
 
 
@@ -124,6 +125,8 @@ class TransformerStack(nn.Module):
         x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
         if cfg.embedding_dim:  # factorised embeddings (ALBERT): project E -> d_model
             x = dense(cfg, cfg.d_model, -1, (None, "embed"), ("embed",), "embed_projection")(x)
+        # The batch, not the fsdp-sharded embedding table, decides how the residual stream is split.
+        x = constrain(x, HIDDEN)
 
         bias = position(q_pos, k_pos)  # once per forward pass, for all layers
         if input_positions is not None and not self.decode and (bias.factors is not None or bias.dense is not None):
@@ -156,6 +159,7 @@ class TransformerStack(nn.Module):
                       encoded=encoded, cross_bias=cross_bias.for_layer(i) if cross_bias is not None else None,
                       enc_pos=enc_pos, cross_mask=cross_mask, mask_ids=mask_ids, cross_mask_ids=cross_mask_ids,
                       deterministic=deterministic)
+            x = constrain(x, HIDDEN)
             self.sow("intermediates", "hidden_states", x)
         if cfg.layer_norm == "pre":
             x = layer_norm(cfg, "final_norm")(x)

@@ -1,18 +1,21 @@
-"""Orbax checkpoints of the training state and the data iterator position, saved together.
+"""Orbax checkpoints of the training state, the data iterator position and the model config, saved together.
 
 The latest checkpoint is restored automatically; a corrupt or partial one is reported and the previous one is
-used instead, so a crashed run loses at most the steps since its last good checkpoint.
+used instead, so a crashed run loses at most the steps since its last good checkpoint. Directories are local
+paths or URLs that etils.epath and orbax handle (`gs://bucket/run/checkpoints`); every process of a multi-host
+run passes the same directory, and a checkpoint restores onto any mesh and process count.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import shutil
 import time
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 log = logging.getLogger(__name__)
 
@@ -21,21 +24,64 @@ class CheckpointError(RuntimeError):
     """No checkpoint in a workdir could be restored."""
 
 
+# Model-config fields that change how the model is computed or regularised, not its parameters: a run may resume
+# with other values.
+RESUMABLE_MODEL_FIELDS = frozenset({"attention_impl", "dtype", "dropout", "attention_dropout"})
+
+
+def checkpoint_path(directory) -> epath.Path:
+    """A local directory made absolute (as before); a URL (`gs://...`, `s3://...`) kept as it is."""
+    text = os.fspath(directory)
+    return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
 class Checkpointer:
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
         """`read_only`: for analysis code, which must leave a run's directory exactly as it found it."""
-        self.directory = os.path.abspath(directory)
+        self.directory = checkpoint_path(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=not read_only, cleanup_tmp_directories=not read_only,
                                                read_only=read_only)
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+        self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                             item_names=("state", "data", "model"))
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
-    def save(self, step: int, state, data_state: dict) -> None:
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        data=ocp.args.JsonSave(data_state)), force=True)
+    def save(self, step: int, state, data_state: dict, model_config: dict | None = None) -> None:
+        """Saves the state, the data position and (if given) the model config (a JSON-ready dict) as `step`."""
+        items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+        if model_config is not None:
+            items["model"] = ocp.args.JsonSave(model_config)
+        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+    def saved_model_config(self) -> tuple[int, dict] | None:
+        """(step, model config) of the newest checkpoint that saved one (older jaxpos did not), or None."""
+        for step in reversed(self.steps()):
+            if not (self.directory / str(step) / "model").exists():
+                continue
+            try:
+                restored = self.manager.restore(step, args=ocp.args.Composite(model=ocp.args.JsonRestore()))
+            except Exception:  # noqa: BLE001 - unreadable: restore_latest reports and skips this step
+                continue
+            return step, restored["model"]
+        return None
+
+    def check_model_config(self, model_config: dict) -> None:
+        """Raises ValueError, naming the fields and both values, when the newest checkpoint's model config differs
+        from `model_config` (fields in RESUMABLE_MODEL_FIELDS may differ). Reads JSON only: nothing compiles."""
+        saved = self.saved_model_config()
+        if saved is None:
+            return
+        step, old = saved
+        old, new = _flatten(json.loads(json.dumps(old))), _flatten(json.loads(json.dumps(model_config)))
+        differ = [k for k in sorted(set(old) | set(new))
+                  if k.split(".")[0] not in RESUMABLE_MODEL_FIELDS and old.get(k, "<absent>") != new.get(k, "<absent>")]
+        if differ:
+            fields = "; ".join(f"model.{k}: {old.get(k, '<absent>')!r} in the checkpoint, "
+                               f"{new.get(k, '<absent>')!r} in this run" for k in differ)
+            raise ValueError(f"checkpoint step {step} in {self.directory} was saved for another model ({fields}); "
+                             "resume with the checkpoint's model config or use a new workdir")
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -85,17 +131,33 @@ class Checkpointer:
             return step, restored["state"]["params"]
         return None
 
-    def _move_aside(self, step: int) -> str:
+    def _move_aside(self, step: int) -> epath.Path:
         """Moves an unreadable step out of the manager's way (kept for inspection, never overwritten)."""
-        aside = os.path.join(os.path.dirname(self.directory), "checkpoints_corrupt", f"{step}-{int(time.time())}")
-        os.makedirs(os.path.dirname(aside), exist_ok=True)
-        shutil.move(os.path.join(self.directory, str(step)), aside)
+        aside = self.directory.parent / "checkpoints_corrupt" / f"{step}-{int(time.time())}"
+        if jax.process_index() == 0:  # one process moves it; the others wait for it
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            (self.directory / str(step)).rename(aside)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"jaxpos checkpoint {step} moved aside")
         self.manager.reload()
         return aside
 
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    """{"position": {"kind": "tisa"}} -> {"position.kind": "tisa"}."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def abstract_like(tree, shardings):
@@ -109,8 +171,8 @@ def restore_run_params(workdir: str, model, init_args: tuple, device: jax.Device
     workdir is only read. Raises FileNotFoundError when there is no checkpoint, ValueError when none restores."""
     import flax.linen as nn
 
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory) or not any(d.isdigit() for d in os.listdir(directory)):
+    directory = checkpoint_path(workdir) / "checkpoints"
+    if not directory.is_dir() or not any(d.name.isdigit() for d in directory.iterdir()):
         raise FileNotFoundError(f"{directory} holds no checkpoint; train first (jaxpos train ... --workdir {workdir})")
     sharding = jax.sharding.SingleDeviceSharding(device or jax.devices("cpu")[0])
     abstract = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_args)))["params"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import signal
 import time
@@ -18,8 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxpos.sharding import batch_sharding, check_batch_divisible, logical_sharding, make_mesh, replicated
+from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
+                             replicated)
 from jaxpos.training.checkpoint import Checkpointer, abstract_like
 from jaxpos.training.metrics import MetricWriter
 from jaxpos.training.optim import learning_rate_schedule, make_optimizer
@@ -81,6 +84,66 @@ def eval_sums(params, batch, *, task: Task) -> dict:
     return task.loss(params, batch, None, False)[1]
 
 
+def with_activation_sharding(fn: Callable, mesh) -> Callable:
+    """`fn` traced with the mesh and rule table active, so the models' activation constraints apply."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with activation_sharding(mesh):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def model_config_dict(model: nn.Module) -> dict | None:
+    """The typed config of a jaxpos model (`model.cfg`) as a JSON-ready dict, saved with every checkpoint."""
+    cfg = getattr(model, "cfg", None)
+    return json.loads(json.dumps(dataclasses.asdict(cfg))) if dataclasses.is_dataclass(cfg) else None
+
+
+def make_global_batch(local: dict, sharding: NamedSharding) -> dict:
+    """Global arrays [B, ...] from each process's rows: process p of P gives rows [p·B/P, (p+1)·B/P) as numpy
+    arrays [B/P, ...] (the split of jaxpos.data.order.host_slice), so each process reads only its share.
+
+    When the mesh gives each process exactly those rows (one process; or the batch axes span the processes in
+    process order, as make_mesh lays them out) the arrays are assembled in place. Otherwise (e.g. tensor
+    parallelism across hosts, where every process needs every row) they are assembled split by process and
+    then resharded on the devices, which moves rows between processes."""
+    count, index = jax.process_count(), jax.process_index()
+    out = {}
+    for key, value in local.items():
+        value = np.asarray(value)
+        shape = (value.shape[0] * count,) + value.shape[1:]
+        if _holds_rows(sharding, shape[0], index * value.shape[0], (index + 1) * value.shape[0]):
+            out[key] = jax.make_array_from_process_local_data(sharding, value, shape)
+        else:
+            by_process = jax.make_array_from_process_local_data(_process_sharding(sharding.mesh), value, shape)
+            out[key] = _reshard(sharding)(by_process)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _holds_rows(sharding: NamedSharding, rows: int, start: int, stop: int) -> bool:
+    """Whether this process's devices hold exactly rows [start, stop) of a [rows, ...] array."""
+    held = np.zeros(rows, bool)
+    for index in sharding.addressable_devices_indices_map((rows,)).values():
+        held[index[0]] = True
+    return bool(held[start:stop].all()) and int(held.sum()) == stop - start
+
+
+@functools.lru_cache(maxsize=None)
+def _process_sharding(mesh) -> NamedSharding:
+    """Rows split over processes in process order, replicated over each process's devices."""
+    devices = sorted(mesh.devices.flat, key=lambda d: (d.process_index, d.id))
+    grid = np.asarray(devices, dtype=object).reshape(jax.process_count(), -1)
+    return NamedSharding(Mesh(grid, ("process", "local")), PartitionSpec("process"))
+
+
+@functools.lru_cache(maxsize=None)
+def _reshard(sharding: NamedSharding) -> Callable:
+    return jax.jit(lambda x: x, out_shardings=sharding)
+
+
 @dataclasses.dataclass
 class TrainResult:
     state: TrainState
@@ -92,14 +155,22 @@ class TrainResult:
 class Trainer:
     """Builds the mesh, shardings and jitted steps for a task, then runs and resumes training."""
 
-    def __init__(self, config, workdir: str, task: Task, *, log: bool = True):
+    def __init__(self, config, workdir: str, task: Task, *, log: bool = True, mesh: Mesh | None = None):
+        """`mesh`: the device mesh (default: config.mesh over every device of every process)."""
         self.config, self.workdir, self.task = config, workdir, task
         tcfg = config.train
-        self.mesh = make_mesh(**config.mesh.to_dict())
-        check_batch_divisible(tcfg.batch_size, self.mesh)
-        if tcfg.batch_size % (tcfg.grad_accum_steps * jax.process_count()):
-            raise ValueError(f"train.batch_size={tcfg.batch_size} must divide into grad_accum_steps="
-                             f"{tcfg.grad_accum_steps} micro-batches on each of {jax.process_count()} hosts")
+        # User errors first, each naming both sides, before anything is traced or compiled.
+        self.mesh = mesh if mesh is not None else make_mesh(**config.mesh.to_dict())
+        check_batch_divisible(tcfg.batch_size, self.mesh, jax.process_count(), tcfg.grad_accum_steps)
+        self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,
+                                         async_save=tcfg.async_checkpoints)
+        self.model_config = model_config_dict(task.model)
+        if self.model_config is not None:
+            try:
+                self.checkpointer.check_model_config(self.model_config)
+            except ValueError:
+                self.checkpointer.close()
+                raise
         self.tx = make_optimizer(tcfg)
         self.schedule = learning_rate_schedule(tcfg)
         args, kwargs = task.init_inputs()
@@ -107,24 +178,23 @@ class Trainer:
         boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
         self.state_shardings = logical_sharding(boxed, self.mesh)
         self.abstract_state = nn.unbox(boxed)
+        on_mesh = functools.partial(with_activation_sharding, mesh=self.mesh)
         self._init = jax.jit(lambda rng: nn.unbox(init(rng)), out_shardings=self.state_shardings)
         self.batch_sharding = batch_sharding(self.mesh)
         self.train_step = jax.jit(
-            functools.partial(train_step, task=task, tx=self.tx, schedule=self.schedule,
+            functools.partial(on_mesh(train_step), task=task, tx=self.tx, schedule=self.schedule,
                               accum_steps=tcfg.grad_accum_steps),
             in_shardings=(self.state_shardings, self.batch_sharding),
             out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
-        self.eval_step = jax.jit(functools.partial(eval_sums, task=task),
+        self.eval_step = jax.jit(functools.partial(on_mesh(eval_sums), task=task),
                                  in_shardings=(self.state_shardings.params, self.batch_sharding),
                                  out_shardings=replicated(self.mesh))
-        self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,
-                                         async_save=tcfg.async_checkpoints)
         self.log = log
 
     def global_batch(self, local: dict) -> dict:
-        """This host's slice of the batch -> global arrays sharded over the mesh."""
-        return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
-                for k, v in local.items()}
+        """This process's rows of a global batch (jaxpos.data.order.host_slice) -> global arrays sharded over
+        the mesh; see `make_global_batch`."""
+        return make_global_batch(local, self.batch_sharding)
 
     def initial_state(self, data) -> tuple[TrainState, int | None]:
         restored = self.checkpointer.restore_latest(abstract_like(self.abstract_state, self.state_shardings))
@@ -201,7 +271,7 @@ class Trainer:
                     if pending is not None:  # never checkpoint a state whose loss was not finite
                         window.append(read(*pending))
                         pending = None
-                    self.checkpointer.save(done, state, data.get_state())
+                    self.checkpointer.save(done, state, data.get_state(), self.model_config)
                 if stop["signal"]:
                     writer.write(f"received signal {stop['signal']}: checkpointed step {done}, stopping")
                     break

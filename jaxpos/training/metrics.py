@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 
+from etils import epath
 from tqdm.auto import tqdm
 
 
@@ -13,15 +16,23 @@ class MetricWriter:
     """TensorBoard scalars plus console output: a live progress bar on a terminal, plain lines in a log file.
 
     A piped or redirected stdout gets no bar (its carriage-return redraws would pile up in the file); each logged
-    line carries the ETA instead.
+    line carries the ETA instead. A workdir URL (gs://...) gets its event files through etils.epath: they are
+    written locally and copied to WORKDIR/tensorboard at most every `sync_every_s` seconds and at `close`.
     """
 
-    def __init__(self, workdir: str, total_steps: int, start_step: int = 0, enabled: bool = True):
+    def __init__(self, workdir: str, total_steps: int, start_step: int = 0, enabled: bool = True,
+                 sync_every_s: float = 60.0):
         self.enabled = enabled
         self.writer = None
+        self.remote = epath.Path(workdir) / "tensorboard" if "://" in str(workdir) else None
+        self.local_dir = os.path.join(workdir, "tensorboard")
+        self.sync_every_s, self.synced = sync_every_s, float("-inf")  # the first write is copied at once
         if enabled:
             from tensorboardX import SummaryWriter
-            self.writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+            if self.remote is not None:
+                self.local_dir = tempfile.mkdtemp(prefix="jaxpos_tensorboard_")
+            self.writer = SummaryWriter(self.local_dir)
         self.total_steps, self.start_step = total_steps, start_step
         self.live_bar = enabled and sys.stdout.isatty()
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
@@ -37,6 +48,8 @@ class MetricWriter:
         for key, value in values.items():
             self.writer.add_scalar(f"{prefix}/{key}", float(value), step)
         self.writer.flush()
+        if self.remote is not None and time.monotonic() - self.synced >= self.sync_every_s:
+            self.sync()
         if echo:
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
             where = f"{prefix} step {step}"
@@ -56,10 +69,24 @@ class MetricWriter:
         """Draws the bar's final state once and retires it, so the run's last lines print below it cleanly."""
         self.bar.close()  # draws the final state (with the latest postfix) once; idempotent
 
+    def sync(self) -> None:
+        """Copies the local event files to a remote workdir's tensorboard folder (whole files: they are small)."""
+        if self.remote is None or self.writer is None:
+            return
+        self.remote.mkdir(parents=True, exist_ok=True)
+        for name in sorted(os.listdir(self.local_dir)):
+            with open(os.path.join(self.local_dir, name), "rb") as f:
+                (self.remote / name).write_bytes(f.read())
+        self.synced = time.monotonic()
+
     def close(self) -> None:
         self.bar.close()
         if self.writer is not None:
             self.writer.close()
+            if self.remote is not None:
+                self.sync()
+                shutil.rmtree(self.local_dir, ignore_errors=True)
+                self.writer = None
 
     def _eta(self, step: int) -> str:
         done = step - self.start_step

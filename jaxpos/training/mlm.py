@@ -36,7 +36,8 @@ def summarize_token_sums(sums: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class MaskedLMTask:
-    """Batches: input_ids, targets, mask_weights, segment_ids, token_types, all [B, T].
+    """Batches: input_ids, targets, mask_weights, segment_ids, token_types, and optionally positions (within each
+    packed piece; absent: 0..T-1), all [B, T].
 
     With `max_predictions`, the head runs only at the (at most) P masked positions of each row instead of all
     T, which saves most of the [B, T, V] vocabulary product.
@@ -56,14 +57,15 @@ class MaskedLMTask:
 
     def loss(self, params, batch, rng, train):
         weights, targets = batch["mask_weights"].astype(jnp.float32), batch["targets"]
-        positions = None
+        predicted = None
         if self.max_predictions:
-            _, positions = jax.lax.top_k(weights, self.max_predictions)  # masked positions first
-            weights = jnp.take_along_axis(weights, positions, axis=1)
-            targets = jnp.take_along_axis(targets, positions, axis=1)
+            _, predicted = jax.lax.top_k(weights, self.max_predictions)  # masked positions first
+            weights = jnp.take_along_axis(weights, predicted, axis=1)
+            targets = jnp.take_along_axis(targets, predicted, axis=1)
         logits = self.model.apply(
             {"params": params}, batch["input_ids"], segment_ids=batch["segment_ids"],
-            token_types=batch["token_types"], predict_positions=positions, deterministic=not train,
+            token_types=batch["token_types"], input_positions=batch.get("positions"),
+            predict_positions=predicted, deterministic=not train,
             rngs={"dropout": rng} if train else {})
         loss, correct, weight = token_cross_entropy(logits, targets, weights)
         return loss, {"loss": loss, "correct": correct, "weight": weight}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import jax
 import numpy as np
+from etils import epath
 
 from jaxpos.config import model_config
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
@@ -15,23 +17,36 @@ from jaxpos.training.loop import Trainer
 from jaxpos.training.mlm import MaskedLMTask
 
 
+def write_text(workdir: str, name: str, text: str) -> str:
+    """Writes WORKDIR/name (a local folder or a URL that etils.epath handles, e.g. gs://); returns its path."""
+    path = epath.Path(workdir) / name
+    path.write_text(text)
+    return str(path)
+
+
 def train_mlm(config, workdir: str):
-    """Pretrains a BERT-style model as configured; resumes from WORKDIR's checkpoints. Returns the TrainResult."""
-    os.makedirs(workdir, exist_ok=True)
+    """Pretrains a BERT-style model as configured; resumes from WORKDIR's checkpoints (local or gs://...).
+    Returns the TrainResult."""
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     dcfg, tcfg = config.data, config.train
+    main_process = jax.process_index() == 0  # files of the run are written once
     print(f"jaxpos: masked-LM pretraining, position={config.model.position.kind}, "
           f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}", flush=True)
-    data = build_mlm_data(dcfg, tcfg.batch_size, workdir)
-    print(f"data ({dcfg.source}): {data.stats.summary()}; held-out examples={len(data.eval_examples.tokens)}")
+    data = build_mlm_data(dcfg, tcfg.batch_size, workdir, eval_rows=tcfg.eval_batches * tcfg.batch_size)
+    streaming = dcfg.get("streaming", False)
+    if streaming:
+        print(f"data ({dcfg.source}): {data.train.describe()}; held-out examples={len(data.eval_examples)}")
+    else:
+        print(f"data ({dcfg.source}): {data.stats.summary()}; held-out examples={len(data.eval_examples)}")
     print(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
     if config.model.vocab_size != data.tokenizer.vocab_size:
         config.model.vocab_size = data.tokenizer.vocab_size  # the embedding table follows the tokenizer
     if config.model.max_length < dcfg.seq_len:
         raise ValueError(f"model.max_length={config.model.max_length} is shorter than data.seq_len={dcfg.seq_len}")
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2))
-    print(f"baseline: unigram entropy of the corpus = {data.unigram_entropy:.3f} nats/token "
-          "(the loss of a model that ignores context)", flush=True)
+    if main_process:
+        write_text(workdir, "config.json", config.to_json_best_effort(indent=2))
+    print(f"baseline: unigram entropy of the {'held-out rows' if streaming else 'corpus'} = "
+          f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)", flush=True)
 
     cfg = model_config(config.model)
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
@@ -46,20 +61,23 @@ def train_mlm(config, workdir: str):
         trainer.close()
     report = dict(train=result.final_metrics, eval=result.eval_metrics, unigram_entropy=data.unigram_entropy,
                   step=int(jax.device_get(result.state.step)))
-    with open(os.path.join(workdir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
+    if main_process:
+        write_text(workdir, "report.json", json.dumps(report, indent=2))
     train_loss, eval_loss = result.final_metrics.get("loss"), result.eval_metrics.get("loss")
     if train_loss is not None:
         print(f"final: train loss {train_loss:.3f}, eval loss {eval_loss:.3f}, eval accuracy "
               f"{result.eval_metrics.get('accuracy', float('nan')):.3f}, vs unigram entropy "
               f"{data.unigram_entropy:.3f}")
-    if cfg.position.kind == "tisa" and jax.process_index() == 0:
+    if cfg.position.kind == "tisa" and main_process:
         from jaxpos.analysis.plots import plot_tisa_scores
 
         params = jax.device_get(result.state.params)
         tisa = params["bert"]["encoder"]["position"]
-        path = plot_tisa_scores({k: np.asarray(tisa[k]) for k in "abc"}, dcfg.seq_len,
-                                os.path.join(workdir, "tisa_scores.png"))
+        with tempfile.TemporaryDirectory() as scratch:  # matplotlib writes local files; epath copies them anywhere
+            local = plot_tisa_scores({k: np.asarray(tisa[k]) for k in "abc"}, dcfg.seq_len,
+                                     os.path.join(scratch, "tisa_scores.png"))
+            path = epath.Path(workdir) / "tisa_scores.png"
+            path.write_bytes(epath.Path(local).read_bytes())
         print(f"wrote {path}")
-    print(f"checkpoints: {os.path.join(workdir, 'checkpoints')}  TensorBoard: {os.path.join(workdir, 'tensorboard')}")
+    print(f"checkpoints: {epath.Path(workdir) / 'checkpoints'}  TensorBoard: {epath.Path(workdir) / 'tensorboard'}")
     return result

@@ -67,10 +67,12 @@ def test_packing_literal_rows():
     packed = pack_documents(docs, 10)
     np.testing.assert_array_equal(packed.tokens, [[CLS_ID, 10, 11, 12, 13, 14, SEP_ID, 20, 21, SEP_ID]])
     np.testing.assert_array_equal(packed.segment_ids, [[1, 1, 1, 1, 1, 1, 1, 2, 2, 2]])
+    np.testing.assert_array_equal(packed.positions, [[0, 1, 2, 3, 4, 5, 6, 0, 1, 2]])  # restarting per piece
     packed = pack_documents(docs, 8)  # the second document does not fit: it starts the next row
     np.testing.assert_array_equal(packed.tokens, [[CLS_ID, 10, 11, 12, 13, 14, SEP_ID, PAD_ID],
                                                   [CLS_ID, 20, 21, SEP_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID]])
     np.testing.assert_array_equal(packed.segment_ids, [[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(packed.positions, [[0, 1, 2, 3, 4, 5, 6, 0], [0, 1, 2, 3, 0, 0, 0, 0]])
     packed = pack_documents([[[10, 11], [12, 13, 14, 15]]], 6)  # a document continues in the next row
     np.testing.assert_array_equal(packed.tokens, [[CLS_ID, 10, 11, SEP_ID, 0, 0], [CLS_ID, 12, 13, 14, 15, SEP_ID]])
 

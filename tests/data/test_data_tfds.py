@@ -73,3 +73,27 @@ def test_mlm_batches_from_tfds(data_dir, tmp_path):
     batch = next(data.train)
     assert batch["input_ids"].shape == (4, 32) and batch["mask_weights"].sum() > 0
     assert np.all(batch["targets"][:, 0] == 2)
+
+
+def test_streaming_reads_each_array_record_file_as_a_shard_of_one_process(tmp_path):
+    from jaxpos.data.stream import ShardReader, list_shards, shard_documents
+
+    directory = str(tmp_path / "tfds")
+    JaxposDataTinyText(data_dir=directory, file_format="array_record").download_and_prepare(
+        download_config=tfds.download.DownloadConfig(num_shards=3))
+    config = tfds_config(directory, tfds_eval_split="validation", seq_len=32, vocab_size=120, streaming=True,
+                         newline_ends_sentence=True)
+    shards = list_shards(config)
+    assert [(s.start, s.stop) for s in shards] == [(0, 13), (13, 27), (27, 40)]
+    assert [(s.start, s.stop) for s in list_shards(tfds_config(directory, tfds_split="train[5:30]"))] == [
+        (0, 8), (8, 22), (22, 25)]
+    read = [d for s in shards for _, d in shard_documents(config, s, DataStats())]
+    assert sorted(read) == sorted(TEXTS)  # the shards partition the split
+    documents = []
+    for p in range(3):
+        data = build_mlm_data(config, 3, str(tmp_path / "run"), process_index=p, process_count=3)
+        assert [str(s) for s in data.train.shards] == [str(shards[p])]
+        assert next(data.train)["input_ids"].shape == (1, 32) and len(data.eval_examples) > 0
+        documents += [i for s in data.train.shards for i, _ in ShardReader(config, data.tokenizer, DataStats()).read(s)]
+        assert "of 3" in data.train.describe()
+    assert len(documents) == 39  # every non-empty training record, each read by one process

@@ -69,3 +69,59 @@ def test_packed_pairs_match_pairs_in_their_own_rows(position):
         in_packed = packed.targets_segmentation[0] == i + 1
         np.testing.assert_allclose(packed_logits[0, in_packed], alone_logits[i, :len(targets[i])], rtol=1e-5,
                                    atol=1e-5)
+
+
+MLM_MECHANISMS = [dict(kind="absolute"), dict(kind="diet_abs"), dict(kind="tupe"), dict(kind="tisa")]
+
+
+@pytest.mark.parametrize("position", MLM_MECHANISMS, ids=variant_id)
+def test_packed_mlm_pieces_match_pieces_in_their_own_rows(position):
+    from jaxpos.data.mlm import pack_documents
+    from jaxpos.data.pipeline import masked_batch
+    from jaxpos.models import BertForMaskedLM
+    from jaxpos.training.mlm import MaskedLMTask
+
+    rng = np.random.default_rng(3)
+    documents = [[rng.integers(5, 61, 3).tolist(), rng.integers(5, 61, 2).tolist()],
+                 [rng.integers(5, 61, 3).tolist()], [rng.integers(5, 61, 2).tolist()]]
+    packed = pack_documents(documents, 16)
+    assert len(packed) == 1 and packed.segment_ids.max() == 3  # three pieces share one row
+    batch = masked_batch(packed, np.arange(1), (0, 0, 0), vocab_size=61, mask_prob=0.15)
+    np.testing.assert_array_equal(batch["positions"][0, :14], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 0, 1, 2])
+    # The reference: each piece's tokens alone at the start of a row, at the default positions 0..n-1.
+    pieces = [batch["input_ids"][0][batch["segment_ids"][0] == k] for k in (1, 2, 3)]
+    alone, alone_targets = np.zeros((2, 3, 16), np.int32)
+    for i, piece in enumerate(pieces):
+        alone[i, :len(piece)] = piece
+        alone_targets[i, :len(piece)] = batch["targets"][0][batch["segment_ids"][0] == i + 1]
+    alone_segments = (alone > 0).astype(np.int32)
+
+    model = BertForMaskedLM(tiny_config(position))
+    params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 16), jnp.int32))["params"]
+    leaves, tree = jax.tree.flatten(params)  # perturbed, so that no term starts at a symmetric value
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    params = jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+    def encode(ids, segments, positions=None):
+        return np.asarray(model.apply({"params": params}, jnp.asarray(ids), segment_ids=jnp.asarray(segments),
+                                      input_positions=positions, method=BertForMaskedLM.encode))
+
+    packed_hidden = encode(batch["input_ids"], batch["segment_ids"], jnp.asarray(batch["positions"]))
+    alone_hidden = encode(alone, alone_segments)
+    for i, piece in enumerate(pieces):
+        np.testing.assert_allclose(packed_hidden[0, batch["segment_ids"][0] == i + 1], alone_hidden[i, :len(piece)],
+                                   rtol=1e-5, atol=1e-5)
+    if position["kind"] != "tisa":  # without per-piece positions the later pieces see other positions
+        unaware = encode(batch["input_ids"], batch["segment_ids"])
+        gap = np.abs(unaware[0, batch["segment_ids"][0] == 3] - alone_hidden[2, :len(pieces[2])]).max()
+        assert gap > 1e-4, gap  # ten times the tolerance above: the check has teeth for every mechanism here
+
+    # The task passes the batch's positions: the summed loss of the packed row is that of the three rows.
+    task = MaskedLMTask(model, 16)
+    weights = (batch["segment_ids"] > 0).astype(np.float32)
+    packed_sums = task.loss(params, {**batch, "mask_weights": weights}, None, False)[1]
+    alone_batch = dict(input_ids=alone, targets=alone_targets, mask_weights=alone_segments.astype(np.float32),
+                       segment_ids=alone_segments, token_types=np.zeros_like(alone))
+    alone_sums = task.loss(params, alone_batch, None, False)[1]
+    np.testing.assert_allclose(packed_sums["weight"], alone_sums["weight"])
+    np.testing.assert_allclose(packed_sums["loss"], alone_sums["loss"], rtol=1e-5)

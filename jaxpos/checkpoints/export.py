@@ -1,0 +1,340 @@
+"""`jaxpos export`: a training run's parameters without its optimiser state, for inference, fine-tuning or analysis.
+
+Two formats. `orbax` (any run: masked-LM, translation, fine-tuned classifier) writes a folder
+
+    EXPORT/config.json       {"format": "jaxpos-export", "task", "model" (the ModelConfig), "num_labels", "step",
+                              "dtype" (of every floating leaf; null: the model's own), "source", "tokenizer"}
+    EXPORT/params/           an orbax checkpoint of the parameter tree only
+    EXPORT/run_config.json   the run's own config.json (data and training settings)
+    EXPORT/<name>.model      the run's SentencePiece model, where it has one
+
+that `load_export` restores onto one device or any (data, fsdp, tensor) mesh. `huggingface` (masked-LM runs that
+transformers can express: learned absolute positions, post-LN BERT, or ALBERT for shared layers) writes
+config.json + model.safetensors for `transformers.BertForMaskedLM` / `AlbertForMaskedLM.from_pretrained`, through
+the importer's own name mapping (jaxpos/checkpoints/huggingface.py), so an export imports back to the same
+parameters. Local paths or URLs that etils.epath and orbax handle (gs://...) work for EXPORT.
+
+    jaxpos export --workdir runs/tiny --out exports/tiny                       # newest checkpoint, float32
+    jaxpos export --workdir runs/tiny --out exports/tiny_bf16 --dtype bfloat16 --step 450
+    jaxpos export --workdir runs/abs --out exports/abs_hf --format huggingface
+
+    cfg, params = load_export("exports/tiny")                                     # on one device
+    cfg, params = load_export("exports/tiny", mesh=make_mesh(data=2, fsdp=2, tensor=2))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from jaxpos.checkpoints.huggingface import (_ACTIVATIONS, CONFIG_FIELDS, ENCODER_PREFIX, MLM_HEAD_PREFIX,
+                                            encoder_layout, mlm_head_layout, to_hf)
+from jaxpos.config import ModelConfig, model_config
+from jaxpos.sharding import MESH_AXES, logical_sharding
+from jaxpos.training.checkpoint import Checkpointer, abstract_like, checkpoint_path, restore_run_params
+
+FORMAT = "jaxpos-export"
+FORMATS = ("orbax", "huggingface")
+DTYPES = ("float32", "bfloat16", "float16")
+# One Hugging Face hidden_act per jaxpos activation: the first name the importer maps onto it.
+_HF_ACTIVATION = {jaxpos: hf for hf, jaxpos in reversed(_ACTIVATIONS.items())}
+
+
+# --- a run's model and parameters ----------------------------------------------------------------------------------
+
+def run_model(task: str, cfg: ModelConfig, num_labels: int | None = None) -> tuple[nn.Module, tuple]:
+    """The flax module of a run of `task` (mlm | translation | finetune) and its init inputs (ids [1, n], n =
+    cfg.max_length: parameter shapes depend on the config only)."""
+    from jaxpos.models import BertForMaskedLM, BertForSequenceClassification, EncoderDecoder
+
+    ids = jnp.zeros((1, cfg.max_length), jnp.int32)
+    if task == "mlm":
+        return BertForMaskedLM(cfg), (ids,)
+    if task == "translation":
+        return EncoderDecoder(cfg), (ids, ids)
+    if task == "finetune":
+        return BertForSequenceClassification(cfg, num_labels), (ids,)
+    raise ValueError(f"unknown task {task!r}; jaxpos exports mlm, translation and finetune runs")
+
+
+def _read_run(workdir: str) -> tuple[dict, str, ModelConfig, int | None]:
+    """(the run's config.json, task, typed model config, num_labels of a fine-tuned run) of a workdir."""
+    from jaxpos.config.files import load_json_config, load_run_config
+
+    path = os.path.join(workdir, "config.json")
+    task = load_json_config(path).get("task", "mlm") if os.path.isfile(path) else "mlm"
+    config = load_run_config(workdir, task)  # names a missing workdir or config.json itself
+    try:
+        cfg = model_config(config["model"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: its model block is not a jaxpos model config: {err}") from err
+    num_labels = None
+    if task == "finetune":
+        from jaxpos.data.classification import task_spec
+
+        num_labels = task_spec(config["data"]["task"]).num_labels
+    return config.to_dict(), task, cfg, num_labels
+
+
+def _restore(workdir: str, module: nn.Module, init_args: tuple, step: int | None) -> tuple[int, dict]:
+    """(step, parameters as numpy) of the newest restorable checkpoint, or of `step`; parameters only, read-only."""
+    if step is None:
+        step, params = restore_run_params(workdir, module, init_args)
+        return int(step), jax.tree.map(np.asarray, params)
+    directory = checkpoint_path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} holds no checkpoint; train first (jaxpos train ... --workdir {workdir})")
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    abstract = nn.unbox(jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args)))["params"]
+    target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)}
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
+    checkpointer = Checkpointer(directory, read_only=True)
+    try:
+        if step not in checkpointer.steps():
+            raise ValueError(f"--step {step}: {directory} has no checkpoint of that step (it has "
+                             f"{checkpointer.steps() or 'none'})")
+        try:  # the Checkpointer's params-only restore (restore_latest_params), for one given step
+            restored = checkpointer.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+        except Exception as err:  # noqa: BLE001 - corrupt, partial, or saved for another model
+            first_line = (str(err).splitlines() or [""])[0][:200]
+            raise ValueError(f"checkpoint step {step} in {directory} does not restore for the model in "
+                             f"{workdir}/config.json ({type(err).__name__}: {first_line})") from err
+    finally:
+        checkpointer.close()
+        absl.setLevel(level)
+    return step, jax.tree.map(np.asarray, restored["state"]["params"])
+
+
+def _cast_dtype(dtype, to: str | None):
+    """Floating leaves take `to`; integer leaves (and everything when `to` is None) keep their dtype."""
+    return jnp.dtype(to) if to is not None and jnp.issubdtype(dtype, jnp.floating) else jnp.dtype(dtype)
+
+
+def cast_params(params, dtype: str | None):
+    """The parameter tree with its floating leaves in `dtype` (numpy arrays; None keeps them as they are)."""
+    return jax.tree.map(lambda x: np.asarray(x).astype(_cast_dtype(x.dtype, dtype)), params)
+
+
+def _tokenizer_file(workdir: str, config: dict) -> epath.Path | None:
+    """The run's SentencePiece model (its own, a shared one, or a fine-tuned run's encoder's), if it has one."""
+    candidates = [config.get("data", {}).get("tokenizer_path"), config.get("init", {}).get("tokenizer"),
+                  *(os.path.join(workdir, f"spm_{task}.model") for task in ("mlm", "translation"))]
+    for path in filter(None, candidates):
+        if epath.Path(path).is_file():
+            return epath.Path(path)
+    return None
+
+
+def _check_new(out: str) -> epath.Path:
+    path = checkpoint_path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"--out {out!r} already exists and is not empty; export into a new folder")
+    return path
+
+
+# --- export --------------------------------------------------------------------------------------------------------
+
+def export_run(workdir: str, out: str, *, format: str = "orbax", dtype: str | None = None,
+               step: int | None = None) -> dict:
+    """Exports the parameters of WORKDIR's newest restorable checkpoint (or of `step`) to OUT in `format`, cast to
+    `dtype` (default: as trained). Returns what was written: {"out", "format", "task", "step", "dtype"}.
+    Raises ValueError/FileNotFoundError for a bad workdir, step, format, dtype or OUT, and for a model the
+    Hugging Face format cannot express (naming the field) before any checkpoint is read."""
+    if format not in FORMATS:
+        raise ValueError(f"--format {format!r}; choose one of {', '.join(FORMATS)}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    config, task, cfg, num_labels = _read_run(workdir)
+    if format == "huggingface":
+        if task != "mlm":
+            raise ValueError(f"{workdir} is a {task!r} run; the Hugging Face format holds masked-LM runs "
+                             "(BertForMaskedLM / AlbertForMaskedLM); use --format orbax")
+        hf_config(cfg)  # refuse what transformers cannot express before reading any checkpoint
+    folder = _check_new(out)
+    module, init_args = run_model(task, cfg, num_labels)
+    step, params = _restore(workdir, module, init_args, step)
+    params = cast_params(params, dtype)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tokenizer_file(workdir, config)
+    if tokenizer is not None:  # inference needs the vocabulary; the file is small
+        (folder / tokenizer.name).write_bytes(tokenizer.read_bytes())
+    if format == "huggingface":
+        save_huggingface(folder, cfg, params)
+    else:
+        (folder / "run_config.json").write_text(json.dumps(config, indent=2))
+        save_export(folder, cfg, params, task=task, num_labels=num_labels, step=step,
+                    source=str(checkpoint_path(workdir)), tokenizer=tokenizer.name if tokenizer else None)
+    return dict(out=str(folder), format=format, task=task, step=step, dtype=dtype or cfg.param_dtype)
+
+
+def save_export(out, cfg: ModelConfig, params, *, task: str = "mlm", num_labels: int | None = None,
+                step: int | None = None, source: str | None = None, tokenizer: str | None = None) -> None:
+    """Writes parameters (a tree of arrays, e.g. from `load_export` or a TrainState's `params`) as an orbax export
+    that `load_export` reads. When every floating leaf has one dtype (e.g. after `cast_params`) the config's
+    param_dtype becomes it; mixed trees (bf16 layers, float32 position tables) keep the model's own dtypes."""
+    folder = checkpoint_path(out)
+    floating = {str(x.dtype) for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)}
+    dtype = floating.pop() if len(floating) == 1 else None
+    if dtype is not None:
+        cfg = dataclasses.replace(cfg, param_dtype=dtype)
+    folder.mkdir(parents=True, exist_ok=True)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(folder / "params", params)
+    meta = dict(format=FORMAT, version=1, task=task, model=json.loads(json.dumps(dataclasses.asdict(cfg))),
+                num_labels=num_labels, step=step, dtype=dtype, source=source, tokenizer=tokenizer)
+    (folder / "config.json").write_text(json.dumps(meta, indent=2))  # last: a folder without it is no export
+
+
+def read_export_config(path: str) -> dict:
+    """EXPORT/config.json of an orbax export (task, model, num_labels, step, dtype, source, tokenizer)."""
+    config_path = checkpoint_path(path) / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path} is missing: is {path!r} a `jaxpos export` folder?")
+    try:
+        meta = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_path} is not valid JSON: {err}") from err
+    if meta.get("format") != FORMAT:
+        hint = " (a Hugging Face folder: load it with jaxpos.checkpoints.huggingface)" if "model_type" in meta else ""
+        raise ValueError(f"{config_path} is not a jaxpos export{hint}")
+    return meta
+
+
+def load_export(path: str, mesh: jax.sharding.Mesh | jax.sharding.Sharding | None = None
+                ) -> tuple[ModelConfig, dict]:
+    """(ModelConfig, parameters) of an orbax export, without any optimiser state. The parameters go onto the
+    first of jax.devices() (mesh=None), onto a `jax.sharding.Mesh` with axes (data, fsdp, tensor) placed by
+    jaxpos.sharding's logical rules (as training places them), or all with one given `jax.sharding.Sharding`.
+    Use them with `run_model(meta["task"], cfg, meta["num_labels"])[0].apply({"params": params}, ...)`, where
+    meta = read_export_config(path); e.g. BertForMaskedLM(cfg): ids [B, T] -> logits [B, T, V]."""
+    meta = read_export_config(path)
+    cfg = model_config(meta["model"])
+    module, init_args = run_model(meta["task"], cfg, meta.get("num_labels"))
+    boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, _cast_dtype(x.dtype, meta.get("dtype"))),
+                            nn.unbox(boxed))
+    if mesh is None:
+        mesh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if isinstance(mesh, jax.sharding.Mesh):
+        if tuple(mesh.axis_names) != MESH_AXES:
+            raise ValueError(f"mesh axes {tuple(mesh.axis_names)}; load_export places parameters on a mesh with "
+                             f"axes {MESH_AXES} (jaxpos.sharding.make_mesh)")
+        shardings = logical_sharding(boxed, mesh)
+    elif isinstance(mesh, jax.sharding.Sharding):
+        shardings = jax.tree.map(lambda _: mesh, abstract)
+    else:
+        raise ValueError(f"mesh={mesh!r}; give a jax.sharding.Mesh, a jax.sharding.Sharding or None")
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore(checkpoint_path(path) / "params", abstract_like(abstract, shardings))
+    return cfg, params
+
+
+# --- Hugging Face ----------------------------------------------------------------------------------------------------
+
+def _family(cfg: ModelConfig) -> str:
+    return "albert" if cfg.share_layers else "bert"
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    """The config.json of the transformers model that computes what `cfg`'s BertForMaskedLM computes (BERT, or
+    ALBERT for shared layers). Raises ValueError naming the field whose value transformers cannot express."""
+    pos = cfg.position
+    refusals = [
+        (cfg.num_decoder_layers, f"model.num_decoder_layers={cfg.num_decoder_layers}: an encoder-decoder"),
+        (pos.kind != "absolute", f"model.position.kind={pos.kind!r}: BERT and ALBERT have learned absolute input "
+                                 "positions only (position.kind='absolute')"),
+        (pos.segment == "per_head", "model.position.segment='per_head': DIET's per-head segment attention"),
+        (pos.content_only, "model.position.content_only=True (an analysis switch)"),
+        (pos.position_only, "model.position.position_only=True (an analysis switch)"),
+        (cfg.layer_norm != "post", f"model.layer_norm={cfg.layer_norm!r}: BERT and ALBERT are post-LN"),
+        (not cfg.embed_layer_norm, "model.embed_layer_norm=False: BERT and ALBERT normalise the input embeddings"),
+        (cfg.scale_embeddings, "model.scale_embeddings=True: BERT and ALBERT do not scale token embeddings"),
+        (cfg.embedding_dim is not None and not cfg.share_layers,
+         f"model.embedding_dim={cfg.embedding_dim} without share_layers: BERT has no factorised embeddings "
+         "(ALBERT has them, with shared layers)"),
+        (cfg.causal and cfg.share_layers, "model.causal=True with share_layers: ALBERT is always bidirectional"),
+    ]
+    for refused, what in refusals:
+        if refused:
+            raise ValueError(f"the Hugging Face format cannot express {what}; export with --format orbax")
+    family = _family(cfg)
+    hf = {key: getattr(cfg, field) for key, (field, _) in CONFIG_FIELDS.items()}
+    hf.update(model_type=family, architectures=["AlbertForMaskedLM" if family == "albert" else "BertForMaskedLM"],
+              hidden_act=_HF_ACTIVATION[cfg.activation], tie_word_embeddings=cfg.tie_embeddings)
+    if not _has_type_embeddings(cfg):  # a zero table stands in for the token types jaxpos does not embed
+        hf["type_vocab_size"] = max(cfg.type_vocab_size, 1)
+    if family == "albert":
+        hf.update(embedding_size=cfg.embed_width, num_hidden_groups=1, inner_group_num=1)
+    else:
+        hf.update(is_decoder=cfg.causal, position_embedding_type="absolute")
+    return hf
+
+
+def _has_type_embeddings(cfg: ModelConfig) -> bool:
+    return cfg.position.segment == "input" and cfg.type_vocab_size > 0
+
+
+def _at(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def hf_state_dict(params: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Hugging Face *ForMaskedLM tensors {name: array} from `BertForMaskedLM` parameters, by the importer's
+    layout (the inverse of jaxpos.checkpoints.huggingface.bert_mlm_params). Raises ValueError for a parameter
+    with no Hugging Face counterpart."""
+    hf_config(cfg)
+    family = _family(cfg)
+    params = jax.tree.map(np.asarray, params)
+    encoder = dict(params["bert"], encoder=dict(params["bert"]["encoder"]))
+    dtype = params["bert"]["token_embed"]["embedding"].dtype
+    if not _has_type_embeddings(cfg):  # token types contribute nothing, as in jaxpos
+        encoder["type_embed"] = {"embedding": np.zeros((max(cfg.type_vocab_size, 1), cfg.embed_width), dtype)}
+    if family == "albert" and "embed_projection" not in encoder["encoder"]:  # E = d: ALBERT projects anyway
+        encoder["encoder"]["embed_projection"] = {"kernel": np.eye(cfg.d_model, dtype=dtype),
+                                                  "bias": np.zeros(cfg.d_model, dtype)}
+    tensors, used = {}, set()
+    for tree, prefix, layout, root in ((encoder, ENCODER_PREFIX[family], encoder_layout(cfg, family), ("bert",)),
+                                       (params, MLM_HEAD_PREFIX[family], mlm_head_layout(cfg, family), ())):
+        for name, path, kind in layout:
+            tensors.update(to_hf(_at(tree, path), prefix + name, kind))
+            used.add(root + path)
+    for leaf_path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+        keys = tuple(k.key for k in leaf_path)
+        if not any(keys[:len(p)] == p for p in used):
+            raise ValueError(f"parameter {'/'.join(keys)} has no Hugging Face counterpart; export with --format orbax")
+    return {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+
+
+def save_huggingface(out, cfg: ModelConfig, params: dict) -> None:
+    """Writes OUT/config.json and OUT/model.safetensors (tensors in the parameters' dtype) for
+    `transformers.BertForMaskedLM` (or `AlbertForMaskedLM` for shared layers) `.from_pretrained(OUT)`."""
+    from safetensors.numpy import save
+
+    folder = checkpoint_path(out)
+    hf = hf_config(cfg)
+    tensors = hf_state_dict(params, cfg)
+    hf["dtype"] = str(next(iter(tensors.values())).dtype)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(save(tensors, metadata={"format": "pt"}))
+    (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True))
+
+
+def export_main(args) -> None:
+    """`jaxpos export`: prints one line saying what was written."""
+    done = export_run(args.workdir, args.out, format=args.format, dtype=args.dtype, step=args.step)
+    print(f"exported step {done['step']} of {args.workdir} ({done['task']}, {done['dtype']}) as {done['format']} "
+          f"to {done['out']}")
