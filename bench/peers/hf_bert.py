@@ -1,12 +1,10 @@
 """Hugging Face `BertForMaskedLM` (bert-base config), torch.compile, bf16 autocast, SDPA, fused AdamW, dropout 0.
 
-    python -m bench.peers.hf_bert --batch 32 --seq-len 512 --steps 10     # prints one JSON line (needs CUDA)
+    python bench/train_throughput.py --kinds none --peers huggingface   # measured beside jaxpos
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 
 import numpy as np
@@ -60,19 +58,3 @@ def measure(batch_size: int, seq_len: int, steps: int, data: list[dict], size: d
     return dict(system="Hugging Face", ms=ms, tokens_per_s=batch_size * seq_len / ms * 1e3, loss=float(loss),
                 attention=getattr(model.config, "_attn_implementation", "?"), torch=torch.__version__)
 
-
-def main():
-    from bench.train_throughput import synthetic_batch
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=10)
-    args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    data = [synthetic_batch(args.batch, args.seq_len, 30522, rng) for _ in range(2)]
-    print(json.dumps(measure(args.batch, args.seq_len, args.steps, data)), flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -4,13 +4,11 @@ float32 parameters, bf16 compute, post-LN, cuDNN attention (`jax.nn.dot_product_
 position through the tied word embeddings, AdamW. Embedding rows are gathered from the float32 tables and cast
 (a bf16 scatter-add in the backward would serialise on hot rows such as [MASK]).
 
-    python -m bench.peers.plain_jax_bert --batch 32 --seq-len 512 --steps 10    # prints one JSON line
+    python bench/train_throughput.py --kinds none --peers plain_jax   # measured beside jaxpos
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 
@@ -100,19 +98,3 @@ def measure(batch_size: int, seq_len: int, steps: int, data: list[dict], size: d
     ms = statistics.median(times) * 1e3
     return dict(system="plain JAX", ms=ms, tokens_per_s=batch_size * seq_len / ms * 1e3, loss=float(loss))
 
-
-def main():
-    from bench.train_throughput import synthetic_batch
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=10)
-    args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    data = [synthetic_batch(args.batch, args.seq_len, BASE["vocab"], rng) for _ in range(2)]
-    print(json.dumps(measure(args.batch, args.seq_len, args.steps, data)), flush=True)
-
-
-if __name__ == "__main__":
-    main()
