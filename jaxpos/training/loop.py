@@ -85,7 +85,7 @@ def eval_sums(params, batch, *, task: Task) -> dict:
 
 
 def with_activation_sharding(fn: Callable, mesh) -> Callable:
-    """`fn` traced with the mesh and rule table active, so the models' activation constraints apply."""
+    """`fn`, traced inside `activation_sharding(mesh)`, so that the models' activation constraints apply."""
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):

@@ -55,6 +55,7 @@ def no_compilation():
     assert "/jax/core/compile/jaxpr_to_mlir_module_duration" not in events
 
 
+@pytest.mark.slow  # orbax's first save on 8 devices costs ~8 s; test_multiprocess.py restores across meshes by default
 @needs_8
 def test_a_checkpoint_restores_onto_other_meshes_with_the_optimizer_state(tmp_path):
     saver = trainer(tmp_path, (2, 2, 2))

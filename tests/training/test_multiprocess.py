@@ -1,7 +1,8 @@
 """Multi-process training: 2 local processes with 4 simulated CPU devices each (jax.distributed on 127.0.0.1,
 gloo collectives) train the tiny masked-LM config together on a (2, 2, 2) mesh, each reading only its half of
-every batch, and reach the parameters of the one-process run on 8 devices. One process is killed mid-run after a
-checkpoint; both restart and resume from it. The checkpoints restore across process counts and mesh shapes.
+every batch, and reach the parameters of the one-process run on 8 devices, which matches a run on one device. One
+process is killed mid-run after a checkpoint; both restart and resume from it. The checkpoints restore across
+process counts and mesh shapes.
 
 The workers are this file run as a module (`python -m tests.training.test_multiprocess worker ...`); the test
 starts, waits for and kills every one of them itself, each wait bounded.
@@ -38,16 +39,17 @@ def run_config(tokenizer_path: str = "", mesh=MESH):
         f"--config.mesh.data={mesh[0]}", f"--config.mesh.fsdp={mesh[1]}", f"--config.mesh.tensor={mesh[2]}"])
 
 
-def build(config, workdir: str, mesh=None):
-    """(data, trainer) for `config`; the data iterator reads this process's share of every batch."""
+def build(config, workdir: str, mesh=None, vocab_size: int | None = None):
+    """(data, trainer) for `config`; the data iterator reads this process's share of every batch. With
+    `vocab_size` (the tokenizer's), no data is built: (None, trainer)."""
     from jaxpos.config import model_config
     from jaxpos.data.pipeline import build_mlm_data
     from jaxpos.models import BertForMaskedLM
     from jaxpos.training.loop import Trainer
     from jaxpos.training.mlm import MaskedLMTask
 
-    data = build_mlm_data(config.data, config.train.batch_size, workdir)
-    config.model.vocab_size = data.tokenizer.vocab_size
+    data = None if vocab_size else build_mlm_data(config.data, config.train.batch_size, workdir)
+    config.model.vocab_size = vocab_size or data.tokenizer.vocab_size
     task = MaskedLMTask(BertForMaskedLM(model_config(config.model)), config.data.seq_len,
                         config.train.max_predictions)
     return data, Trainer(config, workdir, task, log=False, mesh=mesh)
@@ -176,25 +178,50 @@ def wait_all(procs, timeout: float) -> str:
 def test_two_processes_train_kill_resume_and_restore_across_process_counts(tmp_path):
     import jax
 
+    from jaxpos.sharding import make_mesh
+    from jaxpos.training.checkpoint import Checkpointer, abstract_like
+    from tests.training.test_mesh_training import assert_trained_alike, batch_collectives
+
     if jax.device_count() != PROCESSES * LOCAL_DEVICES or jax.process_count() != 1:
         pytest.skip("needs one process with 8 (simulated) devices (tests/conftest.py)")
     tick = time.time()
     one_workdir, workdir = str(tmp_path / "one_process"), str(tmp_path / "two_processes")
     out, cache = str(tmp_path / "two.npz"), os.path.join(ROOT, ".jax_cache")  # as tests/conftest.py
     one_data, one_trainer = build(run_config(), one_workdir)  # trains the tokenizer, which every process reads
-    tokenizer = os.path.join(one_workdir, "spm_mlm.model")
+    tokenizer, vocab = os.path.join(one_workdir, "spm_mlm.model"), one_data.tokenizer.vocab_size
+    _, single = build(run_config(tokenizer), str(tmp_path / "one_device"), vocab_size=vocab,
+                      mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))
     started = []
     try:
         # Both processes start training, and stall once past the first checkpoint ...
         procs = start_workers(workdir, tokenizer, out, cache, stall_after=CHECKPOINT_EVERY)
         started += procs
-        # ... while this process trains the one-process reference on its 8 devices (the same mesh).
+        # ... while this process trains the one-process reference on its 8 devices (the same mesh) ...
+        start = gathered(one_trainer._init(jax.random.PRNGKey(one_trainer.config.train.seed)))
         try:
             reference = one_trainer.run(one_data.train)
         finally:
             one_trainer.close()
         want = gathered(reference.state)
-        print(f"one-process run done after {time.time() - tick:.1f}s")
+
+        # ... checks its compiled step for activations gathered or summed over the batch (test_mesh_training) ...
+        batch = one_trainer.global_batch(one_data.train.batch_at(0))
+        step = one_trainer.train_step.lower(abstract_like(one_trainer.abstract_state, one_trainer.state_shardings),
+                                            batch).compile()
+        assert batch_collectives(step.as_text(), *batch["input_ids"].shape) == []
+
+        # ... and trains the same steps from the same state on one device: the (2, 2, 2) run matches it.
+        state = jax.device_put(jax.tree.unflatten(jax.tree.structure(single.abstract_state), list(start.values())),
+                               single.state_shardings)
+        losses = []
+        for i in range(STEPS):
+            state, metrics = single.train_step(state, single.global_batch(one_data.train.batch_at(i)))
+            losses.append(float(metrics["loss"]))
+        single.close()
+        np.testing.assert_allclose(np.mean(losses), reference.final_metrics["loss"], rtol=2e-5)
+        assert_trained_alike(gathered(state), want, {k: v for k, v in start.items() if k.startswith(".params")},
+                             "one device vs (2, 2, 2)")
+        print(f"one-process runs done after {time.time() - tick:.1f}s")
 
         # Kill process 1 once the first checkpoint is written, while both are still running; then process 0.
         first = os.path.join(workdir, "checkpoints", str(CHECKPOINT_EVERY))
@@ -224,22 +251,19 @@ def test_two_processes_train_kill_resume_and_restore_across_process_counts(tmp_p
     restored = {k[len("restored"):]: got.pop(k) for k in list(got) if k.startswith("restored")}
     assert set(got) == set(want) == set(restored)
     for key in want:
-        # Same mesh, same programs: the two-process run equals the one-process run up to float32 reduction order.
+        # Same mesh: the two-process run equals the one-process run up to float32 reduction order.
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
         np.testing.assert_array_equal(restored[key], want[key], err_msg=key)  # 1 process -> 2, other mesh
 
-    # The two-process checkpoint onto one process and two other meshes, optimizer state and step included.
-    from jaxpos.sharding import make_mesh
-    from jaxpos.training.checkpoint import abstract_like
-
+    # The two-process checkpoint onto one process and other meshes, optimizer state and step included.
     for shape in ((1, 8, 1), (1, 1, 1)):
-        devices = jax.devices()[:int(np.prod(shape))]
-        _, trainer = build(run_config(tokenizer), workdir, mesh=make_mesh(*shape, devices=devices))
-        try:
-            step, state, data_state = trainer.checkpointer.restore_latest(
-                abstract_like(trainer.abstract_state, trainer.state_shardings))
-        finally:
-            trainer.close()
+        _, trainer = build(run_config(tokenizer), str(tmp_path / "restore"), vocab_size=vocab,
+                           mesh=make_mesh(*shape, devices=jax.devices()[:int(np.prod(shape))]))
+        trainer.close()
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), read_only=True)
+        step, state, data_state = checkpointer.restore_latest(abstract_like(trainer.abstract_state,
+                                                                            trainer.state_shardings))
+        checkpointer.close()
         assert step == STEPS and data_state["step"] == STEPS
         assert {x.sharding.mesh.devices.shape for x in jax.tree.leaves(state)} == {shape}
         for key, value in gathered(state).items():
