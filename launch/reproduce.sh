@@ -35,9 +35,11 @@ if [ -n "${DRY_RUN:-}" ]; then
 fi
 
 start=$(date +%s)
-"$JAXPOS" reproduce "${COMMON[@]}" --plan-only >"$OUT.plan.log" 2>&1 || { cat "$OUT.plan.log"; exit 1; }
+mkdir -p "$OUT"
+"$JAXPOS" reproduce "${COMMON[@]}" --plan-only >"$OUT/plan.log" 2>&1 || { cat "$OUT/plan.log"; exit 1; }
 mapfile -t RUNS <"$OUT/runs.txt"
-echo "reproduce: ${#RUNS[@]} runs on $WORKERS $DEVICE worker(s) -> $OUT ($(grep -m1 'steps per run' "$OUT.plan.log" || echo 'steps from the existing plan'))"
+steps=$(grep -m1 'steps per run' "$OUT/plan.log" || echo 'steps from the existing plan')
+echo "reproduce: ${#RUNS[@]} runs on $WORKERS $DEVICE worker(s) -> $OUT ($steps)"
 
 worker() {  # worker k: runs k, k + WORKERS, ... one after the other on its own core or GPU
   local k=$1 i name env

@@ -365,7 +365,7 @@ def chen_correlation(table: dict) -> dict:
     seeds = sorted({r["seed"] for runs in table.values() for r in runs})
     parts, measured = [], {}
     for name in ("locality", "symmetry"):
-        per_seed_r = []
+        per_seed_r, constant = [], 0
         for s in seeds:
             pairs = [(_get(r, f"over_training.series.{name}.-1"), accuracy(r)) for runs in table.values()
                      for r in runs if r["seed"] == s]
@@ -373,9 +373,15 @@ def chen_correlation(table: dict) -> dict:
             rho = rank_correlation([a for a, _ in pairs], [b for _, b in pairs])
             if rho is not None:
                 per_seed_r.append(rho)
+            elif len(pairs) >= 3:
+                constant += 1
         measured[name] = stats(per_seed_r)
-        parts.append(_part(f"Spearman ρ across mechanisms of final {name} and word-order accuracy",
-                           sign(per_seed_r, "positive", "ρ")))
+        what = f"Spearman ρ across mechanisms of final {name} and word-order accuracy"
+        if not per_seed_r and constant:
+            parts.append(_part(what, verdict(INCONCLUSIVE, f"ρ is undefined: in every seed all mechanisms have the "
+                                                           f"same word-order accuracy or {name}")))
+        else:
+            parts.append(_part(what, sign(per_seed_r, "positive", "ρ")))
     return _claim("chen_correlation", "Chen et al.", "Fig. 3",
                   "Models whose positional attention is more local and more symmetric score higher downstream.",
                   parts, dict(mechanisms=len(table), spearman=measured))
@@ -396,9 +402,9 @@ def chen_swaps(table: dict) -> dict:
                                               global_=stats(per_seed(table, m, field("probe.global_drop"))))
                                       for m in aware}),
                   caveat="A stand-in: no offline task keeps its labels under reordering, so the score is masked-token "
-                         "accuracy on held-out sentences; 'local' shuffles every window of x = 2..5 words (stronger "
-                         "than Chen's one constituent), 'global' swaps two content words >= 5 apart (not semantic "
-                         "roles). Drops are averaged over the order-aware mechanisms (all but 'none').")
+                         "accuracy on the word-order task's test sentences; 'local' shuffles every window of x = 2..5 "
+                         "words (stronger than Chen's one constituent), 'global' swaps two content words >= 5 apart "
+                         "(not semantic roles). Drops are averaged over the order-aware mechanisms (all but 'none').")
 
 
 # --- Muppet ------------------------------------------------------------------------------------------------------

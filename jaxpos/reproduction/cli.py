@@ -51,6 +51,7 @@ def add_reproduce_parser(subparsers) -> None:
     parser.set_defaults(run=_reproduce)
 
 
+WALL_FILE = "wall_time.json"
 CALIBRATION_ORDER = ("attenuated_learned", "tupe", "shaw", "diet_abs_unshared", "tisa", "absolute")
 
 
@@ -92,8 +93,12 @@ def _calibrate(out: str, plan: dict, profile, workers: int) -> tuple[float, floa
 def _same_plan(old: dict, new: dict) -> None:
     import json
 
+    def comparable(plan, key):  # as saved (tuples are lists); the compile mode follows the budget, not the runs
+        value = json.loads(json.dumps(plan[key]))
+        return {k: v for k, v in value.items() if k != "xla_flags"} if key == "profile" else value
+
     for key in ("profile", "mechanisms", "seeds"):
-        if old[key] != json.loads(json.dumps(new[key])):  # as saved: tuples are lists
+        if comparable(old, key) != comparable(new, key):
             raise ValueError(f"{key} differs from the plan already in this --out folder ({old[key]!r} there): "
                              "use a new --out, or the same settings to resume")
 
@@ -116,7 +121,11 @@ def _reproduce(args, overrides):
     command = "jaxpos " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--debug") \
         if sys.argv and sys.argv[0].endswith("jaxpos") else "jaxpos reproduce"
     if args.report_only:
-        numbers = write_report(out, command=command)
+        wall = None
+        if os.path.isfile(os.path.join(out, WALL_FILE)):  # the wall time of the command that ran the runs
+            with open(os.path.join(out, WALL_FILE)) as f:
+                wall = json.load(f)["wall_s"]
+        numbers = write_report(out, wall_s=wall, command=command)
         print(summary_table(numbers["claims"]) + f"wrote {os.path.join(out, REPORT_FILE)}")
         return numbers
 
@@ -145,6 +154,9 @@ def _reproduce(args, overrides):
         print(f"jaxpos reproduce: {len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s) = "
               f"{len(plan['runs'])} runs, profile {profile.name}, budget {args.budget_minutes:g} min, {workers} at a "
               f"time -> {out}", flush=True)
+        if plan["profile"]["xla_flags"] and not profile.xla_flags:
+            print(f"under {profile.fast_compile_below_s:.0f} s of budget per run: compiling unoptimised programs "
+                  "(faster to compile, slower to run)", flush=True)
     if "tokenizer" not in plan:
         plan["tokenizer"], plan["corpus"] = _shared_tokenizer(out, plan)
         runs.save_plan(out, plan)
@@ -174,7 +186,7 @@ def _reproduce(args, overrides):
     numbers = write_report(out, wall_s=wall, command=command)
     print(summary_table(numbers["claims"]))
     print(f"wrote {os.path.join(out, REPORT_FILE)} ({wall / 60:.1f} min)")
-    with open(os.path.join(out, "wall_time.json"), "w") as f:
+    with open(os.path.join(out, WALL_FILE), "w") as f:
         json.dump(dict(wall_s=wall, budget_minutes=args.budget_minutes), f)
     return numbers
 

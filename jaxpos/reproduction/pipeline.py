@@ -5,9 +5,9 @@ OUT/runs/NAME/result.json (the report reads nothing else).
 
 The word-order probe (Chen et al. Table 3) needs a task whose labels survive a reordering; the offline corpus has
 no such classification task (the word-order task's labels are the reordering), so the masked-LM task stands in:
-masked-token accuracy on held-out sentences (the masked words are the labels, which no reordering changes),
-original against every window of x words shuffled (x = 2..5) and two distant content words swapped, through
-`jaxpos.evaluation.probes.word_order_drops` (the perturbations of `jaxpos probe-word-order`).
+masked-token accuracy on the word-order task's test sentences (the masked words are the labels, which no
+reordering changes), original against every window of x words shuffled (x = 2..5) and two distant content words
+swapped, through `jaxpos.evaluation.probes.word_order_drops` (the perturbations of `jaxpos probe-word-order`).
 """
 
 from __future__ import annotations

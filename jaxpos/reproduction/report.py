@@ -218,7 +218,9 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
         f"- budget {plan['budget_minutes']:g} min" + (f", {plan['budget_note']}" if plan.get("budget_note") else "")
         + (f"; wall time {wall_s / 60:.1f} min" if wall_s else "")
         + f"; a run took {np.mean(run_wall):.0f} s on average",
-        f"- machine: {hardware}, {plan['workers']} runs at a time", ""]
+        f"- machine: {hardware}, {plan['workers']} runs at a time"
+        + (f"; XLA_FLAGS={profile.xla_flags} (compiling dominates runs this short)" if profile.xla_flags else ""),
+        ""]
     if missing:
         lines += [f"**Missing runs** (not finished, left out below): {', '.join(missing)}", ""]
     lines += [

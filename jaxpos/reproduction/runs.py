@@ -2,10 +2,12 @@
 
 Every mechanism is pretrained with the same data, recipe and token budget (steps x batch x seq_len), once per
 seed; the seed sets the initialisation, the data order and the masking. The budget (`--budget-minutes`) covers the
-whole command: a calibration (two runs of the full pipeline with a few steps, in parallel as the real runs will
-be) measures the fixed cost of a run and the time of a pretraining step, and the steps per run follow from what
-is left. Runs are separate processes (`jaxpos reproduce --out DIR --run NAME`), one per core (pinned, XLA on one
-thread) or per GPU (CUDA_VISIBLE_DEVICES); launch/reproduce.sh spreads the same commands over a host.
+whole command: a calibration (one run of the full pipeline with a few steps per worker, in parallel as the real
+runs will be, and once more with their programs compiled when there are several seeds) measures the fixed cost of
+a run and the time of a step, and the steps per run follow from what is left. Under a small budget per run the
+programs are compiled unoptimised (`FAST_COMPILE`), and the calibration measures that mode. Runs are separate
+processes (`jaxpos reproduce --out DIR --run NAME`), one per core (pinned, XLA on one thread) or per GPU
+(CUDA_VISIBLE_DEVICES); launch/reproduce.sh spreads the same commands over a host.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ MECHANISMS = {m.name: m for m in (
 )}
 
 
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
 @dataclasses.dataclass(frozen=True)
 class Profile:
     """Model size, recipes and analysis budgets of a reproduction. Steps are derived from the budget unless
@@ -72,7 +77,7 @@ class Profile:
     finetune_data: dict
     analysis: dict  # report.analyze options
     max_sentences: int  # sentences the analyses read
-    probe_sentences: int  # held-out sentences of the masked-LM word-order probe
+    probe_sentences: int  # sentences (word-order test split) of the masked-LM word-order probe
     checkpoints: int = 4  # evenly spaced checkpoints analysed over training
     min_steps: int = 8
     max_steps: int = 20_000
@@ -83,6 +88,9 @@ class Profile:
     calibration_steps: int = 32  # pretraining steps of a calibration run
     calibration_finetune_steps: int = 16
     xla_flags: str = ""  # added to XLA_FLAGS in each run's process
+    # Below this many seconds of budget per run, compiling dominates a run: its programs are compiled unoptimised
+    # (FAST_COMPILE: about half the compile time, steps about 2.5x slower on a CPU); the timing measures that mode.
+    fast_compile_below_s: float = 120.0
 
 
 PROFILES = {
@@ -111,7 +119,7 @@ PROFILES = {
                       probe_patience=1, probe_learning_rate=3e-3, decomposition_sentences=4),
         max_sentences=24, probe_sentences=12, checkpoints=2, min_steps=4, min_finetune_steps=4, fixed_steps=4,
         # A few steps: compiling dominates, and unoptimised CPU code compiles in half the time.
-        xla_flags="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"),
+        xla_flags=FAST_COMPILE),
 }
 
 
@@ -242,6 +250,8 @@ def make_plan(profile: Profile, seeds: int, budget_minutes: float, workers: int,
     if unknown or not names:
         raise ValueError(f"unknown mechanisms {unknown}; choose from {', '.join(MECHANISMS)}")
     runs = {run_name(m, s): dict(mechanism=m, seed=s) for s in range(seeds) for m in names}  # seed-major order
+    if not profile.xla_flags and budget_minutes * 60 * workers / len(runs) < profile.fast_compile_below_s:
+        profile = dataclasses.replace(profile, xla_flags=FAST_COMPILE)
     steps = profile.fixed_steps or None
     return dict(profile=dataclasses.asdict(profile), mechanisms=names, seeds=seeds, budget_minutes=budget_minutes,
                 workers=workers, runs=runs, steps=steps,
