@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `jaxpos reproduce` spread over the cores or GPUs of one host: plan it (shared tokenizer, a timing that sets the
-# steps per run within the budget), run one process per run (each pinned to its own core, or given its own GPU),
-# then write OUT/REPRODUCTION.md.
+# steps per run within the budget), start one worker per core (pinned) or GPU, each running the runs that no other
+# worker has claimed one after another, then write OUT/REPRODUCTION.md. Workers on other hosts that share OUT
+# take part the same way (a claim names its host and process).
 #
 #   launch/reproduce.sh runs/repro 40 3                 # OUT, budget in minutes (default 30), seeds (default 3)
 #   launch/reproduce.sh runs/repro 40 3 --mechanisms absolute,tisa,diet_rel
@@ -27,7 +28,7 @@ COMMON=(--out "$OUT" --budget-minutes "$BUDGET" --seeds "$SEEDS" --workers "$WOR
 if [ -n "${DRY_RUN:-}" ]; then
   echo "# $WORKERS $DEVICE worker(s); plan (tokenizer, timing, steps per run):"
   echo "$JAXPOS reproduce ${COMMON[*]} --plan-only"
-  echo "# then, worker k of $WORKERS runs every WORKERS-th of these in turn, pinned to its $DEVICE:"
+  echo "# then one worker per $DEVICE, pinned:"
   "$JAXPOS" reproduce "${COMMON[@]}" --dry-run
   echo "# and finally:"
   echo "$JAXPOS reproduce ${COMMON[*]} --report-only"
@@ -41,27 +42,24 @@ mapfile -t RUNS <"$OUT/runs.txt"
 steps=$(grep -m1 'steps per run' "$OUT/plan.log" || echo 'steps from the existing plan')
 echo "reproduce: ${#RUNS[@]} runs on $WORKERS $DEVICE worker(s) -> $OUT ($steps)"
 
-worker() {  # worker k: runs k, k + WORKERS, ... one after the other on its own core or GPU
-  local k=$1 i name env
+worker() {  # worker k, on its own core or GPU: claims and runs the plan's runs one after another
+  local k=$1 env pin=()
   if [ "$DEVICE" = gpu ]; then
     env=(CUDA_VISIBLE_DEVICES=$((k % SLOTS)))
   else
     env=(JAX_PLATFORMS=cpu XLA_FLAGS=--xla_cpu_multi_thread_eigen=false)
+    command -v taskset >/dev/null && [ "$WORKERS" -le "$SLOTS" ] && pin=(taskset -c "$k")
   fi
-  for ((i = k; i < ${#RUNS[@]}; i += WORKERS)); do
-    name=${RUNS[$i]}
-    [ -f "$OUT/runs/$name/result.json" ] && continue
-    mkdir -p "$OUT/runs/$name"
-    local pin=()
-    [ "$DEVICE" = cpu ] && command -v taskset >/dev/null && [ "$WORKERS" -le "$SLOTS" ] && pin=(taskset -c "$k")
-    if env "${env[@]}" JAX_COMPILATION_CACHE_DIR="$OUT/jax_cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.3 \
-        "${pin[@]}" "$JAXPOS" reproduce --out "$OUT" --run "$name" >"$OUT/runs/$name/run.log" 2>&1; then
-      echo "  finished $name"
-    else
-      echo "  FAILED $name: see $OUT/runs/$name/run.log"
-    fi
-  done
+  mkdir -p "$OUT/workers"
+  if env "${env[@]}" JAX_COMPILATION_CACHE_DIR="$OUT/jax_cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.3 \
+      JAXPOS_WORKER_STARTED="$(date +%s.%N)" "${pin[@]}" "$JAXPOS" reproduce --out "$OUT" --run "$ALL" \
+      >"$OUT/workers/$k.log" 2>&1; then
+    echo "  worker $k done"
+  else
+    echo "  worker $k: some runs FAILED: see $OUT/runs/*/failed.txt and $OUT/workers/$k.log"
+  fi
 }
+ALL=$(IFS=,; echo "${RUNS[*]}")
 for ((k = 0; k < WORKERS; k++)); do worker "$k" & done
 wait
 "$JAXPOS" reproduce "${COMMON[@]}" --report-only

@@ -3,8 +3,10 @@
 
 import json
 import os
+import platform
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -118,7 +120,15 @@ def test_steps_fit_the_budget():
         steps_for_budget(100, runs=3, workers=0, fixed_s=1, step_s=1, finetune_step_s=1, profile=profile)
     timing = lambda wall, step: dict(timing=dict(wall_s=wall, pretrain_steps=32, pretrain_step_s=step,  # noqa
                                                  finetune_steps=16, finetune_step_s=0.5))
-    assert calibration_estimate([timing(50, 0.25), timing(40, 0.5)]) == (50 - 8 - 8, 0.5, 0.5)
+    assert calibration_estimate([timing(50, 0.25), timing(40, 0.5)]) == (50 - 8 - 8, 0.5, 0.5, 0.0)
+    started = timing(50, 0.25)
+    started["timing"]["worker_startup_s"] = 9.0
+    assert calibration_estimate([started, timing(40, 0.5)])[3] == 9.0
+    # A worker's start-up is paid once, not per run.
+    with_startup, _, _ = steps_for_budget(1800, runs=51, workers=2, fixed_s=30, step_s=0.15, finetune_step_s=0.2,
+                                          profile=profile, startup_s=40)
+    assert with_startup < steps
+    assert 40 + 51 * 30 / 2 + rounds * (0.15 * with_startup + 0.2 * finetune_steps_for(with_startup, profile)) <= 1800
 
 
 # --- end to end ----------------------------------------------------------------------------------------------------
@@ -147,7 +157,12 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
         assert 0 <= run["finetune"]["best"] <= 1 and run["timing"]["pretrain_step_s"] > 0
         assert set(run["probe"]["variants"]) == {"local_2", "local_3", "local_4", "local_5", "global"}
         assert run["final"]["decomposition"]["max_reconstruction_error"] < 1e-4
-        assert os.path.isfile(out / "runs" / run["name"] / "analysis" / "over_training.png")
+        analysis = out / "runs" / run["name"] / "analysis"  # numbers only: the report draws the figures
+        assert (analysis / "over_training.json").is_file() and not list(analysis.rglob("*.png"))
+        assert (out / "runs" / run["name"] / "run.log").stat().st_size > 0
+    # Two workers shared the runs; each recorded its start-up with its first run.
+    assert len(list((out / "workers").glob("*.log"))) == 2
+    assert all(run["timing"]["worker_startup_s"] > 0 for run in runs.values())
 
     claims = numbers["claims"]
     assert len(claims) == len(C.CLAIMS) and all(c["verdict"] in C.VERDICTS for c in claims)
@@ -185,5 +200,61 @@ def test_dry_runs(tmp_path):
     printed = subprocess.run(["bash", script, str(out), "10", "2", "--mechanisms", "tisa,diet_rel"],
                              env=dict(os.environ, DRY_RUN="1", JAXPOS=jaxpos, WORKERS="2"), check=True,
                              capture_output=True, text=True).stdout
-    assert printed.count("--run") == 4 and "--run tisa_s1" in printed and "--report-only" in printed
+    assert printed.count("--run tisa_s0,diet_rel_s0,tisa_s1,diet_rel_s1") == 2 and "--report-only" in printed
     assert not out.exists()
+
+
+# --- workers -------------------------------------------------------------------------------------------------------
+
+def test_claims_are_exclusive_and_stale_ones_are_taken_over(tmp_path):
+    from jaxpos.reproduction import runs
+
+    out = str(tmp_path)
+    assert runs.claim(out, "a_s0")
+    claim_file = tmp_path / "runs" / "a_s0" / runs.CLAIM_FILE
+    assert claim_file.read_text() == f"{platform.node()} {os.getpid()}"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # a live process's claim is respected
+        claim_file.write_text(f"{platform.node()} {sleeper.pid}")
+        assert not runs.claim(out, "a_s0")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    runs.mark_failed(out, "a_s0", "ValueError: boom\nmore")
+    assert runs.failure(out, "a_s0") == "ValueError: boom\nmore"
+    assert runs.claim(out, "a_s0")  # its process has died: stale, taken over; the failure mark is cleared
+    assert runs.failure(out, "a_s0") is None
+    claim_file.write_text(f"another-host {sleeper.pid}")  # other hosts' claims are theirs to judge
+    assert not runs.claim(out, "a_s0")
+
+
+def test_worker_runs_what_it_claims_and_goes_on_after_a_failure(tmp_path, monkeypatch):
+    from jaxpos.reproduction import pipeline, runs
+
+    out = str(tmp_path)
+    plan = runs.make_plan(PROFILES["micro"], seeds=1, budget_minutes=5, workers=1,
+                          mechanisms=["absolute", "diet_rel", "tisa"])
+    runs.save_plan(out, plan)
+    executed = []
+
+    def fake_run(out_dir, name, startup_s=None):
+        executed.append((name, startup_s))
+        print(f"training {name}")
+        if name == "absolute_s0":
+            raise ValueError("a broken run\nwith details")
+        with open(os.path.join(runs.run_dir(out_dir, name), runs.RESULT_FILE), "w") as f:
+            json.dump(dict(name=name), f)
+
+    monkeypatch.setattr(pipeline, "execute_run", fake_run)
+    monkeypatch.setenv(runs.STARTED_ENV, repr(time.time() - 5))
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # restored after: the worker adds the profile's
+    assert runs.claim(out, "tisa_s0")  # held by this (live) process's other worker
+    (tmp_path / "runs" / "tisa_s0" / runs.CLAIM_FILE).write_text(f"{platform.node()} {os.getppid()}")
+    assert pipeline.execute_runs(out, ["absolute_s0", "diet_rel_s0", "tisa_s0"]) == 1
+    assert [n for n, _ in executed] == ["absolute_s0", "diet_rel_s0"]
+    assert executed[0][1] >= 5 and executed[1][1] >= 5  # the failed run did not use up the start-up record
+    assert runs.failure(out, "absolute_s0") == "ValueError: a broken run"
+    log = (tmp_path / "runs" / "absolute_s0" / runs.LOG_FILE).read_text()
+    assert "training absolute_s0" in log and "Traceback" in log
+    with pytest.raises(ValueError, match="nope_s0: not runs of"):
+        pipeline.execute_runs(out, ["nope_s0"])

@@ -120,8 +120,6 @@ def analyze_over_training(newest: AnalyzedModel, out_dir: str, *, sentences: Seq
     came from, into OUT/step_<N>/; then OUT/over_training.json ({"steps": [S], "series": {name: [S values]},
     "reports": {step: path}}) and the figure OUT/over_training.png. `sentences`, `only` and the options are
     those of `analyze`."""
-    from jaxpos.analysis.plots import plot_over_training
-
     if newest.info.get("kind") != "jaxpos run":
         raise ValueError(f"{newest.source} is not a jaxpos run: analysis over training reads its checkpoints")
     workdir = newest.source
@@ -144,9 +142,12 @@ def analyze_over_training(newest: AnalyzedModel, out_dir: str, *, sentences: Seq
     result = dict(model=dict(name=newest.name, source=os.path.abspath(workdir), position=cfg.position.kind,
                              head_dim=cfg.head_dim, num_layers=cfg.num_layers),
                   steps=sorted(reports), series=series, reports={str(s): p for s, p in paths.items()},
-                  figure="over_training.png")
-    plot_over_training(result["steps"], series, os.path.join(out_dir, "over_training.png"),
-                       head_dim=cfg.head_dim, title=f"{newest.name} ({cfg.position.kind}) over training")
+                  figure="over_training.png" if options.get("figures", True) else None)
+    if result["figure"]:
+        from jaxpos.analysis.plots import plot_over_training
+
+        plot_over_training(result["steps"], series, os.path.join(out_dir, result["figure"]),
+                           head_dim=cfg.head_dim, title=f"{newest.name} ({cfg.position.kind}) over training")
     with open(os.path.join(out_dir, OVER_TRAINING_FILE), "w") as f:
         json.dump(result, f, indent=1, allow_nan=False)
     return result

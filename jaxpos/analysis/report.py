@@ -59,6 +59,7 @@ class Options:
     attribution_windows: int = 4
     attribution_length: int = 32
     seed: int = 0
+    figures: bool = True  # PNG figures beside report.json (off: numbers only, e.g. many runs' analyses)
 
 
 @dataclasses.dataclass
@@ -79,6 +80,23 @@ class _Context:
 
     def figure(self, name: str) -> str:
         return os.path.join(self.out_dir, name)
+
+    @property
+    def plots(self):
+        """jaxpos.analysis.plots, or a stand-in whose plot functions draw nothing (options.figures off)."""
+        if not self.options.figures:
+            return _NO_PLOTS
+        from jaxpos.analysis import plots
+
+        return plots
+
+
+class _NoPlots:
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+_NO_PLOTS = _NoPlots()
 
 
 def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[int]], num_probe_words: int = 100,
@@ -112,6 +130,8 @@ def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[
         except Skip as why:
             report[name] = {"skipped": str(why)}
             report["skipped"][name] = str(why)
+        if not opts.figures and isinstance(report[name], dict):
+            report[name].pop("figure", None)
         report["seconds"][name] = round(time.perf_counter() - start, 3)
     bar.close()
     if ctx.arrays:
@@ -219,9 +239,8 @@ def _position_gram(ctx: _Context) -> dict:
     gram = toeplitz.position_gram(table)
     r2 = toeplitz.toeplitz_r2(gram)
     ctx.arrays["position_gram"] = gram
-    from jaxpos.analysis.plots import plot_position_gram
 
-    plot_position_gram(gram, r2, ctx.figure("position_gram.png"), ctx.model.name)
+    ctx.plots.plot_position_gram(gram, r2, ctx.figure("position_gram.png"), ctx.model.name)
     return dict(toeplitz_r2=r2, n=gram.shape[0], learned=has_learned_input_positions(ctx.cfg),
                 figure="position_gram.png", array="arrays.npz:position_gram")
 
@@ -231,7 +250,6 @@ def _positional_profile(ctx: _Context) -> dict:
     if not has_learned_input_positions(cfg):
         raise Skip(f"F-hat_P needs learned input position embeddings; position.kind={cfg.position.kind!r}"
                    + (" without tisa.input_positions" if cfg.position.kind == "tisa" else "") + " has none")
-    from jaxpos.analysis.plots import plot_tisa_scores
     from jaxpos.analysis.profile import positional_profile
 
     profile = positional_profile(cfg, ctx.params)  # [H, n, n]
@@ -240,7 +258,7 @@ def _positional_profile(ctx: _Context) -> dict:
     offsets = np.arange(-(n - 1), n)
     fit = tisa_fit.fit_tisa_kernels(scores, offsets, num_kernels=cfg.position.tisa.num_kernels)
     kernels = {k: np.asarray(fit[k])[None] for k in "abc"}  # one "layer": the first
-    plot_tisa_scores(kernels, n, ctx.figure("positional_profile.png"), profiles=scores[None],
+    ctx.plots.plot_tisa_scores(kernels, n, ctx.figure("positional_profile.png"), profiles=scores[None],
                      titles=[f"layer 1: fit r² {' '.join(f'{r:.2f}' for r in fit['r2'])}"],
                      suptitle=f"{ctx.model.name}: F̂_P rows by offset (dashed), fitted TISA kernels")
     ctx.arrays["positional_profile"] = profile
@@ -253,12 +271,11 @@ def _tisa_scores(ctx: _Context) -> dict:
     cfg = ctx.cfg
     if cfg.position.kind != "tisa":
         raise Skip(f"position.kind={cfg.position.kind!r} is not TISA")
-    from jaxpos.analysis.plots import plot_tisa_scores
     from jaxpos.positions.tisa import tisa_scores
 
     kernels = {k: np.asarray(ctx.params["encoder"]["position"][k]) for k in "abc"}  # [L', H', S]
     span = min(ctx.options.probe_length, cfg.max_length)
-    plot_tisa_scores(kernels, span, ctx.figure("tisa_scores.png"))
+    ctx.plots.plot_tisa_scores(kernels, span, ctx.figure("tisa_scores.png"))
     offsets = np.arange(-(span - 1), span)
     scores = np.asarray(tisa_scores(offsets, kernels["a"], kernels["b"], kernels["c"]))  # [L', H', K]
     return dict(kernels=kernels, offsets=[int(offsets[0]), int(offsets[-1])],
@@ -269,7 +286,6 @@ def _tisa_scores(ctx: _Context) -> dict:
 def _identical_word(ctx: _Context) -> dict:
     if ctx.model.vocabulary is None:
         raise Skip(f"{ctx.model.source} has no vocabulary file to draw whole words from")
-    from jaxpos.analysis.plots import plot_positional_matrices
     from jaxpos.analysis.probing import identical_word_attention, sample_probe_words
 
     opts, cfg = ctx.options, ctx.cfg
@@ -287,8 +303,8 @@ def _identical_word(ctx: _Context) -> dict:
     ctx.arrays["identical_word_attention"] = weights
     titles = [f"layer {l + 1}: Loc {a:.3f}, Sym {b:.3f}" for l, (a, b) in enumerate(layer_scores)]
     titles.append(f"all layers: Loc {overall_scores[0]:.3f}, Sym {overall_scores[1]:.3f}")
-    plot_positional_matrices(np.concatenate([per_layer, overall[None]]), titles, ctx.figure("identical_word.png"),
-                             f"{ctx.model.name}: identical-word attention ({len(words)} words, n = {length})")
+    ctx.plots.plot_positional_matrices(np.concatenate([per_layer, overall[None]]), titles,
+                                       ctx.figure("identical_word.png"), f"{ctx.model.name}: identical-word attention ({len(words)} words, n = {length})")
     return dict(length=length, num_words=len(words), words=[ctx.model.vocabulary[w] for w in words],
                 locality=overall_scores[0], symmetry=overall_scores[1],
                 layer_locality=layer_scores[:, 0], layer_symmetry=layer_scores[:, 1],
@@ -336,7 +352,6 @@ def _input_positional_logits(ctx: _Context, length: int) -> np.ndarray | None:
 
 
 def _rank(ctx: _Context) -> dict:
-    from jaxpos.analysis.plots import plot_ranks
 
     cfg, opts = ctx.cfg, ctx.options
     length = max(_usable_lengths(ctx, opts.lengths) or [min(64, cfg.max_length)])
@@ -363,7 +378,7 @@ def _rank(ctx: _Context) -> dict:
         plotted = (np.asarray(ranks, float), label)
     if plotted is None:
         result["positional"] = {"skipped": f"position.kind={cfg.position.kind!r} has no position-only logits"}
-    plot_ranks(result["logit_rank"], cfg.head_dim, length, ctx.figure("rank.png"),
+    ctx.plots.plot_ranks(result["logit_rank"], cfg.head_dim, length, ctx.figure("rank.png"),
                *(plotted if plotted else (None, "")))
     result["figure"] = "rank.png"
     return result
@@ -378,7 +393,6 @@ def _decomposition(ctx: _Context) -> dict:
     if not ctx.sentences:
         raise Skip("no sentences")
     from jaxpos.analysis.decomposition import TERMS, decompose
-    from jaxpos.analysis.plots import plot_term_importance
 
     ids, segs, real = next(_sentence_batches(  # padded as the identifiability batches are: one compilation
         ctx.sentences[:ctx.options.decomposition_sentences], max(SENTENCE_BATCH, ctx.options.decomposition_sentences),
@@ -387,7 +401,7 @@ def _decomposition(ctx: _Context) -> dict:
     importance = parts.importance()  # [L+1, 4]
     mask = parts.mask
     error = np.abs(parts.terms.sum(axis=1) - parts.hidden)[:, mask].max()
-    plot_term_importance(importance, ctx.figure("decomposition.png"), TERMS,
+    ctx.plots.plot_term_importance(importance, ctx.figure("decomposition.png"), TERMS,
                          f"{ctx.model.name}: importance of e = i + h + f + c")
     return dict(terms=list(TERMS), importance=importance, feedforward_r2=parts.feedforward_linear_r2(),
                 max_reconstruction_error=error, sentences=real, tokens=int(mask.sum()),
@@ -395,7 +409,6 @@ def _decomposition(ctx: _Context) -> dict:
 
 
 def _effective_attention(ctx: _Context) -> dict:
-    from jaxpos.analysis.plots import plot_effective_attention
     from jaxpos.analysis.taps import value_output_maps
 
     cfg, opts = ctx.cfg, ctx.options
@@ -419,8 +432,8 @@ def _effective_attention(ctx: _Context) -> dict:
         raise Skip("the sentences give no window of any of the requested lengths")
     by_layer = np.stack([np.nanmean(c, axis=(0, 2)) for c in per_length])  # [len, L]
     raw, effective, length, example_rank = example
-    plot_effective_attention(raw, effective, lengths, by_layer, cfg.head_dim, ctx.figure("effective_attention.png"),
-                             f"layer {cfg.num_layers}, head 1, T = {length}, rank {example_rank} of {length}")
+    ctx.plots.plot_effective_attention(raw, effective, lengths, by_layer, cfg.head_dim,
+                                       ctx.figure("effective_attention.png"), f"layer {cfg.num_layers}, head 1, T = {length}, rank {example_rank} of {length}")
     found = ", ".join(f"T={n}: rank {r.min()}" + (f"-{r.max()}" if r.max() > r.min() else "") + f" of {n}"
                       for n, r in zip(lengths, ranks))
     return dict(lengths=lengths, windows=[len(c) for c in per_length], head_dim=cfg.head_dim,
@@ -434,7 +447,6 @@ def _identifiability(ctx: _Context) -> dict:
     if len(ctx.sentences) < 7:
         raise Skip(f"a 70/15/15 split by sentence needs at least 7 sentences; have {len(ctx.sentences)}")
     from jaxpos.analysis.identifiability import identifiability_by_layer
-    from jaxpos.analysis.plots import plot_identifiability
 
     opts = ctx.options
     hidden, sentence_ids = [], []
@@ -453,7 +465,8 @@ def _identifiability(ctx: _Context) -> dict:
         extra = {} if kind == "naive" else dict(learning_rate=opts.probe_learning_rate,
                                                 patience=opts.probe_patience, max_epochs=opts.probe_epochs)
         rates[kind] = identifiability_by_layer(hidden, inputs, sentence_ids, kind=kind, seed=opts.seed, **extra)
-    plot_identifiability(rates, ctx.figure("identifiability.png"), f"{ctx.model.name}: token identifiability")
+    ctx.plots.plot_identifiability(rates, ctx.figure("identifiability.png"),
+                                   f"{ctx.model.name}: token identifiability")
     return dict(rates=rates, tokens=len(sentence_ids), sentences=len(ctx.sentences),
                 probe=dict(epochs=opts.probe_epochs, patience=opts.probe_patience,
                            learning_rate=opts.probe_learning_rate),
@@ -461,7 +474,6 @@ def _identifiability(ctx: _Context) -> dict:
 
 
 def _attribution(ctx: _Context) -> dict:
-    from jaxpos.analysis.plots import plot_attribution
 
     cfg, opts = ctx.cfg, ctx.options
     length = min(opts.attribution_length, cfg.max_length)
@@ -477,7 +489,7 @@ def _attribution(ctx: _Context) -> dict:
                           attribution.attribution_summary(contributions).items()})
     mean = {k: np.mean([s[k] for s in summaries], axis=0) for k in summaries[0]}
     own, top = mean["own_share"], mean["top_contributor"]
-    plot_attribution(mean["by_distance"], own, top, ctx.figure("attribution.png"))
+    ctx.plots.plot_attribution(mean["by_distance"], own, top, ctx.figure("attribution.png"))
     return dict(length=length, windows=len(rows), layers=layers, self_share=own, top_share=top,
                 by_distance=mean["by_distance"], figure="attribution.png")
 

@@ -45,8 +45,9 @@ def add_reproduce_parser(subparsers) -> None:
     mode.add_argument("--plan-only", action="store_true",
                       help="plan (tokenizer, timing, steps), write the run names to OUT/runs.txt and stop "
                            "(launch/reproduce.sh runs them)")
-    mode.add_argument("--run", dest="run_name", metavar="NAME",
-                      help="execute one run of OUT/plan.json (what each process runs)")
+    mode.add_argument("--run", dest="run_name", metavar="NAME[,NAME...]",
+                      help="a worker: execute these runs of OUT/plan.json that no other process has claimed, one "
+                           "after another (what each worker process runs)")
     mode.add_argument("--report-only", action="store_true", help="write the report from the finished runs")
     parser.set_defaults(run=_reproduce)
 
@@ -66,8 +67,9 @@ def _calibration_runs(plan: dict, profile, workers: int, warm: bool = False) -> 
         finetune_steps=profile.calibration_finetune_steps) for i in range(workers)}
 
 
-def _calibrate(out: str, plan: dict, profile, workers: int) -> tuple[float, float, float, float | None]:
-    """(cold fixed s, step s, fine-tuning step s, warm fixed s or None) measured by calibration runs."""
+def _calibrate(out: str, plan: dict, profile, workers: int) -> tuple[float, float, float, float | None, float]:
+    """(cold fixed s, step s, fine-tuning step s, warm fixed s or None, a worker's start-up s) measured by
+    calibration runs."""
     from jaxpos.reproduction import runs
 
     passes = [False, True] if plan["seeds"] > 1 else [False]
@@ -79,15 +81,10 @@ def _calibrate(out: str, plan: dict, profile, workers: int) -> tuple[float, floa
         runs.save_plan(out, plan)
         print(f"timing: {len(names)} calibration run(s) of the whole pipeline in parallel"
               + (", again with their programs compiled" if warm else ""), flush=True)
-        seconds = runs.execute(out, list(names), workers)
-        results = []
-        for name in names:
-            result = runs.read_result(out, name)
-            result["timing"]["wall_s"] = seconds.get(name, result["timing"]["wall_s"])  # process start-up included
-            results.append(result)
-        estimates.append(runs.calibration_estimate(results))
-    fixed, step, finetune_step = estimates[0]
-    return fixed, step, finetune_step, estimates[1][0] if len(estimates) > 1 else None
+        runs.execute(out, list(names), workers)
+        estimates.append(runs.calibration_estimate([runs.read_result(out, name) for name in names]))
+    fixed, step, finetune_step, startup = estimates[0]
+    return fixed, step, finetune_step, estimates[1][0] if len(estimates) > 1 else None, startup
 
 
 def _same_plan(old: dict, new: dict) -> None:
@@ -113,9 +110,13 @@ def _reproduce(args, overrides):
         raise ValueError(f"`jaxpos reproduce` takes no --config overrides (got {' '.join(overrides)})")
     out = args.out
     if args.run_name:
-        from jaxpos.reproduction.pipeline import execute_run
+        from jaxpos.reproduction.pipeline import execute_runs
 
-        return execute_run(out, args.run_name)
+        names = [n.strip() for n in args.run_name.split(",") if n.strip()]
+        failures = execute_runs(out, names)
+        if failures:
+            raise RuntimeError(f"{failures} of the runs failed: see {out}/runs/NAME/{runs.FAILED_FILE}")
+        return None
     from jaxpos.reproduction.report import REPORT_FILE, summary_table, write_report
 
     command = "jaxpos " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--debug") \
@@ -142,8 +143,10 @@ def _reproduce(args, overrides):
         print(f"# {len(plan['runs'])} runs ({len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s)), "
               f"{workers} at a time; steps per run: "
               f"{plan['steps'] or 'set by a timing of ' + str(workers) + ' calibration run(s)'}")
-        for name in plan["runs"]:
-            print(" ".join(shlex.quote(c) for c in runs.run_command(out, name)))
+        print(f"# {workers} worker(s), each running the unclaimed runs of the list in turn:")
+        command = " ".join(shlex.quote(c) for c in runs.worker_command(out, list(plan["runs"])))
+        for _ in range(workers):
+            print(command)
         return plan
     old = runs.load_plan(out)
     if old is not None:
@@ -162,13 +165,13 @@ def _reproduce(args, overrides):
         runs.save_plan(out, plan)
 
     if not plan["steps"]:
-        fixed, step, finetune_step, warm = _calibrate(out, plan, profile, workers)
+        fixed, step, finetune_step, warm, startup = _calibrate(out, plan, profile, workers)
         reserve = 20 + 0.02 * args.budget_minutes * 60  # the report and figures, and a margin
         left = args.budget_minutes * 60 - (time.perf_counter() - start) - reserve
         plan["steps"], plan["finetune_steps"], plan["budget_note"] = runs.steps_for_budget(
             left, len(plan["runs"]), workers, fixed, step, finetune_step, profile,
-            cold_runs=len(plan["mechanisms"]), warm_fixed_s=warm)
-        plan["calibration_estimate"] = dict(fixed_s=fixed, warm_fixed_s=warm, step_s=step,
+            cold_runs=len(plan["mechanisms"]), warm_fixed_s=warm, startup_s=startup)
+        plan["calibration_estimate"] = dict(fixed_s=fixed, warm_fixed_s=warm, startup_s=startup, step_s=step,
                                             finetune_step_s=finetune_step, seconds_left=left)
         runs.save_plan(out, plan)
         print(f"steps per run: {plan['steps']} pretraining, {plan['finetune_steps']} fine-tuning "

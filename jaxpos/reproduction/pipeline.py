@@ -12,12 +12,16 @@ swapped, through `jaxpos.evaluation.probes.word_order_drops` (the perturbations 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import time
+import traceback
 
 import numpy as np
 
+from jaxpos.reproduction import runs
 from jaxpos.reproduction.runs import MECHANISMS, RESULT_FILE, load_plan, profile_of, repo_config, run_dir
 
 OVER_TRAINING = ("position_gram", "identical_word", "rank", "decomposition")  # at every checkpoint
@@ -161,15 +165,87 @@ def mlm_word_order_probe(workdir: str, model, sentences: list[str], seq_len: int
     return result
 
 
+class RunInterrupted(RuntimeError):
+    """A stage stopped early (SIGTERM checkpoints and returns); executing the run again resumes it."""
+
+
 def _check_finished(stage: str, step: int, steps: int, workdir: str) -> None:
     """A stage the loop left early (SIGTERM checkpoints and returns) must not pass for a finished one."""
     if step != steps:
-        raise RuntimeError(f"{stage} in {workdir} stopped at step {step} of {steps}; run the command again to resume")
+        raise RunInterrupted(f"{stage} in {workdir} stopped at step {step} of {steps}; run the command again to resume")
 
 
-def execute_run(out: str, name: str) -> dict:
+def _use_xla_flags(profile) -> None:
+    """The profile's XLA flags, read when the backend starts (which no jaxpos import does)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if profile.xla_flags and profile.xla_flags not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " " + profile.xla_flags).strip()
+
+
+@contextlib.contextmanager
+def _output_to(path: str):
+    """This process's output into `path`: file descriptors 1 and 2 (XLA, subprocesses) and sys.stdout/stderr."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            f.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def execute_runs(out: str, names: list[str]) -> int:
+    """A worker: executes, one after another in this process, each run of `names` that is unfinished and that no
+    other live process has claimed (`runs.claim`), its output in runs/NAME/run.log. A run that raises is marked
+    failed and the worker goes on; an interrupted one (SIGTERM) stops the worker. Returns the failures' count."""
+    plan = load_plan(out)
+    if plan is None:
+        raise FileNotFoundError(f"{out}/plan.json is missing: start with `jaxpos reproduce --out {out}`")
+    unknown = [n for n in names if n not in plan["runs"] and n not in plan.get("calibration", {})]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not runs of {out}/plan.json; runs: {', '.join(plan['runs'])}")
+    _use_xla_flags(profile_of(plan))
+    import jax
+
+    import jaxpos.analysis.over_training  # noqa: F401 - the stages' imports and the backend count as start-up
+    import jaxpos.training.finetune_main  # noqa: F401
+    import jaxpos.training.mlm_main  # noqa: F401
+
+    jax.devices()
+    started = os.environ.get(runs.STARTED_ENV)
+    startup = time.time() - float(started) if started else None  # recorded with the first run
+    failures = 0
+    for name in names:
+        if runs.read_result(out, name) is not None or not runs.claim(out, name):
+            continue
+        print(f"{time.strftime('%H:%M:%S')} {name}", flush=True)
+        try:
+            with _output_to(os.path.join(run_dir(out, name), runs.LOG_FILE)):
+                execute_run(out, name, startup_s=startup)
+            startup = None
+        except RunInterrupted as stop:
+            print(f"stopped: {stop}", flush=True)
+            break
+        except Exception as error:  # noqa: BLE001 - recorded; the other runs go on
+            failures += 1
+            runs.mark_failed(out, name, f"{type(error).__name__}: {error}".splitlines()[0])
+            with open(os.path.join(run_dir(out, name), runs.LOG_FILE), "a") as f:
+                traceback.print_exc(file=f)
+            print(f"failed: {error}", flush=True)
+    return failures
+
+
+def execute_run(out: str, name: str, startup_s: float | None = None) -> dict:
     """Runs NAME of the plan in OUT (or one of its calibration runs) and writes OUT/runs/NAME/result.json.
-    Each stage resumes: a finished pretraining or fine-tuning is not repeated."""
+    Each stage resumes: a finished pretraining or fine-tuning is not repeated. `startup_s`: the worker's
+    start-up before this run (its first), recorded for the budget."""
     from jaxpos.analysis.cli import analysis_texts
     from jaxpos.analysis.loading import load_run
     from jaxpos.analysis.over_training import analyze_over_training
@@ -186,8 +262,7 @@ def execute_run(out: str, name: str) -> dict:
     if spec is None:
         raise ValueError(f"{name!r} is not a run of {out}/plan.json; runs: {', '.join(plan['runs'])}")
     profile = profile_of(plan)
-    if profile.xla_flags:  # read when the backend starts, which no jaxpos import does
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + profile.xla_flags).strip()
+    _use_xla_flags(profile)
     steps = spec.get("steps") or plan.get("steps")
     if not steps:
         raise ValueError(f"{out}/plan.json has no step count yet (the calibration has not run)")
@@ -217,7 +292,7 @@ def execute_run(out: str, name: str) -> dict:
 
     start = time.perf_counter()
     sentences = corpus_sentences(model, analysis_texts(None), profile.max_sentences)
-    options = dict(profile.analysis)
+    options = dict(profile.analysis, figures=False)  # the report draws its own figures from the numbers
     analysis_dir = os.path.join(folder, "analysis")
     over = analyze_over_training(model, analysis_dir, sentences=sentences, only=OVER_TRAINING, **options)
     with open(os.path.join(analysis_dir, over["reports"][str(over["steps"][-1])])) as f:
@@ -255,6 +330,8 @@ def execute_run(out: str, name: str) -> dict:
     timing["pretrain_step_s"] = result["pretrain"]["step_time_s"]
     timing["finetune_step_s"] = result["finetune"]["step_time_s"]
     timing["wall_s"] = round(time.perf_counter() - wall, 3)
+    if startup_s is not None:
+        timing["worker_startup_s"] = round(startup_s, 3)
     result["timing"] = timing
     tmp = os.path.join(folder, RESULT_FILE + ".tmp")
     with open(tmp, "w") as f:

@@ -146,12 +146,12 @@ def finetune_steps_for(steps: int, profile: Profile) -> int:
 
 def steps_for_budget(seconds_left: float, runs: int, workers: int, fixed_s: float, step_s: float,
                      finetune_step_s: float, profile: Profile, *, cold_runs: int | None = None,
-                     warm_fixed_s: float | None = None) -> tuple[int, int, str]:
+                     warm_fixed_s: float | None = None, startup_s: float = 0.0) -> tuple[int, int, str]:
     """(pretraining steps, fine-tuning steps, a note) such that `runs` runs spread over `workers` parallel
     processes fit in `seconds_left`. A run costs its fixed part (start-up, compiling, evaluations, analyses)
     plus steps * step_s + finetune_steps * finetune_step_s; the fixed part is fixed_s for the first `cold_runs`
     (default: all) and warm_fixed_s for the others (the seeds of a mechanism after the first reuse its compiled
-    programs). Pretraining steps are a multiple of the checkpoint count within [min_steps, max_steps]; the note
+    programs); each worker pays `startup_s` once. Pretraining steps are a multiple of the checkpoint count within [min_steps, max_steps]; the note
     says when even the floor overruns the budget."""
     if runs < 1 or workers < 1:
         raise ValueError(f"need at least one run and one worker (runs={runs}, workers={workers})")
@@ -160,7 +160,7 @@ def steps_for_budget(seconds_left: float, runs: int, workers: int, fixed_s: floa
                          f"{finetune_step_s} s)")
     cold = runs if cold_runs is None else min(cold_runs, runs)
     warm = fixed_s if warm_fixed_s is None else min(warm_fixed_s, fixed_s)
-    fixed_per_worker = (cold * fixed_s + (runs - cold) * warm) / workers
+    fixed_per_worker = startup_s + (cold * fixed_s + (runs - cold) * warm) / workers
     rounds = math.ceil(runs / workers)
     k = profile.checkpoints
 
@@ -187,17 +187,19 @@ def steps_for_budget(seconds_left: float, runs: int, workers: int, fixed_s: floa
     return steps, finetune_steps_for(steps, profile), note
 
 
-def calibration_estimate(results: Sequence[dict]) -> tuple[float, float, float]:
-    """(fixed seconds per run, seconds per pretraining step, seconds per fine-tuning step) from calibration runs'
-    results (the slowest of them): a run's wall time less its own pretraining and fine-tuning steps."""
-    fixed, step, finetune_step = [], [], []
+def calibration_estimate(results: Sequence[dict]) -> tuple[float, float, float, float]:
+    """(fixed seconds per run, seconds per pretraining step, seconds per fine-tuning step, a worker's start-up
+    seconds) from calibration runs' results (the slowest of them): a run's fixed part is its wall time less its own
+    pretraining and fine-tuning steps; start-up (imports, the backend) is paid once per worker."""
+    fixed, step, finetune_step, startup = [], [], [], [0.0]
     for r in results:
         t = r["timing"]
         step.append(t["pretrain_step_s"])
         finetune_step.append(t["finetune_step_s"])
         fixed.append(t["wall_s"] - t["pretrain_steps"] * t["pretrain_step_s"]
                      - t["finetune_steps"] * t["finetune_step_s"])
-    return max(fixed), max(step), max(finetune_step)
+        startup.append(t.get("worker_startup_s") or 0.0)
+    return max(fixed), max(step), max(finetune_step), max(startup)
 
 
 # --- the plan ----------------------------------------------------------------------------------------------------
@@ -295,14 +297,78 @@ def read_result(out: str, name: str) -> dict | None:
 
 
 # --- scheduling --------------------------------------------------------------------------------------------------
+# Runs go to worker processes (one per core or GPU), each executing runs one after another (imports and compiled
+# programs shared) as it claims them: a claim is runs/NAME/claim, created exclusively, naming the host and process;
+# a claim whose process has died on this host is stale and taken over, so a crashed or killed run resumes when the
+# command runs again. launch/reproduce.sh starts the same worker commands.
 
-def run_command(out: str, name: str) -> list[str]:
-    """The command that executes one run of the plan in OUT (what launch/reproduce.sh runs too)."""
-    return [sys.executable, "-m", "jaxpos.cli", "reproduce", "--out", out, "--run", name]
+CLAIM_FILE = "claim"
+FAILED_FILE = "failed.txt"
+LOG_FILE = "run.log"
+STARTED_ENV = "JAXPOS_WORKER_STARTED"  # when the scheduler started the worker (unix time): its start-up cost
+
+
+def worker_command(out: str, names: Sequence[str]) -> list[str]:
+    """The command of a worker process: executes the unclaimed, unfinished runs of `names` in turn."""
+    return [sys.executable, "-m", "jaxpos.cli", "reproduce", "--out", out, "--run", ",".join(names)]
+
+
+def _claim_owner() -> str:
+    return f"{platform.node()} {os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def claim(out: str, name: str) -> bool:
+    """Claims run NAME for this process (True), unless a live process holds it. A claim left by a process that
+    died on this host is taken over; the run's failure mark of an earlier attempt is cleared."""
+    folder = run_dir(out, name)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, CLAIM_FILE)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    host, pid = f.read().split()
+            except (OSError, ValueError):  # being written this instant, or garbage: leave it to its owner
+                return False
+            if host != platform.node() or (int(pid) != os.getpid() and _alive(int(pid))):
+                return False
+            os.remove(path)  # stale (or our own from an earlier call)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(_claim_owner())
+        if os.path.exists(os.path.join(folder, FAILED_FILE)):
+            os.remove(os.path.join(folder, FAILED_FILE))
+        return True
+    return False
+
+
+def mark_failed(out: str, name: str, message: str) -> None:
+    with open(os.path.join(run_dir(out, name), FAILED_FILE), "w") as f:
+        f.write(message.strip() + "\n")
+
+
+def failure(out: str, name: str) -> str | None:
+    path = os.path.join(run_dir(out, name), FAILED_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
 
 
 def worker_env(out: str, slot: int, gpu_count: int) -> dict:
-    """Environment of the process in `slot`: its GPU, or XLA on one thread of the CPU (each process has its own
+    """Environment of the worker in `slot`: its GPU, or XLA on one thread of the CPU (each worker has its own
     core); a compilation cache shared by the runs (the seeds of a mechanism compile the same programs)."""
     env = dict(os.environ)
     if gpu_count:
@@ -314,63 +380,78 @@ def worker_env(out: str, slot: int, gpu_count: int) -> dict:
         env["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
     env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.path.abspath(out), "jax_cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.3"
+    env[STARTED_ENV] = repr(time.time())
     return env
 
 
 def execute(out: str, names: Sequence[str], workers: int, *, log=print) -> dict[str, float]:
-    """Runs `names` (each `jaxpos reproduce --out OUT --run NAME`, output in runs/NAME/run.log), at most `workers`
-    at a time, each pinned to its own core (CPU) or GPU. Runs whose result.json exists are skipped. Returns the
-    wall seconds of each run; raises RuntimeError naming the runs that failed."""
+    """Runs `names` on `workers` worker processes, each pinned to its own core (CPU) or GPU; a run's output goes
+    to runs/NAME/run.log, a worker's own to workers/K.log. Finished runs (result.json) are skipped. Returns the
+    wall seconds of each run executed (its own, without the worker's start-up); raises RuntimeError naming the
+    runs that failed."""
     gpu_count = len(gpus())
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pending = [n for n in names if read_result(out, n) is None]
-    running: dict[int, tuple[str, subprocess.Popen, float, object]] = {}
-    seconds, failed = {}, []
+    if not pending:
+        return {}
+    workers = min(workers, len(pending))
+    os.makedirs(os.path.join(out, "workers"), exist_ok=True)
+    processes, logs = [], []
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, interrupted)  # so that the runs stop with this process
+    previous = signal.signal(signal.SIGTERM, interrupted)  # so that the workers stop with this process
     try:
-        _schedule(out, pending, running, seconds, failed, workers, gpu_count, cores, log)
+        for slot in range(workers):
+            core = cores[slot % len(cores)] if cores and not gpu_count and workers <= len(cores) else None
+            pin = ["taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else []
+            logs.append(open(os.path.join(out, "workers", f"{slot}.log"), "w"))
+            processes.append(subprocess.Popen(pin + worker_command(out, pending), stdout=logs[-1],
+                                              stderr=subprocess.STDOUT, env=worker_env(out, slot, gpu_count)))
+            log(f"  worker {slot} on {'GPU ' + str(slot % gpu_count) if gpu_count else f'core {core}'}")
+        seconds = _follow(out, pending, processes, log)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for name, process, _, logfile in running.values():  # left running only when interrupted
-            process.terminate()  # a run checkpoints on SIGTERM; running the command again resumes it
+        for process in processes:  # still running only when interrupted
+            if process.poll() is None:
+                process.terminate()  # a run checkpoints on SIGTERM; running the command again resumes it
+        for process in processes:
             try:
                 process.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 process.kill()
-            logfile.close()
+        for f in logs:
+            f.close()
+    failed = [n for n in pending if read_result(out, n) is None]
     if failed:
-        raise RuntimeError(f"{len(failed)} run(s) failed: {', '.join(failed)}; their logs are "
-                           f"{os.path.join(out, 'runs', 'NAME', 'run.log')}. Re-running the command resumes.")
+        reasons = "; ".join(f"{n}: {failure(out, n) or 'did not finish'}" for n in failed)
+        raise RuntimeError(f"{len(failed)} run(s) failed ({reasons}); their logs are "
+                           f"{os.path.join(out, 'runs', 'NAME', LOG_FILE)} and {os.path.join(out, 'workers')}. "
+                           "Re-running the command resumes.")
     return seconds
 
 
-def _schedule(out, pending, running, seconds, failed, workers, gpu_count, cores, log) -> None:
-    """The loop of `execute`: keeps `workers` runs going until `pending` is empty and all have ended."""
-    while pending or running:
-        free = [s for s in range(workers) if s not in running]
-        while pending and free:
-            slot, name = free.pop(0), pending.pop(0)
-            os.makedirs(run_dir(out, name), exist_ok=True)
-            logfile = open(os.path.join(run_dir(out, name), "run.log"), "w")
-            core = cores[slot % len(cores)] if cores and not gpu_count and workers <= len(cores) else None
-            pin = ["taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else []
-            process = subprocess.Popen(pin + run_command(out, name), stdout=logfile, stderr=subprocess.STDOUT,
-                                       env=worker_env(out, slot, gpu_count))
-            running[slot] = (name, process, time.perf_counter(), logfile)
-            log(f"  started {name} ({'GPU ' + str(slot % gpu_count) if gpu_count else f'core {core}'})")
-        time.sleep(0.2)
-        for slot, (name, process, start, logfile) in list(running.items()):
-            if process.poll() is None:
+def _follow(out, pending, processes, log) -> dict[str, float]:
+    """Reports runs as the workers claim, finish or fail them, until every worker has exited."""
+    seen_claim, done, seconds = set(), set(), {}
+    while True:
+        exited = all(p.poll() is not None for p in processes)
+        for name in pending:
+            if name in done:
                 continue
-            logfile.close()
-            del running[slot]
-            seconds[name] = time.perf_counter() - start
-            if process.returncode != 0 or read_result(out, name) is None:
-                failed.append(name)
-                log(f"  FAILED {name} (exit {process.returncode}); see {run_dir(out, name)}/run.log")
-            else:
+            folder = run_dir(out, name)
+            if name not in seen_claim and os.path.exists(os.path.join(folder, CLAIM_FILE)):
+                seen_claim.add(name)
+                log(f"  started {name}")
+            result = read_result(out, name)
+            if result is not None:
+                done.add(name)
+                seconds[name] = result["timing"]["wall_s"]
                 log(f"  finished {name} in {seconds[name]:.0f} s")
+            elif failure(out, name):
+                done.add(name)
+                log(f"  FAILED {name}: {failure(out, name)}; see {folder}/{LOG_FILE}")
+        if exited:
+            return seconds
+        time.sleep(0.5)
