@@ -66,24 +66,37 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
 
 
 def load_json_config(path: str) -> ml_collections.ConfigDict:
-    """The config a run saved as WORKDIR/config.json."""
+    """The config a run saved as WORKDIR/config.json (a local path or a URL: etils.epath)."""
     import json
 
-    with open(path) as f:
-        try:
-            return ml_collections.ConfigDict(json.load(f))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not a valid JSON config: {error}") from error
+    from etils import epath
+
+    try:
+        return ml_collections.ConfigDict(json.loads(epath.Path(path).read_text()))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not a valid JSON config: {error}") from error
+
+
+def write_run_file(workdir: str, name: str, text: str) -> str:
+    """Writes WORKDIR/name (a local folder or a URL that etils.epath handles, e.g. gs://); returns its path."""
+    from etils import epath
+
+    path = epath.Path(workdir) / name
+    path.write_text(text)
+    return str(path)
 
 
 def load_run_config(workdir: str, task: str) -> ml_collections.ConfigDict:
-    """WORKDIR/config.json of a `jaxpos train` run, checked to be a run of `task` (mlm | translation)."""
-    if not os.path.isdir(workdir):
+    """WORKDIR/config.json of a `jaxpos train` run (local or a URL), checked to be a run of `task`
+    (mlm | translation | finetune)."""
+    from etils import epath
+
+    if not epath.Path(workdir).is_dir():
         raise FileNotFoundError(f"workdir {workdir!r} does not exist")
-    path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(path):
+    path = epath.Path(workdir) / "config.json"
+    if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: is {workdir!r} the workdir of a `jaxpos train` run?")
-    config = load_json_config(path)
+    config = load_json_config(os.fspath(path))
     if config.get("task", "mlm") != task or "model" not in config:
         raise ValueError(f"{path}: a {config.get('task', 'mlm')!r} run; this command reads {task!r} runs")
     return config

@@ -5,9 +5,10 @@ seed; the seed sets the initialisation, the data order and the masking. The budg
 whole command: a calibration (one run of the full pipeline with a few steps per worker, in parallel as the real
 runs will be, and once more with their programs compiled when there are several seeds) measures the fixed cost of
 a run and the time of a step, and the steps per run follow from what is left. Under a small budget per run the
-programs are compiled unoptimised (`FAST_COMPILE`), and the calibration measures that mode. Runs are separate
-processes (`jaxpos reproduce --out DIR --run NAME`), one per core (pinned, XLA on one thread) or per GPU
-(CUDA_VISIBLE_DEVICES); launch/reproduce.sh spreads the same commands over a host.
+programs are compiled unoptimised (`FAST_COMPILE`), and the calibration measures that mode. Runs go to worker
+processes (`jaxpos reproduce --out DIR --run NAME,NAME,...`), one per core (pinned, XLA on one thread) or per GPU
+(CUDA_VISIBLE_DEVICES), each claiming runs and executing them one after another; launch/reproduce.sh starts the
+same workers on a host.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Profile:
     checkpoints: int = 4  # evenly spaced checkpoints analysed over training
     min_steps: int = 8
     max_steps: int = 20_000
-    finetune_ratio: float = 1.0  # fine-tuning steps per pretraining step ...
+    finetune_ratio: float = 0.5  # fine-tuning steps per pretraining step (pretraining is where mechanisms part)
     min_finetune_steps: int = 8  # ... within this range
     max_finetune_steps: int = 1_000
     fixed_steps: int = 0  # > 0: skip the calibration and pretrain this many steps
@@ -90,7 +91,7 @@ class Profile:
     xla_flags: str = ""  # added to XLA_FLAGS in each run's process
     # Below this many seconds of budget per run, compiling dominates a run: its programs are compiled unoptimised
     # (FAST_COMPILE: about half the compile time, steps about 2.5x slower on a CPU); the timing measures that mode.
-    fast_compile_below_s: float = 120.0
+    fast_compile_below_s: float = 80.0
 
 
 PROFILES = {

@@ -12,16 +12,10 @@ from etils import epath
 
 from jaxpos.config import model_config
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
+from jaxpos.config.files import write_run_file
 from jaxpos.models import BertForMaskedLM
 from jaxpos.training.loop import Trainer
 from jaxpos.training.mlm import MaskedLMTask
-
-
-def write_text(workdir: str, name: str, text: str) -> str:
-    """Writes WORKDIR/name (a local folder or a URL that etils.epath handles, e.g. gs://); returns its path."""
-    path = epath.Path(workdir) / name
-    path.write_text(text)
-    return str(path)
 
 
 def train_mlm(config, workdir: str):
@@ -44,7 +38,7 @@ def train_mlm(config, workdir: str):
     if config.model.max_length < dcfg.seq_len:
         raise ValueError(f"model.max_length={config.model.max_length} is shorter than data.seq_len={dcfg.seq_len}")
     if main_process:
-        write_text(workdir, "config.json", config.to_json_best_effort(indent=2))
+        write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
     print(f"baseline: unigram entropy of the {'held-out rows' if streaming else 'corpus'} = "
           f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)", flush=True)
 
@@ -62,7 +56,7 @@ def train_mlm(config, workdir: str):
     report = dict(train=result.final_metrics, eval=result.eval_metrics, unigram_entropy=data.unigram_entropy,
                   step=int(jax.device_get(result.state.step)))
     if main_process:
-        write_text(workdir, "report.json", json.dumps(report, indent=2))
+        write_run_file(workdir, "report.json", json.dumps(report, indent=2))
     train_loss, eval_loss = result.final_metrics.get("loss"), result.eval_metrics.get("loss")
     if train_loss is not None:
         print(f"final: train loss {train_loss:.3f}, eval loss {eval_loss:.3f}, eval accuracy "

@@ -7,8 +7,10 @@ import os
 import sys
 
 import jax
+from etils import epath
 
 from jaxpos.config import model_config
+from jaxpos.config.files import write_run_file
 from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import corpus_bleu
 from jaxpos.decoding.translate import Translator, decode_config, read_sentences
@@ -45,14 +47,14 @@ def _setup(config, workdir: str):
 def train_translation(config, workdir: str):
     """Trains an encoder-decoder as configured (resuming from WORKDIR), reports dev loss and BLEU along the way,
     then test BLEU with beam search against the copy-the-source baseline. Returns the report dict."""
-    os.makedirs(workdir, exist_ok=True)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     tcfg = config.train
     print(f"jaxpos: translation, position={config.model.position.kind}, devices={jax.device_count()}x"
           f"{jax.devices()[0].device_kind}, workdir={workdir}", flush=True)
     data, cfg, task = _setup(config, workdir)
     print(data.summary(), flush=True)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2))
+    if jax.process_index() == 0:
+        write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
     dcfg = decode_config(config.decode)
     trainer = Trainer(config, workdir, task)
 
@@ -81,13 +83,11 @@ def train_translation(config, workdir: str):
         report.update(test_bleu=bleu.score, test_bleu_signature=bleu.signature, test_bleu_details=bleu.details,
                       copy_source_bleu=copy.score, test_sentences=len(data.test))
         if jax.process_index() == 0:
-            with open(os.path.join(workdir, "test_translations.txt"), "w") as f:
-                f.writelines(h + "\n" for h in hypotheses)
+            write_run_file(workdir, "test_translations.txt", "".join(h + "\n" for h in hypotheses))
         print(f"test SacreBLEU {bleu.score:.2f} ({bleu.details}; {bleu.signature}) on {len(data.test)} "
               f"sentences; copying the source scores {copy.score:.2f}", flush=True)
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "report.json"), "w") as f:
-            json.dump(report, f, indent=2)
+        write_run_file(workdir, "report.json", json.dumps(report, indent=2))
     return report
 
 
@@ -101,8 +101,8 @@ def load_translator(workdir: str, overrides: list[str] = ()):
     from jaxpos.training.checkpoint import restore_run_params
 
     config = apply_overrides(load_run_config(workdir, "translation"), list(overrides))
-    tokenizer_path = config.data.tokenizer_path or os.path.join(workdir, "spm_translation.model")
-    if not os.path.isfile(tokenizer_path):
+    tokenizer_path = config.data.tokenizer_path or os.fspath(epath.Path(workdir) / "spm_translation.model")
+    if not epath.Path(tokenizer_path).is_file():
         raise FileNotFoundError(f"the run's SentencePiece model {tokenizer_path} is missing")
     tokenizer = load_tokenizer(tokenizer_path, TRANSLATION_SPECIAL_TOKENS)
     cfg = model_config(config.model)

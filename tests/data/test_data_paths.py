@@ -91,8 +91,8 @@ def test_globs_text_and_tokenizers_at_urls(tmp_path, sentences):
 
 
 def test_tensorboard_events_and_run_files_at_a_url(tmp_path):
+    from jaxpos.config.files import write_run_file
     from jaxpos.training.metrics import MetricWriter
-    from jaxpos.training.mlm_main import write_text
 
     with fake_gcs(tmp_path):
         writer = MetricWriter("gs://bucket/run", total_steps=2, sync_every_s=3600)
@@ -106,6 +106,24 @@ def test_tensorboard_events_and_run_files_at_a_url(tmp_path):
         writer.close()
         assert event_scalars((events / synced[0]).read_bytes()) == [("train/loss", 1, 2.5), ("train/loss", 2, 1.5)]
         assert not os.path.exists(writer.local_dir)
-        assert write_text("gs://bucket/run", "config.json", "{}") == "gs://bucket/run/config.json"
+        assert write_run_file("gs://bucket/run", "config.json", "{}") == "gs://bucket/run/config.json"
         assert epath.Path("gs://bucket/run/config.json").read_text() == "{}"
     assert (tmp_path / "bucket" / "run" / "config.json").read_text() == "{}"
+
+
+def test_a_run_config_is_read_from_a_url(tmp_path):
+    from jaxpos.config.files import load_run_config
+
+    workdir = tmp_path / "bucket" / "runs" / "tiny"
+    workdir.mkdir(parents=True)
+    (workdir / "config.json").write_text('{"task": "mlm", "model": {"d_model": 32}}')
+    (tmp_path / "bucket" / "runs" / "broken").mkdir()
+    (tmp_path / "bucket" / "runs" / "broken" / "config.json").write_text("{not json")
+    with fake_gcs(tmp_path):
+        assert load_run_config("gs://bucket/runs/tiny", "mlm").model.d_model == 32
+        with pytest.raises(ValueError, match="a 'mlm' run; this command reads 'translation'"):
+            load_run_config("gs://bucket/runs/tiny", "translation")
+        with pytest.raises(ValueError, match="not a valid JSON config"):
+            load_run_config("gs://bucket/runs/broken", "mlm")
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            load_run_config("gs://bucket/runs/missing", "mlm")
