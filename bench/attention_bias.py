@@ -58,14 +58,17 @@ def paths(smoke: bool, blocks: dict):
             "pallas": (False, True, pallas), "pallas+table": (True, False, pallas_table)}
 
 
-def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int) -> int:
+def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, head_dim: int) -> int:
     """Bytes of the bias-related buffers of a path (not counting the attention weights of the XLA path)."""
     if name == "cudnn+bias":
         return heads * length * length * 2  # [1, H, T, T] bf16 (and as much again for its gradient)
     if name == "xla+table":
         return heads * length * length * 4  # [H, T, T] float32 expansion
     if name == "pallas+table":
-        rows = batch * heads * (length // block_dq) * (length + block_dq) * 4  # dS diagonal-sum rows
+        from jaxpos.attention.toeplitz_kernel import _dq_group
+
+        group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
+        rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
     return 0
 
@@ -133,7 +136,7 @@ def main(argv=None):
         fastest = min(no_bias) if no_bias else None
         for name, value in results.items():
             block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq
-            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq) / 2**20
+            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim) / 2**20
             if isinstance(value, float):
                 ratio = f"{value / fastest:.2f}" if fastest else "-"
                 print(f"{f'{length} ({batch})':>12} {name:>28} {value:9.3f} {ratio:>18} {mib:10.1f}", flush=True)

@@ -304,7 +304,8 @@ def _identical_word(ctx: _Context) -> dict:
     titles = [f"layer {l + 1}: Loc {a:.3f}, Sym {b:.3f}" for l, (a, b) in enumerate(layer_scores)]
     titles.append(f"all layers: Loc {overall_scores[0]:.3f}, Sym {overall_scores[1]:.3f}")
     ctx.plots.plot_positional_matrices(np.concatenate([per_layer, overall[None]]), titles,
-                                       ctx.figure("identical_word.png"), f"{ctx.model.name}: identical-word attention ({len(words)} words, n = {length})")
+                                       ctx.figure("identical_word.png"),
+                                       f"{ctx.model.name}: identical-word attention ({len(words)} words, n = {length})")
     return dict(length=length, num_words=len(words), words=[ctx.model.vocabulary[w] for w in words],
                 locality=overall_scores[0], symmetry=overall_scores[1],
                 layer_locality=layer_scores[:, 0], layer_symmetry=layer_scores[:, 1],
@@ -433,7 +434,8 @@ def _effective_attention(ctx: _Context) -> dict:
     by_layer = np.stack([np.nanmean(c, axis=(0, 2)) for c in per_length])  # [len, L]
     raw, effective, length, example_rank = example
     ctx.plots.plot_effective_attention(raw, effective, lengths, by_layer, cfg.head_dim,
-                                       ctx.figure("effective_attention.png"), f"layer {cfg.num_layers}, head 1, T = {length}, rank {example_rank} of {length}")
+                                       ctx.figure("effective_attention.png"),
+                                       f"layer {cfg.num_layers}, head 1, T = {length}, rank {example_rank} of {length}")
     found = ", ".join(f"T={n}: rank {r.min()}" + (f"-{r.max()}" if r.max() > r.min() else "") + f" of {n}"
                       for n, r in zip(lengths, ranks))
     return dict(lengths=lengths, windows=[len(c) for c in per_length], head_dim=cfg.head_dim,

@@ -10,9 +10,10 @@ local offset of the padded problem: ext[h, (j - i) + Tp - 1] = table[h, clip(k_p
 (the convention of `bias.expand_toeplitz`, clipping included), so a (query block, key block) tile reads a
 contiguous window of bq + bk - 1 entries of ext that depends on the block diagonal alone. The gradient goes the
 other way: the dq kernel sums each tile's dS along its diagonals (a window of partial sums), chains the windows
-of one query block into one row, and a reshape-and-sum in XLA (`_sum_rows`) adds the rows of all query blocks
-and the batch; autodiff of the gather then folds clipped offsets back onto the table's ends. No atomics and no
-[T, S] tensor: the partial rows take B*H*T*(S + b)/b floats (b = dq block), the table itself H*(T + S).
+of a group of G query blocks into one row, and a reshape-and-sum in XLA (`_sum_rows`) adds the rows of all
+groups and the batch; autodiff of the gather then folds clipped offsets back onto the table's ends. No atomics
+and no [T, S] tensor: the partial rows take B*H*T*(S + G*b)/(G*b) floats (b = dq block), and G (`_dq_group`)
+grows with S so that they stay within twice the size of q, 2*B*H*T*D: linear in T. The table is H*(T + S).
 
 Masks: `kv_segment_ids` [B, S] with 0 = padding (never attended), `q_segment_ids` [B, T] (queries attend only to
 keys of the same non-zero id), `causal` (key position <= query position). This is `masks.attention_mask`'s
@@ -50,6 +51,7 @@ class _Static:
     block_q: int
     block_k: int
     block_dq: int  # square tiles of the dq / table-gradient kernel
+    dq_group: int  # query blocks per dq program: the table-gradient rows are B*H*T*(S + G*b)/(G*b) floats
     t_pad: int
     s_pad: int
     use_q_segments: bool
@@ -59,6 +61,16 @@ class _Static:
     backend: str  # "triton" | "mosaic_tpu": the compiler parameters and barrier used when not interpreting
     num_warps: int
     num_stages: int
+
+
+def _dq_group(t_pad: int, s_pad: int, b: int, dim: int, limit: int = 16) -> int:
+    """Query blocks per dq program: the least power of two dividing T_pad / b (at most `limit`, which bounds the
+    registers a program carries) whose table-gradient rows fit in 2*T*D floats per (batch, head)."""
+    nq, group = t_pad // b, 1
+    while (group * 2 <= limit and nq % (group * 2) == 0
+           and (nq // group) * (s_pad + group * b) > 2 * t_pad * dim):
+        group *= 2
+    return group
 
 
 def _next_pow2(n: int) -> int:
@@ -247,54 +259,70 @@ def _barrier(st: _Static):
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dq_ref, drow_ref,
                scratch_ref, *, st: _Static):
-    """One query block of one (batch, head): dQ over the key blocks and, with a table, its row of dS diagonal sums.
+    """G = st.dq_group query blocks of one (batch, head): their dQ over the key blocks and, with a table, one row
+    of dS diagonal sums for the group.
 
-    drow (length S_pad + b) gets at position p = k_start + w the sum of dS over this query block's entries of
-    offset window w; consecutive windows overlap by b - 1, so the high half of one is carried into the next.
+    Tile (query block g of the group, key block j) has its window of 2b - 1 offsets at row positions
+    j*b + (G - 1 - g)*b + w, so the group's row (length S_pad + G*b) reads like one query block of G*b rows. For
+    a key block j the G tiles' windows cover G + 1 chunks of b positions from j*b: they are summed in registers,
+    the first chunk is final and written, the others carry to the next key block (G = 1: the high half of each
+    window carries into the next). No read-back of the row, so no barrier.
     """
-    b = st.block_dq
-    q_start = pl.program_id(2) * b
-    q, do = q_ref[...], do_ref[...]
-    lse, delta = lse_ref[...], delta_ref[...]
-    q_ids = qseg_ref[...]
-    q_range = _id_range(q_ids)
+    b, group = st.block_dq, st.dq_group
+    first = pl.program_id(2) * group  # the group's first query block
     has_table = ext_ref is not None
     zeros_b = jnp.zeros((b,), jnp.float32)
+    rows = [pl.ds(g * b, b) for g in range(group)]
+    qs = [q_ref[r, :] for r in rows]
+    dos = [do_ref[r, :] for r in rows]
+    lses = [lse_ref[r] for r in rows]
+    deltas = [delta_ref[r] for r in rows]
+    q_ids = [qseg_ref[r] for r in rows]
+    q_ranges = [_id_range(ids) for ids in q_ids]
 
     def body(jb, carry):
-        dq, high = carry
+        dqs, chunks = list(carry[0]), list(carry[1])
         k_start = jb * b
         k_ids = kseg_ref[pl.ds(k_start, b)]
+        k = k_ref[pl.ds(k_start, b), :]
+        v = v_ref[pl.ds(k_start, b), :]
+        for g in range(group):
+            q_start = (first + g) * b
 
-        def compute(dq):
-            k = k_ref[pl.ds(k_start, b), :]
-            v = v_ref[pl.ds(k_start, b), :]
-            _, ds = _probabilities_and_ds(q, k, v, do, lse, delta, ext_ref, q_ids, k_ids, q_start, k_start, b, b, st)
-            dq = dq + _dot(ds.astype(k.dtype), k, (1, 0)) * st.scale
-            sums = _diagonal_sums(ds, scratch_ref, st) if has_table else (zeros_b, zeros_b)
-            return (dq,) + tuple(sums)
+            def compute(dq, g=g, q_start=q_start):
+                _, ds = _probabilities_and_ds(qs[g], k, v, dos[g], lses[g], deltas[g], ext_ref, q_ids[g], k_ids,
+                                              q_start, k_start, b, b, st)
+                dq = dq + _dot(ds.astype(k.dtype), k, (1, 0)) * st.scale
+                sums = _diagonal_sums(ds, scratch_ref, st) if has_table else (zeros_b, zeros_b)
+                return (dq,) + tuple(sums)
 
-        if st.skip_tiles:
-            dq, low, new_high = lax.cond(_overlaps(q_range, k_ids, st), compute,
-                                         lambda dq: (dq, zeros_b, zeros_b), dq)
-        else:
-            dq, low, new_high = compute(dq)
+            if st.skip_tiles:
+                dqs[g], low, high = lax.cond(_overlaps(q_ranges[g], k_ids, st), compute,
+                                             lambda dq: (dq, zeros_b, zeros_b), dqs[g])
+            else:
+                dqs[g], low, high = compute(dqs[g])
+            if has_table:
+                chunks[group - 1 - g] = chunks[group - 1 - g] + low
+                chunks[group - g] = chunks[group - g] + high
         if has_table:
-            drow_ref[pl.ds(k_start, b)] = high + low
-        return dq, new_high
+            drow_ref[pl.ds(k_start, b)] = chunks[0]
+        return tuple(dqs), tuple(chunks[1:]) + (zeros_b,)
 
     num_k = st.s_pad // b
-    k_end = _causal_k_end(q_start, b, b, st, num_k)
-    dq, high = lax.fori_loop(0, k_end, body, (jnp.zeros(q.shape, jnp.float32), zeros_b))
-    dq_ref[...] = dq.astype(dq_ref.dtype)
+    k_end = _causal_k_end((first + group - 1) * b, b, b, st, num_k)  # the group's last block sees the most
+    dqs, chunks = lax.fori_loop(0, k_end, body, (tuple(jnp.zeros(x.shape, jnp.float32) for x in qs),
+                                                 (zeros_b,) * (group + 1)))
+    for r, dq in zip(rows, dqs):
+        dq_ref[r, :] = dq.astype(dq_ref.dtype)
     if has_table:
-        drow_ref[pl.ds(k_end * b, b)] = high
+        for c in range(group):  # the last chunk is always zeros after the final shift
+            drow_ref[pl.ds((k_end + c) * b, b)] = chunks[c]
 
         def clear(jb, carry):  # chunks past the causal limit
             drow_ref[pl.ds(jb * b, b)] = zeros_b
             return carry
 
-        lax.fori_loop(k_end + 1, num_k + 1, clear, None)
+        lax.fori_loop(k_end + group, num_k + group, clear, None)
 
 
 def _compiler_params(st: _Static):
@@ -353,17 +381,17 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
         interpret=st.interpret, compiler_params=_compiler_params(st), name="toeplitz_attention_dkdv",
     )(q, k, v, do, lse, delta, ext, qseg, kseg)
 
-    b = st.block_dq
-    nq = t_pad // b
-    row_q = pl.BlockSpec((None, b, None, dim), lambda bb, h, i: (bb, i, h, 0))
-    rows = pl.BlockSpec((None, None, b), lambda bb, h, i: (bb, h, i))
+    b, group = st.block_dq, st.dq_group
+    groups = t_pad // (b * group)
+    row_q = pl.BlockSpec((None, group * b, None, dim), lambda bb, h, i: (bb, i, h, 0))
+    rows = pl.BlockSpec((None, None, group * b), lambda bb, h, i: (bb, h, i))
     out_specs = [row_q]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     if ext is not None:
-        out_specs += [pl.BlockSpec((None, None, None, s_pad + b), lambda bb, h, i: (bb, h, i, 0)),
+        out_specs += [pl.BlockSpec((None, None, None, s_pad + group * b), lambda bb, h, i: (bb, h, i, 0)),
                       pl.BlockSpec((None, None, None, b, b), lambda bb, h, i: (bb, h, i, 0, 0))]
-        out_shape += [jax.ShapeDtypeStruct((batch, heads, nq, s_pad + b), jnp.float32),
-                      jax.ShapeDtypeStruct((batch, heads, nq, b, b), jnp.float32)]  # scratch, discarded
+        out_shape += [jax.ShapeDtypeStruct((batch, heads, groups, s_pad + group * b), jnp.float32),
+                      jax.ShapeDtypeStruct((batch, heads, groups, b, b), jnp.float32)]  # scratch, discarded
 
     def kernel(*refs):
         if ext is None:
@@ -372,19 +400,21 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
 
     results = pl.pallas_call(
         kernel,
-        grid=(batch, heads, nq),
+        grid=(batch, heads, groups),
         in_specs=[row_q, full_k, full_k, row_q, rows, rows] + ([] if ext is None else [_table_spec(ext)])
-        + [pl.BlockSpec((None, b), lambda bb, h, i: (bb, i)), pl.BlockSpec((None, s_pad), lambda bb, h, i: (bb, 0))],
+        + [pl.BlockSpec((None, group * b), lambda bb, h, i: (bb, i)),
+           pl.BlockSpec((None, s_pad), lambda bb, h, i: (bb, 0))],
         out_specs=out_specs, out_shape=out_shape,
         interpret=st.interpret, compiler_params=_compiler_params(st), name="toeplitz_attention_dq",
     )(q, k, v, do, lse, delta, *([] if ext is None else [ext]), qseg, kseg)
     dq = results[0]
-    d_ext = None if ext is None else _sum_rows(results[1], ext.shape[0], b)
+    d_ext = None if ext is None else _sum_rows(results[1], ext.shape[0], group * b)
     return dq, dk, dv, d_ext
 
 
 def _sum_rows(drow, table_heads, b):
-    """Per-query-block rows [B, H, nq, S_pad + b] -> offset-table gradient [H'|1, T_pad + S_pad].
+    """Rows of diagonal sums [B, H, nq, S_pad + b], one per query group of b rows -> offset-table gradient
+    [H'|1, T_pad + S_pad].
 
     Row i starts at offset column (nq - 1 - i) * b. Reversing the rows makes the shift k * b for row k; padding
     each row with nq * b zeros and re-reading the flat buffer with rows b shorter applies exactly those shifts.
@@ -435,8 +465,8 @@ def _offset_table(table, q_offset, t_pad: int, s_pad: int):
 def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Array | None = None, *,
                        q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
                        causal: bool = False, q_offset: int | jax.Array = 0, block_q: int = 64, block_k: int = 64,
-                       block_dq: int = 32, interpret: bool | None = None, backend: str | None = None,
-                       num_warps: int = 4, num_stages: int = 3) -> jax.Array:
+                       block_dq: int = 32, dq_group: int | None = None, interpret: bool | None = None,
+                       backend: str | None = None, num_warps: int = 4, num_stages: int = 3) -> jax.Array:
     """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, D].
 
     q [B, T, H, D], k and v [B, S, H, D]; table [H|1, W] float32 (W = 2*span - 1 odd; column (k_pos - q_pos) +
@@ -444,8 +474,10 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be traced unless `causal` (key visible when
     k_pos <= q_pos). Segment ids: 0 = padding (module docstring). Logits are q.k/sqrt(D) + bias, accumulated in
     float32 whatever the input dtype; the table gradient is float32. Block sizes are powers of two; T and S are
-    padded to them (padded keys are masked). `interpret` None: the Pallas interpreter when the backend is the CPU.
-    `backend` "triton" (GPU; num_warps, num_stages apply) or "mosaic_tpu"; None: from the default backend.
+    padded to them (padded keys are masked). `dq_group`: query blocks per program of the dq / table-gradient
+    kernel (None: `_dq_group`, 1 up to T = S = 2048 at D = 64, which bounds the table-gradient rows by twice
+    q's size; it must divide the padded T / block_dq). `interpret` None: the Pallas interpreter when the backend
+    is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or "mosaic_tpu"; None: from the default backend.
     """
     batch, t, heads, dim = q.shape
     s = k.shape[1]
@@ -481,9 +513,14 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
     qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
+    if dq_group is None:
+        dq_group = _dq_group(t_pad, s_pad, block_dq, dim_pad) if table is not None else 1
+    elif dq_group < 1 or (t_pad // block_dq) % dq_group:
+        raise ValueError(f"dq_group={dq_group} must divide the {t_pad // block_dq} query blocks of {block_dq} rows")
     st = _Static(scale=dim**-0.5, causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
-                 block_k=block_k, block_dq=block_dq, t_pad=t_pad, s_pad=s_pad, use_q_segments=use_q,
-                 masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
-                 skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret), backend=backend, num_warps=num_warps, num_stages=num_stages)
+                 block_k=block_k, block_dq=block_dq, dq_group=dq_group, t_pad=t_pad, s_pad=s_pad,
+                 use_q_segments=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
+                 skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret), backend=backend,
+                 num_warps=num_warps, num_stages=num_stages)
     out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, st)
     return out[:, :t, :, :dim]

@@ -172,7 +172,8 @@ class RunInterrupted(RuntimeError):
 def _check_finished(stage: str, step: int, steps: int, workdir: str) -> None:
     """A stage the loop left early (SIGTERM checkpoints and returns) must not pass for a finished one."""
     if step != steps:
-        raise RunInterrupted(f"{stage} in {workdir} stopped at step {step} of {steps}; run the command again to resume")
+        raise RunInterrupted(f"{stage} in {workdir} stopped at step {step} of {steps}; run the command again to "
+                             "resume")
 
 
 def _use_xla_flags(profile) -> None:

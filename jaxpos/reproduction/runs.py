@@ -152,8 +152,8 @@ def steps_for_budget(seconds_left: float, runs: int, workers: int, fixed_s: floa
     processes fit in `seconds_left`. A run costs its fixed part (start-up, compiling, evaluations, analyses)
     plus steps * step_s + finetune_steps * finetune_step_s; the fixed part is fixed_s for the first `cold_runs`
     (default: all) and warm_fixed_s for the others (the seeds of a mechanism after the first reuse its compiled
-    programs); each worker pays `startup_s` once. Pretraining steps are a multiple of the checkpoint count within [min_steps, max_steps]; the note
-    says when even the floor overruns the budget."""
+    programs); each worker pays `startup_s` once. Pretraining steps are a multiple of the checkpoint count within
+    [min_steps, max_steps]; the note says when even the floor overruns the budget."""
     if runs < 1 or workers < 1:
         raise ValueError(f"need at least one run and one worker (runs={runs}, workers={workers})")
     if step_s <= 0 or finetune_step_s < 0 or fixed_s < 0:

@@ -123,6 +123,38 @@ def test_causal_cross_lengths_shared_clipped_table():
                             dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
 
 
+@pytest.mark.parametrize("group", [2, 4])
+def test_grouped_query_blocks_give_the_same_gradients(group):
+    """G query blocks per dq program (what long sequences get, to keep the table-gradient rows linear in T): causal
+    T = 64 queries at positions 7..70 over S = 75 keys, per-head table with clipped ends, packed pieces."""
+    batch, t, s, offset = 2, 64, 75, 7
+    q = random((batch, t, HEADS, D), 20)
+    k, v = random((batch, s, HEADS, D), 21), random((batch, s, HEADS, D), 22)
+    table = random((HEADS, 61), 23)
+    q_seg = jnp.asarray([[1] * 40 + [2] * 24, [1] * 50 + [0] * 14])
+    kv_seg = jnp.asarray([[1] * 47 + [2] * 28, [1] * 60 + [0] * 15])
+    check_against_reference((q, k, v, table), lambda p: p,
+                            dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
+                                 block_q=16, block_k=16, block_dq=16, dq_group=group),
+                            dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
+
+
+def test_table_gradient_rows_grow_linearly():
+    """The automatic group keeps the table-gradient rows within twice q's size (2*T*D floats per batch and head),
+    with one query block per program up to T = S = 2048 (the measured configurations); a group must divide."""
+    from jaxpos.attention.toeplitz_kernel import _dq_group
+
+    b, dim = 32, 64
+    assert [_dq_group(t, t, b, dim) for t in (512, 2048, 8192, 32768)] == [1, 1, 4, 16]
+    for t in (512, 2048, 8192, 32768):
+        group = _dq_group(t, t, b, dim)
+        assert (t // b // group) * (t + group * b) <= 2 * t * dim
+    assert _dq_group(96, 96, 32, 64) == 1  # 3 query blocks: no power of two above 1 divides
+    q = random((1, 48, HEADS, D), 24)
+    with pytest.raises(ValueError, match="dq_group=2 must divide the 3 query blocks"):
+        toeplitz_attention(q, q, q, random((HEADS, 95), 25), block_dq=16, block_q=16, dq_group=2)
+
+
 def test_no_table_bf16_key_padding_only():
     """No table, bf16 inputs (float32 accumulation), padding keys only (no query ids), D = 8 padded to 16,
     T = 21 != S = 30, against the reference on the upcast inputs at bf16 tolerance."""
@@ -162,7 +194,7 @@ def test_attend_pallas_path_and_fallbacks(caplog):
     assert len(notes) == 1 and "factors" in notes[0]
 
 
-def lowered_text(platform, backend, grad):
+def lowered_text(platform, backend, grad, **kwargs):
     """The StableHLO of the kernel (forward, or forward and backward) lowered for `platform` from this host."""
     shape = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
     table = jax.ShapeDtypeStruct((4, 511), jnp.float32)
@@ -170,7 +202,7 @@ def lowered_text(platform, backend, grad):
 
     def forward(q, k, v, table, seg):
         return toeplitz_attention(q, k, v, table, q_segment_ids=seg, kv_segment_ids=seg, causal=True,
-                                  interpret=False, backend=backend)
+                                  interpret=False, backend=backend, **kwargs)
 
     def both(*args):
         return jax.grad(lambda *a: forward(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))(*args)
@@ -189,10 +221,12 @@ def triton_lowering_available():
 
 
 @pytest.mark.skipif(not triton_lowering_available(), reason="this jaxlib has no Pallas Triton lowering")
-@pytest.mark.parametrize("grad", [False, True], ids=["forward", "forward_backward"])
-def test_lowers_for_gpu_triton(grad):
-    """Lowering only (no GPU here): the three kernels become Triton custom calls in the CUDA module."""
-    text = lowered_text("cuda", "triton", grad)
+@pytest.mark.parametrize("grad,dq_group", [(False, None), (True, None), (True, 2)],
+                         ids=["forward", "forward_backward", "forward_backward_grouped"])
+def test_lowers_for_gpu_triton(grad, dq_group):
+    """Lowering only (no GPU here): the three kernels become Triton custom calls in the CUDA module (with one
+    and with two query blocks per dq program)."""
+    text = lowered_text("cuda", "triton", grad, dq_group=dq_group)
     assert text.count("__gpu$xla.gpu.triton") == (3 if grad else 1)
 
 
