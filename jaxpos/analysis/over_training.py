@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 from typing import Sequence
 
@@ -56,29 +55,14 @@ def load_run_at(model: AnalyzedModel, step: int) -> AnalyzedModel:
     CPU, the workdir only read): the same restore as `load_run`'s newest checkpoint, limited to that step."""
     import jax
 
-    from jaxpos.training.checkpoint import Checkpointer
+    from jaxpos.training.checkpoint import read_run_params
 
     if model.info.get("step") == step:
         return model
-
-    class _AtStep(Checkpointer):
-        def steps(self):  # restore_latest_params walks these newest first: here, only the step asked for
-            return [step] if step in super().steps() else []
-
     sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     abstract = {"bert": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                                      model.params)}
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
-    checkpointer = _AtStep(os.path.join(model.source, "checkpoints"), read_only=True)
-    try:
-        restored = checkpointer.restore_latest_params(abstract)
-    finally:
-        checkpointer.close()
-        absl.setLevel(level)
-    if restored is None or restored[0] != step:
-        raise ValueError(f"checkpoint step {step} in {os.path.join(model.source, 'checkpoints')} does not restore")
+    restored = read_run_params(model.source, abstract, step)
     params = jax.tree.map(np.asarray, restored[1]["bert"])
     return dataclasses.replace(model, params=params, info=dict(model.info, step=int(step)))
 

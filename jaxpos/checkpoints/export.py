@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 
 import flax.linen as nn
@@ -40,7 +39,7 @@ from jaxpos.checkpoints.huggingface import (_ACTIVATIONS, CONFIG_FIELDS, ENCODER
                                             encoder_layout, mlm_head_layout, to_hf)
 from jaxpos.config import ModelConfig, model_config
 from jaxpos.sharding import MESH_AXES, logical_sharding
-from jaxpos.training.checkpoint import Checkpointer, abstract_like, checkpoint_path, restore_run_params
+from jaxpos.training.checkpoint import abstract_like, checkpoint_path, restore_run_params
 
 FORMAT = "jaxpos-export"
 FORMATS = ("orbax", "huggingface")
@@ -87,34 +86,8 @@ def _read_run(workdir: str) -> tuple[dict, str, ModelConfig, int | None]:
 
 def _restore(workdir: str, module: nn.Module, init_args: tuple, step: int | None) -> tuple[int, dict]:
     """(step, parameters as numpy) of the newest restorable checkpoint, or of `step`; parameters only, read-only."""
-    if step is None:
-        step, params = restore_run_params(workdir, module, init_args)
-        return int(step), jax.tree.map(np.asarray, params)
-    directory = checkpoint_path(workdir) / "checkpoints"
-    if not directory.is_dir():
-        raise FileNotFoundError(f"{directory} holds no checkpoint; train first (jaxpos train ... --workdir {workdir})")
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    abstract = nn.unbox(jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args)))["params"]
-    target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)}
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
-    checkpointer = Checkpointer(directory, read_only=True)
-    try:
-        if step not in checkpointer.steps():
-            raise ValueError(f"--step {step}: {directory} has no checkpoint of that step (it has "
-                             f"{checkpointer.steps() or 'none'})")
-        try:  # the Checkpointer's params-only restore (restore_latest_params), for one given step
-            restored = checkpointer.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
-        except Exception as err:  # noqa: BLE001 - corrupt, partial, or saved for another model
-            first_line = (str(err).splitlines() or [""])[0][:200]
-            raise ValueError(f"checkpoint step {step} in {directory} does not restore for the model in "
-                             f"{workdir}/config.json ({type(err).__name__}: {first_line})") from err
-    finally:
-        checkpointer.close()
-        absl.setLevel(level)
-    return step, jax.tree.map(np.asarray, restored["state"]["params"])
+    step, params = restore_run_params(workdir, module, init_args, step=step)
+    return int(step), jax.tree.map(np.asarray, params)
 
 
 def _cast_dtype(dtype, to: str | None):

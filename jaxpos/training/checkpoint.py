@@ -112,23 +112,23 @@ class Checkpointer:
                                   "move the directory away to start afresh")
         return None
 
-    def restore_latest_params(self, abstract_params):
-        """(step, params) of the newest checkpoint whose `state.params` restore, or None if there is none.
-
-        Reads the parameters only (no optimiser state, no data position); `abstract_params` holds
-        jax.ShapeDtypeStruct leaves with target shardings. Unreadable checkpoints are skipped, not moved.
-        """
+    def restore_params(self, step: int, abstract_params):
+        """`state.params` of checkpoint `step` (no optimiser state, no data position); `abstract_params` holds
+        jax.ShapeDtypeStruct leaves with target shardings, and may be a subtree of the saved parameters."""
         target = {"params": abstract_params}
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+        return restored["state"]["params"]
+
+    def restore_latest_params(self, abstract_params):
+        """(step, params) of the newest checkpoint whose parameters restore (`restore_params`), or None if there is
+        none. Unreadable checkpoints are skipped, not moved."""
         for step in reversed(self.steps()):
             try:
-                restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-                    item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                    partial_restore=True)))
+                return step, self.restore_params(step, abstract_params)
             except Exception as err:  # noqa: BLE001 - any failure means this checkpoint is unusable
                 log.warning("checkpoint step %d in %s does not restore (%s: %s); trying the previous one", step,
                             self.directory, type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
-                continue
-            return step, restored["state"]["params"]
         return None
 
     def _move_aside(self, step: int) -> epath.Path:
@@ -165,28 +165,46 @@ def abstract_like(tree, shardings):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def restore_run_params(workdir: str, model, init_args: tuple, device: jax.Device | None = None):
-    """(step, params) of the newest restorable checkpoint in WORKDIR/checkpoints, parameters only (no optimiser
-    state), onto one device (default: the first CPU). `model.init(rng, *init_args)` gives the tree's shapes. The
-    workdir is only read. Raises FileNotFoundError when there is no checkpoint, ValueError when none restores."""
+def restore_run_params(workdir: str, model, init_args: tuple, device: jax.Device | None = None,
+                       step: int | None = None):
+    """(step, params) of the newest restorable checkpoint in WORKDIR/checkpoints (or of `step`), parameters only
+    (no optimiser state), onto one device (default: the first CPU). `model.init(rng, *init_args)` gives the tree's
+    shapes. The workdir is only read. Raises FileNotFoundError when there is no checkpoint, ValueError when none
+    (or not `step`) restores."""
     import flax.linen as nn
 
-    directory = checkpoint_path(workdir) / "checkpoints"
-    if not directory.is_dir() or not any(d.name.isdigit() for d in directory.iterdir()):
-        raise FileNotFoundError(f"{directory} holds no checkpoint; train first (jaxpos train ... --workdir {workdir})")
     sharding = jax.sharding.SingleDeviceSharding(device or jax.devices("cpu")[0])
     abstract = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_args)))["params"]
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
+    return read_run_params(workdir, abstract, step)
+
+
+def read_run_params(workdir: str, abstract_params, step: int | None = None):
+    """(step, params) of WORKDIR/checkpoints read-only: the newest checkpoint whose parameters restore, or
+    `step`'s. `abstract_params`: ShapeDtypeStructs with shardings (a subtree of the saved parameters is fine)."""
+    directory = checkpoint_path(workdir) / "checkpoints"
+    if not directory.is_dir() or not any(d.name.isdigit() for d in directory.iterdir()):
+        raise FileNotFoundError(f"{directory} holds no checkpoint; train first (jaxpos train ... --workdir {workdir})")
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
     checkpointer = Checkpointer(directory, read_only=True)
     try:
-        restored = checkpointer.restore_latest_params(abstract)
+        if step is None:
+            restored = checkpointer.restore_latest_params(abstract_params)
+            if restored is None:
+                raise ValueError(f"no checkpoint in {directory} restores (steps {checkpointer.steps()}) for the model "
+                                 f"in {os.path.join(workdir, 'config.json')}")
+            return restored
+        if step not in checkpointer.steps():
+            raise ValueError(f"{directory} has no checkpoint of step {step} (it has "
+                             f"{', '.join(map(str, checkpointer.steps()))})")
+        try:
+            return step, checkpointer.restore_params(step, abstract_params)
+        except Exception as err:  # noqa: BLE001 - corrupt, partial, or saved for another model
+            first_line = (str(err).splitlines() or [""])[0][:200]
+            raise ValueError(f"checkpoint step {step} in {directory} does not restore for the model in "
+                             f"{os.path.join(workdir, 'config.json')} ({type(err).__name__}: {first_line})") from err
     finally:
         checkpointer.close()
         absl.setLevel(level)
-    if restored is None:
-        raise ValueError(f"no checkpoint in {directory} restores (steps {checkpointer.steps()}) for the model in "
-                         f"{os.path.join(workdir, 'config.json')}")
-    return restored
