@@ -77,8 +77,9 @@ def test_losses_are_weighted_sums(num_labels):
     np.testing.assert_allclose(float(summary["loss"]), float(loss) / 3, rtol=1e-6)
 
 
+# TISA fine-tunes in the GLUE-file tests below (their pretrained run is TISA).
 @pytest.mark.parametrize("position", [dict(kind="diet_rel", segment="per_head"), dict(kind="diet_abs"),
-                                      dict(kind="tisa")],
+                                      pytest.param(dict(kind="tisa"), marks=pytest.mark.slow)],
                          ids=["diet_rel_per_head_segments", "diet_abs", "tisa"])
 def test_every_kind_of_mechanism_fine_tunes(position):
     """Finite gradients that reach the positional parameters (and the per-head segment tables)."""
@@ -232,7 +233,8 @@ def finetuned(mlm_run, glue_dir, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("task", ["cola", "mrpc", "stsb"])
+# MRPC (pairs, classification) and STS-B (regression) in the default run; CoLA repeats MRPC's path on single sentences.
+@pytest.mark.parametrize("task", [pytest.param("cola", marks=pytest.mark.slow), "mrpc", "stsb"])
 def test_finetune_resume_and_evaluate_on_glue_files(task, finetuned):
     from jaxpos.data.classification import TASKS
 

@@ -26,6 +26,7 @@ def test_loss_falls_on_learnable_data(tmp_path):
     assert result.final_metrics["loss"] < unigram_entropy - 0.4
 
 
+@pytest.mark.slow  # test_multiprocess.py kills a training process and resumes it to the same parameters
 def test_sigkill_and_resume_reaches_the_same_parameters(tmp_path):
     steps = 24
     reference = synthetic.run(str(tmp_path / "straight"), steps, checkpoint_every=4)

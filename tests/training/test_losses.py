@@ -36,12 +36,13 @@ def test_translation_loss_ignores_padding():
     cfg = tiny_config(dict(kind="tisa"), num_decoder_layers=1, scale_embeddings=True, embed_layer_norm=False)
     task = TranslationTask(EncoderDecoder(cfg), 8, 6)
     args, kwargs = task.init_inputs()
-    params = task.model.init(jax.random.PRNGKey(0), *args, **kwargs)["params"]
+    params = jax.jit(lambda: task.model.init(jax.random.PRNGKey(0), *args, **kwargs)["params"])()
+    loss_fn = jax.jit(lambda p, b: task.loss(p, b, None, False))  # compiled whole: op-by-op is slow on a cold cache
     batch = {"inputs": jnp.asarray([[5, 6, 7, 3, 0, 0, 0, 0]]), "targets": jnp.asarray([[9, 8, 3, 0, 0, 0]])}
-    loss, sums = task.loss(params, batch, None, False)
+    loss, sums = loss_fn(params, batch)
     assert float(sums["weight"]) == 3.0
     unpadded = {"inputs": jnp.asarray([[5, 6, 7, 3]]), "targets": jnp.asarray([[9, 8, 3]])}  # TISA: any length
-    assert float(task.loss(params, unpadded, None, False)[0]) == pytest.approx(float(loss), rel=1e-5)
+    assert float(loss_fn(params, unpadded)[0]) == pytest.approx(float(loss), rel=1e-5)
     assert float(sums["nll"]) != pytest.approx(float(sums["loss"]))  # smoothing changes the training loss
     metrics = task.summarize(sums)
     assert float(metrics["perplexity"]) == pytest.approx(np.exp(float(sums["nll"]) / 3), rel=1e-5)
