@@ -284,12 +284,17 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
         dqs, chunks = list(carry[0]), list(carry[1])
         k_start = jb * b
         k_ids = kseg_ref[pl.ds(k_start, b)]
-        k = k_ref[pl.ds(k_start, b), :]
-        v = v_ref[pl.ds(k_start, b), :]
+
+        def load():
+            return k_ref[pl.ds(k_start, b), :], v_ref[pl.ds(k_start, b), :]
+
+        # K and V once for the group; with tile skipping, only in the tiles that compute (as with G = 1).
+        kv = None if st.skip_tiles else load()
         for g in range(group):
             q_start = (first + g) * b
 
             def compute(dq, g=g, q_start=q_start):
+                k, v = load() if kv is None else kv
                 _, ds = _probabilities_and_ds(qs[g], k, v, dos[g], lses[g], deltas[g], ext_ref, q_ids[g], k_ids,
                                               q_start, k_start, b, b, st)
                 dq = dq + _dot(ds.astype(k.dtype), k, (1, 0)) * st.scale

@@ -123,16 +123,18 @@ def test_causal_cross_lengths_shared_clipped_table():
                             dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
 
 
-@pytest.mark.parametrize("group", [2, 4])
-def test_grouped_query_blocks_give_the_same_gradients(group):
+@pytest.mark.parametrize("group,packed", [(2, True), (4, True), (4, False)],
+                         ids=["2_packed", "4_packed", "4_causal_only"])
+def test_grouped_query_blocks_give_the_same_gradients(group, packed):
     """G query blocks per dq program (what long sequences get, to keep the table-gradient rows linear in T): causal
-    T = 64 queries at positions 7..70 over S = 75 keys, per-head table with clipped ends, packed pieces."""
+    T = 64 queries at positions 7..70 over S = 75 keys, per-head table with clipped ends, packed pieces (tiles
+    skipped by their ids) or none (K and V read once per key block for the group)."""
     batch, t, s, offset = 2, 64, 75, 7
     q = random((batch, t, HEADS, D), 20)
     k, v = random((batch, s, HEADS, D), 21), random((batch, s, HEADS, D), 22)
     table = random((HEADS, 61), 23)
-    q_seg = jnp.asarray([[1] * 40 + [2] * 24, [1] * 50 + [0] * 14])
-    kv_seg = jnp.asarray([[1] * 47 + [2] * 28, [1] * 60 + [0] * 15])
+    q_seg = jnp.asarray([[1] * 40 + [2] * 24, [1] * 50 + [0] * 14]) if packed else None
+    kv_seg = jnp.asarray([[1] * 47 + [2] * 28, [1] * 60 + [0] * 15]) if packed else None
     check_against_reference((q, k, v, table), lambda p: p,
                             dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
                                  block_q=16, block_k=16, block_dq=16, dq_group=group),
