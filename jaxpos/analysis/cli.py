@@ -81,9 +81,10 @@ def run_analyze(args, overrides=()) -> dict:
           f"H={model.cfg.num_heads}, d={model.cfg.d_model}), {len(sentences)} sentences -> {out}", flush=True)
     only = [n.strip() for n in args.only.split(",")] if args.only else None
     if args.checkpoints:
-        from jaxpos.analysis.over_training import analyze_over_training, checkpoint_steps, select_steps
+        from jaxpos.analysis.over_training import analyze_over_training, select_steps
+        from jaxpos.training.checkpoint import saved_steps
 
-        steps = select_steps(args.checkpoints, checkpoint_steps(args.workdir))
+        steps = select_steps(args.checkpoints, saved_steps(args.workdir))
         result = analyze_over_training(model, out, sentences=sentences, steps=steps, only=only, **settings)
         print(over_training_summary(result))
         print(f"wrote {os.path.join(out, 'over_training.json')} and step_<N>/ for steps "

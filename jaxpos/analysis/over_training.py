@@ -24,17 +24,6 @@ OVER_TRAINING_FILE = "over_training.json"
 PLOTTED = ("position_gram", "identical_word", "rank", "decomposition")
 
 
-def checkpoint_steps(workdir: str) -> list[int]:
-    """The steps of WORKDIR/checkpoints (finished orbax checkpoints are folders named by their step), sorted."""
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"{directory} does not exist; train first (jaxpos train ... --workdir {workdir})")
-    steps = sorted(int(d) for d in os.listdir(directory) if d.isdigit())
-    if not steps:
-        raise FileNotFoundError(f"{directory} holds no checkpoint")
-    return steps
-
-
 def select_steps(spec: str, available: Sequence[int]) -> list[int]:
     """'all' -> every available step; '100,200' -> those steps, each of which must be available."""
     if spec.strip() == "all":
@@ -107,7 +96,9 @@ def analyze_over_training(newest: AnalyzedModel, out_dir: str, *, sentences: Seq
     if newest.info.get("kind") != "jaxpos run":
         raise ValueError(f"{newest.source} is not a jaxpos run: analysis over training reads its checkpoints")
     workdir = newest.source
-    available = checkpoint_steps(workdir)
+    from jaxpos.training.checkpoint import saved_steps
+
+    available = saved_steps(workdir)
     steps = list(available if steps is None else steps)
     missing = [s for s in steps if s not in available]
     if not steps or missing:

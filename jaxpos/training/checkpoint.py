@@ -179,12 +179,21 @@ def restore_run_params(workdir: str, model, init_args: tuple, device: jax.Device
     return read_run_params(workdir, abstract, step)
 
 
+def saved_steps(workdir: str) -> list[int]:
+    """The steps of WORKDIR/checkpoints (finished orbax checkpoints are folders named by their step), sorted, from
+    the listing alone (local or a URL). Raises FileNotFoundError when there is none."""
+    directory = checkpoint_path(workdir) / "checkpoints"
+    steps = sorted(int(d.name) for d in directory.iterdir() if d.name.isdigit()) if directory.is_dir() else []
+    if not steps:
+        raise FileNotFoundError(f"{directory} holds no checkpoint; train first (jaxpos train ... --workdir {workdir})")
+    return steps
+
+
 def read_run_params(workdir: str, abstract_params, step: int | None = None):
     """(step, params) of WORKDIR/checkpoints read-only: the newest checkpoint whose parameters restore, or
     `step`'s. `abstract_params`: ShapeDtypeStructs with shardings (a subtree of the saved parameters is fine)."""
+    saved_steps(workdir)  # names a missing or empty checkpoint folder before orbax is asked
     directory = checkpoint_path(workdir) / "checkpoints"
-    if not directory.is_dir() or not any(d.name.isdigit() for d in directory.iterdir()):
-        raise FileNotFoundError(f"{directory} holds no checkpoint; train first (jaxpos train ... --workdir {workdir})")
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from jaxpos.analysis.over_training import checkpoint_steps, headline, select_steps
+from jaxpos.analysis.over_training import headline, select_steps
 from jaxpos.cli import main
+from jaxpos.training.checkpoint import saved_steps
 
 OPTIONS = ["--quick", "--only", "position_gram,identical_word,rank,decomposition", "--max-sentences", "24",
            "--probe-words", "4", "--probe-length", "16", "--lengths", "16"]
@@ -55,7 +56,7 @@ def comparable(report: dict) -> dict:
 
 
 def test_every_checkpoint_matches_the_single_analysis(workdir, tmp_path, capsys):
-    assert checkpoint_steps(workdir) == [2, 4]
+    assert saved_steps(workdir) == [2, 4]
     out = tmp_path / "over"
     assert main(["analyze", "--workdir", workdir, "--checkpoints", "all", "--out", str(out)] + OPTIONS) == 0
     printed = capsys.readouterr().out
@@ -95,4 +96,4 @@ def test_step_lists(workdir, tmp_path, capsys):
     assert "--checkpoints needs --workdir" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
         os.makedirs(tmp_path / "empty" / "checkpoints")
-        checkpoint_steps(str(tmp_path / "empty"))
+        saved_steps(str(tmp_path / "empty"))
