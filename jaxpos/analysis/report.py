@@ -259,8 +259,8 @@ def _positional_profile(ctx: _Context) -> dict:
     fit = tisa_fit.fit_tisa_kernels(scores, offsets, num_kernels=cfg.position.tisa.num_kernels)
     kernels = {k: np.asarray(fit[k])[None] for k in "abc"}  # one "layer": the first
     ctx.plots.plot_tisa_scores(kernels, n, ctx.figure("positional_profile.png"), profiles=scores[None],
-                     titles=[f"layer 1: fit r² {' '.join(f'{r:.2f}' for r in fit['r2'])}"],
-                     suptitle=f"{ctx.model.name}: F̂_P rows by offset (dashed), fitted TISA kernels")
+                               titles=[f"layer 1: fit r² {' '.join(f'{r:.2f}' for r in fit['r2'])}"],
+                               suptitle=f"{ctx.model.name}: F̂_P rows by offset (dashed), fitted TISA kernels")
     ctx.arrays["positional_profile"] = profile
     return dict(layer=0, toeplitz_r2=toeplitz.toeplitz_r2(profile), fit_r2=fit["r2"],
                 kernels={k: np.asarray(fit[k]) for k in "abc"}, offset_scores=scores,
@@ -353,7 +353,6 @@ def _input_positional_logits(ctx: _Context, length: int) -> np.ndarray | None:
 
 
 def _rank(ctx: _Context) -> dict:
-
     cfg, opts = ctx.cfg, ctx.options
     length = max(_usable_lengths(ctx, opts.lengths) or [min(64, cfg.max_length)])
     rows = token_windows(ctx.model, ctx.sentences, length, opts.windows)
@@ -380,7 +379,7 @@ def _rank(ctx: _Context) -> dict:
     if plotted is None:
         result["positional"] = {"skipped": f"position.kind={cfg.position.kind!r} has no position-only logits"}
     ctx.plots.plot_ranks(result["logit_rank"], cfg.head_dim, length, ctx.figure("rank.png"),
-               *(plotted if plotted else (None, "")))
+                         *(plotted if plotted else (None, "")))
     result["figure"] = "rank.png"
     return result
 
@@ -403,7 +402,7 @@ def _decomposition(ctx: _Context) -> dict:
     mask = parts.mask
     error = np.abs(parts.terms.sum(axis=1) - parts.hidden)[:, mask].max()
     ctx.plots.plot_term_importance(importance, ctx.figure("decomposition.png"), TERMS,
-                         f"{ctx.model.name}: importance of e = i + h + f + c")
+                                   f"{ctx.model.name}: importance of e = i + h + f + c")
     return dict(terms=list(TERMS), importance=importance, feedforward_r2=parts.feedforward_linear_r2(),
                 max_reconstruction_error=error, sentences=real, tokens=int(mask.sum()),
                 figure="decomposition.png")
@@ -476,7 +475,6 @@ def _identifiability(ctx: _Context) -> dict:
 
 
 def _attribution(ctx: _Context) -> dict:
-
     cfg, opts = ctx.cfg, ctx.options
     length = min(opts.attribution_length, cfg.max_length)
     rows = token_windows(ctx.model, ctx.sentences, length, opts.attribution_windows)

@@ -91,9 +91,10 @@ def load_run_config(workdir: str, task: str) -> ml_collections.ConfigDict:
     (mlm | translation | finetune)."""
     from etils import epath
 
-    if not epath.Path(workdir).is_dir():
+    folder = epath.Path(workdir)
+    if not folder.is_dir():
         raise FileNotFoundError(f"workdir {workdir!r} does not exist")
-    path = epath.Path(workdir) / "config.json"
+    path = folder / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: is {workdir!r} the workdir of a `jaxpos train` run?")
     config = load_json_config(os.fspath(path))

@@ -450,9 +450,9 @@ def _follow(out, pending, processes, log) -> dict[str, float]:
                 done.add(name)
                 seconds[name] = result["timing"]["wall_s"]
                 log(f"  finished {name} in {seconds[name]:.0f} s")
-            elif failure(out, name):
+            elif reason := failure(out, name):
                 done.add(name)
-                log(f"  FAILED {name}: {failure(out, name)}; see {folder}/{LOG_FILE}")
+                log(f"  FAILED {name}: {reason}; see {folder}/{LOG_FILE}")
         if exited:
             return seconds
         time.sleep(0.5)
