@@ -29,7 +29,7 @@ demo: $(VENV)/.installed
 
 # Two workers: the suite is dominated by single-threaded XLA compiles.
 test: $(VENV)/.installed-test
-	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -x -q -n 2 -m "not slow"
+	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -x -q -n 2 -m "not slow" --durations=15
 
 test-all: $(VENV)/.installed-test
 	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -x -q -n 2

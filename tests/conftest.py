@@ -12,3 +12,9 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # Identical programs (the same tiny train step in several tests, or in a killed and a resumed run) compile once.
 jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked `long` first: with two xdist workers, one each from the start, so that the run does not end
+    on one worker finishing a long test while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # a stable sort keeps the rest in order

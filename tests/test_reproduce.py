@@ -133,6 +133,7 @@ def test_steps_fit_the_budget():
 
 # --- end to end ----------------------------------------------------------------------------------------------------
 
+@pytest.mark.long
 def test_micro_profile_end_to_end(tmp_path, capsys):
     from jaxpos.cli import main
 

@@ -175,6 +175,7 @@ def wait_all(procs, timeout: float) -> str:
     return output
 
 
+@pytest.mark.long
 def test_two_processes_train_kill_resume_and_restore_across_process_counts(tmp_path):
     import jax
 
