@@ -94,9 +94,9 @@ def main(argv=None):
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--block-q", type=int, default=64)
-    parser.add_argument("--block-k", type=int, default=64)
-    parser.add_argument("--block-dq", type=int, default=32)
+    parser.add_argument("--block-q", type=int, default=None, help="default: the kernel's (64 GPU, 128 TPU)")
+    parser.add_argument("--block-k", type=int, default=None, help="default: the kernel's (64 GPU, 128 TPU)")
+    parser.add_argument("--block-dq", type=int, default=None, help="default: the kernel's (32 GPU, 128 TPU)")
     parser.add_argument("--num-warps", type=int, default=4)
     parser.add_argument("--num-stages", type=int, default=3)
     parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table")
@@ -111,6 +111,7 @@ def main(argv=None):
         args.block_q = args.block_k = args.block_dq = 16
     blocks = dict(block_q=args.block_q, block_k=args.block_k, block_dq=args.block_dq, num_warps=args.num_warps,
                   num_stages=args.num_stages)
+    default_dq = 128 if jax.default_backend() == "tpu" else 32
     chosen = {name: p for name, p in paths(args.cpu_smoke, blocks).items() if name in args.paths.split(",")}
     for spec in filter(None, args.kernel_configs.split(",")):
         bq, bk, bdq, warps, stages = map(int, spec.split("/"))
@@ -135,7 +136,7 @@ def main(argv=None):
         no_bias = [results[n] for n, (_, nb, _) in chosen.items() if nb and isinstance(results[n], float)]
         fastest = min(no_bias) if no_bias else None
         for name, value in results.items():
-            block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq
+            block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq or default_dq
             mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim) / 2**20
             if isinstance(value, float):
                 ratio = f"{value / fastest:.2f}" if fastest else "-"

@@ -21,9 +21,12 @@ convention. A tile whose query and key id ranges do not overlap, or that lies ab
 skipped. Fully masked rows (padding queries) give out = 0 and zero gradients; the XLA reference gives the mean
 of v there (softmax of equal logits), a value no loss should read.
 
-Backends: the Pallas Triton lowering on GPUs, the Pallas interpreter where `interpret` (by default on the CPU).
-The bias tile is a gather from the offset table and the diagonal sums a skewed gather from a scratch copy of dS;
-Mosaic TPU has no such gathers (see tests/attention/test_toeplitz_kernel.py for what lowers).
+Backends: Pallas Triton on GPUs, Pallas Mosaic on TPUs, the Pallas interpreters where `interpret` (by default on
+the CPU; the Mosaic kernels then run in the TPU interpreter). One set of kernels; what differs by backend is
+confined to `_bias_tile` and `_diagonal_sums` (Triton: gathers, through a scratch tile for the skew; Mosaic, which
+has no vector gather: strided rolls of per-diagonal windows of the table), the layout of q, k, v ([B, T, H, D]
+for Triton, [B, H, T, D] for Mosaic's (8, 128) block tiling) and the block sizes (128 on Mosaic). On the TPU the
+lowering is checked from the CPU and the kernels run in the TPU interpreter; they have not run on a TPU.
 """
 
 from __future__ import annotations
@@ -58,9 +61,15 @@ class _Static:
     masked: bool  # any mask at all (key ids, query ids, causal or padded keys); else no mask arithmetic
     skip_tiles: bool  # ids given: test each tile for overlap (a branch in the loop, which stops Triton pipelining)
     interpret: bool
-    backend: str  # "triton" | "mosaic_tpu": the compiler parameters and barrier used when not interpreting
+    backend: str  # "triton" | "mosaic_tpu": the tile and diagonal-sum code, layouts and compiler parameters
     num_warps: int
     num_stages: int
+
+    @property
+    def heads_major(self) -> bool:
+        """q, k, v as [B, H, T, D]: Mosaic tiles a block's last two axes by (8, 128), so H cannot sit between
+        T and D as in [B, T, H, D] (the Triton layout, which needs no transposes)."""
+        return self.backend == "mosaic_tpu"
 
 
 def _dq_group(t_pad: int, s_pad: int, b: int, dim: int, limit: int = 16) -> int:
@@ -85,20 +94,31 @@ def _dot(a, b, contract):
                            preferred_element_type=jnp.float32)
 
 
-def _bias_tile(ext_ref, q_start, k_start, bq, bk, t_pad):
-    """Toeplitz tile [bq, bk]: ext[(k_start + c) - (q_start + r) + t_pad - 1], a gather from the offset row."""
-    r = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-    c = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-    return ext_ref[k_start - q_start + (t_pad - 1) + c - r]
+def _bias_tile(ext_ref, q_start, k_start, bq, bk, st: _Static):
+    """Toeplitz tile [bq, bk]: ext[(k_start + c) - (q_start + r) + T_pad - 1].
+
+    Triton: a gather from the offset row ext_ref [T_pad + S_pad]. Mosaic (no vector gather; bq = bk = b):
+    ext_ref holds the windows [diagonals, 2b] of `_diagonal_windows`; the tile's window, broadcast to b rows,
+    rolled right by r + b + 1 in row r (a strided roll), puts window[c - r + b - 1] at column c.
+    """
+    if st.backend != "mosaic_tpu":
+        r = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+        c = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+        return ext_ref[k_start - q_start + (st.t_pad - 1) + c - r]
+    from jax.experimental.pallas import tpu as pltpu
+    diagonal = lax.div(k_start - q_start, bq) + st.t_pad // bq - 1
+    window = jnp.broadcast_to(ext_ref[pl.ds(diagonal, 1), :], (bq, 2 * bq))
+    return pltpu.roll(window, bq + 1, 1, stride=1, stride_axis=0)[:, :bk]
 
 
 def _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st: _Static):
-    """Boolean [bq, bk]: key not padding, same segment (when query ids are given), causal; None: no mask."""
+    """Boolean [bq, bk] from query ids [bq, 1] and key ids [1, bk]: key not padding, same segment (when query
+    ids are given), causal; None: no mask."""
     if not st.masked:
         return None
-    valid = (k_ids != 0)[None, :]
+    valid = k_ids != 0
     if st.use_q_segments:
-        valid = jnp.logical_and(valid, q_ids[:, None] == k_ids[None, :])
+        valid = jnp.logical_and(valid, q_ids == k_ids)
     if st.causal:
         r = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
         c = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
@@ -136,17 +156,21 @@ def _causal_q_begin(k_start, bq, st: _Static):
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse_ref, *, st: _Static):
-    """One query block of one (batch, head): online softmax over the key blocks, writes out and logsumexp."""
+    """One query block of one (batch, head): online softmax over the key blocks, writes out and logsumexp.
+
+    Per-query quantities (ids, running max and sum, logsumexp) are columns [bq, 1], key ids rows [1, bk]: the
+    layouts that broadcast against a [bq, bk] tile on every backend.
+    """
     bq, bk = st.block_q, st.block_k
     q_start = pl.program_id(2) * bq
     q = q_ref[...]
     q_ids = qseg_ref[...]
     q_range = _id_range(q_ids)
-    carry = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq,), NEG, jnp.float32), jnp.zeros((bq,), jnp.float32))
+    carry = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32), jnp.zeros((bq, 1), jnp.float32))
 
     def body(jb, carry):
         k_start = jb * bk
-        k_ids = kseg_ref[pl.ds(k_start, bk)]
+        k_ids = kseg_ref[:, pl.ds(k_start, bk)]
 
         def compute(carry):
             acc, m, l = carry
@@ -154,17 +178,17 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
             v = v_ref[pl.ds(k_start, bk), :]
             s = _dot(q, k, (1, 1)) * st.scale
             if ext_ref is not None:
-                s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st.t_pad)
+                s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st)
             mask = _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st)
             if mask is not None:
                 s = jnp.where(mask, s, NEG)
-            m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            p = jnp.exp(s - m_new[:, None])
+            m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+            p = jnp.exp(s - m_new)
             if mask is not None:
                 p = jnp.where(mask, p, 0.0)
             correction = jnp.exp(m - m_new)
-            acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v, (1, 0))
-            return acc, m_new, l * correction + jnp.sum(p, axis=1)
+            acc = acc * correction + _dot(p.astype(v.dtype), v, (1, 0))
+            return acc, m_new, l * correction + jnp.sum(p, axis=1, keepdims=True)
 
         if not st.skip_tiles:
             return compute(carry)
@@ -174,22 +198,22 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
     acc, m, l = lax.fori_loop(0, k_end, body, carry)
     seen = l > 0.0
     safe_l = jnp.where(seen, l, 1.0)
-    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
+    o_ref[...] = (acc / safe_l).astype(o_ref.dtype)
     # +inf for rows with no visible key: the backward's exp(s - lse) is then 0 there.
     lse_ref[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
 
 
 def _probabilities_and_ds(q, k, v, do, lse, delta, ext_ref, q_ids, k_ids, q_start, k_start, bq, bk, st):
-    """Recomputed P [bq, bk] and dS = P * (dP - delta) [bq, bk] of one tile, float32."""
+    """Recomputed P [bq, bk] and dS = P * (dP - delta) [bq, bk] of one tile, float32 (lse, delta [bq, 1])."""
     s = _dot(q, k, (1, 1)) * st.scale
     if ext_ref is not None:
-        s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st.t_pad)
+        s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st)
     mask = _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st)
-    p = jnp.exp(s - lse[:, None])
+    p = jnp.exp(s - lse)
     if mask is not None:
         p = jnp.where(mask, p, 0.0)
     dp = _dot(do, v, (1, 1))
-    return p, p * (dp - delta[:, None])
+    return p, p * (dp - delta)
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dk_ref, dv_ref,
@@ -204,14 +228,15 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_
 
     def body(ib, carry):
         q_start = ib * bq
-        q_ids = qseg_ref[pl.ds(q_start, bq)]
+        q_ids = qseg_ref[pl.ds(q_start, bq), :]
 
         def compute(carry):
             dk, dv = carry
             q = q_ref[pl.ds(q_start, bq), :]
             do = do_ref[pl.ds(q_start, bq), :]
-            p, ds = _probabilities_and_ds(q, k, v, do, lse_ref[pl.ds(q_start, bq)], delta_ref[pl.ds(q_start, bq)],
-                                          ext_ref, q_ids, k_ids, q_start, k_start, bq, bk, st)
+            rows = pl.ds(q_start, bq)
+            p, ds = _probabilities_and_ds(q, k, v, do, lse_ref[rows, :], delta_ref[rows, :], ext_ref, q_ids, k_ids,
+                                          q_start, k_start, bq, bk, st)
             dv = dv + _dot(p.astype(do.dtype), do, (0, 0))
             dk = dk + _dot(ds.astype(q.dtype), q, (0, 0)) * st.scale
             return dk, dv
@@ -230,12 +255,19 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_
 
 
 def _diagonal_sums(ds, scratch_ref, st: _Static):
-    """Sums of a square tile dS [b, b] along its 2b - 1 diagonals, as (low [b], high [b]) halves.
+    """Sums of a square tile dS [b, b] along its 2b - 1 diagonals, as (low [1, b], high [1, b]) halves.
 
     Window entry w = c - r + b - 1 holds sum_r dS[r, c]; low = w in [0, b), high = w in [b, 2b - 1) (last entry
-    0). Registers cannot be read skewed, so dS goes through a scratch block and comes back by a skewed gather.
+    0). Triton: registers cannot be read skewed, so dS goes through a scratch block and comes back by a skewed
+    gather. Mosaic: dS padded to [b, 2b] and rolled right by b - 1 - r in row r (a strided roll; the adjoint of
+    `_bias_tile`'s) has diagonal w in column w, so the window is a sum over rows.
     """
     b = ds.shape[0]
+    if st.backend == "mosaic_tpu":
+        from jax.experimental.pallas import tpu as pltpu
+        padded = jnp.concatenate([ds, jnp.zeros_like(ds)], axis=1)
+        window = jnp.sum(pltpu.roll(padded, b - 1, 1, stride=2 * b - 1, stride_axis=0), axis=0, keepdims=True)
+        return window[:, :b], window[:, b:]
     barrier = _barrier(st)
     scratch_ref[...] = ds
     barrier()  # the gather below reads entries other threads wrote
@@ -245,7 +277,7 @@ def _diagonal_sums(ds, scratch_ref, st: _Static):
     for col in (w - (b - 1) + r, w + 1 + r):
         inside = jnp.logical_and(col >= 0, col < b)
         vals = scratch_ref[r, jnp.clip(col, 0, b - 1)]
-        halves.append(jnp.sum(jnp.where(inside, vals, 0.0), axis=0))
+        halves.append(jnp.sum(jnp.where(inside, vals, 0.0), axis=0, keepdims=True))
     barrier()  # the next tile's store must not overtake these reads
     return halves
 
@@ -271,19 +303,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
     b, group = st.block_dq, st.dq_group
     first = pl.program_id(2) * group  # the group's first query block
     has_table = ext_ref is not None
-    zeros_b = jnp.zeros((b,), jnp.float32)
+    zeros_b = jnp.zeros((1, b), jnp.float32)
     rows = [pl.ds(g * b, b) for g in range(group)]
-    qs = [q_ref[r, :] for r in rows]
-    dos = [do_ref[r, :] for r in rows]
-    lses = [lse_ref[r] for r in rows]
-    deltas = [delta_ref[r] for r in rows]
-    q_ids = [qseg_ref[r] for r in rows]
+    qs, dos, lses, deltas, q_ids = ([ref[r, :] for r in rows] for ref in (q_ref, do_ref, lse_ref, delta_ref, qseg_ref))
     q_ranges = [_id_range(ids) for ids in q_ids]
 
     def body(jb, carry):
         dqs, chunks = list(carry[0]), list(carry[1])
         k_start = jb * b
-        k_ids = kseg_ref[pl.ds(k_start, b)]
+        k_ids = kseg_ref[:, pl.ds(k_start, b)]
 
         def load():
             return k_ref[pl.ds(k_start, b), :], v_ref[pl.ds(k_start, b), :]
@@ -310,7 +338,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
                 chunks[group - 1 - g] = chunks[group - 1 - g] + low
                 chunks[group - g] = chunks[group - g] + high
         if has_table:
-            drow_ref[pl.ds(k_start, b)] = chunks[0]
+            drow_ref[pl.ds(jb, 1), :] = chunks[0]
         return tuple(dqs), tuple(chunks[1:]) + (zeros_b,)
 
     num_k = st.s_pad // b
@@ -321,13 +349,24 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
         dq_ref[r, :] = dq.astype(dq_ref.dtype)
     if has_table:
         for c in range(group):  # the last chunk is always zeros after the final shift
-            drow_ref[pl.ds((k_end + c) * b, b)] = chunks[c]
+            drow_ref[pl.ds(k_end + c, 1), :] = chunks[c]
 
         def clear(jb, carry):  # chunks past the causal limit
-            drow_ref[pl.ds(jb * b, b)] = zeros_b
+            drow_ref[pl.ds(jb, 1), :] = zeros_b
             return carry
 
         lax.fori_loop(k_end + group, num_k + group, clear, None)
+
+
+def _interpret(st: _Static):
+    """pallas_call's `interpret`: Mosaic kernels run in the TPU interpreter (which also checks their reads stay in
+    bounds), the others in the generic one."""
+    if not st.interpret:
+        return False
+    if st.backend == "mosaic_tpu":
+        from jax.experimental.pallas import tpu as pltpu
+        return pltpu.InterpretParams()
+    return True
 
 
 def _compiler_params(st: _Static):
@@ -341,79 +380,117 @@ def _compiler_params(st: _Static):
 
 
 def _table_spec(ext):
-    """BlockSpec of the offset table: the whole row of the program's head (or the shared row)."""
+    """BlockSpec of the offset table (or its windows): the whole of the program's head (or the shared one)."""
     if ext is None:
         return None
     shared = ext.shape[0] == 1
-    return pl.BlockSpec((None, ext.shape[1]), lambda b, h, i: (0 if shared else h, 0))
+    return pl.BlockSpec((None, *ext.shape[1:]), lambda b, h, i: (0 if shared else h,) + (0,) * (ext.ndim - 1))
+
+
+def _diagonal_windows(ext, b: int):
+    """Offset table [H', T_pad + S_pad] -> windows [H', (T_pad + S_pad) / b, 2b]: window d = ext[d*b : d*b + 2b]
+    (zeros past the end) serves every tile on block diagonal d = j - i + T_pad/b - 1 (Mosaic reads it as a row)."""
+    heads, length = ext.shape
+    chunks = jnp.pad(ext, ((0, 0), (0, b))).reshape(heads, length // b + 1, b)
+    return jnp.concatenate([chunks[:, :-1], chunks[:, 1:]], axis=-1)
+
+
+def _kernel_table(ext, st: _Static):
+    """The table as the kernels read it: the offset row (Triton's gather) or its diagonal windows (Mosaic)."""
+    if ext is None or st.backend != "mosaic_tpu":
+        return ext
+    return _diagonal_windows(ext, st.block_q)
+
+
+def _seq_spec(st: _Static, rows: int, dim: int, block=lambda i: i):
+    """BlockSpec of `rows` positions of q, k, v or their gradients for grid point (batch, head, i)."""
+    if st.heads_major:
+        return pl.BlockSpec((None, None, rows, dim), lambda b, h, i: (b, h, block(i), 0))
+    return pl.BlockSpec((None, rows, None, dim), lambda b, h, i: (b, block(i), h, 0))
+
+
+def _column_spec(rows: int, block=lambda i: i):
+    """BlockSpec of per-query quantities [B, H, T, 1] (logsumexp, delta) as columns [rows, 1]."""
+    return pl.BlockSpec((None, None, rows, 1), lambda b, h, i: (b, h, block(i), 0))
+
+
+def _ids_specs(st: _Static, q_rows: int, k_cols: int, q_block=lambda i: i, k_block=lambda i: i):
+    """BlockSpecs of query ids [B, T, 1] (columns) and key ids [B, 1, S] (rows)."""
+    return (pl.BlockSpec((None, q_rows, 1), lambda b, h, i: (b, q_block(i), 0)),
+            pl.BlockSpec((None, 1, k_cols), lambda b, h, i: (b, 0, k_block(i))))
+
+
+def _dims(q, st: _Static):
+    """(batch, heads, length, dim) of q, k or v in the kernel's layout."""
+    batch, a, c, dim = q.shape
+    return (batch, a, c, dim) if st.heads_major else (batch, c, a, dim)
 
 
 def _forward(q, k, v, ext, qseg, kseg, st: _Static):
-    batch, t_pad, heads, dim = q.shape
+    batch, heads, t_pad, dim = _dims(q, st)
     bq = st.block_q
-    grid = (batch, heads, t_pad // bq)
-    row_q = pl.BlockSpec((None, bq, None, dim), lambda b, h, i: (b, i, h, 0))
-    full_k = pl.BlockSpec((None, st.s_pad, None, dim), lambda b, h, i: (b, 0, h, 0))
+    whole = lambda i: 0  # noqa: E731
+    q_ids, k_ids = _ids_specs(st, bq, st.s_pad, k_block=whole)
+    table = _kernel_table(ext, st)
     return pl.pallas_call(
         functools.partial(_forward_kernel, st=st),
-        grid=grid,
-        in_specs=[row_q, full_k, full_k, _table_spec(ext),
-                  pl.BlockSpec((None, bq), lambda b, h, i: (b, i)),
-                  pl.BlockSpec((None, st.s_pad), lambda b, h, i: (b, 0))],
-        out_specs=[row_q, pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, t_pad), jnp.float32)],
-        interpret=st.interpret, compiler_params=_compiler_params(st), name="toeplitz_attention_fwd",
-    )(q, k, v, ext, qseg, kseg)
+        grid=(batch, heads, t_pad // bq),
+        in_specs=[_seq_spec(st, bq, dim), _seq_spec(st, st.s_pad, dim, whole), _seq_spec(st, st.s_pad, dim, whole),
+                  _table_spec(table), q_ids, k_ids],
+        out_specs=[_seq_spec(st, bq, dim), _column_spec(bq)],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, t_pad, 1), jnp.float32)],
+        interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_fwd",
+    )(q, k, v, table, qseg, kseg)
 
 
 def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
-    batch, t_pad, heads, dim = q.shape
-    s_pad = st.s_pad
-    delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), do.astype(jnp.float32))
-    full_q = pl.BlockSpec((None, t_pad, None, dim), lambda b, h, j: (b, 0, h, 0))
-    full_k = pl.BlockSpec((None, s_pad, None, dim), lambda b, h, i: (b, 0, h, 0))
-    full_rows = pl.BlockSpec((None, None, t_pad), lambda b, h, j: (b, h, 0))
-    bk = st.block_k
-    row_k = pl.BlockSpec((None, bk, None, dim), lambda b, h, j: (b, j, h, 0))
+    batch, heads, t_pad, dim = _dims(q, st)
+    s_pad, bk = st.s_pad, st.block_k
+    whole = lambda i: 0  # noqa: E731
+    einsum = "bhtd,bhtd->bht" if st.heads_major else "bthd,bthd->bht"
+    delta = jnp.einsum(einsum, out.astype(jnp.float32), do.astype(jnp.float32))[..., None]
+    table = _kernel_table(ext, st)
+    full_q, full_k = _seq_spec(st, t_pad, dim, whole), _seq_spec(st, s_pad, dim, whole)
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, st=st),
         grid=(batch, heads, s_pad // bk),
-        in_specs=[full_q, row_k, row_k, full_q, full_rows, full_rows, _table_spec(ext),
-                  pl.BlockSpec((None, t_pad), lambda b, h, j: (b, 0)),
-                  pl.BlockSpec((None, bk), lambda b, h, j: (b, j))],
-        out_specs=[row_k, row_k],
+        in_specs=[full_q, _seq_spec(st, bk, dim), _seq_spec(st, bk, dim), full_q, _column_spec(t_pad, whole),
+                  _column_spec(t_pad, whole), _table_spec(table), *_ids_specs(st, t_pad, bk, q_block=whole)],
+        out_specs=[_seq_spec(st, bk, dim), _seq_spec(st, bk, dim)],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        interpret=st.interpret, compiler_params=_compiler_params(st), name="toeplitz_attention_dkdv",
-    )(q, k, v, do, lse, delta, ext, qseg, kseg)
+        interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_dkdv",
+    )(q, k, v, do, lse, delta, table, qseg, kseg)
 
     b, group = st.block_dq, st.dq_group
-    groups = t_pad // (b * group)
-    row_q = pl.BlockSpec((None, group * b, None, dim), lambda bb, h, i: (bb, i, h, 0))
-    rows = pl.BlockSpec((None, None, group * b), lambda bb, h, i: (bb, h, i))
-    out_specs = [row_q]
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
-    if ext is not None:
-        out_specs += [pl.BlockSpec((None, None, None, s_pad + group * b), lambda bb, h, i: (bb, h, i, 0)),
-                      pl.BlockSpec((None, None, None, b, b), lambda bb, h, i: (bb, h, i, 0, 0))]
-        out_shape += [jax.ShapeDtypeStruct((batch, heads, groups, s_pad + group * b), jnp.float32),
-                      jax.ShapeDtypeStruct((batch, heads, groups, b, b), jnp.float32)]  # scratch, discarded
+    groups, chunks = t_pad // (b * group), s_pad // b + group
+    row_q = _seq_spec(st, group * b, dim)
+    out_specs, out_shape = [row_q], [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    if ext is not None:  # one row of diagonal sums per group, as chunks [S_pad / b + G, b]
+        out_specs.append(pl.BlockSpec((None, None, None, chunks, b), lambda bb, h, i: (bb, h, i, 0, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((batch, heads, groups, chunks, b), jnp.float32))
+        if st.backend != "mosaic_tpu":  # Triton's skew goes through memory: a scratch tile, discarded
+            out_specs.append(pl.BlockSpec((None, None, None, b, b), lambda bb, h, i: (bb, h, i, 0, 0)))
+            out_shape.append(jax.ShapeDtypeStruct((batch, heads, groups, b, b), jnp.float32))
 
     def kernel(*refs):
         if ext is None:
             refs = refs[:6] + (None,) + refs[6:] + (None, None)
+        elif st.backend == "mosaic_tpu":
+            refs = refs + (None,)
         _dq_kernel(*refs, st=st)
 
     results = pl.pallas_call(
         kernel,
         grid=(batch, heads, groups),
-        in_specs=[row_q, full_k, full_k, row_q, rows, rows] + ([] if ext is None else [_table_spec(ext)])
-        + [pl.BlockSpec((None, group * b), lambda bb, h, i: (bb, i)),
-           pl.BlockSpec((None, s_pad), lambda bb, h, i: (bb, 0))],
+        in_specs=[row_q, full_k, full_k, row_q, _column_spec(group * b), _column_spec(group * b)]
+        + ([] if ext is None else [_table_spec(table)]) + list(_ids_specs(st, group * b, s_pad, k_block=whole)),
         out_specs=out_specs, out_shape=out_shape,
-        interpret=st.interpret, compiler_params=_compiler_params(st), name="toeplitz_attention_dq",
-    )(q, k, v, do, lse, delta, *([] if ext is None else [ext]), qseg, kseg)
+        interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_dq",
+    )(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg)
     dq = results[0]
-    d_ext = None if ext is None else _sum_rows(results[1], ext.shape[0], group * b)
+    d_ext = None if ext is None else _sum_rows(results[1].reshape(batch, heads, groups, chunks * b),
+                                               ext.shape[0], group * b)
     return dq, dk, dv, d_ext
 
 
@@ -469,17 +546,19 @@ def _offset_table(table, q_offset, t_pad: int, s_pad: int):
 
 def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Array | None = None, *,
                        q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
-                       causal: bool = False, q_offset: int | jax.Array = 0, block_q: int = 64, block_k: int = 64,
-                       block_dq: int = 32, dq_group: int | None = None, interpret: bool | None = None,
-                       backend: str | None = None, num_warps: int = 4, num_stages: int = 3) -> jax.Array:
+                       causal: bool = False, q_offset: int | jax.Array = 0, block_q: int | None = None,
+                       block_k: int | None = None, block_dq: int | None = None, dq_group: int | None = None,
+                       interpret: bool | None = None, backend: str | None = None, num_warps: int = 4,
+                       num_stages: int = 3) -> jax.Array:
     """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, D].
 
     q [B, T, H, D], k and v [B, S, H, D]; table [H|1, W] float32 (W = 2*span - 1 odd; column (k_pos - q_pos) +
     (W - 1)/2, offsets beyond the table clip to its ends, as `expand_toeplitz`) or None. Positions are
     q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be traced unless `causal` (key visible when
     k_pos <= q_pos). Segment ids: 0 = padding (module docstring). Logits are q.k/sqrt(D) + bias, accumulated in
-    float32 whatever the input dtype; the table gradient is float32. Block sizes are powers of two; T and S are
-    padded to them (padded keys are masked). `dq_group`: query blocks per program of the dq / table-gradient
+    float32 whatever the input dtype; the table gradient is float32. Block sizes are powers of two (None: 64, 64
+    and 32 on Triton, 128 on Mosaic TPU, where the three must be equal multiples of 128); T and S are padded to
+    them (padded keys are masked). `dq_group`: query blocks per program of the dq / table-gradient
     kernel (None: `_dq_group`, 1 up to T = S = 2048 at D = 64, which bounds the table-gradient rows by twice
     q's size; it must divide the padded T / block_dq). `interpret` None: the Pallas interpreter when the backend
     is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or "mosaic_tpu"; None: from the default backend.
@@ -492,31 +571,37 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         raise ValueError(f"table must be [H|1, W] with H = {heads}, got {table.shape}")
     if causal and not isinstance(q_offset, int):
         raise ValueError("a causal mask needs a static (Python int) q_offset")
-    for name, size in (("block_q", block_q), ("block_k", block_k), ("block_dq", block_dq)):
-        if size < 16 or size & (size - 1):
-            raise ValueError(f"{name}={size} must be a power of two >= 16")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     if backend is None:
         backend = "mosaic_tpu" if jax.default_backend() == "tpu" else "triton"
     if backend not in ("triton", "mosaic_tpu"):
         raise ValueError(f"backend={backend!r}; choose triton or mosaic_tpu")
-
-    # Small problems take smaller blocks (down to 16, the least a tensor-core dot takes).
-    block_q, block_dq = (min(x, max(16, _next_pow2(t))) for x in (block_q, block_dq))
-    block_k, block_dq = min(block_k, max(16, _next_pow2(s))), min(block_dq, max(16, _next_pow2(s)))
+    tpu = backend == "mosaic_tpu"
+    defaults = (128, 128, 128) if tpu else (64, 64, 32)
+    block_q, block_k, block_dq = (d if x is None else x for x, d in zip((block_q, block_k, block_dq), defaults))
+    for name, size in (("block_q", block_q), ("block_k", block_k), ("block_dq", block_dq)):
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{name}={size} must be a power of two >= 16")
+    if tpu and not (block_q == block_k == block_dq and block_q % 128 == 0):
+        raise ValueError(f"Mosaic TPU blocks must be equal multiples of 128 (one tile per block diagonal, lanes of "
+                         f"128), got block_q={block_q}, block_k={block_k}, block_dq={block_dq}")
+    if not tpu:  # small problems take smaller blocks (down to 16, the least a tensor-core dot takes)
+        block_q, block_dq = (min(x, max(16, _next_pow2(t))) for x in (block_q, block_dq))
+        block_k, block_dq = min(block_k, max(16, _next_pow2(s))), min(block_dq, max(16, _next_pow2(s)))
     t_pad = -(-t // max(block_q, block_dq)) * max(block_q, block_dq)
     s_pad = -(-s // max(block_k, block_dq)) * max(block_k, block_dq)
     dim_pad = max(16, _next_pow2(dim))  # zero channels change no dot product
 
     def pad(x, length):
-        return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, dim_pad - dim)))
+        x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, dim_pad - dim)))
+        return x.transpose(0, 2, 1, 3) if tpu else x  # the kernels' layout (_Static.heads_major)
 
     kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
-    kseg = jnp.pad(kseg, ((0, 0), (0, s_pad - s)))  # padded keys: id 0, never attended
+    kseg = jnp.pad(kseg, ((0, 0), (0, s_pad - s)))[:, None, :]  # padded keys: id 0, never attended; rows
     use_q = q_segment_ids is not None
     qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
-    qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))
+    qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))[:, :, None]  # columns
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
     if dq_group is None:
         dq_group = _dq_group(t_pad, s_pad, block_dq, dim_pad) if table is not None else 1
@@ -525,7 +610,11 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     st = _Static(scale=dim**-0.5, causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
                  block_k=block_k, block_dq=block_dq, dq_group=dq_group, t_pad=t_pad, s_pad=s_pad,
                  use_q_segments=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
-                 skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret), backend=backend,
-                 num_warps=num_warps, num_stages=num_stages)
+                 # Mosaic: no skipping, whose test branches on a vector reduced in the kernel (a TPU version
+                 # would read per-block id ranges from scalar prefetch).
+                 skip_tiles=(use_q or kv_segment_ids is not None) and not tpu, interpret=bool(interpret),
+                 backend=backend, num_warps=num_warps, num_stages=num_stages)
     out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, st)
+    if tpu:
+        out = out.transpose(0, 2, 1, 3)
     return out[:, :t, :, :dim]
