@@ -14,19 +14,22 @@ of a group of G query blocks into one row, and a reshape-and-sum in XLA (`_sum_r
 groups and the batch; autodiff of the gather then folds clipped offsets back onto the table's ends. No atomics
 and no [T, S] tensor: the partial rows take B*H*T*(S + G*b)/(G*b) floats (b = dq block), and G (`_dq_group`)
 grows with S so that they stay within twice the size of q, 2*B*H*T*D: linear in T. The table is H*(T + S).
+On Mosaic the rows go straight into each head's table gradient, H*(T + S) floats (a block that stays in VMEM
+while the grid runs over the batch and the query groups), with no XLA reduction after.
 
 Masks: `kv_segment_ids` [B, S] with 0 = padding (never attended), `q_segment_ids` [B, T] (queries attend only to
 keys of the same non-zero id), `causal` (key position <= query position). This is `masks.attention_mask`'s
-convention. A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is
-skipped. Fully masked rows (padding queries) give out = 0 and zero gradients; the XLA reference gives the mean
+convention. A tile that lies above the causal diagonal is skipped, and on Triton also one whose query and key
+id ranges do not overlap. Fully masked rows (padding queries) give out = 0 and zero gradients; the XLA reference gives the mean
 of v there (softmax of equal logits), a value no loss should read.
 
 Backends: Pallas Triton on GPUs, Pallas Mosaic on TPUs, the Pallas interpreters where `interpret` (by default on
 the CPU; the Mosaic kernels then run in the TPU interpreter). One set of kernels; what differs by backend is
-confined to `_bias_tile` and `_diagonal_sums` (Triton: gathers, through a scratch tile for the skew; Mosaic, which
-has no vector gather: strided rolls of per-diagonal windows of the table), the layout of q, k, v ([B, T, H, D]
-for Triton, [B, H, T, D] for Mosaic's (8, 128) block tiling) and the block sizes (128 on Mosaic). On the TPU the
-lowering is checked from the CPU and the kernels run in the TPU interpreter; they have not run on a TPU.
+`_bias_tile` and `_diagonal_sums` (Triton: gathers, through a scratch tile for the skew; Mosaic, which has no
+vector gather: strided rolls of per-diagonal windows of the table), where the dq kernel puts the sums (above),
+the layout of q, k, v ([B, T, H, D] for Triton, [B, H, T, D] for Mosaic's (8, 128) block tiling), the grid order
+(`_grid`), the block sizes (128 on Mosaic) and tile skipping (Triton only). On the TPU the lowering is checked
+from the CPU and the kernels run in the TPU interpreter; they have not run on a TPU.
 """
 
 from __future__ import annotations
@@ -298,12 +301,27 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
     j*b + (G - 1 - g)*b + w, so the group's row (length S_pad + G*b) reads like one query block of G*b rows. For
     a key block j the G tiles' windows cover G + 1 chunks of b positions from j*b: they are summed in registers,
     the first chunk is final and written, the others carry to the next key block (G = 1: the high half of each
-    window carries into the next). No read-back of the row, so no barrier.
+    window carries into the next). Triton: no read-back of the row, so no barrier. Mosaic: the row is added into
+    the head's table gradient [(T_pad + S_pad) / b, b] (row chunk c is offset chunk c + nq - G*(group + 1)), one
+    block that stays in VMEM while the grid runs over the batch and the groups (its innermost, sequential axes).
     """
     b, group = st.block_dq, st.dq_group
     first = pl.program_id(2) * group  # the group's first query block
     has_table = ext_ref is not None
     zeros_b = jnp.zeros((1, b), jnp.float32)
+    accumulate = has_table and st.backend == "mosaic_tpu"
+    if accumulate:
+        @pl.when(jnp.logical_and(pl.program_id(1) == 0, pl.program_id(2) == 0))  # the head's first visit
+        def _():
+            drow_ref[...] = jnp.zeros(drow_ref.shape, jnp.float32)
+
+        shift = st.t_pad // b - first - group
+
+    def store(chunk_index, chunk):
+        if accumulate:
+            drow_ref[pl.ds(chunk_index + shift, 1), :] += chunk
+        else:
+            drow_ref[pl.ds(chunk_index, 1), :] = chunk
     rows = [pl.ds(g * b, b) for g in range(group)]
     qs, dos, lses, deltas, q_ids = ([ref[r, :] for r in rows] for ref in (q_ref, do_ref, lse_ref, delta_ref, qseg_ref))
     q_ranges = [_id_range(ids) for ids in q_ids]
@@ -338,7 +356,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
                 chunks[group - 1 - g] = chunks[group - 1 - g] + low
                 chunks[group - g] = chunks[group - g] + high
         if has_table:
-            drow_ref[pl.ds(jb, 1), :] = chunks[0]
+            store(jb, chunks[0])
         return tuple(dqs), tuple(chunks[1:]) + (zeros_b,)
 
     num_k = st.s_pad // b
@@ -349,8 +367,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
         dq_ref[r, :] = dq.astype(dq_ref.dtype)
     if has_table:
         for c in range(group):  # the last chunk is always zeros after the final shift
-            drow_ref[pl.ds(k_end + c, 1), :] = chunks[c]
-
+            store(k_end + c, chunks[c])
+    if has_table and not accumulate:
         def clear(jb, carry):  # chunks past the causal limit
             drow_ref[pl.ds(jb, 1), :] = zeros_b
             return carry
@@ -369,22 +387,38 @@ def _interpret(st: _Static):
     return True
 
 
-def _compiler_params(st: _Static):
+def _compiler_params(st: _Static, reduces: bool = False):
+    """`reduces`: Mosaic's grid (head, batch, block) accumulates an output over its last two axes, which must then
+    run in order on one core."""
     if st.interpret:
         return None
     if st.backend == "mosaic_tpu":
         from jax.experimental.pallas import tpu as pltpu
-        return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))
+        inner = "arbitrary" if reduces else "parallel"
+        return pltpu.CompilerParams(dimension_semantics=("parallel", inner, inner))
     from jax.experimental.pallas import triton as plgpu
     return plgpu.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)
 
 
-def _table_spec(ext):
+def _grid(st: _Static, batch: int, heads: int, blocks: int):
+    """Triton: (batch, head, block). Mosaic: (head, batch, block), so that a per-head output (the table gradient)
+    can stay resident over the batch and the blocks. Kernels read the block as program_id(2) either way."""
+    return (heads, batch, blocks) if st.heads_major else (batch, heads, blocks)
+
+
+def _spec(st: _Static, shape, index):
+    """BlockSpec whose index map takes the grid point as (batch, head, block) whatever `_grid`'s order."""
+    if st.heads_major:
+        return pl.BlockSpec(shape, lambda h, b, i: index(b, h, i))
+    return pl.BlockSpec(shape, index)
+
+
+def _table_spec(ext, st: _Static):
     """BlockSpec of the offset table (or its windows): the whole of the program's head (or the shared one)."""
     if ext is None:
         return None
     shared = ext.shape[0] == 1
-    return pl.BlockSpec((None, *ext.shape[1:]), lambda b, h, i: (0 if shared else h,) + (0,) * (ext.ndim - 1))
+    return _spec(st, (None, *ext.shape[1:]), lambda b, h, i: (0 if shared else h,) + (0,) * (ext.ndim - 1))
 
 
 def _diagonal_windows(ext, b: int):
@@ -405,19 +439,19 @@ def _kernel_table(ext, st: _Static):
 def _seq_spec(st: _Static, rows: int, dim: int, block=lambda i: i):
     """BlockSpec of `rows` positions of q, k, v or their gradients for grid point (batch, head, i)."""
     if st.heads_major:
-        return pl.BlockSpec((None, None, rows, dim), lambda b, h, i: (b, h, block(i), 0))
-    return pl.BlockSpec((None, rows, None, dim), lambda b, h, i: (b, block(i), h, 0))
+        return _spec(st, (None, None, rows, dim), lambda b, h, i: (b, h, block(i), 0))
+    return _spec(st, (None, rows, None, dim), lambda b, h, i: (b, block(i), h, 0))
 
 
-def _column_spec(rows: int, block=lambda i: i):
+def _column_spec(st: _Static, rows: int, block=lambda i: i):
     """BlockSpec of per-query quantities [B, H, T, 1] (logsumexp, delta) as columns [rows, 1]."""
-    return pl.BlockSpec((None, None, rows, 1), lambda b, h, i: (b, h, block(i), 0))
+    return _spec(st, (None, None, rows, 1), lambda b, h, i: (b, h, block(i), 0))
 
 
 def _ids_specs(st: _Static, q_rows: int, k_cols: int, q_block=lambda i: i, k_block=lambda i: i):
     """BlockSpecs of query ids [B, T, 1] (columns) and key ids [B, 1, S] (rows)."""
-    return (pl.BlockSpec((None, q_rows, 1), lambda b, h, i: (b, q_block(i), 0)),
-            pl.BlockSpec((None, 1, k_cols), lambda b, h, i: (b, 0, k_block(i))))
+    return (_spec(st, (None, q_rows, 1), lambda b, h, i: (b, q_block(i), 0)),
+            _spec(st, (None, 1, k_cols), lambda b, h, i: (b, 0, k_block(i))))
 
 
 def _dims(q, st: _Static):
@@ -434,10 +468,10 @@ def _forward(q, k, v, ext, qseg, kseg, st: _Static):
     table = _kernel_table(ext, st)
     return pl.pallas_call(
         functools.partial(_forward_kernel, st=st),
-        grid=(batch, heads, t_pad // bq),
+        grid=_grid(st, batch, heads, t_pad // bq),
         in_specs=[_seq_spec(st, bq, dim), _seq_spec(st, st.s_pad, dim, whole), _seq_spec(st, st.s_pad, dim, whole),
-                  _table_spec(table), q_ids, k_ids],
-        out_specs=[_seq_spec(st, bq, dim), _column_spec(bq)],
+                  _table_spec(table, st), q_ids, k_ids],
+        out_specs=[_seq_spec(st, bq, dim), _column_spec(st, bq)],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, t_pad, 1), jnp.float32)],
         interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_fwd",
@@ -454,9 +488,9 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
     full_q, full_k = _seq_spec(st, t_pad, dim, whole), _seq_spec(st, s_pad, dim, whole)
     dk, dv = pl.pallas_call(
         functools.partial(_dkdv_kernel, st=st),
-        grid=(batch, heads, s_pad // bk),
-        in_specs=[full_q, _seq_spec(st, bk, dim), _seq_spec(st, bk, dim), full_q, _column_spec(t_pad, whole),
-                  _column_spec(t_pad, whole), _table_spec(table), *_ids_specs(st, t_pad, bk, q_block=whole)],
+        grid=_grid(st, batch, heads, s_pad // bk),
+        in_specs=[full_q, _seq_spec(st, bk, dim), _seq_spec(st, bk, dim), full_q, _column_spec(st, t_pad, whole),
+                  _column_spec(st, t_pad, whole), _table_spec(table, st), *_ids_specs(st, t_pad, bk, q_block=whole)],
         out_specs=[_seq_spec(st, bk, dim), _seq_spec(st, bk, dim)],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_dkdv",
@@ -466,12 +500,17 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
     groups, chunks = t_pad // (b * group), s_pad // b + group
     row_q = _seq_spec(st, group * b, dim)
     out_specs, out_shape = [row_q], [jax.ShapeDtypeStruct(q.shape, q.dtype)]
-    if ext is not None:  # one row of diagonal sums per group, as chunks [S_pad / b + G, b]
-        out_specs.append(pl.BlockSpec((None, None, None, chunks, b), lambda bb, h, i: (bb, h, i, 0, 0)))
+    accumulate = ext is not None and st.backend == "mosaic_tpu"
+    if accumulate:  # each head's table gradient [(T_pad + S_pad) / b, b], resident while the grid reduces into it
+        offsets = (t_pad + s_pad) // b
+        out_specs.append(_spec(st, (None, offsets, b), lambda bb, h, i: (h, 0, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((heads, offsets, b), jnp.float32))
+    elif ext is not None:  # one row of diagonal sums per group, as chunks [S_pad / b + G, b]
+        out_specs.append(_spec(st, (None, None, None, chunks, b), lambda bb, h, i: (bb, h, i, 0, 0)))
         out_shape.append(jax.ShapeDtypeStruct((batch, heads, groups, chunks, b), jnp.float32))
-        if st.backend != "mosaic_tpu":  # Triton's skew goes through memory: a scratch tile, discarded
-            out_specs.append(pl.BlockSpec((None, None, None, b, b), lambda bb, h, i: (bb, h, i, 0, 0)))
-            out_shape.append(jax.ShapeDtypeStruct((batch, heads, groups, b, b), jnp.float32))
+        # Triton's skew goes through memory: a scratch tile, discarded
+        out_specs.append(_spec(st, (None, None, None, b, b), lambda bb, h, i: (bb, h, i, 0, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((batch, heads, groups, b, b), jnp.float32))
 
     def kernel(*refs):
         if ext is None:
@@ -482,15 +521,19 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
 
     results = pl.pallas_call(
         kernel,
-        grid=(batch, heads, groups),
-        in_specs=[row_q, full_k, full_k, row_q, _column_spec(group * b), _column_spec(group * b)]
-        + ([] if ext is None else [_table_spec(table)]) + list(_ids_specs(st, group * b, s_pad, k_block=whole)),
+        grid=_grid(st, batch, heads, groups),
+        in_specs=[row_q, full_k, full_k, row_q, _column_spec(st, group * b), _column_spec(st, group * b)]
+        + ([] if ext is None else [_table_spec(table, st)]) + list(_ids_specs(st, group * b, s_pad, k_block=whole)),
         out_specs=out_specs, out_shape=out_shape,
-        interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_dq",
+        interpret=_interpret(st), compiler_params=_compiler_params(st, reduces=accumulate),
+        name="toeplitz_attention_dq",
     )(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg)
-    dq = results[0]
-    d_ext = None if ext is None else _sum_rows(results[1].reshape(batch, heads, groups, chunks * b),
-                                               ext.shape[0], group * b)
+    dq, d_ext = results[0], None
+    if accumulate:
+        d_ext = results[1].reshape(heads, -1)
+        d_ext = jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
+    elif ext is not None:
+        d_ext = _sum_rows(results[1].reshape(batch, heads, groups, chunks * b), ext.shape[0], group * b)
     return dq, dk, dv, d_ext
 
 

@@ -241,15 +241,16 @@ def test_lowers_for_tpu():
 
 def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
     """The Mosaic variant (heads-major layout, bias tile and diagonal sums by strided rolls of diagonal windows,
-    no tile skipping) in the TPU interpreter, which also faults reads out of bounds: causal T = 200 queries at
-    positions 60..259 over S = 300 keys (2 x 3 blocks of 128, so 4 block diagonals), packed pieces with padding,
-    a per-head table with clipped ends, two query blocks per dq program."""
-    batch, t, s, offset = 1, 200, 300, 60
+    the table gradient accumulated in one resident block per head over the batch and the query groups, no tile
+    skipping) in the TPU interpreter, which also faults reads out of bounds: causal T = 400 queries at positions
+    100..499 over S = 300 keys (4 x 3 blocks of 128: 6 block diagonals), batch 2 with packed pieces and padding,
+    a per-head table with clipped ends, two query blocks per dq program (two groups)."""
+    batch, t, s, offset = 2, 400, 300, 100
     q = random((batch, t, HEADS, D), 30)
     k, v = random((batch, s, HEADS, D), 31), random((batch, s, HEADS, D), 32)
     table = random((HEADS, 301), 33)
-    q_seg = jnp.asarray([[1] * 90 + [2] * 110])
-    kv_seg = jnp.asarray([[1] * 150 + [2] * 140 + [0] * 10])
+    q_seg = jnp.asarray([[1] * 190 + [2] * 210, [1] * 400])
+    kv_seg = jnp.asarray([[1] * 150 + [2] * 140 + [0] * 10, [1] * 280 + [0] * 20])
     check_against_reference((q, k, v, table), lambda p: p,
                             dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
                                  backend="mosaic_tpu", dq_group=2),
