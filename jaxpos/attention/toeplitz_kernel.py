@@ -19,8 +19,8 @@ while the grid runs over the batch and the query groups), with no XLA reduction 
 
 Masks: `kv_segment_ids` [B, S] with 0 = padding (never attended), `q_segment_ids` [B, T] (queries attend only to
 keys of the same non-zero id), `causal` (key position <= query position). This is `masks.attention_mask`'s
-convention. A tile that lies above the causal diagonal is skipped, and on Triton also one whose query and key
-id ranges do not overlap. Fully masked rows (padding queries) give out = 0 and zero gradients; the XLA reference gives the mean
+convention. A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is
+skipped (Mosaic reads the blocks' id ranges from SMEM, `_call`). Fully masked rows (padding queries) give out = 0 and zero gradients; the XLA reference gives the mean
 of v there (softmax of equal logits), a value no loss should read.
 
 Backends: Pallas Triton on GPUs, Pallas Mosaic on TPUs, the Pallas interpreters where `interpret` (by default on
@@ -28,7 +28,7 @@ the CPU; the Mosaic kernels then run in the TPU interpreter). One set of kernels
 `_bias_tile` and `_diagonal_sums` (Triton: gathers, through a scratch tile for the skew; Mosaic, which has no
 vector gather: strided rolls of per-diagonal windows of the table), where the dq kernel puts the sums (above),
 the layout of q, k, v ([B, T, H, D] for Triton, [B, H, T, D] for Mosaic's (8, 128) block tiling), the grid order
-(`_grid`), the block sizes (128 on Mosaic) and tile skipping (Triton only). On the TPU the lowering is checked
+(`_grid`), the block sizes (128 on Mosaic) and where a tile's id ranges come from (`_call`). On the TPU the lowering is checked
 from the CPU and the kernels run in the TPU interpreter; they have not run on a TPU.
 """
 
@@ -129,14 +129,20 @@ def _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st: _Static):
     return jnp.broadcast_to(valid, (bq, bk))
 
 
-def _id_range(ids):
-    """(smallest, largest) non-zero id of a block; (BIG, 0) when it is all padding."""
-    return jnp.min(jnp.where(ids != 0, ids, _BIG_ID)), jnp.max(ids)
+def _id_range(ids, axis=None):
+    """(smallest, largest) non-zero id of a block (along `axis`); (BIG, 0) when it is all padding."""
+    return jnp.min(jnp.where(ids != 0, ids, _BIG_ID), axis=axis), jnp.max(ids, axis=axis)
 
 
-def _overlaps(q_range, k_ids, st: _Static):
+def _ids_range_from_vector(side, block, ids):
+    """Triton's `id_range(side, block index, ids)`: reduced from the ids the kernel has loaded."""
+    del side, block
+    return _id_range(ids)
+
+
+def _overlaps(q_range, k_range, st: _Static):
     """Whether a (query block, key block) tile can hold an unmasked entry (from the id ranges alone)."""
-    k_lo, k_hi = _id_range(k_ids)
+    k_lo, k_hi = k_range
     if not st.use_q_segments:
         return k_hi > 0
     q_lo, q_hi = q_range
@@ -158,7 +164,8 @@ def _causal_q_begin(k_start, bq, st: _Static):
     return lax.div(jnp.maximum(k_start - st.q_offset, 0), bq)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse_ref, *, st: _Static):
+def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse_ref, *, st: _Static,
+                    id_range=_ids_range_from_vector):
     """One query block of one (batch, head): online softmax over the key blocks, writes out and logsumexp.
 
     Per-query quantities (ids, running max and sum, logsumexp) are columns [bq, 1], key ids rows [1, bk]: the
@@ -168,7 +175,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
     q_start = pl.program_id(2) * bq
     q = q_ref[...]
     q_ids = qseg_ref[...]
-    q_range = _id_range(q_ids)
+    q_range = id_range("q", pl.program_id(2), q_ids) if st.skip_tiles else None
     carry = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32), jnp.zeros((bq, 1), jnp.float32))
 
     def body(jb, carry):
@@ -195,7 +202,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
 
         if not st.skip_tiles:
             return compute(carry)
-        return lax.cond(_overlaps(q_range, k_ids, st), compute, lambda c: c, carry)
+        return lax.cond(_overlaps(q_range, id_range("k", jb, k_ids), st), compute, lambda c: c, carry)
 
     k_end = _causal_k_end(q_start, bq, bk, st, st.s_pad // bk)
     acc, m, l = lax.fori_loop(0, k_end, body, carry)
@@ -220,13 +227,13 @@ def _probabilities_and_ds(q, k, v, do, lse, delta, ext_ref, q_ids, k_ids, q_star
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dk_ref, dv_ref,
-                 *, st: _Static):
+                 *, st: _Static, id_range=_ids_range_from_vector):
     """One key block of one (batch, head): dK and dV accumulated over the query blocks."""
     bq, bk = st.block_q, st.block_k
     k_start = pl.program_id(2) * bk
     k, v = k_ref[...], v_ref[...]
     k_ids = kseg_ref[...]
-    k_range = _id_range(k_ids)
+    k_range = id_range("k", pl.program_id(2), k_ids) if st.skip_tiles else None
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
 
     def body(ib, carry):
@@ -246,11 +253,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_
 
         if not st.skip_tiles:
             return compute(carry)
-        if st.use_q_segments:
-            needed = _overlaps(_id_range(q_ids), k_ids, st)
-        else:
-            needed = k_range[1] > 0
-        return lax.cond(needed, compute, lambda c: c, carry)
+        q_range = id_range("q", ib, q_ids) if st.use_q_segments else None
+        return lax.cond(_overlaps(q_range, k_range, st), compute, lambda c: c, carry)
 
     dk, dv = lax.fori_loop(_causal_q_begin(k_start, bq, st), st.t_pad // bq, body, carry)
     dk_ref[...] = dk.astype(dk_ref.dtype)
@@ -293,7 +297,7 @@ def _barrier(st: _Static):
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dq_ref, drow_ref,
-               scratch_ref, *, st: _Static):
+               scratch_ref, *, st: _Static, id_range=_ids_range_from_vector):
     """G = st.dq_group query blocks of one (batch, head): their dQ over the key blocks and, with a table, one row
     of dS diagonal sums for the group.
 
@@ -324,7 +328,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
             drow_ref[pl.ds(chunk_index, 1), :] = chunk
     rows = [pl.ds(g * b, b) for g in range(group)]
     qs, dos, lses, deltas, q_ids = ([ref[r, :] for r in rows] for ref in (q_ref, do_ref, lse_ref, delta_ref, qseg_ref))
-    q_ranges = [_id_range(ids) for ids in q_ids]
+    q_ranges = [id_range("q", first + g, ids) if st.skip_tiles else None for g, ids in enumerate(q_ids)]
 
     def body(jb, carry):
         dqs, chunks = list(carry[0]), list(carry[1])
@@ -348,7 +352,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
                 return (dq,) + tuple(sums)
 
             if st.skip_tiles:
-                dqs[g], low, high = lax.cond(_overlaps(q_ranges[g], k_ids, st), compute,
+                dqs[g], low, high = lax.cond(_overlaps(q_ranges[g], id_range("k", jb, k_ids), st), compute,
                                              lambda dq: (dq, zeros_b, zeros_b), dqs[g])
             else:
                 dqs[g], low, high = compute(dqs[g])
@@ -407,10 +411,42 @@ def _grid(st: _Static, batch: int, heads: int, blocks: int):
 
 
 def _spec(st: _Static, shape, index):
-    """BlockSpec whose index map takes the grid point as (batch, head, block) whatever `_grid`'s order."""
+    """BlockSpec whose index map takes the grid point as (batch, head, block) whatever `_grid`'s order (and
+    ignores the scalar-prefetch refs that Mosaic passes after it)."""
     if st.heads_major:
-        return pl.BlockSpec(shape, lambda h, b, i: index(b, h, i))
-    return pl.BlockSpec(shape, index)
+        return pl.BlockSpec(shape, lambda h, b, i, *_: index(b, h, i))
+    return pl.BlockSpec(shape, lambda b, h, i, *_: index(b, h, i))
+
+
+def _block_ranges(ids, block: int):
+    """Ids [B, L] -> flat int32 [B * L/block * 2]: (smallest non-zero, largest) id of each block, for SMEM."""
+    lo, hi = _id_range(ids.reshape(ids.shape[0], -1, block), axis=-1)
+    return jnp.stack([lo, hi], axis=-1).reshape(-1)
+
+
+def _call(kernel, st: _Static, grid, in_specs, out_specs, out_shape, name, args, qseg, kseg, reduces=False):
+    """pallas_call of `kernel` on `args`. Mosaic with tile skipping: the blocks' id ranges come by scalar prefetch
+    (SMEM) and the kernel's `id_range` reads them there, since a branch cannot hang on a vector reduced in a
+    Mosaic kernel; Triton reduces the ids it has loaded."""
+    params = dict(out_shape=out_shape, interpret=_interpret(st), compiler_params=_compiler_params(st, reduces),
+                  name=name)
+    if not (st.backend == "mosaic_tpu" and st.skip_tiles):
+        return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, **params)(*args)
+    from jax.experimental.pallas import tpu as pltpu
+    b = st.block_q  # Mosaic's blocks are all equal
+
+    def with_ranges(q_ranges_ref, k_ranges_ref, *refs):
+        def id_range(side, block, ids):
+            del ids
+            ref, blocks = (q_ranges_ref, st.t_pad // b) if side == "q" else (k_ranges_ref, st.s_pad // b)
+            at = (pl.program_id(1) * blocks + block) * 2  # program_id(1): the batch row (`_grid`)
+            return ref[at], ref[at + 1]
+
+        kernel(*refs, id_range=id_range)
+
+    spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=in_specs, out_specs=out_specs)
+    ranges = _block_ranges(qseg[:, :, 0], b), _block_ranges(kseg[:, 0, :], b)
+    return pl.pallas_call(with_ranges, grid_spec=spec, **params)(*ranges, *args)
 
 
 def _table_spec(ext, st: _Static):
@@ -466,16 +502,14 @@ def _forward(q, k, v, ext, qseg, kseg, st: _Static):
     whole = lambda i: 0  # noqa: E731
     q_ids, k_ids = _ids_specs(st, bq, st.s_pad, k_block=whole)
     table = _kernel_table(ext, st)
-    return pl.pallas_call(
-        functools.partial(_forward_kernel, st=st),
-        grid=_grid(st, batch, heads, t_pad // bq),
+    return _call(
+        functools.partial(_forward_kernel, st=st), st, _grid(st, batch, heads, t_pad // bq),
         in_specs=[_seq_spec(st, bq, dim), _seq_spec(st, st.s_pad, dim, whole), _seq_spec(st, st.s_pad, dim, whole),
                   _table_spec(table, st), q_ids, k_ids],
         out_specs=[_seq_spec(st, bq, dim), _column_spec(st, bq)],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, t_pad, 1), jnp.float32)],
-        interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_fwd",
-    )(q, k, v, table, qseg, kseg)
+        name="toeplitz_attention_fwd", args=(q, k, v, table, qseg, kseg), qseg=qseg, kseg=kseg)
 
 
 def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
@@ -486,15 +520,13 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
     delta = jnp.einsum(einsum, out.astype(jnp.float32), do.astype(jnp.float32))[..., None]
     table = _kernel_table(ext, st)
     full_q, full_k = _seq_spec(st, t_pad, dim, whole), _seq_spec(st, s_pad, dim, whole)
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkdv_kernel, st=st),
-        grid=_grid(st, batch, heads, s_pad // bk),
+    dk, dv = _call(
+        functools.partial(_dkdv_kernel, st=st), st, _grid(st, batch, heads, s_pad // bk),
         in_specs=[full_q, _seq_spec(st, bk, dim), _seq_spec(st, bk, dim), full_q, _column_spec(st, t_pad, whole),
                   _column_spec(st, t_pad, whole), _table_spec(table, st), *_ids_specs(st, t_pad, bk, q_block=whole)],
         out_specs=[_seq_spec(st, bk, dim), _seq_spec(st, bk, dim)],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_dkdv",
-    )(q, k, v, do, lse, delta, table, qseg, kseg)
+        name="toeplitz_attention_dkdv", args=(q, k, v, do, lse, delta, table, qseg, kseg), qseg=qseg, kseg=kseg)
 
     b, group = st.block_dq, st.dq_group
     groups, chunks = t_pad // (b * group), s_pad // b + group
@@ -512,22 +544,20 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
         out_specs.append(_spec(st, (None, None, None, b, b), lambda bb, h, i: (bb, h, i, 0, 0)))
         out_shape.append(jax.ShapeDtypeStruct((batch, heads, groups, b, b), jnp.float32))
 
-    def kernel(*refs):
+    def kernel(*refs, **kwargs):
         if ext is None:
             refs = refs[:6] + (None,) + refs[6:] + (None, None)
         elif st.backend == "mosaic_tpu":
             refs = refs + (None,)
-        _dq_kernel(*refs, st=st)
+        _dq_kernel(*refs, st=st, **kwargs)
 
-    results = pl.pallas_call(
-        kernel,
-        grid=_grid(st, batch, heads, groups),
+    results = _call(
+        kernel, st, _grid(st, batch, heads, groups),
         in_specs=[row_q, full_k, full_k, row_q, _column_spec(st, group * b), _column_spec(st, group * b)]
         + ([] if ext is None else [_table_spec(table, st)]) + list(_ids_specs(st, group * b, s_pad, k_block=whole)),
-        out_specs=out_specs, out_shape=out_shape,
-        interpret=_interpret(st), compiler_params=_compiler_params(st, reduces=accumulate),
-        name="toeplitz_attention_dq",
-    )(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg)
+        out_specs=out_specs, out_shape=out_shape, name="toeplitz_attention_dq",
+        args=(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg), qseg=qseg, kseg=kseg,
+        reduces=accumulate)
     dq, d_ext = results[0], None
     if accumulate:
         d_ext = results[1].reshape(heads, -1)
@@ -653,9 +683,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     st = _Static(scale=dim**-0.5, causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
                  block_k=block_k, block_dq=block_dq, dq_group=dq_group, t_pad=t_pad, s_pad=s_pad,
                  use_q_segments=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
-                 # Mosaic: no skipping, whose test branches on a vector reduced in the kernel (a TPU version
-                 # would read per-block id ranges from scalar prefetch).
-                 skip_tiles=(use_q or kv_segment_ids is not None) and not tpu, interpret=bool(interpret),
+                 skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret),
                  backend=backend, num_warps=num_warps, num_stages=num_stages)
     out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, st)
     if tpu:

@@ -241,10 +241,11 @@ def test_lowers_for_tpu():
 
 def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
     """The Mosaic variant (heads-major layout, bias tile and diagonal sums by strided rolls of diagonal windows,
-    the table gradient accumulated in one resident block per head over the batch and the query groups, no tile
-    skipping) in the TPU interpreter, which also faults reads out of bounds: causal T = 400 queries at positions
-    100..499 over S = 300 keys (4 x 3 blocks of 128: 6 block diagonals), batch 2 with packed pieces and padding,
-    a per-head table with clipped ends, two query blocks per dq program (two groups)."""
+    the table gradient accumulated in one resident block per head over the batch and the query groups, tiles
+    skipped by id ranges read from SMEM) in the TPU interpreter, which also faults reads out of bounds: causal
+    T = 400 queries at positions 100..499 over S = 300 keys (4 x 3 blocks of 128: 6 block diagonals), batch 2 with
+    packed pieces and padding (tiles of disjoint pieces skipped), a per-head table with clipped ends, two query
+    blocks per dq program (two groups)."""
     batch, t, s, offset = 2, 400, 300, 100
     q = random((batch, t, HEADS, D), 30)
     k, v = random((batch, s, HEADS, D), 31), random((batch, s, HEADS, D), 32)
