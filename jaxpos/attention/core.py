@@ -152,8 +152,6 @@ def _note_once(message: str) -> None:
 def _pallas_blocker(q, k, bias, mask, content, position, dropout_rng, dropout_rate, q_segment_ids, kv_segment_ids,
                     causal) -> str | None:
     """Why the Pallas Toeplitz kernel cannot compute this call (None: it can)."""
-    if jax.default_backend() == "tpu":
-        return "the kernel has no TPU lowering yet"
     if not (content and position):
         return "the content_only/position_only switches need the xla path"
     if dropout_rng is not None and dropout_rate > 0.0:
