@@ -2,6 +2,7 @@
 
     python bench/train_throughput.py                     # GPU: bert_base, 32x512 and 256x128, every system
     python bench/train_throughput.py --kinds none,tisa --shapes 32x512 --peers plain_jax
+    python bench/train_throughput.py --kinds none,tisa,diet_rel --impl cudnn,pallas --peers ''   # both attention paths
     python bench/train_throughput.py --size tiny --shapes 4x64 --kinds none,tisa --steps 3 --peers plain_jax  # CPU
 
 Every system trains on the same synthetic batches (15% of positions masked to the [MASK] id, token type 0
@@ -103,7 +104,7 @@ def time_jaxpos(kind, size, batch, seq_len, steps, dtype, impl) -> dict:
             times.append(time.perf_counter() - start)
         trainer.close()
     ms = statistics.median(times) * 1e3
-    return dict(system="jaxpos", kind=kind, ms=ms, tokens_per_s=batch * seq_len / ms * 1e3,
+    return dict(system="jaxpos", kind=kind, impl=impl, ms=ms, tokens_per_s=batch * seq_len / ms * 1e3,
                 loss=float(metrics["loss"]), compile_s=compile_s)
 
 
@@ -132,13 +133,14 @@ def worker(args) -> None:
     if args.worker == "ceiling":
         results = [matmul_ceiling()]
     elif args.worker == "jaxpos":
-        results = []
-        for kind in args.kinds.split(","):
-            try:
-                results.append(time_jaxpos(kind, args.size, batch, seq_len, args.steps, args.dtype, args.impl))
-            except Exception as err:  # noqa: BLE001 - one mechanism failing must not hide the others
-                results.append(dict(system="jaxpos", kind=kind, error=f"{type(err).__name__}: {str(err)[:120]}"))
-            print(json.dumps(results[-1]), flush=True)
+        for impl in args.impl.split(","):
+            for kind in args.kinds.split(","):
+                try:
+                    result = time_jaxpos(kind, args.size, batch, seq_len, args.steps, args.dtype, impl)
+                except Exception as err:  # noqa: BLE001 - one mechanism failing must not hide the others
+                    result = dict(system="jaxpos", kind=kind, impl=impl,
+                                  error=f"{type(err).__name__}: {str(err)[:120]}")
+                print(json.dumps(result), flush=True)
         return
     elif args.worker == "plain_jax":
         from bench.peers.plain_jax_bert import measure
@@ -187,11 +189,16 @@ def main():
     parser.add_argument("--kinds", default=PAPER_KINDS)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--impl", default="cudnn", choices=("xla", "jax", "cudnn", "pallas"))
+    parser.add_argument("--impl", default="cudnn",
+                        help="attention_impl for jaxpos: xla, jax, cudnn or pallas, or a comma list (each kind "
+                             "under each; 'x none' is against none under the first)")
     parser.add_argument("--peers", default="plain_jax,huggingface", help="comma list, or '' for none")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.impl.split(",")) - {"xla", "jax", "cudnn", "pallas"}
+    if unknown:
+        parser.error(f"--impl: unknown attention_impl {sorted(unknown)}; choose from xla, jax, cudnn, pallas")
     if args.worker:
         return worker(args)
 
@@ -217,15 +224,20 @@ def main():
 
 def summary(shape: str, results: list[dict]) -> None:
     """One line per shape: jaxpos none against each peer, and the mechanisms' spread around none."""
-    timed = {(r.get("system"), r.get("kind", "-")): r["tokens_per_s"] for r in results if "ms" in r}
+    first_impl = next((r["impl"] for r in results if "impl" in r), None)
+    timed = {(r.get("system"), r.get("kind", "-") + ("" if r.get("impl", first_impl) == first_impl
+                                                     else f" ({r['impl']})")): r["tokens_per_s"]
+             for r in results if "ms" in r}
     none = timed.get(("jaxpos", "none"))
     if not none:
         return
     peers = [f"{name} {tps / 1e3:.0f}k (jaxpos none at {none / tps:.2f}x)" for (name, _), tps in timed.items()
              if name != "jaxpos"]
     worst = max(((none / tps, kind) for (name, kind), tps in timed.items() if name == "jaxpos"), default=None)
-    print(f"{shape}: jaxpos none {none / 1e3:.0f}k tokens/s; " + "; ".join(peers)
-          + (f"; slowest mechanism {worst[1]} x{worst[0]:.2f} step time of none" if worst else ""), flush=True)
+    parts = [f"jaxpos none {none / 1e3:.0f}k tokens/s", *peers]
+    if worst:
+        parts.append(f"slowest mechanism {worst[1]} x{worst[0]:.2f} step time of none")
+    print(f"{shape}: " + "; ".join(parts), flush=True)
 
 
 def print_header() -> None:
@@ -243,7 +255,7 @@ def print_rows(shape: str, flops: float, rows: list[dict], context: list[dict], 
             continue
         vs_none = f"{r['ms'] / none:.2f}" if none else "-"
         mfu = f"{flops / (r['ms'] * 1e-3) / (ceiling_tflops * 1e12):.1%}" if ceiling_tflops else "-"
-        note = f"compile {r['compile_s']:.0f}s" if "compile_s" in r else r.get("attention", "")
+        note = f"{r['impl']}, compile {r['compile_s']:.0f}s" if "compile_s" in r else r.get("attention", "")
         print(f"{name:<14} {kind:<10} {shape:>8} {r['ms']:8.1f} {r['tokens_per_s']:10,.0f} {vs_none:>7} "
               f"{mfu:>6}  {note}", flush=True)
 
