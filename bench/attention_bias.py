@@ -10,7 +10,9 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and, where a table i
   cudnn+bias       the same with the table expanded to a [1, H, T, T] bf16 bias (gradient to the table through it)
   xla+table        jaxpos attend(implementation="xla"): einsum + softmax with the expanded float32 bias
   pallas           jaxpos toeplitz_attention, no table
-  pallas+table     jaxpos toeplitz_attention with the table inside the kernel
+  pallas+table     jaxpos toeplitz_attention with the table inside the kernel (table gradient summed per tile)
+  pallas+diag      the same with table_grad="diagonals" (the table gradient by a kernel per head and block
+                   diagonal: dS recomputed and summed over the batch, one skew per diagonal)
 Times: warm-up runs, then the median of --runs timed runs, each ended by block_until_ready. Bias memory: what
 the bias (and its gradient partials) takes beside q, k, v; the table alone is H * (2T - 1) floats.
 """
@@ -18,6 +20,7 @@ the bias (and its gradient partials) takes beside q, k, v; the table alone is H 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -51,11 +54,13 @@ def paths(smoke: bool, blocks: dict):
     def pallas(q, k, v, table, g):
         return jnp.sum(toeplitz_attention(q, k, v, None, **blocks).astype(jnp.float32) * g)
 
-    def pallas_table(q, k, v, table, g):
-        return jnp.sum(toeplitz_attention(q, k, v, table, **blocks).astype(jnp.float32) * g)
+    def pallas_table(q, k, v, table, g, table_grad="tiles"):
+        out = toeplitz_attention(q, k, v, table, table_grad=table_grad, **blocks)
+        return jnp.sum(out.astype(jnp.float32) * g)
 
     return {"cudnn": (False, True, dpa), "cudnn+bias": (True, False, dpa_bias), "xla+table": (True, False, xla),
-            "pallas": (False, True, pallas), "pallas+table": (True, False, pallas_table)}
+            "pallas": (False, True, pallas), "pallas+table": (True, False, pallas_table),
+            "pallas+diag": (True, False, functools.partial(pallas_table, table_grad="diagonals"))}
 
 
 def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, head_dim: int) -> int:
@@ -70,6 +75,9 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
         group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
         rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
+    if name == "pallas+diag":  # the table, and per (head, block diagonal) a window [2, b] and the skew's [b, b]
+        diagonals = 2 * length // block_dq - 1
+        return heads * 2 * length * 4 + heads * diagonals * (2 * block_dq + block_dq**2) * 4
     return 0
 
 
@@ -99,7 +107,7 @@ def main(argv=None):
     parser.add_argument("--block-dq", type=int, default=None, help="default: the kernel's (32 GPU, 128 TPU)")
     parser.add_argument("--num-warps", type=int, default=4)
     parser.add_argument("--num-stages", type=int, default=3)
-    parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table")
+    parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table,pallas+diag")
     parser.add_argument("--kernel-configs", default="",
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, 2 runs, on the CPU (interpreter)")

@@ -15,7 +15,10 @@ groups and the batch; autodiff of the gather then folds clipped offsets back ont
 and no [T, S] tensor: the partial rows take B*H*T*(S + G*b)/(G*b) floats (b = dq block), and G (`_dq_group`)
 grows with S so that they stay within twice the size of q, 2*B*H*T*D: linear in T. The table is H*(T + S).
 On Mosaic the rows go straight into each head's table gradient, H*(T + S) floats (a block that stays in VMEM
-while the grid runs over the batch and the query groups), with no XLA reduction after.
+while the grid runs over the batch and the query groups), with no XLA reduction after. Triton's alternative,
+`table_grad="diagonals"`: a kernel per (head, block diagonal) recomputes the diagonal's dS tiles for every batch
+row, adds them up in registers and skews once (H*(T + S)*(b + 2) floats, independent of the batch; one skew per
+diagonal instead of one per tile, at the price of the q.k and dO.v products computed once more).
 
 Masks: `kv_segment_ids` [B, S] with 0 = padding (never attended), `q_segment_ids` [B, T] (queries attend only to
 keys of the same non-zero id), `causal` (key position <= query position). This is `masks.attention_mask`'s
@@ -58,6 +61,7 @@ class _Static:
     block_k: int
     block_dq: int  # square tiles of the dq / table-gradient kernel
     dq_group: int  # query blocks per dq program: the table-gradient rows are B*H*T*(S + G*b)/(G*b) floats
+    table_grad: str  # "tiles": the dq kernel sums each tile's diagonals; "diagonals": `_table_grad_kernel`
     t_pad: int
     s_pad: int
     use_q_segments: bool
@@ -311,7 +315,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
     """
     b, group = st.block_dq, st.dq_group
     first = pl.program_id(2) * group  # the group's first query block
-    has_table = ext_ref is not None
+    has_table = ext_ref is not None and st.table_grad == "tiles"  # the table's gradient summed here
     zeros_b = jnp.zeros((1, b), jnp.float32)
     accumulate = has_table and st.backend == "mosaic_tpu"
     if accumulate:
@@ -533,7 +537,9 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
     row_q = _seq_spec(st, group * b, dim)
     out_specs, out_shape = [row_q], [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     accumulate = ext is not None and st.backend == "mosaic_tpu"
-    if accumulate:  # each head's table gradient [(T_pad + S_pad) / b, b], resident while the grid reduces into it
+    if st.table_grad == "diagonals":
+        pass  # a kernel of its own, below
+    elif accumulate:  # each head's table gradient [(T_pad + S_pad) / b, b], resident while the grid reduces into it
         offsets = (t_pad + s_pad) // b
         out_specs.append(_spec(st, (None, offsets, b), lambda bb, h, i: (h, 0, 0)))
         out_shape.append(jax.ShapeDtypeStruct((heads, offsets, b), jnp.float32))
@@ -547,6 +553,8 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
     def kernel(*refs, **kwargs):
         if ext is None:
             refs = refs[:6] + (None,) + refs[6:] + (None, None)
+        elif st.table_grad == "diagonals":
+            refs = refs + (None, None)
         elif st.backend == "mosaic_tpu":
             refs = refs + (None,)
         _dq_kernel(*refs, st=st, **kwargs)
@@ -559,12 +567,79 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
         args=(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg), qseg=qseg, kseg=kseg,
         reduces=accumulate)
     dq, d_ext = results[0], None
-    if accumulate:
+    if ext is not None and st.table_grad == "diagonals":
+        d_ext = _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, st)
+    elif accumulate:
         d_ext = results[1].reshape(heads, -1)
         d_ext = jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
     elif ext is not None:
         d_ext = _sum_rows(results[1].reshape(batch, heads, groups, chunks * b), ext.shape[0], group * b)
     return dq, dk, dv, d_ext
+
+
+def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, out_ref,
+                       scratch_ref, *, st: _Static, batch: int):
+    """table_grad="diagonals": one (head, block diagonal d) of the table gradient. The tiles (i, i + d - nq + 1)
+    of every batch row recompute dS and add it up in registers; one skew at the end (`_diagonal_sums`) gives the
+    window of diagonal sums, out [2, b] = (low, high): offset chunks d and d + 1 of the table gradient."""
+    b = st.block_dq
+    nq, nk = st.t_pad // b, st.s_pad // b
+    d = pl.program_id(1)
+    shift = d - (nq - 1)  # key block minus query block on this diagonal
+    first_i = jnp.maximum(0, -shift)
+    count = jnp.minimum(nq, nk - shift) - first_i
+    if st.causal:  # the whole diagonal lies above the causal limit when its nearest entry is invisible
+        count = jnp.where(shift * b - (b - 1) <= st.q_offset, count, 0)
+
+    def body(step, acc):
+        bb, i = lax.div(step, count), first_i + lax.rem(step, count)
+        q_start, k_start = i * b, (i + shift) * b
+        rows, cols = pl.ds(q_start, b), pl.ds(k_start, b)
+        q_ids, k_ids = qseg_ref[bb, rows, :], kseg_ref[bb, :, cols]
+
+        def compute(acc):
+            _, ds = _probabilities_and_ds(q_ref[bb, rows, :], k_ref[bb, cols, :], v_ref[bb, cols, :],
+                                          do_ref[bb, rows, :], lse_ref[bb, rows, :], delta_ref[bb, rows, :], ext_ref,
+                                          q_ids, k_ids, q_start, k_start, b, b, st)
+            return acc + ds
+
+        if not st.skip_tiles:
+            return compute(acc)
+        return lax.cond(_overlaps(_id_range(q_ids), _id_range(k_ids), st), compute, lambda a: a, acc)
+
+    acc = lax.fori_loop(0, batch * count, body, jnp.zeros((b, b), jnp.float32))
+    low, high = _diagonal_sums(acc, scratch_ref, st)
+    out_ref[0:1, :] = low
+    out_ref[1:2, :] = high
+
+
+def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, st: _Static):
+    """Offset-table gradient [H'|1, T_pad + S_pad] by `_table_grad_kernel`: H * (T_pad + S_pad) * 2 floats of
+    windows, at the price of recomputing dS (the q.k and dO.v products) once more."""
+    batch, heads, t_pad, dim = _dims(q, st)
+    b = st.block_dq
+    diagonals = (t_pad + st.s_pad) // b - 1
+
+    def full(x):  # every batch row and position of head h
+        return pl.BlockSpec((batch, x.shape[1], None, dim), lambda h, d: (0, 0, h, 0))
+
+    windows, _ = pl.pallas_call(
+        functools.partial(_table_grad_kernel, st=st, batch=batch),
+        grid=(heads, diagonals),
+        in_specs=[full(q), full(k), full(v), full(do),
+                  pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
+                  pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
+                  pl.BlockSpec((None, ext.shape[1]), lambda h, d: (0 if ext.shape[0] == 1 else h, 0)),
+                  pl.BlockSpec(qseg.shape, lambda h, d: (0, 0, 0)), pl.BlockSpec(kseg.shape, lambda h, d: (0, 0, 0))],
+        out_specs=[pl.BlockSpec((None, None, 2, b), lambda h, d: (h, d, 0, 0)),
+                   pl.BlockSpec((None, None, b, b), lambda h, d: (h, d, 0, 0))],  # the skew's scratch, discarded
+        out_shape=[jax.ShapeDtypeStruct((heads, diagonals, 2, b), jnp.float32),
+                   jax.ShapeDtypeStruct((heads, diagonals, b, b), jnp.float32)],
+        interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_table_grad",
+    )(q, k, v, do, lse, delta, ext, qseg, kseg)
+    chunks = jnp.pad(windows[:, :, 0], ((0, 0), (0, 1), (0, 0))) + jnp.pad(windows[:, :, 1], ((0, 0), (1, 0), (0, 0)))
+    d_ext = chunks.reshape(heads, -1)  # chunk d holds offsets d*b ... d*b + b - 1
+    return jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
 
 
 def _sum_rows(drow, table_heads, b):
@@ -621,8 +696,8 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                        q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
                        causal: bool = False, q_offset: int | jax.Array = 0, block_q: int | None = None,
                        block_k: int | None = None, block_dq: int | None = None, dq_group: int | None = None,
-                       interpret: bool | None = None, backend: str | None = None, num_warps: int = 4,
-                       num_stages: int = 3) -> jax.Array:
+                       table_grad: str = "tiles", interpret: bool | None = None, backend: str | None = None,
+                       num_warps: int = 4, num_stages: int = 3) -> jax.Array:
     """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, D].
 
     q [B, T, H, D], k and v [B, S, H, D]; table [H|1, W] float32 (W = 2*span - 1 odd; column (k_pos - q_pos) +
@@ -633,7 +708,10 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     and 32 on Triton, 128 on Mosaic TPU, where the three must be equal multiples of 128); T and S are padded to
     them (padded keys are masked). `dq_group`: query blocks per program of the dq / table-gradient
     kernel (None: `_dq_group`, 1 up to T = S = 2048 at D = 64, which bounds the table-gradient rows by twice
-    q's size; it must divide the padded T / block_dq). `interpret` None: the Pallas interpreter when the backend
+    q's size; it must divide the padded T / block_dq). `table_grad` (Triton): "tiles", the dq kernel sums each
+    tile's dS along its diagonals (a skew per tile, rows as above), or "diagonals", a kernel per (head, block
+    diagonal) recomputes dS and sums it over the batch before one skew (H*(T + S)*2 floats; dS computed twice);
+    Mosaic sums in the dq kernel. `interpret` None: the Pallas interpreter when the backend
     is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or "mosaic_tpu"; None: from the default backend.
     """
     batch, t, heads, dim = q.shape
@@ -650,6 +728,8 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         backend = "mosaic_tpu" if jax.default_backend() == "tpu" else "triton"
     if backend not in ("triton", "mosaic_tpu"):
         raise ValueError(f"backend={backend!r}; choose triton or mosaic_tpu")
+    if table_grad not in ("tiles", "diagonals") or (table_grad == "diagonals" and backend == "mosaic_tpu"):
+        raise ValueError(f"table_grad={table_grad!r}; choose tiles or (Triton only) diagonals")
     tpu = backend == "mosaic_tpu"
     defaults = (128, 128, 128) if tpu else (64, 64, 32)
     block_q, block_k, block_dq = (d if x is None else x for x, d in zip((block_q, block_k, block_dq), defaults))
@@ -677,11 +757,11 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))[:, :, None]  # columns
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
     if dq_group is None:
-        dq_group = _dq_group(t_pad, s_pad, block_dq, dim_pad) if table is not None else 1
+        dq_group = _dq_group(t_pad, s_pad, block_dq, dim_pad) if table is not None and table_grad == "tiles" else 1
     elif dq_group < 1 or (t_pad // block_dq) % dq_group:
         raise ValueError(f"dq_group={dq_group} must divide the {t_pad // block_dq} query blocks of {block_dq} rows")
     st = _Static(scale=dim**-0.5, causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
-                 block_k=block_k, block_dq=block_dq, dq_group=dq_group, t_pad=t_pad, s_pad=s_pad,
+                 block_k=block_k, block_dq=block_dq, dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad,
                  use_q_segments=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
                  skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret),
                  backend=backend, num_warps=num_warps, num_stages=num_stages)

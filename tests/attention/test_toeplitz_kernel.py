@@ -108,9 +108,11 @@ def test_every_mechanism_with_padding_and_packing():
                             dict(q_seg=seg, kv_seg=seg))
 
 
-def test_causal_cross_lengths_shared_clipped_table():
+@pytest.mark.parametrize("table_grad", ["tiles", "diagonals"])
+def test_causal_cross_lengths_shared_clipped_table(table_grad):
     """T = 37 queries at positions 13..49 over S = 50 keys, causal, a head-shared table [1, 2*20 - 1] whose
-    ends are clipped, packing with per-side ids, unequal blocks (q 16, k 32)."""
+    ends are clipped, packing with per-side ids, unequal blocks (q 16, k 32); the table gradient summed per tile
+    in the dq kernel or per block diagonal over the batch (diagonals above the causal limit left out)."""
     batch, t, s, offset = 2, 37, 50, 13
     q = random((batch, t, HEADS, D), 3)
     k, v = random((batch, s, HEADS, D), 4), random((batch, s, HEADS, D), 5)
@@ -119,7 +121,7 @@ def test_causal_cross_lengths_shared_clipped_table():
     kv_seg = jnp.asarray([[1] * 23 + [2] * 27, [1] * 45 + [0] * 5])
     check_against_reference((q, k, v, table), lambda p: p,
                             dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
-                                 block_q=16, block_k=32, block_dq=16),
+                                 block_q=16, block_k=32, block_dq=16, table_grad=table_grad),
                             dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
 
 
@@ -223,13 +225,14 @@ def triton_lowering_available():
 
 
 @pytest.mark.skipif(not triton_lowering_available(), reason="this jaxlib has no Pallas Triton lowering")
-@pytest.mark.parametrize("grad,dq_group", [(False, None), (True, None), (True, 2)],
-                         ids=["forward", "forward_backward", "forward_backward_grouped"])
-def test_lowers_for_gpu_triton(grad, dq_group):
-    """Lowering only (no GPU here): the three kernels become Triton custom calls in the CUDA module (with one
-    and with two query blocks per dq program)."""
-    text = lowered_text("cuda", "triton", grad, dq_group=dq_group)
-    assert text.count("__gpu$xla.gpu.triton") == (3 if grad else 1)
+@pytest.mark.parametrize("grad,kwargs,kernels", [(False, {}, 1), (True, {}, 3), (True, dict(dq_group=2), 3),
+                                                 (True, dict(table_grad="diagonals"), 4)],
+                         ids=["forward", "forward_backward", "forward_backward_grouped", "table_grad_diagonals"])
+def test_lowers_for_gpu_triton(grad, kwargs, kernels):
+    """Lowering only (no GPU here): the kernels become Triton custom calls in the CUDA module (one or two query
+    blocks per dq program; the table gradient in the dq kernel or in a kernel of its own)."""
+    text = lowered_text("cuda", "triton", grad, **kwargs)
+    assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
 def test_lowers_for_tpu():
@@ -258,3 +261,5 @@ def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
                             dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
     with pytest.raises(ValueError, match="Mosaic TPU blocks must be equal multiples of 128"):
         toeplitz_attention(q, k, v, table, backend="mosaic_tpu", block_q=64)
+    with pytest.raises(ValueError, match="table_grad='diagonals'; choose tiles or"):
+        toeplitz_attention(q, k, v, table, backend="mosaic_tpu", table_grad="diagonals")
