@@ -257,7 +257,7 @@ def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
     kv_seg = jnp.asarray([[1] * 150 + [2] * 140 + [0] * 10, [1] * 280 + [0] * 20])
     check_against_reference((q, k, v, table), lambda p: p,
                             dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
-                                 backend="mosaic_tpu", dq_group=2),
+                                 backend="mosaic_tpu", dq_group=2, interpret=True),
                             dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
     with pytest.raises(ValueError, match="Mosaic TPU blocks must be equal multiples of 128"):
         toeplitz_attention(q, k, v, table, backend="mosaic_tpu", block_q=64)
