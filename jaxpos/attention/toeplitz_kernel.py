@@ -23,16 +23,17 @@ diagonal instead of one per tile, at the price of the q.k and dO.v products comp
 Masks: `kv_segment_ids` [B, S] with 0 = padding (never attended), `q_segment_ids` [B, T] (queries attend only to
 keys of the same non-zero id), `causal` (key position <= query position). This is `masks.attention_mask`'s
 convention. A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is
-skipped (Mosaic reads the blocks' id ranges from SMEM, `_call`). Fully masked rows (padding queries) give out = 0 and zero gradients; the XLA reference gives the mean
-of v there (softmax of equal logits), a value no loss should read.
+skipped (Mosaic reads the blocks' id ranges from SMEM, `_call`). Fully masked rows (padding queries) give out = 0
+and zero gradients; the XLA reference gives the mean of v there (softmax of equal logits), a value no loss should
+read.
 
 Backends: Pallas Triton on GPUs, Pallas Mosaic on TPUs, the Pallas interpreters where `interpret` (by default on
 the CPU; the Mosaic kernels then run in the TPU interpreter). One set of kernels; what differs by backend is
 `_bias_tile` and `_diagonal_sums` (Triton: gathers, through a scratch tile for the skew; Mosaic, which has no
 vector gather: strided rolls of per-diagonal windows of the table), where the dq kernel puts the sums (above),
 the layout of q, k, v ([B, T, H, D] for Triton, [B, H, T, D] for Mosaic's (8, 128) block tiling), the grid order
-(`_grid`), the block sizes (128 on Mosaic) and where a tile's id ranges come from (`_call`). On the TPU the lowering is checked
-from the CPU and the kernels run in the TPU interpreter; they have not run on a TPU.
+(`_grid`), the block sizes (128 on Mosaic) and where a tile's id ranges come from (`_call`). On the TPU the
+lowering is checked from the CPU and the kernels run in the TPU interpreter; they have not run on a TPU.
 """
 
 from __future__ import annotations
@@ -302,16 +303,16 @@ def _barrier(st: _Static):
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dq_ref, drow_ref,
                scratch_ref, *, st: _Static, id_range=_ids_range_from_vector):
-    """G = st.dq_group query blocks of one (batch, head): their dQ over the key blocks and, with a table, one row
-    of dS diagonal sums for the group.
+    """G = st.dq_group query blocks of one (batch, head): their dQ over the key blocks and, with a table (and
+    table_grad "tiles"), one row of dS diagonal sums for the group.
 
     Tile (query block g of the group, key block j) has its window of 2b - 1 offsets at row positions
     j*b + (G - 1 - g)*b + w, so the group's row (length S_pad + G*b) reads like one query block of G*b rows. For
     a key block j the G tiles' windows cover G + 1 chunks of b positions from j*b: they are summed in registers,
     the first chunk is final and written, the others carry to the next key block (G = 1: the high half of each
     window carries into the next). Triton: no read-back of the row, so no barrier. Mosaic: the row is added into
-    the head's table gradient [(T_pad + S_pad) / b, b] (row chunk c is offset chunk c + nq - G*(group + 1)), one
-    block that stays in VMEM while the grid runs over the batch and the groups (its innermost, sequential axes).
+    the head's table gradient [(T_pad + S_pad) / b, b] (chunk c of group i's row is offset chunk c + nq - G*(i + 1)),
+    one block that stays in VMEM while the grid runs over the batch and the groups (its innermost, sequential axes).
     """
     b, group = st.block_dq, st.dq_group
     first = pl.program_id(2) * group  # the group's first query block
@@ -330,6 +331,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
             drow_ref[pl.ds(chunk_index + shift, 1), :] += chunk
         else:
             drow_ref[pl.ds(chunk_index, 1), :] = chunk
+
     rows = [pl.ds(g * b, b) for g in range(group)]
     qs, dos, lses, deltas, q_ids = ([ref[r, :] for r in rows] for ref in (q_ref, do_ref, lse_ref, delta_ref, qseg_ref))
     q_ranges = [id_range("q", first + g, ids) if st.skip_tiles else None for g, ids in enumerate(q_ids)]
