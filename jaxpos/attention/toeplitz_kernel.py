@@ -616,8 +616,9 @@ def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref,
 
 
 def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, st: _Static):
-    """Offset-table gradient [H'|1, T_pad + S_pad] by `_table_grad_kernel`: H * (T_pad + S_pad) * 2 floats of
-    windows, at the price of recomputing dS (the q.k and dO.v products) once more."""
+    """Offset-table gradient [H'|1, T_pad + S_pad] by `_table_grad_kernel`, through windows [H, diagonals, 2, b]
+    and the skews' scratch [H, diagonals, b, b] (H*(T + S)*(b + 2) floats), at the price of recomputing dS (the
+    q.k and dO.v products) once more."""
     batch, heads, t_pad, dim = _dims(q, st)
     b = st.block_dq
     diagonals = (t_pad + st.s_pad) // b - 1
