@@ -1,11 +1,11 @@
-"""Attention forward+backward with and without a Toeplitz bias: median ms, ratio to the fastest no-bias path, and
-the bias memory (issue target 2/3).
+"""Attention forward+backward with and without a positional bias (a Toeplitz table, or DIET-Abs low-rank factors):
+median ms, ratio to the fastest no-bias path, and the bias memory (issue targets 2 and 3).
 
     python bench/attention_bias.py                  # GPU: T = 512, 2048, 8192 with B*T = 16k, H = 12, D = 64, bf16
     python bench/attention_bias.py --runs 50 --lengths 512,2048
     python bench/attention_bias.py --cpu-smoke      # tiny shapes on the CPU (Pallas interpreter): runs every path
 
-Paths (each jitted; the gradient of sum(out * g) to q, k, v and, where a table is used, to the table):
+Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or the factors where used):
   cudnn            jax.nn.dot_product_attention(implementation="cudnn"), no bias
   cudnn+bias       the same with the table expanded to a [1, H, T, T] bf16 bias (gradient to the table through it)
   xla+table        jaxpos attend(implementation="xla"): einsum + softmax with the expanded float32 bias
@@ -13,6 +13,9 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and, where a table i
   pallas+table     jaxpos toeplitz_attention with the table inside the kernel (table gradient summed per tile)
   pallas+diag      the same with table_grad="diagonals" (the table gradient by a kernel per head and block
                    diagonal: dS recomputed and summed over the batch, one skew per diagonal)
+  cudnn+folded     DIET-Abs as the model's cudnn path runs it: P_Q [H, T, r], P_K folded into q and k (width
+                   D + r, --rank, default D), v padded to the same width
+  pallas+folded    the same folding through toeplitz_attention, v at its own width D
 Times: warm-up runs, then the median of --runs timed runs, each ended by block_until_ready. Bias memory: what
 the bias (and its gradient partials) takes beside q, k, v; the table alone is H * (2T - 1) floats.
 """
@@ -30,11 +33,12 @@ import numpy as np
 
 from jaxpos.attention import PositionalBias, attend
 from jaxpos.attention.bias import expand_toeplitz
+from jaxpos.attention.core import fold_factors
 from jaxpos.attention.toeplitz_kernel import toeplitz_attention
 
 
 def paths(smoke: bool, blocks: dict):
-    """name -> (uses a table, no-bias path, loss(q, k, v, table, g))."""
+    """name -> (positional input: None, "table" or "factors"; no-bias path; loss(q, k, v, positional, g))."""
     dpa_impl = None if smoke else "cudnn"  # the CPU has no cuDNN: the smoke run times the XLA composite
 
     def dpa(q, k, v, table, g):
@@ -58,13 +62,28 @@ def paths(smoke: bool, blocks: dict):
         out = toeplitz_attention(q, k, v, table, table_grad=table_grad, **blocks)
         return jnp.sum(out.astype(jnp.float32) * g)
 
-    return {"cudnn": (False, True, dpa), "cudnn+bias": (True, False, dpa_bias), "xla+table": (True, False, xla),
-            "pallas": (False, True, pallas), "pallas+table": (True, False, pallas_table),
-            "pallas+diag": (True, False, functools.partial(pallas_table, table_grad="diagonals"))}
+    def folded(q, k, v, factors, g, kernel):
+        scale = q.shape[-1] ** -0.5
+        qf, kf = fold_factors(q, k, factors, scale)
+        if kernel:
+            out = toeplitz_attention(qf, kf, v, None, scale=scale, **blocks)
+        else:  # cuDNN wants one head width for q, k and v
+            vf = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, qf.shape[-1] - v.shape[-1])))
+            out = jax.nn.dot_product_attention(qf, kf, vf, scale=scale, implementation=dpa_impl)[..., :v.shape[-1]]
+        return jnp.sum(out.astype(jnp.float32) * g)
+
+    return {"cudnn": (None, True, dpa), "cudnn+bias": ("table", False, dpa_bias), "xla+table": ("table", False, xla),
+            "pallas": (None, True, pallas), "pallas+table": ("table", False, pallas_table),
+            "pallas+diag": ("table", False, functools.partial(pallas_table, table_grad="diagonals")),
+            "cudnn+folded": ("factors", False, functools.partial(folded, kernel=False)),
+            "pallas+folded": ("factors", False, functools.partial(folded, kernel=True))}
 
 
-def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, head_dim: int) -> int:
+def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, head_dim: int, rank: int) -> int:
     """Bytes of the bias-related buffers of a path (not counting the attention weights of the XLA path)."""
+    if name.endswith("+folded"):  # factors [H, T, r] x 2 (float32), r bf16 channels more in q, k (and cuDNN's v)
+        widened = 3 if name.startswith("cudnn") else 2
+        return heads * length * rank * 4 * 2 + widened * batch * length * heads * rank * 2
     if name == "cudnn+bias":
         return heads * length * length * 2  # [1, H, T, T] bf16 (and as much again for its gradient)
     if name == "xla+table":
@@ -81,15 +100,16 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
     return 0
 
 
-def time_path(loss, use_table, q, k, v, table, g, warmup, runs):
-    argnums = (0, 1, 2, 3) if use_table else (0, 1, 2)
+def time_path(loss, positional, q, k, v, g, warmup, runs):
+    """Median ms of the jitted gradient of loss(q, k, v, positional, g) (to the positional input too, if any)."""
+    argnums = (0, 1, 2) if positional is None else (0, 1, 2, 3)
     step = jax.jit(jax.grad(loss, argnums=argnums))
     for _ in range(warmup):
-        jax.block_until_ready(step(q, k, v, table, g))
+        jax.block_until_ready(step(q, k, v, positional, g))
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        jax.block_until_ready(step(q, k, v, table, g))
+        jax.block_until_ready(step(q, k, v, positional, g))
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
@@ -107,7 +127,9 @@ def main(argv=None):
     parser.add_argument("--block-dq", type=int, default=None, help="default: the kernel's (32 GPU, 128 TPU)")
     parser.add_argument("--num-warps", type=int, default=4)
     parser.add_argument("--num-stages", type=int, default=3)
-    parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table,pallas+diag")
+    parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table,pallas+diag,"
+                                           "cudnn+folded,pallas+folded")
+    parser.add_argument("--rank", type=int, default=None, help="DIET-Abs factor rank r (default: the head dim)")
     parser.add_argument("--kernel-configs", default="",
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, 2 runs, on the CPU (interpreter)")
@@ -133,19 +155,22 @@ def main(argv=None):
         rng = np.random.default_rng(length)
         q, k, v, g = (jnp.asarray(rng.normal(size=(batch, length, args.heads, args.head_dim)), dtype)
                       for _ in range(4))
-        table = jnp.asarray(rng.normal(size=(args.heads, 2 * length - 1)), jnp.float32)
+        inputs = {"table": jnp.asarray(rng.normal(size=(args.heads, 2 * length - 1)), jnp.float32),
+                  "factors": tuple(jnp.asarray(rng.normal(size=(args.heads, length, args.rank or args.head_dim)) / 8,
+                                               jnp.float32) for _ in range(2))}
         results = {}
-        for name, (use_table, _, loss) in chosen.items():
+        for name, (positional, _, loss) in chosen.items():
             try:
-                results[name] = time_path(loss, use_table, q, k, v, table, g.astype(jnp.float32), args.warmup,
-                                          args.runs)
+                results[name] = time_path(loss, inputs.get(positional), q, k, v, g.astype(jnp.float32),
+                                          args.warmup, args.runs)
             except Exception as error:  # one path failing (e.g. cuDNN shape limits) must not hide the others
                 results[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:60]}"
         no_bias = [results[n] for n, (_, nb, _) in chosen.items() if nb and isinstance(results[n], float)]
         fastest = min(no_bias) if no_bias else None
         for name, value in results.items():
             block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq or default_dq
-            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim) / 2**20
+            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim,
+                             args.rank or args.head_dim) / 2**20
             if isinstance(value, float):
                 ratio = f"{value / fastest:.2f}" if fastest else "-"
                 print(f"{f'{length} ({batch})':>12} {name:>28} {value:9.3f} {ratio:>18} {mib:10.1f}", flush=True)

@@ -4,7 +4,9 @@
 and chooses how to apply them:
 - "xla": the reference (einsum + softmax), every term exact, attention weights available for analysis;
 - "jax" / "cudnn": `jax.nn.dot_product_attention`, with position-only terms materialised once to [1, H, T, S]
-  and low-rank factors folded into q and k. Query-dependent Shaw terms and the analysis switches need "xla".
+  and low-rank factors folded into q and k. Query-dependent Shaw terms and the analysis switches need "xla";
+- "pallas": `toeplitz_kernel.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
+  folded into q and k, masks as segment ids; other terms fall back to "cudnn" or "xla".
 """
 
 from __future__ import annotations
@@ -57,15 +59,19 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
 
     `bias` is one layer's slice; `mask` a boolean [B|1, 1, T, S]; q_types/k_types the token types used by a
     per-head segment table. `content=False` drops q.k, `position=False` drops every positional logit term.
-    "pallas" (the Toeplitz kernel) takes the mask as q_segment_ids [B, T] / kv_segment_ids [B, S] (0 = padding)
-    and `causal` (q_pos == k_pos), which must describe `mask`; it falls back where it cannot run (`_pallas_blocker`).
+    "pallas" (the Toeplitz kernel, low-rank factors folded into q and k) takes the mask as q_segment_ids [B, T] /
+    kv_segment_ids [B, S] (0 = padding) and `causal` (q_pos == k_pos), which must describe `mask`; it falls back
+    where it cannot run (`_pallas_blocker`).
     """
     if implementation == "pallas":
         blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, mask, content, position, dropout_rng, dropout_rate,
                                   q_segment_ids, kv_segment_ids, causal)
         if blocker is None:
             from jaxpos.attention.toeplitz_kernel import toeplitz_attention
-            out = toeplitz_attention(q_BTHD, k_BSHD, v_BSHD, bias.table,
+            scale = bias.content_scale * q_BTHD.shape[-1] ** -0.5
+            if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
+                q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, at_pieces(bias).factors, scale)
+            out = toeplitz_attention(q_BTHD, k_BSHD, v_BSHD, bias.table, scale=scale,
                                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, causal=causal,
                                      q_offset=0 if causal else q_pos[0] - k_pos[0])
             return out, None
@@ -156,12 +162,12 @@ def _pallas_blocker(q, k, bias, mask, content, position, dropout_rng, dropout_ra
         return "the content_only/position_only switches need the xla path"
     if dropout_rng is not None and dropout_rate > 0.0:
         return "attention dropout"
-    if position and any(x is not None for x in (bias.factors, bias.dense, bias.rel_keys, bias.rel_values)):
-        return "a positional term other than a Toeplitz table (low-rank factors, dense matrix or Shaw vectors)"
+    if position and any(x is not None for x in (bias.dense, bias.rel_keys, bias.rel_values)):
+        return "a positional term other than a Toeplitz table or low-rank factors (dense matrix or Shaw vectors)"
+    if bias.kv_projection is not None:
+        return "Linformer key projections"
     if bias.segment_table is not None:
         return "per-head segment tables"
-    if bias.content_scale != 1.0:
-        return "a content scale other than 1/sqrt(D)"
     if bias.table is not None and bias.table.ndim != 2:
         return f"a table of shape {bias.table.shape} (expected [H|1, W])"
     if mask is not None and q_segment_ids is None and kv_segment_ids is None and not causal:

@@ -181,7 +181,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
     q = q_ref[...]
     q_ids = qseg_ref[...]
     q_range = id_range("q", pl.program_id(2), q_ids) if st.skip_tiles else None
-    carry = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32), jnp.zeros((bq, 1), jnp.float32))
+    carry = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32),
+             jnp.zeros((bq, 1), jnp.float32))
 
     def body(jb, carry):
         k_start = jb * bk
@@ -504,16 +505,17 @@ def _dims(q, st: _Static):
 
 def _forward(q, k, v, ext, qseg, kseg, st: _Static):
     batch, heads, t_pad, dim = _dims(q, st)
+    dim_v = v.shape[-1]  # q and k may be wider (folded factors)
     bq = st.block_q
     whole = lambda i: 0  # noqa: E731
     q_ids, k_ids = _ids_specs(st, bq, st.s_pad, k_block=whole)
     table = _kernel_table(ext, st)
     return _call(
         functools.partial(_forward_kernel, st=st), st, _grid(st, batch, heads, t_pad // bq),
-        in_specs=[_seq_spec(st, bq, dim), _seq_spec(st, st.s_pad, dim, whole), _seq_spec(st, st.s_pad, dim, whole),
+        in_specs=[_seq_spec(st, bq, dim), _seq_spec(st, st.s_pad, dim, whole), _seq_spec(st, st.s_pad, dim_v, whole),
                   _table_spec(table, st), q_ids, k_ids],
-        out_specs=[_seq_spec(st, bq, dim), _column_spec(st, bq)],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_specs=[_seq_spec(st, bq, dim_v), _column_spec(st, bq)],
+        out_shape=[jax.ShapeDtypeStruct(q.shape[:-1] + (dim_v,), q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, t_pad, 1), jnp.float32)],
         name="toeplitz_attention_fwd", args=(q, k, v, table, qseg, kseg), qseg=qseg, kseg=kseg)
 
@@ -525,12 +527,14 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
     einsum = "bhtd,bhtd->bht" if st.heads_major else "bthd,bthd->bht"
     delta = jnp.einsum(einsum, out.astype(jnp.float32), do.astype(jnp.float32))[..., None]
     table = _kernel_table(ext, st)
+    dim_v = v.shape[-1]
     full_q, full_k = _seq_spec(st, t_pad, dim, whole), _seq_spec(st, s_pad, dim, whole)
+    full_do, full_v = _seq_spec(st, t_pad, dim_v, whole), _seq_spec(st, s_pad, dim_v, whole)
     dk, dv = _call(
         functools.partial(_dkdv_kernel, st=st), st, _grid(st, batch, heads, s_pad // bk),
-        in_specs=[full_q, _seq_spec(st, bk, dim), _seq_spec(st, bk, dim), full_q, _column_spec(st, t_pad, whole),
+        in_specs=[full_q, _seq_spec(st, bk, dim), _seq_spec(st, bk, dim_v), full_do, _column_spec(st, t_pad, whole),
                   _column_spec(st, t_pad, whole), _table_spec(table, st), *_ids_specs(st, t_pad, bk, q_block=whole)],
-        out_specs=[_seq_spec(st, bk, dim), _seq_spec(st, bk, dim)],
+        out_specs=[_seq_spec(st, bk, dim), _seq_spec(st, bk, dim_v)],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         name="toeplitz_attention_dkdv", args=(q, k, v, do, lse, delta, table, qseg, kseg), qseg=qseg, kseg=kseg)
 
@@ -563,7 +567,8 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
 
     results = _call(
         kernel, st, _grid(st, batch, heads, groups),
-        in_specs=[row_q, full_k, full_k, row_q, _column_spec(st, group * b), _column_spec(st, group * b)]
+        in_specs=[row_q, full_k, full_v, _seq_spec(st, group * b, dim_v), _column_spec(st, group * b),
+                  _column_spec(st, group * b)]
         + ([] if ext is None else [_table_spec(table, st)]) + list(_ids_specs(st, group * b, s_pad, k_block=whole)),
         out_specs=out_specs, out_shape=out_shape, name="toeplitz_attention_dq",
         args=(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg), qseg=qseg, kseg=kseg,
@@ -619,12 +624,12 @@ def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, st: _Stat
     """Offset-table gradient [H'|1, T_pad + S_pad] by `_table_grad_kernel`, through windows [H, diagonals, 2, b]
     and the skews' scratch [H, diagonals, b, b] (H*(T + S)*(b + 2) floats), at the price of recomputing dS (the
     q.k and dO.v products) once more."""
-    batch, heads, t_pad, dim = _dims(q, st)
+    batch, heads, t_pad, _ = _dims(q, st)
     b = st.block_dq
     diagonals = (t_pad + st.s_pad) // b - 1
 
     def full(x):  # every batch row and position of head h
-        return pl.BlockSpec((batch, x.shape[1], None, dim), lambda h, d: (0, 0, h, 0))
+        return pl.BlockSpec((batch, x.shape[1], None, x.shape[-1]), lambda h, d: (0, 0, h, 0))
 
     windows, _ = pl.pallas_call(
         functools.partial(_table_grad_kernel, st=st, batch=batch),
@@ -699,15 +704,15 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                        q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
                        causal: bool = False, q_offset: int | jax.Array = 0, block_q: int | None = None,
                        block_k: int | None = None, block_dq: int | None = None, dq_group: int | None = None,
-                       table_grad: str = "tiles", interpret: bool | None = None, backend: str | None = None,
-                       num_warps: int = 4, num_stages: int = 3) -> jax.Array:
-    """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, D].
+                       table_grad: str = "tiles", scale: float | None = None, interpret: bool | None = None,
+                       backend: str | None = None, num_warps: int = 4, num_stages: int = 3) -> jax.Array:
+    """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, Dv].
 
-    q [B, T, H, D], k and v [B, S, H, D]; table [H|1, W] float32 (W = 2*span - 1 odd; column (k_pos - q_pos) +
+    q [B, T, H, D], k [B, S, H, D] and v [B, S, H, Dv] (D > Dv for folded low-rank factors); table [H|1, W] float32 (W = 2*span - 1 odd; column (k_pos - q_pos) +
     (W - 1)/2, offsets beyond the table clip to its ends, as `expand_toeplitz`) or None. Positions are
     q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be traced unless `causal` (key visible when
-    k_pos <= q_pos). Segment ids: 0 = padding (module docstring). Logits are q.k/sqrt(D) + bias, accumulated in
-    float32 whatever the input dtype; the table gradient is float32. Block sizes are powers of two (None: 64, 64
+    k_pos <= q_pos). Segment ids: 0 = padding (module docstring). Logits are scale*q.k + bias (scale None:
+    1/sqrt(D)), accumulated in float32 whatever the input dtype; the table gradient is float32. Block sizes are powers of two (None: 64, 64
     and 32 on Triton, 128 on Mosaic TPU, where the three must be equal multiples of 128); T and S are padded to
     them (padded keys are masked). `dq_group`: query blocks per program of the dq / table-gradient
     kernel (None: `_dq_group`, 1 up to T = S = 2048 at D = 64, which bounds the table-gradient rows by twice
@@ -718,9 +723,10 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or "mosaic_tpu"; None: from the default backend.
     """
     batch, t, heads, dim = q.shape
-    s = k.shape[1]
-    if k.shape != (batch, s, heads, dim) or v.shape != k.shape:
-        raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must share batch, heads and head dim")
+    s, dim_v = k.shape[1], v.shape[-1]
+    if k.shape != (batch, s, heads, dim) or v.shape != (batch, s, heads, dim_v):
+        raise ValueError(f"q {q.shape}, k {k.shape} and v {v.shape} must share batch and heads, q and k their "
+                         "head dim, k and v their length")
     if table is not None and (table.ndim != 2 or table.shape[0] not in (1, heads)):
         raise ValueError(f"table must be [H|1, W] with H = {heads}, got {table.shape}")
     if causal and not isinstance(q_offset, int):
@@ -750,7 +756,8 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     dim_pad = max(16, _next_pow2(dim))  # zero channels change no dot product
 
     def pad(x, length):
-        x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, dim_pad - dim)))
+        width = max(16, _next_pow2(x.shape[-1]))
+        x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width - x.shape[-1])))
         return x.transpose(0, 2, 1, 3) if tpu else x  # the kernels' layout (_Static.heads_major)
 
     kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
@@ -763,12 +770,13 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         dq_group = _dq_group(t_pad, s_pad, block_dq, dim_pad) if table is not None and table_grad == "tiles" else 1
     elif dq_group < 1 or (t_pad // block_dq) % dq_group:
         raise ValueError(f"dq_group={dq_group} must divide the {t_pad // block_dq} query blocks of {block_dq} rows")
-    st = _Static(scale=dim**-0.5, causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
-                 block_k=block_k, block_dq=block_dq, dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad,
+    st = _Static(scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
+                 block_k=block_k, block_dq=block_dq, dq_group=dq_group, table_grad=table_grad, t_pad=t_pad,
+                 s_pad=s_pad,
                  use_q_segments=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
                  skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret),
                  backend=backend, num_warps=num_warps, num_stages=num_stages)
     out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, st)
     if tpu:
         out = out.transpose(0, 2, 1, 3)
-    return out[:, :t, :, :dim]
+    return out[:, :t, :, :dim_v]

@@ -172,30 +172,37 @@ def test_no_table_bf16_key_padding_only():
 
 
 def test_attend_pallas_path_and_fallbacks(caplog):
-    """attend(implementation="pallas") equals the xla path for a table with packed causal segments; terms the
-    kernel cannot express fall back to xla with one logged note."""
+    """attend(implementation="pallas") equals the xla path for a table with packed causal segments, and for a table
+    plus low-rank factors read at the pieces' positions with a content scale (folded into q and k: q, k wider than
+    v); terms the kernel cannot express fall back to xla with one logged note."""
     batch, length = 1, 20
     q, k, v = (random((batch, length, HEADS, D), seed) for seed in (10, 11, 12))
     pos = jnp.arange(length)
     seg = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2])
     mask = attention_mask(q_segment=seg, k_segment=seg, q_pos=pos, k_pos=pos, causal=True)
     bias = PositionalBias(table=random((HEADS, 2 * length - 1), 13))
-    want, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask)
-    got, weights = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas",
-                          q_segment_ids=seg, kv_segment_ids=seg, causal=True)
-    assert weights is None
+    pieces = jnp.asarray([list(range(8)) + list(range(10)) + [0, 0]])
+    with_factors = PositionalBias(table=bias.table, factors=(random((HEADS, length, 3), 14),
+                                                             random((HEADS, length, 3), 15)),
+                                  piece_positions=(pieces, pieces), content_scale=0.5)
     valid = np.asarray(seg != 0)
-    assert_close(np.asarray(got)[valid], np.asarray(want)[valid])
+    with caplog.at_level(logging.WARNING, logger="jaxpos.attention.core"):
+        for terms in (bias, with_factors):
+            want, _ = attend(q, k, v, bias=terms, q_pos=pos, k_pos=pos, mask=mask)
+            got, weights = attend(q, k, v, bias=terms, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas",
+                                  q_segment_ids=seg, kv_segment_ids=seg, causal=True)
+            assert weights is None and got.shape == want.shape
+            assert_close(np.asarray(got)[valid], np.asarray(want)[valid])
+    assert "falls back" not in caplog.text
 
-    factors = (random((1, length, 2), 14), random((1, length, 2), 15))
-    with_factors = PositionalBias(table=bias.table, factors=factors)
-    want, _ = attend(q, k, v, bias=with_factors, q_pos=pos, k_pos=pos, mask=mask)
+    dense = PositionalBias(table=bias.table, dense=random((HEADS, length, length), 16))
+    want, _ = attend(q, k, v, bias=dense, q_pos=pos, k_pos=pos, mask=mask)
     with caplog.at_level(logging.WARNING, logger="jaxpos.attention.core"):
         for _ in range(2):
-            got, _ = attend(q, k, v, bias=with_factors, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas")
+            got, _ = attend(q, k, v, bias=dense, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas")
     assert_close(got, want, 1e-5)
     notes = [r.message for r in caplog.records if "falls back" in r.message]
-    assert len(notes) == 1 and "factors" in notes[0]
+    assert len(notes) == 1 and "dense" in notes[0]
 
 
 def lowered_text(platform, backend, grad, **kwargs):

@@ -35,11 +35,13 @@ def test_shaw_needs_the_reference_path():
 
 # The causal case repeats, at model level, what tests/attention/test_toeplitz_kernel.py checks for causal masks.
 @pytest.mark.parametrize("position, causal", [
-    (dict(kind="tisa"), False), pytest.param(dict(kind="diet_rel"), True, marks=pytest.mark.slow)],
-    ids=["tisa_padded_packed", "diet_rel_causal"])
+    (dict(kind="tisa"), False), (dict(kind="diet_abs"), False),
+    pytest.param(dict(kind="diet_rel"), True, marks=pytest.mark.slow)],
+    ids=["tisa_padded_packed", "diet_abs_padded_packed", "diet_rel_causal"])
 def test_pallas_kernel_in_a_model_matches_xla(position, causal, caplog):
-    """The model passes its segment ids and causal flag to the Toeplitz kernel (interpret mode here): logits and
-    parameter gradients at real positions equal the XLA path's (padding queries see no key there by design)."""
+    """The model passes its segment ids and causal flag to the Toeplitz kernel (interpret mode here), DIET-Abs its
+    factors folded into q and k at each piece's positions: logits and parameter gradients at real positions equal
+    the XLA path's (padding queries see no key there by design)."""
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 13), 1, 61)
     segs = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
     real = (segs != 0)[..., None]
