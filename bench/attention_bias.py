@@ -62,21 +62,21 @@ def paths(smoke: bool, blocks: dict):
         out = toeplitz_attention(q, k, v, table, table_grad=table_grad, **blocks)
         return jnp.sum(out.astype(jnp.float32) * g)
 
-    def folded(q, k, v, factors, g, kernel):
+    def dpa_folded(q, k, v, factors, g):  # the model's cudnn path (attend folds the factors, pads v)
+        pos = jnp.arange(q.shape[1])
+        out, _ = attend(q, k, v, bias=PositionalBias(factors=factors), q_pos=pos, k_pos=pos,
+                        implementation=dpa_impl or "jax")
+        return jnp.sum(out.astype(jnp.float32) * g)
+
+    def pallas_folded(q, k, v, factors, g):
         scale = q.shape[-1] ** -0.5
         qf, kf = fold_factors(q, k, factors, scale)
-        if kernel:
-            out = toeplitz_attention(qf, kf, v, None, scale=scale, **blocks)
-        else:  # cuDNN wants one head width for q, k and v
-            vf = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, qf.shape[-1] - v.shape[-1])))
-            out = jax.nn.dot_product_attention(qf, kf, vf, scale=scale, implementation=dpa_impl)[..., :v.shape[-1]]
-        return jnp.sum(out.astype(jnp.float32) * g)
+        return jnp.sum(toeplitz_attention(qf, kf, v, None, scale=scale, **blocks).astype(jnp.float32) * g)
 
     return {"cudnn": (None, True, dpa), "cudnn+bias": ("table", False, dpa_bias), "xla+table": ("table", False, xla),
             "pallas": (None, True, pallas), "pallas+table": ("table", False, pallas_table),
             "pallas+diag": ("table", False, functools.partial(pallas_table, table_grad="diagonals")),
-            "cudnn+folded": ("factors", False, functools.partial(folded, kernel=False)),
-            "pallas+folded": ("factors", False, functools.partial(folded, kernel=True))}
+            "cudnn+folded": ("factors", False, dpa_folded), "pallas+folded": ("factors", False, pallas_folded)}
 
 
 def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, head_dim: int, rank: int) -> int:
@@ -142,6 +142,7 @@ def main(argv=None):
     blocks = dict(block_q=args.block_q, block_k=args.block_k, block_dq=args.block_dq, num_warps=args.num_warps,
                   num_stages=args.num_stages)
     default_dq = 128 if jax.default_backend() == "tpu" else 32
+    rank = args.rank or args.head_dim
     chosen = {name: p for name, p in paths(args.cpu_smoke, blocks).items() if name in args.paths.split(",")}
     for spec in filter(None, args.kernel_configs.split(",")):
         bq, bk, bdq, warps, stages = map(int, spec.split("/"))
@@ -156,8 +157,8 @@ def main(argv=None):
         q, k, v, g = (jnp.asarray(rng.normal(size=(batch, length, args.heads, args.head_dim)), dtype)
                       for _ in range(4))
         inputs = {"table": jnp.asarray(rng.normal(size=(args.heads, 2 * length - 1)), jnp.float32),
-                  "factors": tuple(jnp.asarray(rng.normal(size=(args.heads, length, args.rank or args.head_dim)) / 8,
-                                               jnp.float32) for _ in range(2))}
+                  "factors": tuple(jnp.asarray(rng.normal(size=(args.heads, length, rank)) / 8, jnp.float32)
+                                   for _ in range(2))}
         results = {}
         for name, (positional, _, loss) in chosen.items():
             try:
@@ -169,8 +170,7 @@ def main(argv=None):
         fastest = min(no_bias) if no_bias else None
         for name, value in results.items():
             block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq or default_dq
-            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim,
-                             args.rank or args.head_dim) / 2**20
+            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim, rank) / 2**20
             if isinstance(value, float):
                 ratio = f"{value / fastest:.2f}" if fastest else "-"
                 print(f"{f'{length} ({batch})':>12} {name:>28} {value:9.3f} {ratio:>18} {mib:10.1f}", flush=True)

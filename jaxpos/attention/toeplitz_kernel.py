@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -180,7 +179,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
     q_start = pl.program_id(2) * bq
     q = q_ref[...]
     q_ids = qseg_ref[...]
-    q_range = id_range("q", pl.program_id(2), q_ids) if st.skip_tiles else None
+    q_range = id_range("q", pl.program_id(2), q_ids) if st.skip_tiles and st.use_q_segments else None
     carry = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32),
              jnp.zeros((bq, 1), jnp.float32))
 
@@ -335,7 +334,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
 
     rows = [pl.ds(g * b, b) for g in range(group)]
     qs, dos, lses, deltas, q_ids = ([ref[r, :] for r in rows] for ref in (q_ref, do_ref, lse_ref, delta_ref, qseg_ref))
-    q_ranges = [id_range("q", first + g, ids) if st.skip_tiles else None for g, ids in enumerate(q_ids)]
+    q_ranges = [id_range("q", first + g, ids) if st.skip_tiles and st.use_q_segments else None
+                for g, ids in enumerate(q_ids)]
 
     def body(jb, carry):
         dqs, chunks = list(carry[0]), list(carry[1])
@@ -347,6 +347,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
 
         # K and V once for the group; with tile skipping, only in the tiles that compute (as with G = 1).
         kv = None if st.skip_tiles else load()
+        k_range = id_range("k", jb, k_ids) if st.skip_tiles else None
         for g in range(group):
             q_start = (first + g) * b
 
@@ -359,7 +360,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
                 return (dq,) + tuple(sums)
 
             if st.skip_tiles:
-                dqs[g], low, high = lax.cond(_overlaps(q_ranges[g], id_range("k", jb, k_ids), st), compute,
+                dqs[g], low, high = lax.cond(_overlaps(q_ranges[g], k_range, st), compute,
                                              lambda dq: (dq, zeros_b, zeros_b), dqs[g])
             else:
                 dqs[g], low, high = compute(dqs[g])
@@ -708,19 +709,20 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                        backend: str | None = None, num_warps: int = 4, num_stages: int = 3) -> jax.Array:
     """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, Dv].
 
-    q [B, T, H, D], k [B, S, H, D] and v [B, S, H, Dv] (D > Dv for folded low-rank factors); table [H|1, W] float32 (W = 2*span - 1 odd; column (k_pos - q_pos) +
-    (W - 1)/2, offsets beyond the table clip to its ends, as `expand_toeplitz`) or None. Positions are
-    q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be traced unless `causal` (key visible when
-    k_pos <= q_pos). Segment ids: 0 = padding (module docstring). Logits are scale*q.k + bias (scale None:
-    1/sqrt(D)), accumulated in float32 whatever the input dtype; the table gradient is float32. Block sizes are powers of two (None: 64, 64
-    and 32 on Triton, 128 on Mosaic TPU, where the three must be equal multiples of 128); T and S are padded to
-    them (padded keys are masked). `dq_group`: query blocks per program of the dq / table-gradient
-    kernel (None: `_dq_group`, 1 up to T = S = 2048 at D = 64, which bounds the table-gradient rows by twice
-    q's size; it must divide the padded T / block_dq). `table_grad` (Triton): "tiles", the dq kernel sums each
-    tile's dS along its diagonals (a skew per tile, rows as above), or "diagonals", a kernel per (head, block
-    diagonal) recomputes dS and sums it over the batch before one skew (H*(T + S)*2 floats; dS computed twice);
-    Mosaic sums in the dq kernel. `interpret` None: the Pallas interpreter when the backend
-    is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or "mosaic_tpu"; None: from the default backend.
+    q [B, T, H, D], k [B, S, H, D] and v [B, S, H, Dv] (D > Dv for folded low-rank factors); table [H|1, W]
+    float32 (W = 2*span - 1 odd; column (k_pos - q_pos) + (W - 1)/2, offsets beyond the table clip to its ends,
+    as `expand_toeplitz`) or None. Positions are q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be
+    traced unless `causal` (key visible when k_pos <= q_pos). Segment ids: 0 = padding (module docstring). Logits
+    are scale*q.k + bias (scale None: 1/sqrt(D)), accumulated in float32 whatever the input dtype; the table
+    gradient is float32. Block sizes are powers of two (None: 64, 64 and 32 on Triton, 128 on Mosaic TPU, where
+    the three must be equal multiples of 128); T and S are padded to them (padded keys are masked). `dq_group`:
+    query blocks per program of the dq / table-gradient kernel (None: `_dq_group`, 1 up to T = S = 2048 at
+    D = 64, which bounds the table-gradient rows by twice q's size; it must divide the padded T / block_dq).
+    `table_grad` (Triton): "tiles", the dq kernel sums each tile's dS along its diagonals (a skew per tile, rows
+    as above), or "diagonals", a kernel per (head, block diagonal) recomputes dS and sums it over the batch before
+    one skew (H*(T + S)*(b + 2) floats; dS computed twice); Mosaic sums in the dq kernel. `interpret` None: the
+    Pallas interpreter when the backend is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or
+    "mosaic_tpu"; None: from the default backend.
     """
     batch, t, heads, dim = q.shape
     s, dim_v = k.shape[1], v.shape[-1]
@@ -753,11 +755,11 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         block_k, block_dq = min(block_k, max(16, _next_pow2(s))), min(block_dq, max(16, _next_pow2(s)))
     t_pad = -(-t // max(block_q, block_dq)) * max(block_q, block_dq)
     s_pad = -(-s // max(block_k, block_dq)) * max(block_k, block_dq)
-    dim_pad = max(16, _next_pow2(dim))  # zero channels change no dot product
+    def width(n):  # head widths padded with zero channels, which change no dot product
+        return max(16, _next_pow2(n))
 
     def pad(x, length):
-        width = max(16, _next_pow2(x.shape[-1]))
-        x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width - x.shape[-1])))
+        x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width(x.shape[-1]) - x.shape[-1])))
         return x.transpose(0, 2, 1, 3) if tpu else x  # the kernels' layout (_Static.heads_major)
 
     kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
@@ -767,15 +769,15 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))[:, :, None]  # columns
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
     if dq_group is None:
-        dq_group = _dq_group(t_pad, s_pad, block_dq, dim_pad) if table is not None and table_grad == "tiles" else 1
+        dq_group = _dq_group(t_pad, s_pad, block_dq, width(dim)) if table is not None and table_grad == "tiles" else 1
     elif dq_group < 1 or (t_pad // block_dq) % dq_group:
         raise ValueError(f"dq_group={dq_group} must divide the {t_pad // block_dq} query blocks of {block_dq} rows")
-    st = _Static(scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0, block_q=block_q,
-                 block_k=block_k, block_dq=block_dq, dq_group=dq_group, table_grad=table_grad, t_pad=t_pad,
-                 s_pad=s_pad,
-                 use_q_segments=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
-                 skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret),
-                 backend=backend, num_warps=num_warps, num_stages=num_stages)
+    st = _Static(scale=dim**-0.5 if scale is None else float(scale), causal=causal,
+                 q_offset=q_offset if causal else 0, block_q=block_q, block_k=block_k, block_dq=block_dq,
+                 dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad, use_q_segments=use_q,
+                 masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
+                 skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret), backend=backend,
+                 num_warps=num_warps, num_stages=num_stages)
     out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, st)
     if tpu:
         out = out.transpose(0, 2, 1, 3)
