@@ -16,6 +16,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
+from jaxpos.attention import dropout
 from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, position_logits,
                                   segment_logits)
 
@@ -61,19 +62,22 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     per-head segment table. `content=False` drops q.k, `position=False` drops every positional logit term.
     "pallas" (the Toeplitz kernel, low-rank factors folded into q and k) takes the mask as q_segment_ids [B, T] /
     kv_segment_ids [B, S] (0 = padding) and `causal` (q_pos == k_pos), which must describe `mask`; it falls back
-    where it cannot run (`_pallas_blocker`).
+    where it cannot run (`_pallas_blocker`). Attention dropout (`dropout_rng`, `dropout_rate`) drops the same
+    weights on "xla" and "pallas" (`dropout.keep_mask`); "jax" and "cudnn" have none.
     """
     if implementation == "pallas":
-        blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, mask, content, position, dropout_rng, dropout_rate,
-                                  q_segment_ids, kv_segment_ids, causal)
+        blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, mask, content, position, q_segment_ids, kv_segment_ids,
+                                  causal)
         if blocker is None:
             from jaxpos.attention.toeplitz_kernel import toeplitz_attention
             scale = bias.content_scale * q_BTHD.shape[-1] ** -0.5
             if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
                 q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, at_pieces(bias).factors, scale)
+            rate = dropout_rate if dropout_rng is not None else 0.0
             out = toeplitz_attention(q_BTHD, k_BSHD, v_BSHD, bias.table, scale=scale,
                                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, causal=causal,
-                                     q_offset=0 if causal else q_pos[0] - k_pos[0])
+                                     q_offset=0 if causal else q_pos[0] - k_pos[0], dropout_rate=rate,
+                                     dropout_seed=dropout.seed_from_key(dropout_rng) if rate else None)
             return out, None
         implementation = _pallas_fallback(bias, q_BTHD.dtype, content, position, dropout_rng, dropout_rate)
         _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
@@ -86,6 +90,9 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         if not (content and position) or bias.rel_keys is not None or bias.rel_values is not None:
             raise ValueError(f"attention implementation {implementation!r} supports neither Shaw relative "
                              "vectors nor the content_only/position_only switches; use attention_impl='xla'")
+        if dropout_rng is not None and dropout_rate > 0.0:
+            raise ValueError(f"attention implementation {implementation!r} has no attention dropout; use "
+                             "attention_impl='pallas' or 'xla'")
         if fold:
             q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors, scale)
         logits_bias = _additive_terms(bias, q_pos, k_pos, q_types, k_types, include_factors=False,
@@ -119,8 +126,8 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits, axis=-1)
     dropped = weights
-    if dropout_rng is not None and dropout_rate > 0.0:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    if dropout_rng is not None and dropout_rate > 0.0:  # the kernel's mask too (`dropout`)
+        keep = dropout.keep_mask(dropout.seed_from_key(dropout_rng), *weights.shape, dropout_rate)
         dropped = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
     dropped = dropped.astype(v_BSHD.dtype)
     out = jnp.einsum("bhts,bshd->bthd", dropped, v_BSHD)
@@ -155,13 +162,10 @@ def _note_once(message: str) -> None:
         logging.getLogger(__name__).warning(message)
 
 
-def _pallas_blocker(q, k, bias, mask, content, position, dropout_rng, dropout_rate, q_segment_ids, kv_segment_ids,
-                    causal) -> str | None:
+def _pallas_blocker(q, k, bias, mask, content, position, q_segment_ids, kv_segment_ids, causal) -> str | None:
     """Why the Pallas Toeplitz kernel cannot compute this call (None: it can)."""
     if not (content and position):
         return "the content_only/position_only switches need the xla path"
-    if dropout_rng is not None and dropout_rate > 0.0:
-        return "attention dropout"
     if position and any(x is not None for x in (bias.dense, bias.rel_keys, bias.rel_values)):
         return "a positional term other than a Toeplitz table or low-rank factors (dense matrix or Shaw vectors)"
     if bias.kv_projection is not None:

@@ -65,9 +65,9 @@ class MultiHeadAttention(nn.Module):
         pcfg = cfg.position
         dropout_rng = None
         if not deterministic and cfg.attention_dropout > 0.0:
-            if cfg.attention_impl != "xla":
-                raise ValueError("attention dropout needs attention_impl='xla'; set model.attention_dropout=0 "
-                                 f"to train with {cfg.attention_impl!r}")
+            if cfg.attention_impl not in ("xla", "pallas"):  # jax.nn.dot_product_attention has no dropout
+                raise ValueError(f"attention dropout needs attention_impl='xla' or 'pallas', not "
+                                 f"{cfg.attention_impl!r}; or set model.attention_dropout=0")
             dropout_rng = self.make_rng("dropout")
         q_segment_ids, kv_segment_ids, causal = mask_ids or (None, None, False)
         out, weights = attend(

@@ -27,6 +27,10 @@ skipped (Mosaic reads the blocks' id ranges from SMEM, `_call`). Fully masked ro
 and zero gradients; the XLA reference gives the mean of v there (softmax of equal logits), a value no loss should
 read.
 
+Attention dropout: the weights `dropout.keep_mask` drops (the XLA path's mask), decided per tile from per-row keys
+[B, H, T] (one int32 per query row, read like the logsumexp) and the key index; the logsumexp stays the
+undropped softmax's, so the backward recomputes P as without dropout and masks P and dP.
+
 Backends: Pallas Triton on GPUs, Pallas Mosaic on TPUs, the Pallas interpreters where `interpret` (by default on
 the CPU; the Mosaic kernels then run in the TPU interpreter). One set of kernels; what differs by backend is
 `_bias_tile` and `_diagonal_sums` (Triton: gathers, through a scratch tile for the skew; Mosaic, which has no
@@ -45,6 +49,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
+from jaxpos.attention import dropout
 
 NEG = -1e30  # finite logit for masked entries: exp(NEG - NEG) = 1 keeps the running max of an empty row NaN-free
 _BIG_ID = 2**30
@@ -67,6 +73,7 @@ class _Static:
     use_q_segments: bool
     masked: bool  # any mask at all (key ids, query ids, causal or padded keys); else no mask arithmetic
     skip_tiles: bool  # ids given: test each tile for overlap (a branch in the loop, which stops Triton pipelining)
+    dropout_rate: float  # attention dropout (0: none); the mask is `dropout.keep` of per-row keys
     interpret: bool
     backend: str  # "triton" | "mosaic_tpu": the tile and diagonal-sum code, layouts and compiler parameters
     num_warps: int
@@ -133,6 +140,13 @@ def _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st: _Static):
     return jnp.broadcast_to(valid, (bq, bk))
 
 
+def _tile_keep(keys, k_start, bk, st: _Static):
+    """Dropout's keep mask [bq, bk] from the rows' keys [bq, 1] (`dropout.row_keys`); None: no dropout."""
+    if not st.dropout_rate:
+        return None
+    return dropout.keep(keys, k_start + lax.broadcasted_iota(jnp.int32, (1, bk), 1), st.dropout_rate)
+
+
 def _id_range(ids, axis=None):
     """(smallest, largest) non-zero id of a block (along `axis`); (BIG, 0) when it is all padding."""
     return jnp.min(jnp.where(ids != 0, ids, _BIG_ID), axis=axis), jnp.max(ids, axis=axis)
@@ -168,9 +182,12 @@ def _causal_q_begin(k_start, bq, st: _Static):
     return lax.div(jnp.maximum(k_start - st.q_offset, 0), bq)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse_ref, *, st: _Static,
+def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, o_ref, lse_ref, *, st: _Static,
                     id_range=_ids_range_from_vector):
     """One query block of one (batch, head): online softmax over the key blocks, writes out and logsumexp.
+
+    With dropout the running sum (and so the logsumexp) is the undropped softmax's; the kept weights, scaled by
+    1 / (1 - rate) at the end, multiply v.
 
     Per-query quantities (ids, running max and sum, logsumexp) are columns [bq, 1], key ids rows [1, bk]: the
     layouts that broadcast against a [bq, bk] tile on every backend.
@@ -179,6 +196,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
     q_start = pl.program_id(2) * bq
     q = q_ref[...]
     q_ids = qseg_ref[...]
+    keys = None if keys_ref is None else keys_ref[...]
     q_range = id_range("q", pl.program_id(2), q_ids) if st.skip_tiles and st.use_q_segments else None
     carry = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32),
              jnp.zeros((bq, 1), jnp.float32))
@@ -202,7 +220,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
             if mask is not None:
                 p = jnp.where(mask, p, 0.0)
             correction = jnp.exp(m - m_new)
-            acc = acc * correction + _dot(p.astype(v.dtype), v, (1, 0))
+            keep = _tile_keep(keys, k_start, bk, st)
+            kept = p if keep is None else jnp.where(keep, p, 0.0)
+            acc = acc * correction + _dot(kept.astype(v.dtype), v, (1, 0))
             return acc, m_new, l * correction + jnp.sum(p, axis=1, keepdims=True)
 
         if not st.skip_tiles:
@@ -213,13 +233,17 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, o_ref, lse
     acc, m, l = lax.fori_loop(0, k_end, body, carry)
     seen = l > 0.0
     safe_l = jnp.where(seen, l, 1.0)
-    o_ref[...] = (acc / safe_l).astype(o_ref.dtype)
+    o_ref[...] = (acc / (safe_l * (1.0 - st.dropout_rate))).astype(o_ref.dtype)
     # +inf for rows with no visible key: the backward's exp(s - lse) is then 0 there.
     lse_ref[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
 
 
-def _probabilities_and_ds(q, k, v, do, lse, delta, ext_ref, q_ids, k_ids, q_start, k_start, bq, bk, st):
-    """Recomputed P [bq, bk] and dS = P * (dP - delta) [bq, bk] of one tile, float32 (lse, delta [bq, 1])."""
+def _probabilities_and_ds(q, k, v, do, lse, delta, keys, ext_ref, q_ids, k_ids, q_start, k_start, bq, bk, st):
+    """Recomputed P [bq, bk] and dS = P * (dP - delta) [bq, bk] of one tile, float32 (lse, delta, keys [bq, 1]).
+
+    With dropout, P is the kept weights scaled by 1 / (1 - rate) (what multiplied v) and dP the gradient of the
+    undropped weights (dO.v kept and scaled the same way); delta = rowsum(dO * out) holds as without dropout.
+    """
     s = _dot(q, k, (1, 1)) * st.scale
     if ext_ref is not None:
         s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st)
@@ -228,11 +252,16 @@ def _probabilities_and_ds(q, k, v, do, lse, delta, ext_ref, q_ids, k_ids, q_star
     if mask is not None:
         p = jnp.where(mask, p, 0.0)
     dp = _dot(do, v, (1, 1))
-    return p, p * (dp - delta)
+    keep = _tile_keep(keys, k_start, bk, st)
+    if keep is None:
+        return p, p * (dp - delta)
+    inverse = 1.0 / (1.0 - st.dropout_rate)
+    dp = jnp.where(keep, dp * inverse, 0.0)
+    return jnp.where(keep, p * inverse, 0.0), p * (dp - delta)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dk_ref, dv_ref,
-                 *, st: _Static, id_range=_ids_range_from_vector):
+def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, dk_ref,
+                 dv_ref, *, st: _Static, id_range=_ids_range_from_vector):
     """One key block of one (batch, head): dK and dV accumulated over the query blocks."""
     bq, bk = st.block_q, st.block_k
     k_start = pl.program_id(2) * bk
@@ -250,8 +279,9 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_
             q = q_ref[pl.ds(q_start, bq), :]
             do = do_ref[pl.ds(q_start, bq), :]
             rows = pl.ds(q_start, bq)
-            p, ds = _probabilities_and_ds(q, k, v, do, lse_ref[rows, :], delta_ref[rows, :], ext_ref, q_ids, k_ids,
-                                          q_start, k_start, bq, bk, st)
+            keys = None if keys_ref is None else keys_ref[rows, :]
+            p, ds = _probabilities_and_ds(q, k, v, do, lse_ref[rows, :], delta_ref[rows, :], keys, ext_ref, q_ids,
+                                          k_ids, q_start, k_start, bq, bk, st)
             dv = dv + _dot(p.astype(do.dtype), do, (0, 0))
             dk = dk + _dot(ds.astype(q.dtype), q, (0, 0)) * st.scale
             return dk, dv
@@ -301,8 +331,8 @@ def _barrier(st: _Static):
     return plgpu.debug_barrier
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, dq_ref, drow_ref,
-               scratch_ref, *, st: _Static, id_range=_ids_range_from_vector):
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, dq_ref,
+               drow_ref, scratch_ref, *, st: _Static, id_range=_ids_range_from_vector):
     """G = st.dq_group query blocks of one (batch, head): their dQ over the key blocks and, with a table (and
     table_grad "tiles"), one row of dS diagonal sums for the group.
 
@@ -334,6 +364,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
 
     rows = [pl.ds(g * b, b) for g in range(group)]
     qs, dos, lses, deltas, q_ids = ([ref[r, :] for r in rows] for ref in (q_ref, do_ref, lse_ref, delta_ref, qseg_ref))
+    keys = [None if keys_ref is None else keys_ref[r, :] for r in rows]
     q_ranges = [id_range("q", first + g, ids) if st.skip_tiles and st.use_q_segments else None
                 for g, ids in enumerate(q_ids)]
 
@@ -353,8 +384,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
 
             def compute(dq, g=g, q_start=q_start):
                 k, v = load() if kv is None else kv
-                _, ds = _probabilities_and_ds(qs[g], k, v, dos[g], lses[g], deltas[g], ext_ref, q_ids[g], k_ids,
-                                              q_start, k_start, b, b, st)
+                _, ds = _probabilities_and_ds(qs[g], k, v, dos[g], lses[g], deltas[g], keys[g], ext_ref, q_ids[g],
+                                              k_ids, q_start, k_start, b, b, st)
                 dq = dq + _dot(ds.astype(k.dtype), k, (1, 0)) * st.scale
                 sums = _diagonal_sums(ds, scratch_ref, st) if has_table else (zeros_b, zeros_b)
                 return (dq,) + tuple(sums)
@@ -504,7 +535,12 @@ def _dims(q, st: _Static):
     return (batch, a, c, dim) if st.heads_major else (batch, c, a, dim)
 
 
-def _forward(q, k, v, ext, qseg, kseg, st: _Static):
+def _keys_spec(keys, st: _Static, rows: int, block=lambda i: i):
+    """BlockSpec of dropout's row keys [B, H, T_pad, 1] (None without dropout)."""
+    return None if keys is None else _column_spec(st, rows, block)
+
+
+def _forward(q, k, v, ext, qseg, kseg, keys, st: _Static):
     batch, heads, t_pad, dim = _dims(q, st)
     dim_v = v.shape[-1]  # q and k may be wider (folded factors)
     bq = st.block_q
@@ -514,14 +550,14 @@ def _forward(q, k, v, ext, qseg, kseg, st: _Static):
     return _call(
         functools.partial(_forward_kernel, st=st), st, _grid(st, batch, heads, t_pad // bq),
         in_specs=[_seq_spec(st, bq, dim), _seq_spec(st, st.s_pad, dim, whole), _seq_spec(st, st.s_pad, dim_v, whole),
-                  _table_spec(table, st), q_ids, k_ids],
+                  _table_spec(table, st), q_ids, k_ids, _keys_spec(keys, st, bq)],
         out_specs=[_seq_spec(st, bq, dim_v), _column_spec(st, bq)],
         out_shape=[jax.ShapeDtypeStruct(q.shape[:-1] + (dim_v,), q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, t_pad, 1), jnp.float32)],
-        name="toeplitz_attention_fwd", args=(q, k, v, table, qseg, kseg), qseg=qseg, kseg=kseg)
+        name="toeplitz_attention_fwd", args=(q, k, v, table, qseg, kseg, keys), qseg=qseg, kseg=kseg)
 
 
-def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
+def _backward(q, k, v, ext, qseg, kseg, keys, out, lse, do, st: _Static):
     batch, heads, t_pad, dim = _dims(q, st)
     s_pad, bk = st.s_pad, st.block_k
     whole = lambda i: 0  # noqa: E731
@@ -534,10 +570,12 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
     dk, dv = _call(
         functools.partial(_dkdv_kernel, st=st), st, _grid(st, batch, heads, s_pad // bk),
         in_specs=[full_q, _seq_spec(st, bk, dim), _seq_spec(st, bk, dim_v), full_do, _column_spec(st, t_pad, whole),
-                  _column_spec(st, t_pad, whole), _table_spec(table, st), *_ids_specs(st, t_pad, bk, q_block=whole)],
+                  _column_spec(st, t_pad, whole), _table_spec(table, st), *_ids_specs(st, t_pad, bk, q_block=whole),
+                  _keys_spec(keys, st, t_pad, whole)],
         out_specs=[_seq_spec(st, bk, dim), _seq_spec(st, bk, dim_v)],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        name="toeplitz_attention_dkdv", args=(q, k, v, do, lse, delta, table, qseg, kseg), qseg=qseg, kseg=kseg)
+        name="toeplitz_attention_dkdv", args=(q, k, v, do, lse, delta, table, qseg, kseg, keys), qseg=qseg,
+        kseg=kseg)
 
     b, group = st.block_dq, st.dq_group
     groups, chunks = t_pad // (b * group), s_pad // b + group
@@ -570,13 +608,14 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
         kernel, st, _grid(st, batch, heads, groups),
         in_specs=[row_q, full_k, full_v, _seq_spec(st, group * b, dim_v), _column_spec(st, group * b),
                   _column_spec(st, group * b)]
-        + ([] if ext is None else [_table_spec(table, st)]) + list(_ids_specs(st, group * b, s_pad, k_block=whole)),
+        + ([] if ext is None else [_table_spec(table, st)]) + list(_ids_specs(st, group * b, s_pad, k_block=whole))
+        + [_keys_spec(keys, st, group * b)],
         out_specs=out_specs, out_shape=out_shape, name="toeplitz_attention_dq",
-        args=(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg), qseg=qseg, kseg=kseg,
+        args=(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg, keys), qseg=qseg, kseg=kseg,
         reduces=accumulate)
     dq, d_ext = results[0], None
     if ext is not None and st.table_grad == "diagonals":
-        d_ext = _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, st)
+        d_ext = _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, st)
     elif accumulate:
         d_ext = results[1].reshape(heads, -1)
         d_ext = jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
@@ -585,8 +624,8 @@ def _backward(q, k, v, ext, qseg, kseg, out, lse, do, st: _Static):
     return dq, dk, dv, d_ext
 
 
-def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, out_ref,
-                       scratch_ref, *, st: _Static, batch: int):
+def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref,
+                       out_ref, scratch_ref, *, st: _Static, batch: int):
     """table_grad="diagonals": one (head, block diagonal d) of the table gradient. The tiles (i, i + d - nq + 1)
     of every batch row recompute dS and add it up in registers; one skew at the end (`_diagonal_sums`) gives the
     window of diagonal sums, out [2, b] = (low, high): offset chunks d and d + 1 of the table gradient."""
@@ -606,9 +645,10 @@ def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref,
         q_ids, k_ids = qseg_ref[bb, rows, :], kseg_ref[bb, :, cols]
 
         def compute(acc):
+            keys = None if keys_ref is None else keys_ref[bb, rows, :]
             _, ds = _probabilities_and_ds(q_ref[bb, rows, :], k_ref[bb, cols, :], v_ref[bb, cols, :],
-                                          do_ref[bb, rows, :], lse_ref[bb, rows, :], delta_ref[bb, rows, :], ext_ref,
-                                          q_ids, k_ids, q_start, k_start, b, b, st)
+                                          do_ref[bb, rows, :], lse_ref[bb, rows, :], delta_ref[bb, rows, :], keys,
+                                          ext_ref, q_ids, k_ids, q_start, k_start, b, b, st)
             return acc + ds
 
         if not st.skip_tiles:
@@ -621,7 +661,7 @@ def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref,
     out_ref[1:2, :] = high
 
 
-def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, st: _Static):
+def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, st: _Static):
     """Offset-table gradient [H'|1, T_pad + S_pad] by `_table_grad_kernel`, through windows [H, diagonals, 2, b]
     and the skews' scratch [H, diagonals, b, b] (H*(T + S)*(b + 2) floats), at the price of recomputing dS (the
     q.k and dO.v products) once more."""
@@ -639,13 +679,14 @@ def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, st: _Stat
                   pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
                   pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
                   pl.BlockSpec((None, ext.shape[1]), lambda h, d: (0 if ext.shape[0] == 1 else h, 0)),
-                  pl.BlockSpec(qseg.shape, lambda h, d: (0, 0, 0)), pl.BlockSpec(kseg.shape, lambda h, d: (0, 0, 0))],
+                  pl.BlockSpec(qseg.shape, lambda h, d: (0, 0, 0)), pl.BlockSpec(kseg.shape, lambda h, d: (0, 0, 0)),
+                  None if keys is None else pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0))],
         out_specs=[pl.BlockSpec((None, None, 2, b), lambda h, d: (h, d, 0, 0)),
                    pl.BlockSpec((None, None, b, b), lambda h, d: (h, d, 0, 0))],  # the skew's scratch, discarded
         out_shape=[jax.ShapeDtypeStruct((heads, diagonals, 2, b), jnp.float32),
                    jax.ShapeDtypeStruct((heads, diagonals, b, b), jnp.float32)],
         interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_table_grad",
-    )(q, k, v, do, lse, delta, ext, qseg, kseg)
+    )(q, k, v, do, lse, delta, ext, qseg, kseg, keys)
     chunks = jnp.pad(windows[:, :, 0], ((0, 0), (0, 1), (0, 0))) + jnp.pad(windows[:, :, 1], ((0, 0), (1, 0), (0, 0)))
     d_ext = chunks.reshape(heads, -1)  # chunk d holds offsets d*b ... d*b + b - 1
     return jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
@@ -668,20 +709,20 @@ def _sum_rows(drow, table_heads, b):
     return jnp.sum(skewed, axis=1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _attention(q, k, v, ext, qseg, kseg, st):
-    return _forward(q, k, v, ext, qseg, kseg, st)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _attention(q, k, v, ext, qseg, kseg, keys, st):
+    return _forward(q, k, v, ext, qseg, kseg, keys, st)[0]
 
 
-def _attention_fwd(q, k, v, ext, qseg, kseg, st):
-    out, lse = _forward(q, k, v, ext, qseg, kseg, st)
-    return out, (q, k, v, ext, qseg, kseg, out, lse)
+def _attention_fwd(q, k, v, ext, qseg, kseg, keys, st):
+    out, lse = _forward(q, k, v, ext, qseg, kseg, keys, st)
+    return out, (q, k, v, ext, qseg, kseg, keys, out, lse)
 
 
 def _attention_bwd(st, residuals, do):
-    q, k, v, ext, qseg, kseg, out, lse = residuals
-    dq, dk, dv, d_ext = _backward(q, k, v, ext, qseg, kseg, out, lse, do, st)
-    return dq, dk, dv, d_ext, None, None
+    q, k, v, ext, qseg, kseg, keys, out, lse = residuals
+    dq, dk, dv, d_ext = _backward(q, k, v, ext, qseg, kseg, keys, out, lse, do, st)
+    return dq, dk, dv, d_ext, None, None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -705,8 +746,10 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                        q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
                        causal: bool = False, q_offset: int | jax.Array = 0, block_q: int | None = None,
                        block_k: int | None = None, block_dq: int | None = None, dq_group: int | None = None,
-                       table_grad: str = "tiles", scale: float | None = None, interpret: bool | None = None,
-                       backend: str | None = None, num_warps: int = 4, num_stages: int = 3) -> jax.Array:
+                       table_grad: str = "tiles", scale: float | None = None, dropout_rate: float = 0.0,
+                       dropout_seed: jax.Array | None = None, dropout_row_keys: jax.Array | None = None,
+                       interpret: bool | None = None, backend: str | None = None, num_warps: int = 4,
+                       num_stages: int = 3) -> jax.Array:
     """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, Dv].
 
     q [B, T, H, D], k [B, S, H, D] and v [B, S, H, Dv] (D > Dv for folded low-rank factors); table [H|1, W]
@@ -720,7 +763,10 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     D = 64, which bounds the table-gradient rows by twice q's size; it must divide the padded T / block_dq).
     `table_grad` (Triton): "tiles", the dq kernel sums each tile's dS along its diagonals (a skew per tile, rows
     as above), or "diagonals", a kernel per (head, block diagonal) recomputes dS and sums it over the batch before
-    one skew (H*(T + S)*(b + 2) floats; dS computed twice); Mosaic sums in the dq kernel. `interpret` None: the
+    one skew (H*(T + S)*(b + 2) floats; dS computed twice); Mosaic sums in the dq kernel. Attention dropout at
+    `dropout_rate` drops the weights that `dropout.keep_mask(dropout_seed, B, H, T, S, rate)` drops (the XLA
+    path's mask), recomputed per tile; a caller holding a shard of the batch or heads passes the global
+    `dropout.row_keys` of its rows [B, H, T] as `dropout_row_keys` instead of the seed. `interpret` None: the
     Pallas interpreter when the backend is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or
     "mosaic_tpu"; None: from the default backend.
     """
@@ -733,6 +779,9 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         raise ValueError(f"table must be [H|1, W] with H = {heads}, got {table.shape}")
     if causal and not isinstance(q_offset, int):
         raise ValueError("a causal mask needs a static (Python int) q_offset")
+    dropout.keep_threshold(dropout_rate)  # validates the rate
+    if dropout_rate and (dropout_seed is None) == (dropout_row_keys is None):
+        raise ValueError("attention dropout needs exactly one of dropout_seed and dropout_row_keys")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     if backend is None:
@@ -768,6 +817,12 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
     qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))[:, :, None]  # columns
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
+    keys = None
+    if dropout_rate:
+        keys = dropout.row_keys(dropout_seed, batch, heads, t) if dropout_row_keys is None else dropout_row_keys
+        if keys.shape != (batch, heads, t):
+            raise ValueError(f"dropout_row_keys must be [B, H, T] = {(batch, heads, t)}, got {keys.shape}")
+        keys = jnp.pad(keys.astype(jnp.int32), ((0, 0), (0, 0), (0, t_pad - t)))[..., None]  # columns
     if dq_group is None:
         dq_group = _dq_group(t_pad, s_pad, block_dq, width(dim)) if table is not None and table_grad == "tiles" else 1
     elif dq_group < 1 or (t_pad // block_dq) % dq_group:
@@ -776,9 +831,10 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                  q_offset=q_offset if causal else 0, block_q=block_q, block_k=block_k, block_dq=block_dq,
                  dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad, use_q_segments=use_q,
                  masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
-                 skip_tiles=use_q or kv_segment_ids is not None, interpret=bool(interpret), backend=backend,
+                 skip_tiles=use_q or kv_segment_ids is not None, dropout_rate=float(dropout_rate),
+                 interpret=bool(interpret), backend=backend,
                  num_warps=num_warps, num_stages=num_stages)
-    out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, st)
+    out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, keys, st)
     if tpu:
         out = out.transpose(0, 2, 1, 3)
     return out[:, :t, :, :dim_v]

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention import PositionalBias, attend, attention_mask
+from jaxpos.attention import PositionalBias, attend, attention_mask, dropout
 from jaxpos.attention.toeplitz_kernel import toeplitz_attention
 from jaxpos.positions import make_position
 from tests.helpers import tiny_config
@@ -27,18 +27,27 @@ MECHANISMS = {  # every mechanism whose bias is a Toeplitz table
     "attenuated_offset": dict(kind="attenuated", attenuated=dict(form="offset")),
 }
 HEADS, D = 2, 16
+DROPOUT_RNG = jax.random.PRNGKey(17)
+
+
+def with_dropout(rate, kernel_kwargs, reference_kwargs):
+    """Kernel and reference arguments that drop the same weights at `rate` (the seed of DROPOUT_RNG)."""
+    return (dict(kernel_kwargs, dropout_rate=rate, dropout_seed=dropout.seed_from_key(DROPOUT_RNG)),
+            dict(reference_kwargs, dropout_rate=rate))
 
 
 def random(shape, seed, dtype=jnp.float32):
     return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
-def reference(q, k, v, table, *, q_seg=None, kv_seg=None, causal=False, q_offset=0):
-    """attend(implementation="xla") with the same mask; -> (out, rows [B, T] that see at least one key)."""
+def reference(q, k, v, table, *, q_seg=None, kv_seg=None, causal=False, q_offset=0, dropout_rate=0.0):
+    """attend(implementation="xla") with the same mask (and the dropout mask of DROPOUT_RNG's seed); -> (out,
+    rows [B, T] that see at least one key)."""
     q_pos = q_offset + jnp.arange(q.shape[1])
     k_pos = jnp.arange(k.shape[1])
     mask = attention_mask(q_segment=q_seg, k_segment=kv_seg, q_pos=q_pos, k_pos=k_pos, causal=causal)
-    out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=q_pos, k_pos=k_pos, mask=mask)
+    out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=q_pos, k_pos=k_pos, mask=mask,
+                    dropout_rng=DROPOUT_RNG, dropout_rate=dropout_rate)
     rows = jnp.ones(q.shape[:2], bool) if mask is None else jnp.any(jnp.broadcast_to(
         mask, (q.shape[0], 1, q.shape[1], k.shape[1]))[:, 0], axis=-1)
     return out, rows
@@ -108,39 +117,40 @@ def test_every_mechanism_with_padding_and_packing():
                             dict(q_seg=seg, kv_seg=seg))
 
 
-@pytest.mark.parametrize("table_grad", ["tiles", "diagonals"])
-def test_causal_cross_lengths_shared_clipped_table(table_grad):
+@pytest.mark.parametrize("table_grad,rate", [("tiles", 0.0), ("diagonals", 0.2)], ids=["tiles", "diagonals_dropout"])
+def test_causal_cross_lengths_shared_clipped_table(table_grad, rate):
     """T = 37 queries at positions 13..49 over S = 50 keys, causal, a head-shared table [1, 2*20 - 1] whose
     ends are clipped, packing with per-side ids, unequal blocks (q 16, k 32); the table gradient summed per tile
-    in the dq kernel or per block diagonal over the batch (diagonals above the causal limit left out)."""
+    in the dq kernel or per block diagonal over the batch (diagonals above the causal limit left out), the latter
+    with attention dropout (the weights the XLA path drops, recomputed in each backward kernel)."""
     batch, t, s, offset = 2, 37, 50, 13
     q = random((batch, t, HEADS, D), 3)
     k, v = random((batch, s, HEADS, D), 4), random((batch, s, HEADS, D), 5)
     table = random((1, 39), 6)
     q_seg = jnp.asarray([[1] * 10 + [2] * 27, [1] * 30 + [0] * 7])
     kv_seg = jnp.asarray([[1] * 23 + [2] * 27, [1] * 45 + [0] * 5])
-    check_against_reference((q, k, v, table), lambda p: p,
-                            dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
-                                 block_q=16, block_k=32, block_dq=16, table_grad=table_grad),
-                            dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
+    check_against_reference((q, k, v, table), lambda p: p, *with_dropout(
+        rate, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, block_q=16,
+                   block_k=32, block_dq=16, table_grad=table_grad),
+        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)))
 
 
-@pytest.mark.parametrize("group,packed", [(2, True), (4, True), (4, False)],
-                         ids=["2_packed", "4_packed", "4_causal_only"])
-def test_grouped_query_blocks_give_the_same_gradients(group, packed):
+@pytest.mark.parametrize("group,packed,rate", [(2, True, 0.1), (4, True, 0.0), (4, False, 0.0)],
+                         ids=["2_packed_dropout", "4_packed", "4_causal_only"])
+def test_grouped_query_blocks_give_the_same_gradients(group, packed, rate):
     """G query blocks per dq program (what long sequences get, to keep the table-gradient rows linear in T): causal
     T = 64 queries at positions 7..70 over S = 75 keys, per-head table with clipped ends, packed pieces (tiles
-    skipped by their ids) or none (K and V read once per key block for the group)."""
+    skipped by their ids) or none (K and V read once per key block for the group); one case with dropout."""
     batch, t, s, offset = 2, 64, 75, 7
     q = random((batch, t, HEADS, D), 20)
     k, v = random((batch, s, HEADS, D), 21), random((batch, s, HEADS, D), 22)
     table = random((HEADS, 61), 23)
     q_seg = jnp.asarray([[1] * 40 + [2] * 24, [1] * 50 + [0] * 14]) if packed else None
     kv_seg = jnp.asarray([[1] * 47 + [2] * 28, [1] * 60 + [0] * 15]) if packed else None
-    check_against_reference((q, k, v, table), lambda p: p,
-                            dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
-                                 block_q=16, block_k=16, block_dq=16, dq_group=group),
-                            dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
+    check_against_reference((q, k, v, table), lambda p: p, *with_dropout(
+        rate, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, block_q=16,
+                   block_k=16, block_dq=16, dq_group=group),
+        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)))
 
 
 def test_table_gradient_rows_grow_linearly():
@@ -206,14 +216,15 @@ def test_attend_pallas_path_and_fallbacks(caplog):
 
 
 def lowered_text(platform, backend, grad, **kwargs):
-    """The StableHLO of the kernel (forward, or forward and backward) lowered for `platform` from this host."""
+    """The StableHLO of the kernel (forward, or forward and backward; with dropout) lowered for `platform` from
+    this host."""
     shape = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
     table = jax.ShapeDtypeStruct((4, 511), jnp.float32)
     seg = jax.ShapeDtypeStruct((2, 256), jnp.int32)
 
     def forward(q, k, v, table, seg):
         return toeplitz_attention(q, k, v, table, q_segment_ids=seg, kv_segment_ids=seg, causal=True,
-                                  interpret=False, backend=backend, **kwargs)
+                                  interpret=False, backend=backend, dropout_rate=0.1, dropout_seed=7, **kwargs)
 
     def both(*args):
         return jax.grad(lambda *a: forward(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))(*args)
@@ -255,17 +266,17 @@ def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
     skipped by id ranges read from SMEM) in the TPU interpreter, which also faults reads out of bounds: causal
     T = 400 queries at positions 100..499 over S = 300 keys (4 x 3 blocks of 128: 6 block diagonals), batch 2 with
     packed pieces and padding (tiles of disjoint pieces skipped), a per-head table with clipped ends, two query
-    blocks per dq program (two groups)."""
+    blocks per dq program (two groups), attention dropout."""
     batch, t, s, offset = 2, 400, 300, 100
     q = random((batch, t, HEADS, D), 30)
     k, v = random((batch, s, HEADS, D), 31), random((batch, s, HEADS, D), 32)
     table = random((HEADS, 301), 33)
     q_seg = jnp.asarray([[1] * 190 + [2] * 210, [1] * 400])
     kv_seg = jnp.asarray([[1] * 150 + [2] * 140 + [0] * 10, [1] * 280 + [0] * 20])
-    check_against_reference((q, k, v, table), lambda p: p,
-                            dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset,
-                                 backend="mosaic_tpu", dq_group=2, interpret=True),
-                            dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset))
+    check_against_reference((q, k, v, table), lambda p: p, *with_dropout(
+        0.1, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, backend="mosaic_tpu",
+                  dq_group=2, interpret=True),
+        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)))
     with pytest.raises(ValueError, match="Mosaic TPU blocks must be equal multiples of 128"):
         toeplitz_attention(q, k, v, table, backend="mosaic_tpu", block_q=64)
     with pytest.raises(ValueError, match="table_grad='diagonals'; choose tiles or"):
