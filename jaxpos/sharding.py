@@ -12,7 +12,7 @@ fsdp-sharded weights and all-reduces full-batch activations instead of gathering
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -110,3 +110,30 @@ def check_batch_divisible(batch_size: int, mesh: Mesh, process_count: int = 1, a
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
+
+
+def per_shard(fn: Callable, args: dict, in_names: dict, out_names: tuple[str | None, ...]):
+    """fn(**args) run on each device's shard (`jax.shard_map`) when `activation_sharding` binds a mesh of more
+    than one device, for kernels that XLA cannot partition (a Pallas call is one opaque custom call: without this,
+    the partitioner would gather the whole batch onto every device). Elsewhere, or when a named axis does not
+    divide an array, fn(**args) as it is.
+
+    in_names: per argument, the logical name of each axis (None: not split); out_names: those of the one output.
+    Arguments split over no mesh axis are replicated; the gradients of replicated arguments are summed over the
+    devices by shard_map's transpose.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return fn(**args)
+    specs = {name: nn.logical_to_mesh_axes(in_names[name], LOGICAL_AXIS_RULES) for name in args}
+
+    def ways(axes):
+        axes = axes if isinstance(axes, tuple) else (axes,)
+        return int(np.prod([mesh.shape[a] for a in axes if a is not None]))
+
+    if any(dim % ways(axes) for name, x in args.items() for dim, axes in zip(x.shape, specs[name])):
+        return fn(**args)
+    out_spec = nn.logical_to_mesh_axes(out_names, LOGICAL_AXIS_RULES)
+    # check_vma=False: a Pallas call carries no varying-manual-axes types.
+    return jax.shard_map(lambda kw: fn(**kw), mesh=mesh, in_specs=(specs,), out_specs=out_spec,
+                         check_vma=False)(args)

@@ -9,7 +9,8 @@ import pytest
 
 from jaxpos.models import BertForMaskedLM
 from jaxpos.sharding import (HEADS, HIDDEN, LOGICAL_AXIS_RULES, MLP_HIDDEN, activation_sharding, batch_sharding,
-                             check_batch_divisible, constrain, logical_sharding, make_mesh)
+                             check_batch_divisible, constrain, logical_sharding, make_mesh, per_shard,
+                             replicated)
 from jaxpos.training.loop import make_global_batch
 from tests.helpers import VARIANTS, tiny_config
 
@@ -92,3 +93,67 @@ def test_global_batch_of_one_process():
     assert batch.sharding == batch_sharding(mesh)
     assert [s.data.shape for s in batch.addressable_shards] == [(2, 4)] * 8
     np.testing.assert_array_equal(np.asarray(batch), local["ids"])
+
+
+def pallas_loss_and_grads(model, params, ids, segs, mesh=None, shardings=None):
+    """Loss and gradients of a training-mode forward (attention dropout on), on one device or jitted on `mesh`."""
+    def loss(p, ids, segs):
+        logits = model.apply({"params": p}, ids, segment_ids=segs, deterministic=False,
+                             rngs={"dropout": jax.random.PRNGKey(3)})
+        return jnp.sum(jnp.where((segs != 0)[..., None], logits, 0.0) ** 2)
+
+    if mesh is None:
+        return jax.jit(jax.value_and_grad(loss))(params, ids, segs), None
+
+    def on_mesh(p, ids, segs):
+        with activation_sharding(mesh):
+            return jax.value_and_grad(loss)(p, ids, segs)
+
+    jaxpr = str(jax.make_jaxpr(on_mesh)(params, ids, segs))
+    step = jax.jit(on_mesh, in_shardings=(shardings, batch_sharding(mesh), batch_sharding(mesh)))
+    return step(jax.device_put(params, shardings), ids, segs), jaxpr
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_pallas_kernel_runs_per_shard_on_a_mesh():
+    """On a (data 2, fsdp 2, tensor 2) mesh the Toeplitz kernel runs inside shard_map on each device's rows and
+    heads (a Pallas call is opaque to XLA's partitioner), with the dropout keys of its global rows: loss and every
+    gradient (the table's summed over devices) equal one device's."""
+    batch = 8
+    cfg = tiny_config(dict(kind="tisa"), attention_impl="pallas", vocab_size=64, attention_dropout=0.2)
+    model = BertForMaskedLM(cfg)
+    ids = jax.random.randint(jax.random.PRNGKey(0), (batch, 16), 1, cfg.vocab_size)
+    segs = jnp.ones((batch, 16), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
+    boxed = model.init(jax.random.PRNGKey(1), ids)
+    params = flax.linen.unbox(boxed["params"])
+    (want_loss, want), _ = pallas_loss_and_grads(model, params, ids, segs)
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    (got_loss, got), jaxpr = pallas_loss_and_grads(model, params, ids, segs, mesh, logical_sharding(boxed["params"],
+                                                                                                   mesh))
+    assert "shard_map" in jaxpr
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(want))
+    for path, g in jax.tree_util.tree_leaves_with_path(got):
+        w = dict(jax.tree_util.tree_leaves_with_path(want))[path]
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * scale, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_per_shard_maps_only_what_the_mesh_divides():
+    """per_shard: fn on each device's block under a mesh; fn itself outside one or when an axis does not divide."""
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    names = dict(x=("batch", "heads"), w=(None,))
+
+    def fn(x, w):
+        return x * jnp.sum(w)
+
+    def run(x):
+        with activation_sharding(mesh):
+            return per_shard(fn, dict(x=x, w=jnp.arange(3.0)), names, ("batch", "heads"))
+
+    for shape, mapped in (((8, 4), True), ((6, 4), False), ((8, 3), False)):
+        x = jnp.ones(shape)
+        assert ("shard_map" in str(jax.make_jaxpr(run)(x))) == mapped, shape
+        np.testing.assert_allclose(jax.jit(run, in_shardings=replicated(mesh))(x), 3.0 * np.ones(shape))
+    assert "shard_map" not in str(jax.make_jaxpr(lambda x: per_shard(fn, dict(x=x, w=x[0]), names,
+                                                                     ("batch", "heads")))(jnp.ones((8, 4))))

@@ -6,7 +6,8 @@ and chooses how to apply them:
 - "jax" / "cudnn": `jax.nn.dot_product_attention`, with position-only terms materialised once to [1, H, T, S]
   and low-rank factors folded into q and k. Query-dependent Shaw terms and the analysis switches need "xla";
 - "pallas": `toeplitz_kernel.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
-  folded into q and k, masks as segment ids; other terms fall back to "cudnn" or "xla".
+  folded into q and k, masks as segment ids, attention dropout; per device on a mesh (`sharding.per_shard`);
+  other terms fall back to "cudnn" or "xla".
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 from jaxpos.attention import dropout
 from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, position_logits,
                                   segment_logits)
+from jaxpos.sharding import HEADS, per_shard
 
 
 def fold_factors(q_BTHD, k_BSHD, factors, scale):
@@ -69,16 +71,8 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, mask, content, position, q_segment_ids, kv_segment_ids,
                                   causal)
         if blocker is None:
-            from jaxpos.attention.toeplitz_kernel import toeplitz_attention
-            scale = bias.content_scale * q_BTHD.shape[-1] ** -0.5
-            if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
-                q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, at_pieces(bias).factors, scale)
-            rate = dropout_rate if dropout_rng is not None else 0.0
-            out = toeplitz_attention(q_BTHD, k_BSHD, v_BSHD, bias.table, scale=scale,
-                                     q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, causal=causal,
-                                     q_offset=0 if causal else q_pos[0] - k_pos[0], dropout_rate=rate,
-                                     dropout_seed=dropout.seed_from_key(dropout_rng) if rate else None)
-            return out, None
+            return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_segment_ids, kv_segment_ids,
+                                    causal, dropout_rng, dropout_rate), None
         implementation = _pallas_fallback(bias, q_BTHD.dtype, content, position, dropout_rng, dropout_rate)
         _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
     bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
@@ -137,6 +131,32 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         per_offset = jnp.einsum("bhts,tsw->bhtw", dropped, one_hot)  # weight mass at each clipped offset
         out = out + jnp.einsum("bhtw,wd->bthd", per_offset, bias.rel_values.astype(dropped.dtype))
     return out, weights
+
+
+def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_segment_ids, kv_segment_ids, causal, dropout_rng, dropout_rate):
+    """attend's "pallas" path: the Toeplitz kernel on each device's shard of the batch and heads (`per_shard`)."""
+    from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+    scale = bias.content_scale * q.shape[-1] ** -0.5
+    if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
+        q, k = fold_factors(q, k, at_pieces(bias).factors, scale)
+    rate = dropout_rate if dropout_rng is not None else 0.0
+    batch, length, heads, _ = q.shape
+    args = dict(q=q, k=k, v=v, table=bias.table, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                q_offset=None if causal else q_pos[0] - k_pos[0],  # static 0 when causal
+                # the global rows' keys, so that devices holding different rows drop different weights
+                dropout_row_keys=dropout.row_keys(dropout.seed_from_key(dropout_rng), batch, heads, length)
+                if rate else None)
+    table_names = None if bias.table is None else (None if bias.table.shape[0] == 1 else "heads", None)
+    names = dict(q=HEADS, k=HEADS, v=HEADS, table=table_names, q_segment_ids=("batch", None),
+                 kv_segment_ids=("batch", None), q_offset=(), dropout_row_keys=("batch", "heads", None))
+
+    def kernel(q, k, v, table=None, q_segment_ids=None, kv_segment_ids=None, q_offset=0, dropout_row_keys=None):
+        return toeplitz_attention(q, k, v, table, scale=scale, q_segment_ids=q_segment_ids,
+                                  kv_segment_ids=kv_segment_ids, causal=causal, q_offset=q_offset,
+                                  dropout_rate=rate, dropout_row_keys=dropout_row_keys)
+
+    given = {name: x for name, x in args.items() if x is not None}
+    return per_shard(kernel, given, {name: names[name] for name in given}, HEADS)
 
 
 def _additive_terms(bias, q_pos, k_pos, q_types, k_types, *, include_factors, dtype):
