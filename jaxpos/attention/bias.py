@@ -55,6 +55,19 @@ def segment_logits(table_HGG: jax.Array, q_types_BT: jax.Array, k_types_BS: jax.
     return jnp.take_along_axis(rows, index, axis=-1)
 
 
+def segment_pair_factors(table_HGG: jax.Array, q_types_BT: jax.Array, k_types_BS: jax.Array):
+    """A per-head segment table as a rank G - 1 term for kernels: (u [B, T, H, G-1], w [B, S, G-1]) with
+    u[b, i, h] . w[b, j] = table[h, g_i, g_j] - table[h, g_i, 0].
+
+    The subtracted part is constant along each query's row, so softmax and every gradient are unchanged (rows of
+    dS sum to zero, so table[:, :, 0] gets its gradient through the subtraction); w is one-hot in the key's type.
+    """
+    rows = jnp.take(table_HGG, q_types_BT, axis=1)  # [H, B, T, G]
+    u = jnp.moveaxis(rows[..., 1:] - rows[..., :1], 0, 2)
+    w = jax.nn.one_hot(k_types_BS, table_HGG.shape[-1], dtype=jnp.float32)[..., 1:]
+    return u, w
+
+
 @struct.dataclass
 class PositionalBias:
     """What a mechanism hands to attention, for all layers of a stack; every field is optional.

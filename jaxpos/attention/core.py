@@ -6,7 +6,8 @@ and chooses how to apply them:
 - "jax" / "cudnn": `jax.nn.dot_product_attention`, with position-only terms materialised once to [1, H, T, S]
   and low-rank factors folded into q and k. Query-dependent Shaw terms and the analysis switches need "xla";
 - "pallas": `toeplitz_kernel.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
-  folded into q and k, masks as segment ids, attention dropout; per device on a mesh (`sharding.per_shard`);
+  folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
+  per device on a mesh (`sharding.per_shard`);
   other terms fall back to "cudnn" or "xla".
 """
 
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 
 from jaxpos.attention import dropout
 from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, position_logits,
-                                  segment_logits)
+                                  segment_logits, segment_pair_factors)
 from jaxpos.sharding import HEADS, per_shard
 
 
@@ -71,8 +72,8 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, mask, content, position, q_segment_ids, kv_segment_ids,
                                   causal)
         if blocker is None:
-            return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_segment_ids, kv_segment_ids,
-                                    causal, dropout_rng, dropout_rate), None
+            return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_types, k_types, q_segment_ids,
+                                    kv_segment_ids, causal, dropout_rng, dropout_rate), None
         implementation = _pallas_fallback(bias, q_BTHD.dtype, content, position, dropout_rng, dropout_rate)
         _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
     bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
@@ -133,27 +134,38 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     return out, weights
 
 
-def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_segment_ids, kv_segment_ids, causal, dropout_rng, dropout_rate):
-    """attend's "pallas" path: the Toeplitz kernel on each device's shard of the batch and heads (`per_shard`)."""
+def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_ids, kv_segment_ids, causal,
+                     dropout_rng, dropout_rate):
+    """attend's "pallas" path: the Toeplitz kernel on each device's shard of the batch and heads (`per_shard`);
+    a per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
     from jaxpos.attention.toeplitz_kernel import toeplitz_attention
     scale = bias.content_scale * q.shape[-1] ** -0.5
     if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
         q, k = fold_factors(q, k, at_pieces(bias).factors, scale)
     rate = dropout_rate if dropout_rng is not None else 0.0
     batch, length, heads, _ = q.shape
+    pair_u = pair_w = None
+    if bias.segment_table is not None and bias.segment_table.shape[-1] > 1:  # one type: a constant, no term
+        if q_types is None or k_types is None:
+            raise ValueError("per-head segment attention needs token types for queries and keys")
+        pair_u, pair_w = segment_pair_factors(bias.segment_table, q_types, k_types)
     args = dict(q=q, k=k, v=v, table=bias.table, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                pair_u=pair_u, pair_w=pair_w,
                 q_offset=None if causal else q_pos[0] - k_pos[0],  # static 0 when causal
                 # the global rows' keys, so that devices holding different rows drop different weights
                 dropout_row_keys=dropout.row_keys(dropout.seed_from_key(dropout_rng), batch, heads, length)
                 if rate else None)
     table_names = None if bias.table is None else (None if bias.table.shape[0] == 1 else "heads", None)
     names = dict(q=HEADS, k=HEADS, v=HEADS, table=table_names, q_segment_ids=("batch", None),
-                 kv_segment_ids=("batch", None), q_offset=(), dropout_row_keys=("batch", "heads", None))
+                 kv_segment_ids=("batch", None), q_offset=(), dropout_row_keys=("batch", "heads", None),
+                 pair_u=HEADS, pair_w=("batch", "length", None))
 
-    def kernel(q, k, v, table=None, q_segment_ids=None, kv_segment_ids=None, q_offset=0, dropout_row_keys=None):
+    def kernel(q, k, v, table=None, q_segment_ids=None, kv_segment_ids=None, q_offset=0, dropout_row_keys=None,
+               pair_u=None, pair_w=None):
         return toeplitz_attention(q, k, v, table, scale=scale, q_segment_ids=q_segment_ids,
                                   kv_segment_ids=kv_segment_ids, causal=causal, q_offset=q_offset,
-                                  dropout_rate=rate, dropout_row_keys=dropout_row_keys)
+                                  dropout_rate=rate, dropout_row_keys=dropout_row_keys,
+                                  pair_bias=None if pair_u is None else (pair_u, pair_w))
 
     given = {name: x for name, x in args.items() if x is not None}
     return per_shard(kernel, given, {name: names[name] for name in given}, HEADS)
@@ -190,8 +202,6 @@ def _pallas_blocker(q, k, bias, mask, content, position, q_segment_ids, kv_segme
         return "a positional term other than a Toeplitz table or low-rank factors (dense matrix or Shaw vectors)"
     if bias.kv_projection is not None:
         return "Linformer key projections"
-    if bias.segment_table is not None:
-        return "per-head segment tables"
     if bias.table is not None and bias.table.ndim != 2:
         return f"a table of shape {bias.table.shape} (expected [H|1, W])"
     if mask is not None and q_segment_ids is None and kv_segment_ids is None and not causal:

@@ -31,6 +31,10 @@ Attention dropout: the weights `dropout.keep_mask` drops (the XLA path's mask), 
 [B, H, T] (one int32 per query row, read like the logsumexp) and the key index; the logsumexp stays the
 undropped softmax's, so the backward recomputes P as without dropout and masks P and dP.
 
+A pair term u_i . w_j of small rank r (a per-head segment table: `bias.segment_pair_factors`) is added by r
+broadcast products per tile from columns u [B, H, T, r] and rows w [B, r, S]; the dq kernel also returns
+du = dS w^T, row sums it has at hand.
+
 Backends: Pallas Triton on GPUs, Pallas Mosaic on TPUs, the Pallas interpreters where `interpret` (by default on
 the CPU; the Mosaic kernels then run in the TPU interpreter). One set of kernels; what differs by backend is
 `_bias_tile` and `_diagonal_sums` (Triton: gathers, through a scratch tile for the skew; Mosaic, which has no
@@ -140,6 +144,29 @@ def _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st: _Static):
     return jnp.broadcast_to(valid, (bq, bk))
 
 
+def _pair_columns(u_ref, rows, *at):
+    """The per-query factors u of a pair term as r columns [rows, 1] (None without one); `at`: leading indices."""
+    if u_ref is None:
+        return None
+    return [u_ref[(*at, rows, pl.ds(c, 1))] for c in range(u_ref.shape[-1])]
+
+
+def _pair_rows(w_ref, cols, *at):
+    """The per-key features w of a pair term as r rows [1, cols] (None without one)."""
+    if w_ref is None:
+        return None
+    return [w_ref[(*at, pl.ds(c, 1), cols)] for c in range(w_ref.shape[-2])]
+
+
+def _pair_logits(u_cols, w_rows):
+    """sum_c u[:, c] w[c, :]: a rank-r term [rows, cols] by r broadcast products (r is small: a tensor-core dot
+    needs a contraction of 16)."""
+    total = None
+    for u, w in zip(u_cols, w_rows):
+        total = u * w if total is None else total + u * w
+    return total
+
+
 def _tile_keep(keys, k_start, bk, st: _Static):
     """Dropout's keep mask [bq, bk] from the rows' keys [bq, 1] (`dropout.row_keys`); None: no dropout."""
     if not st.dropout_rate:
@@ -182,8 +209,8 @@ def _causal_q_begin(k_start, bq, st: _Static):
     return lax.div(jnp.maximum(k_start - st.q_offset, 0), bq)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, o_ref, lse_ref, *, st: _Static,
-                    id_range=_ids_range_from_vector):
+def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, u_ref, w_ref, o_ref, lse_ref, *,
+                    st: _Static, id_range=_ids_range_from_vector):
     """One query block of one (batch, head): online softmax over the key blocks, writes out and logsumexp.
 
     With dropout the running sum (and so the logsumexp) is the undropped softmax's; the kept weights, scaled by
@@ -197,6 +224,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, 
     q = q_ref[...]
     q_ids = qseg_ref[...]
     keys = None if keys_ref is None else keys_ref[...]
+    u_cols = _pair_columns(u_ref, slice(None))
     q_range = id_range("q", pl.program_id(2), q_ids) if st.skip_tiles and st.use_q_segments else None
     carry = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32),
              jnp.zeros((bq, 1), jnp.float32))
@@ -212,6 +240,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, 
             s = _dot(q, k, (1, 1)) * st.scale
             if ext_ref is not None:
                 s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st)
+            if u_cols is not None:
+                s = s + _pair_logits(u_cols, _pair_rows(w_ref, pl.ds(k_start, bk)))
             mask = _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st)
             if mask is not None:
                 s = jnp.where(mask, s, NEG)
@@ -238,8 +268,10 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, 
     lse_ref[...] = jnp.where(seen, m + jnp.log(safe_l), jnp.inf)
 
 
-def _probabilities_and_ds(q, k, v, do, lse, delta, keys, ext_ref, q_ids, k_ids, q_start, k_start, bq, bk, st):
-    """Recomputed P [bq, bk] and dS = P * (dP - delta) [bq, bk] of one tile, float32 (lse, delta, keys [bq, 1]).
+def _probabilities_and_ds(q, k, v, do, lse, delta, keys, pair, ext_ref, q_ids, k_ids, q_start, k_start, bq, bk,
+                          st):
+    """Recomputed P [bq, bk] and dS = P * (dP - delta) [bq, bk] of one tile, float32 (lse, delta, keys [bq, 1];
+    pair: (u columns, w rows) of a pair term, or None).
 
     With dropout, P is the kept weights scaled by 1 / (1 - rate) (what multiplied v) and dP the gradient of the
     undropped weights (dO.v kept and scaled the same way); delta = rowsum(dO * out) holds as without dropout.
@@ -247,6 +279,8 @@ def _probabilities_and_ds(q, k, v, do, lse, delta, keys, ext_ref, q_ids, k_ids, 
     s = _dot(q, k, (1, 1)) * st.scale
     if ext_ref is not None:
         s = s + _bias_tile(ext_ref, q_start, k_start, bq, bk, st)
+    if pair is not None:
+        s = s + _pair_logits(*pair)
     mask = _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st)
     p = jnp.exp(s - lse)
     if mask is not None:
@@ -260,13 +294,14 @@ def _probabilities_and_ds(q, k, v, do, lse, delta, keys, ext_ref, q_ids, k_ids, 
     return jnp.where(keep, p * inverse, 0.0), p * (dp - delta)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, dk_ref,
-                 dv_ref, *, st: _Static, id_range=_ids_range_from_vector):
+def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, u_ref,
+                 w_ref, dk_ref, dv_ref, *, st: _Static, id_range=_ids_range_from_vector):
     """One key block of one (batch, head): dK and dV accumulated over the query blocks."""
     bq, bk = st.block_q, st.block_k
     k_start = pl.program_id(2) * bk
     k, v = k_ref[...], v_ref[...]
     k_ids = kseg_ref[...]
+    w_rows = _pair_rows(w_ref, slice(None))
     k_range = id_range("k", pl.program_id(2), k_ids) if st.skip_tiles else None
     carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
 
@@ -280,8 +315,9 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_
             do = do_ref[pl.ds(q_start, bq), :]
             rows = pl.ds(q_start, bq)
             keys = None if keys_ref is None else keys_ref[rows, :]
-            p, ds = _probabilities_and_ds(q, k, v, do, lse_ref[rows, :], delta_ref[rows, :], keys, ext_ref, q_ids,
-                                          k_ids, q_start, k_start, bq, bk, st)
+            pair = None if u_ref is None else (_pair_columns(u_ref, rows), w_rows)
+            p, ds = _probabilities_and_ds(q, k, v, do, lse_ref[rows, :], delta_ref[rows, :], keys, pair, ext_ref,
+                                          q_ids, k_ids, q_start, k_start, bq, bk, st)
             dv = dv + _dot(p.astype(do.dtype), do, (0, 0))
             dk = dk + _dot(ds.astype(q.dtype), q, (0, 0)) * st.scale
             return dk, dv
@@ -331,10 +367,11 @@ def _barrier(st: _Static):
     return plgpu.debug_barrier
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, dq_ref,
-               drow_ref, scratch_ref, *, st: _Static, id_range=_ids_range_from_vector):
-    """G = st.dq_group query blocks of one (batch, head): their dQ over the key blocks and, with a table (and
-    table_grad "tiles"), one row of dS diagonal sums for the group.
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, u_ref,
+               w_ref, dq_ref, du_ref, drow_ref, scratch_ref, *, st: _Static, id_range=_ids_range_from_vector):
+    """G = st.dq_group query blocks of one (batch, head): their dQ over the key blocks, with a pair term the
+    gradient of its u (du[:, c] = sum over keys of dS * w[c, :]) and, with a table (and table_grad "tiles"), one
+    row of dS diagonal sums for the group.
 
     Tile (query block g of the group, key block j) has its window of 2b - 1 offsets at row positions
     j*b + (G - 1 - g)*b + w, so the group's row (length S_pad + G*b) reads like one query block of G*b rows. For
@@ -365,13 +402,17 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
     rows = [pl.ds(g * b, b) for g in range(group)]
     qs, dos, lses, deltas, q_ids = ([ref[r, :] for r in rows] for ref in (q_ref, do_ref, lse_ref, delta_ref, qseg_ref))
     keys = [None if keys_ref is None else keys_ref[r, :] for r in rows]
+    u_cols = [_pair_columns(u_ref, r) for r in rows]
+    rank = 0 if u_ref is None else u_ref.shape[-1]
+    zeros_col = jnp.zeros((b, 1), jnp.float32)
     q_ranges = [id_range("q", first + g, ids) if st.skip_tiles and st.use_q_segments else None
                 for g, ids in enumerate(q_ids)]
 
     def body(jb, carry):
-        dqs, chunks = list(carry[0]), list(carry[1])
+        dqs, chunks, dus = list(carry[0]), list(carry[1]), list(carry[2])
         k_start = jb * b
         k_ids = kseg_ref[:, pl.ds(k_start, b)]
+        w_rows = _pair_rows(w_ref, pl.ds(k_start, b))
 
         def load():
             return k_ref[pl.ds(k_start, b), :], v_ref[pl.ds(k_start, b), :]
@@ -382,32 +423,36 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
         for g in range(group):
             q_start = (first + g) * b
 
-            def compute(dq, g=g, q_start=q_start):
+            def compute(dq, du, g=g, q_start=q_start):
                 k, v = load() if kv is None else kv
-                _, ds = _probabilities_and_ds(qs[g], k, v, dos[g], lses[g], deltas[g], keys[g], ext_ref, q_ids[g],
-                                              k_ids, q_start, k_start, b, b, st)
+                pair = None if u_ref is None else (u_cols[g], w_rows)
+                _, ds = _probabilities_and_ds(qs[g], k, v, dos[g], lses[g], deltas[g], keys[g], pair, ext_ref,
+                                              q_ids[g], k_ids, q_start, k_start, b, b, st)
                 dq = dq + _dot(ds.astype(k.dtype), k, (1, 0)) * st.scale
+                du = tuple(col + jnp.sum(ds * w, axis=1, keepdims=True) for col, w in zip(du, w_rows or ()))
                 sums = _diagonal_sums(ds, scratch_ref, st) if has_table else (zeros_b, zeros_b)
-                return (dq,) + tuple(sums)
+                return dq, du, *sums
 
             if st.skip_tiles:
-                dqs[g], low, high = lax.cond(_overlaps(q_ranges[g], k_range, st), compute,
-                                             lambda dq: (dq, zeros_b, zeros_b), dqs[g])
+                dqs[g], dus[g], low, high = lax.cond(_overlaps(q_ranges[g], k_range, st), compute,
+                                                     lambda dq, du: (dq, du, zeros_b, zeros_b), dqs[g], dus[g])
             else:
-                dqs[g], low, high = compute(dqs[g])
+                dqs[g], dus[g], low, high = compute(dqs[g], dus[g])
             if has_table:
                 chunks[group - 1 - g] = chunks[group - 1 - g] + low
                 chunks[group - g] = chunks[group - g] + high
         if has_table:
             store(jb, chunks[0])
-        return tuple(dqs), tuple(chunks[1:]) + (zeros_b,)
+        return tuple(dqs), tuple(chunks[1:]) + (zeros_b,), tuple(dus)
 
     num_k = st.s_pad // b
     k_end = _causal_k_end((first + group - 1) * b, b, b, st, num_k)  # the group's last block sees the most
-    dqs, chunks = lax.fori_loop(0, k_end, body, (tuple(jnp.zeros(x.shape, jnp.float32) for x in qs),
-                                                 (zeros_b,) * (group + 1)))
-    for r, dq in zip(rows, dqs):
+    dqs, chunks, dus = lax.fori_loop(0, k_end, body, (tuple(jnp.zeros(x.shape, jnp.float32) for x in qs),
+                                                      (zeros_b,) * (group + 1), ((zeros_col,) * rank,) * group))
+    for r, dq, du in zip(rows, dqs, dus):
         dq_ref[r, :] = dq.astype(dq_ref.dtype)
+        for c, col in enumerate(du):
+            du_ref[r, pl.ds(c, 1)] = col
     if has_table:
         for c in range(group):  # the last chunk is always zeros after the final shift
             store(k_end + c, chunks[c])
@@ -540,7 +585,17 @@ def _keys_spec(keys, st: _Static, rows: int, block=lambda i: i):
     return None if keys is None else _column_spec(st, rows, block)
 
 
-def _forward(q, k, v, ext, qseg, kseg, keys, st: _Static):
+def _u_spec(u, st: _Static, rows: int, block=lambda i: i):
+    """BlockSpec of a pair term's per-query factors u [B, H, T_pad, r] (or their gradient) as [rows, r]."""
+    return None if u is None else _spec(st, (None, None, rows, u.shape[-1]), lambda b, h, i: (b, h, block(i), 0))
+
+
+def _w_spec(w, st: _Static, cols: int, block=lambda i: i):
+    """BlockSpec of a pair term's per-key features w [B, r, S_pad] as [r, cols]."""
+    return None if w is None else _spec(st, (None, w.shape[1], cols), lambda b, h, i: (b, 0, block(i)))
+
+
+def _forward(q, k, v, ext, qseg, kseg, keys, u, w, st: _Static):
     batch, heads, t_pad, dim = _dims(q, st)
     dim_v = v.shape[-1]  # q and k may be wider (folded factors)
     bq = st.block_q
@@ -550,14 +605,15 @@ def _forward(q, k, v, ext, qseg, kseg, keys, st: _Static):
     return _call(
         functools.partial(_forward_kernel, st=st), st, _grid(st, batch, heads, t_pad // bq),
         in_specs=[_seq_spec(st, bq, dim), _seq_spec(st, st.s_pad, dim, whole), _seq_spec(st, st.s_pad, dim_v, whole),
-                  _table_spec(table, st), q_ids, k_ids, _keys_spec(keys, st, bq)],
+                  _table_spec(table, st), q_ids, k_ids, _keys_spec(keys, st, bq), _u_spec(u, st, bq),
+                  _w_spec(w, st, st.s_pad, whole)],
         out_specs=[_seq_spec(st, bq, dim_v), _column_spec(st, bq)],
         out_shape=[jax.ShapeDtypeStruct(q.shape[:-1] + (dim_v,), q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, t_pad, 1), jnp.float32)],
-        name="toeplitz_attention_fwd", args=(q, k, v, table, qseg, kseg, keys), qseg=qseg, kseg=kseg)
+        name="toeplitz_attention_fwd", args=(q, k, v, table, qseg, kseg, keys, u, w), qseg=qseg, kseg=kseg)
 
 
-def _backward(q, k, v, ext, qseg, kseg, keys, out, lse, do, st: _Static):
+def _backward(q, k, v, ext, qseg, kseg, keys, u, w, out, lse, do, st: _Static):
     batch, heads, t_pad, dim = _dims(q, st)
     s_pad, bk = st.s_pad, st.block_k
     whole = lambda i: 0  # noqa: E731
@@ -571,16 +627,19 @@ def _backward(q, k, v, ext, qseg, kseg, keys, out, lse, do, st: _Static):
         functools.partial(_dkdv_kernel, st=st), st, _grid(st, batch, heads, s_pad // bk),
         in_specs=[full_q, _seq_spec(st, bk, dim), _seq_spec(st, bk, dim_v), full_do, _column_spec(st, t_pad, whole),
                   _column_spec(st, t_pad, whole), _table_spec(table, st), *_ids_specs(st, t_pad, bk, q_block=whole),
-                  _keys_spec(keys, st, t_pad, whole)],
+                  _keys_spec(keys, st, t_pad, whole), _u_spec(u, st, t_pad, whole), _w_spec(w, st, bk)],
         out_specs=[_seq_spec(st, bk, dim), _seq_spec(st, bk, dim_v)],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        name="toeplitz_attention_dkdv", args=(q, k, v, do, lse, delta, table, qseg, kseg, keys), qseg=qseg,
+        name="toeplitz_attention_dkdv", args=(q, k, v, do, lse, delta, table, qseg, kseg, keys, u, w), qseg=qseg,
         kseg=kseg)
 
     b, group = st.block_dq, st.dq_group
     groups, chunks = t_pad // (b * group), s_pad // b + group
     row_q = _seq_spec(st, group * b, dim)
     out_specs, out_shape = [row_q], [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    if u is not None:  # the gradient of the pair term's u
+        out_specs.append(_u_spec(u, st, group * b))
+        out_shape.append(jax.ShapeDtypeStruct(u.shape, jnp.float32))
     accumulate = ext is not None and st.backend == "mosaic_tpu"
     if st.table_grad == "diagonals":
         pass  # a kernel of its own, below
@@ -595,37 +654,37 @@ def _backward(q, k, v, ext, qseg, kseg, keys, out, lse, do, st: _Static):
         out_specs.append(_spec(st, (None, None, None, b, b), lambda bb, h, i: (bb, h, i, 0, 0)))
         out_shape.append(jax.ShapeDtypeStruct((batch, heads, groups, b, b), jnp.float32))
 
-    def kernel(*refs, **kwargs):
-        if ext is None:
-            refs = refs[:6] + (None,) + refs[6:] + (None, None)
-        elif st.table_grad == "diagonals":
-            refs = refs + (None, None)
-        elif st.backend == "mosaic_tpu":
-            refs = refs + (None,)
-        _dq_kernel(*refs, st=st, **kwargs)
+    def kernel(*refs, **kwargs):  # the outputs present, in order: dq, [du], [table rows], [skew scratch]
+        inputs, outputs = refs[:12], list(refs[12:])
+        dq_ref = outputs.pop(0)
+        du_ref = outputs.pop(0) if u is not None else None
+        drow_ref = outputs.pop(0) if outputs else None
+        scratch_ref = outputs.pop(0) if outputs else None
+        _dq_kernel(*inputs, dq_ref, du_ref, drow_ref, scratch_ref, st=st, **kwargs)
 
     results = _call(
         kernel, st, _grid(st, batch, heads, groups),
         in_specs=[row_q, full_k, full_v, _seq_spec(st, group * b, dim_v), _column_spec(st, group * b),
-                  _column_spec(st, group * b)]
-        + ([] if ext is None else [_table_spec(table, st)]) + list(_ids_specs(st, group * b, s_pad, k_block=whole))
-        + [_keys_spec(keys, st, group * b)],
+                  _column_spec(st, group * b), _table_spec(table, st),
+                  *_ids_specs(st, group * b, s_pad, k_block=whole), _keys_spec(keys, st, group * b),
+                  _u_spec(u, st, group * b), _w_spec(w, st, s_pad, whole)],
         out_specs=out_specs, out_shape=out_shape, name="toeplitz_attention_dq",
-        args=(q, k, v, do, lse, delta, *([] if ext is None else [table]), qseg, kseg, keys), qseg=qseg, kseg=kseg,
-        reduces=accumulate)
-    dq, d_ext = results[0], None
+        args=(q, k, v, do, lse, delta, table, qseg, kseg, keys, u, w), qseg=qseg, kseg=kseg, reduces=accumulate)
+    dq, du = results[0], (results[1] if u is not None else None)
+    results = results[1:] if u is None else results[2:]
+    d_ext = None
     if ext is not None and st.table_grad == "diagonals":
-        d_ext = _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, st)
+        d_ext = _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, w, st)
     elif accumulate:
-        d_ext = results[1].reshape(heads, -1)
+        d_ext = results[0].reshape(heads, -1)
         d_ext = jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
     elif ext is not None:
-        d_ext = _sum_rows(results[1].reshape(batch, heads, groups, chunks * b), ext.shape[0], group * b)
-    return dq, dk, dv, d_ext
+        d_ext = _sum_rows(results[0].reshape(batch, heads, groups, chunks * b), ext.shape[0], group * b)
+    return dq, dk, dv, d_ext, du
 
 
 def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref,
-                       out_ref, scratch_ref, *, st: _Static, batch: int):
+                       u_ref, w_ref, out_ref, scratch_ref, *, st: _Static, batch: int):
     """table_grad="diagonals": one (head, block diagonal d) of the table gradient. The tiles (i, i + d - nq + 1)
     of every batch row recompute dS and add it up in registers; one skew at the end (`_diagonal_sums`) gives the
     window of diagonal sums, out [2, b] = (low, high): offset chunks d and d + 1 of the table gradient."""
@@ -646,9 +705,10 @@ def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref,
 
         def compute(acc):
             keys = None if keys_ref is None else keys_ref[bb, rows, :]
+            pair = None if u_ref is None else (_pair_columns(u_ref, rows, bb), _pair_rows(w_ref, cols, bb))
             _, ds = _probabilities_and_ds(q_ref[bb, rows, :], k_ref[bb, cols, :], v_ref[bb, cols, :],
                                           do_ref[bb, rows, :], lse_ref[bb, rows, :], delta_ref[bb, rows, :], keys,
-                                          ext_ref, q_ids, k_ids, q_start, k_start, b, b, st)
+                                          pair, ext_ref, q_ids, k_ids, q_start, k_start, b, b, st)
             return acc + ds
 
         if not st.skip_tiles:
@@ -661,7 +721,7 @@ def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref,
     out_ref[1:2, :] = high
 
 
-def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, st: _Static):
+def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, w, st: _Static):
     """Offset-table gradient [H'|1, T_pad + S_pad] by `_table_grad_kernel`, through windows [H, diagonals, 2, b]
     and the skews' scratch [H, diagonals, b, b] (H*(T + S)*(b + 2) floats), at the price of recomputing dS (the
     q.k and dO.v products) once more."""
@@ -680,13 +740,15 @@ def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, st:
                   pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
                   pl.BlockSpec((None, ext.shape[1]), lambda h, d: (0 if ext.shape[0] == 1 else h, 0)),
                   pl.BlockSpec(qseg.shape, lambda h, d: (0, 0, 0)), pl.BlockSpec(kseg.shape, lambda h, d: (0, 0, 0)),
-                  None if keys is None else pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0))],
+                  None if keys is None else pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
+                  None if u is None else pl.BlockSpec((batch, None, t_pad, u.shape[-1]), lambda h, d: (0, h, 0, 0)),
+                  None if w is None else pl.BlockSpec(w.shape, lambda h, d: (0, 0, 0))],
         out_specs=[pl.BlockSpec((None, None, 2, b), lambda h, d: (h, d, 0, 0)),
                    pl.BlockSpec((None, None, b, b), lambda h, d: (h, d, 0, 0))],  # the skew's scratch, discarded
         out_shape=[jax.ShapeDtypeStruct((heads, diagonals, 2, b), jnp.float32),
                    jax.ShapeDtypeStruct((heads, diagonals, b, b), jnp.float32)],
         interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_table_grad",
-    )(q, k, v, do, lse, delta, ext, qseg, kseg, keys)
+    )(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, w)
     chunks = jnp.pad(windows[:, :, 0], ((0, 0), (0, 1), (0, 0))) + jnp.pad(windows[:, :, 1], ((0, 0), (1, 0), (0, 0)))
     d_ext = chunks.reshape(heads, -1)  # chunk d holds offsets d*b ... d*b + b - 1
     return jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
@@ -709,20 +771,20 @@ def _sum_rows(drow, table_heads, b):
     return jnp.sum(skewed, axis=1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attention(q, k, v, ext, qseg, kseg, keys, st):
-    return _forward(q, k, v, ext, qseg, kseg, keys, st)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
+def _attention(q, k, v, ext, qseg, kseg, keys, u, w, st):
+    return _forward(q, k, v, ext, qseg, kseg, keys, u, w, st)[0]
 
 
-def _attention_fwd(q, k, v, ext, qseg, kseg, keys, st):
-    out, lse = _forward(q, k, v, ext, qseg, kseg, keys, st)
-    return out, (q, k, v, ext, qseg, kseg, keys, out, lse)
+def _attention_fwd(q, k, v, ext, qseg, kseg, keys, u, w, st):
+    out, lse = _forward(q, k, v, ext, qseg, kseg, keys, u, w, st)
+    return out, (q, k, v, ext, qseg, kseg, keys, u, w, out, lse)
 
 
 def _attention_bwd(st, residuals, do):
-    q, k, v, ext, qseg, kseg, keys, out, lse = residuals
-    dq, dk, dv, d_ext = _backward(q, k, v, ext, qseg, kseg, keys, out, lse, do, st)
-    return dq, dk, dv, d_ext, None, None, None
+    q, k, v, ext, qseg, kseg, keys, u, w, out, lse = residuals
+    dq, dk, dv, d_ext, du = _backward(q, k, v, ext, qseg, kseg, keys, u, w, out, lse, do, st)
+    return dq, dk, dv, d_ext, None, None, None, du, None  # w (key features) takes no gradient
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -748,7 +810,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                        block_k: int | None = None, block_dq: int | None = None, dq_group: int | None = None,
                        table_grad: str = "tiles", scale: float | None = None, dropout_rate: float = 0.0,
                        dropout_seed: jax.Array | None = None, dropout_row_keys: jax.Array | None = None,
-                       interpret: bool | None = None, backend: str | None = None, num_warps: int = 4,
+                       pair_bias: tuple[jax.Array, jax.Array] | None = None, interpret: bool | None = None, backend: str | None = None, num_warps: int = 4,
                        num_stages: int = 3) -> jax.Array:
     """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, Dv].
 
@@ -766,7 +828,9 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     one skew (H*(T + S)*(b + 2) floats; dS computed twice); Mosaic sums in the dq kernel. Attention dropout at
     `dropout_rate` drops the weights that `dropout.keep_mask(dropout_seed, B, H, T, S, rate)` drops (the XLA
     path's mask), recomputed per tile; a caller holding a shard of the batch or heads passes the global
-    `dropout.row_keys` of its rows [B, H, T] as `dropout_row_keys` instead of the seed. `interpret` None: the
+    `dropout.row_keys` of its rows [B, H, T] as `dropout_row_keys` instead of the seed. `pair_bias` (u [B, T, H, r],
+    w [B, S, r]), r small: adds u[b, i, h] . w[b, j] to the logits, differentiable in u only (w: key features, such
+    as the one-hot token types of a per-head segment table). `interpret` None: the
     Pallas interpreter when the backend is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or
     "mosaic_tpu"; None: from the default backend.
     """
@@ -790,6 +854,11 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         raise ValueError(f"backend={backend!r}; choose triton or mosaic_tpu")
     if table_grad not in ("tiles", "diagonals") or (table_grad == "diagonals" and backend == "mosaic_tpu"):
         raise ValueError(f"table_grad={table_grad!r}; choose tiles or (Triton only) diagonals")
+    if pair_bias is not None:
+        u, w = pair_bias
+        if u.ndim != 4 or u.shape[:3] != (batch, t, heads) or w.shape != (batch, s, u.shape[-1]):
+            raise ValueError(f"pair_bias must be u [B, T, H, r] = {(batch, t, heads)} + (r,) and w [B, S, r] with "
+                             f"S = {s}, got {u.shape} and {w.shape}")
     tpu = backend == "mosaic_tpu"
     defaults = (128, 128, 128) if tpu else (64, 64, 32)
     block_q, block_k, block_dq = (d if x is None else x for x, d in zip((block_q, block_k, block_dq), defaults))
@@ -823,6 +892,13 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         if keys.shape != (batch, heads, t):
             raise ValueError(f"dropout_row_keys must be [B, H, T] = {(batch, heads, t)}, got {keys.shape}")
         keys = jnp.pad(keys.astype(jnp.int32), ((0, 0), (0, 0), (0, t_pad - t)))[..., None]  # columns
+    u = w = None
+    if pair_bias is not None:  # u as columns [B, H, T_pad, r'], w as rows [B, r', S_pad]; r' a power of two
+        u, w = pair_bias
+        rank = _next_pow2(u.shape[-1])
+        u = jnp.pad(u.astype(jnp.float32), ((0, 0), (0, t_pad - t), (0, 0), (0, rank - u.shape[-1])))
+        u = u.transpose(0, 2, 1, 3)
+        w = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, s_pad - s), (0, rank - w.shape[-1]))).transpose(0, 2, 1)
     if dq_group is None:
         dq_group = _dq_group(t_pad, s_pad, block_dq, width(dim)) if table is not None and table_grad == "tiles" else 1
     elif dq_group < 1 or (t_pad // block_dq) % dq_group:
@@ -834,7 +910,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                  skip_tiles=use_q or kv_segment_ids is not None, dropout_rate=float(dropout_rate),
                  interpret=bool(interpret), backend=backend,
                  num_warps=num_warps, num_stages=num_stages)
-    out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, keys, st)
+    out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, keys, u, w, st)
     if tpu:
         out = out.transpose(0, 2, 1, 3)
     return out[:, :t, :, :dim_v]

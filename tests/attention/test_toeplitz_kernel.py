@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from jaxpos.attention import PositionalBias, attend, attention_mask, dropout
+from jaxpos.attention.bias import segment_pair_factors
 from jaxpos.attention.toeplitz_kernel import toeplitz_attention
 from jaxpos.positions import make_position
 from tests.helpers import tiny_config
@@ -40,14 +41,16 @@ def random(shape, seed, dtype=jnp.float32):
     return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
-def reference(q, k, v, table, *, q_seg=None, kv_seg=None, causal=False, q_offset=0, dropout_rate=0.0):
-    """attend(implementation="xla") with the same mask (and the dropout mask of DROPOUT_RNG's seed); -> (out,
-    rows [B, T] that see at least one key)."""
+def reference(q, k, v, table, *, q_seg=None, kv_seg=None, causal=False, q_offset=0, dropout_rate=0.0,
+              segment=None):
+    """attend(implementation="xla") with the same mask (and the dropout mask of DROPOUT_RNG's seed; segment:
+    (per-head segment table, query types, key types)); -> (out, rows [B, T] that see at least one key)."""
     q_pos = q_offset + jnp.arange(q.shape[1])
     k_pos = jnp.arange(k.shape[1])
     mask = attention_mask(q_segment=q_seg, k_segment=kv_seg, q_pos=q_pos, k_pos=k_pos, causal=causal)
-    out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=q_pos, k_pos=k_pos, mask=mask,
-                    dropout_rng=DROPOUT_RNG, dropout_rate=dropout_rate)
+    seg_table, q_types, k_types = segment or (None, None, None)
+    out, _ = attend(q, k, v, bias=PositionalBias(table=table, segment_table=seg_table), q_pos=q_pos, k_pos=k_pos,
+                    mask=mask, q_types=q_types, k_types=k_types, dropout_rng=DROPOUT_RNG, dropout_rate=dropout_rate)
     rows = jnp.ones(q.shape[:2], bool) if mask is None else jnp.any(jnp.broadcast_to(
         mask, (q.shape[0], 1, q.shape[1], k.shape[1]))[:, 0], axis=-1)
     return out, rows
@@ -59,22 +62,30 @@ def assert_close(got, want, rtol=1e-4):
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * max(np.abs(want).max(), 1e-6))
 
 
-def check_against_reference(args, build_table, kernel_kwargs, reference_kwargs, rtol=1e-4):
+def check_against_reference(args, build_table, kernel_kwargs, reference_kwargs, rtol=1e-4, types=None):
     """Out and the gradients of q, k, v and the table's parameters of `sum(out * g)` over rows that see a key.
 
-    args: (q, k, v, params); build_table(params) -> table [H|1, W] or None.
+    args: (q, k, v, params); build_table(params) -> table [H|1, W] or None. types: (query types [B, T], key
+    types [B, S]) of a per-head segment table params["segment"] [H, G, G], the kernel's pair term.
     """
     q, k, v, params = args
-    _, rows = reference(q, k, v, build_table(params), **reference_kwargs)
+
+    def segment(params):
+        return None if types is None else (params["segment"], *types)
+
+    def pair(params):
+        return {} if types is None else dict(pair_bias=segment_pair_factors(params["segment"], *types))
+
+    _, rows = reference(q, k, v, build_table(params), **reference_kwargs, segment=segment(params))
     weight = random(q.shape, 99) * rows[:, :, None, None]  # rows with no visible key differ by design
 
     def loss_kernel(q, k, v, params):
-        out = toeplitz_attention(q, k, v, build_table(params), **kernel_kwargs)
+        out = toeplitz_attention(q, k, v, build_table(params), **kernel_kwargs, **pair(params))
         return jnp.sum(out.astype(jnp.float32) * weight), out
 
     def loss_reference(q, k, v, params):
         up = [x.astype(jnp.float32) for x in (q, k, v)]
-        out, _ = reference(*up, build_table(params), **reference_kwargs)
+        out, _ = reference(*up, build_table(params), **reference_kwargs, segment=segment(params))
         return jnp.sum(out * weight), out
 
     (_, got), got_grads = jax.value_and_grad(loss_kernel, argnums=(0, 1, 2, 3), has_aux=True)(*args)
@@ -122,35 +133,45 @@ def test_causal_cross_lengths_shared_clipped_table(table_grad, rate):
     """T = 37 queries at positions 13..49 over S = 50 keys, causal, a head-shared table [1, 2*20 - 1] whose
     ends are clipped, packing with per-side ids, unequal blocks (q 16, k 32); the table gradient summed per tile
     in the dq kernel or per block diagonal over the batch (diagonals above the causal limit left out), the latter
-    with attention dropout (the weights the XLA path drops, recomputed in each backward kernel)."""
+    with attention dropout (the weights the XLA path drops, recomputed in each backward kernel) and a per-head
+    segment table (2 types: a rank-1 pair term)."""
     batch, t, s, offset = 2, 37, 50, 13
     q = random((batch, t, HEADS, D), 3)
     k, v = random((batch, s, HEADS, D), 4), random((batch, s, HEADS, D), 5)
     table = random((1, 39), 6)
     q_seg = jnp.asarray([[1] * 10 + [2] * 27, [1] * 30 + [0] * 7])
     kv_seg = jnp.asarray([[1] * 23 + [2] * 27, [1] * 45 + [0] * 5])
-    check_against_reference((q, k, v, table), lambda p: p, *with_dropout(
+    segments = table_grad == "diagonals"  # the diagonals kernel recomputes dS with the pair term too
+    params = dict(table=table, segment=random((HEADS, 2, 2), 7)) if segments else dict(table=table)
+    types = (jnp.asarray(np.random.default_rng(8).integers(0, 2, (batch, t))),
+             jnp.asarray(np.random.default_rng(9).integers(0, 2, (batch, s)))) if segments else None
+    check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
         rate, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, block_q=16,
                    block_k=32, block_dq=16, table_grad=table_grad),
-        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)))
+        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)), types=types)
 
 
 @pytest.mark.parametrize("group,packed,rate", [(2, True, 0.1), (4, True, 0.0), (4, False, 0.0)],
-                         ids=["2_packed_dropout", "4_packed", "4_causal_only"])
+                         ids=["2_packed_dropout_segments", "4_packed", "4_causal_only"])
 def test_grouped_query_blocks_give_the_same_gradients(group, packed, rate):
     """G query blocks per dq program (what long sequences get, to keep the table-gradient rows linear in T): causal
     T = 64 queries at positions 7..70 over S = 75 keys, per-head table with clipped ends, packed pieces (tiles
-    skipped by their ids) or none (K and V read once per key block for the group); one case with dropout."""
+    skipped by their ids) or none (K and V read once per key block for the group); one case with dropout and a
+    per-head segment table over 3 token types (a rank-2 pair term; its gradient from the dq kernel)."""
     batch, t, s, offset = 2, 64, 75, 7
     q = random((batch, t, HEADS, D), 20)
     k, v = random((batch, s, HEADS, D), 21), random((batch, s, HEADS, D), 22)
     table = random((HEADS, 61), 23)
     q_seg = jnp.asarray([[1] * 40 + [2] * 24, [1] * 50 + [0] * 14]) if packed else None
     kv_seg = jnp.asarray([[1] * 47 + [2] * 28, [1] * 60 + [0] * 15]) if packed else None
-    check_against_reference((q, k, v, table), lambda p: p, *with_dropout(
+    segments = rate > 0
+    params = dict(table=table, segment=random((HEADS, 3, 3), 24)) if segments else dict(table=table)
+    types = (jnp.asarray(np.random.default_rng(25).integers(0, 3, (batch, t))),
+             jnp.asarray(np.random.default_rng(26).integers(0, 3, (batch, s)))) if segments else None
+    check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
         rate, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, block_q=16,
                    block_k=16, block_dq=16, dq_group=group),
-        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)))
+        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)), types=types)
 
 
 def test_table_gradient_rows_grow_linearly():
@@ -266,17 +287,21 @@ def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
     skipped by id ranges read from SMEM) in the TPU interpreter, which also faults reads out of bounds: causal
     T = 400 queries at positions 100..499 over S = 300 keys (4 x 3 blocks of 128: 6 block diagonals), batch 2 with
     packed pieces and padding (tiles of disjoint pieces skipped), a per-head table with clipped ends, two query
-    blocks per dq program (two groups), attention dropout."""
+    blocks per dq program (two groups), attention dropout, a per-head segment table over 2 types."""
     batch, t, s, offset = 2, 400, 300, 100
     q = random((batch, t, HEADS, D), 30)
     k, v = random((batch, s, HEADS, D), 31), random((batch, s, HEADS, D), 32)
     table = random((HEADS, 301), 33)
     q_seg = jnp.asarray([[1] * 190 + [2] * 210, [1] * 400])
     kv_seg = jnp.asarray([[1] * 150 + [2] * 140 + [0] * 10, [1] * 280 + [0] * 20])
-    check_against_reference((q, k, v, table), lambda p: p, *with_dropout(
-        0.1, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, backend="mosaic_tpu",
-                  dq_group=2, interpret=True),
-        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)))
+    types = (jnp.asarray(np.random.default_rng(34).integers(0, 2, (batch, t))),
+             jnp.asarray(np.random.default_rng(35).integers(0, 2, (batch, s))))
+    check_against_reference((q, k, v, dict(table=table, segment=random((HEADS, 2, 2), 36))), lambda p: p["table"],
+                            *with_dropout(0.1, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True,
+                                                    q_offset=offset, backend="mosaic_tpu", dq_group=2,
+                                                    interpret=True),
+                                          dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)),
+                            types=types)
     with pytest.raises(ValueError, match="Mosaic TPU blocks must be equal multiples of 128"):
         toeplitz_attention(q, k, v, table, backend="mosaic_tpu", block_q=64)
     with pytest.raises(ValueError, match="table_grad='diagonals'; choose tiles or"):

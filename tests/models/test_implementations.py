@@ -35,17 +35,18 @@ def test_shaw_needs_the_reference_path():
 
 # The causal case repeats, at model level, what tests/attention/test_toeplitz_kernel.py checks for causal masks.
 @pytest.mark.parametrize("position, causal, attention_dropout", [
-    (dict(kind="tisa"), False, 0.2), (dict(kind="diet_abs"), False, 0.0),
+    (dict(kind="tisa"), False, 0.2), (dict(kind="diet_abs", segment="per_head"), False, 0.1),
     pytest.param(dict(kind="diet_rel"), True, 0.0, marks=pytest.mark.slow)],
-    ids=["tisa_padded_packed_dropout", "diet_abs_padded_packed", "diet_rel_causal"])
+    ids=["tisa_padded_packed_dropout", "diet_recipe_padded_packed", "diet_rel_causal"])
 def test_pallas_kernel_in_a_model_matches_xla(position, causal, attention_dropout, caplog):
     """The model passes its segment ids and causal flag to the Toeplitz kernel (interpret mode here), DIET-Abs its
-    factors folded into q and k at each piece's positions, TISA a training step's attention dropout (each layer
-    its own seed): logits and parameter gradients at real positions equal the XLA path's (padding queries see no
-    key there by design)."""
+    factors folded into q and k at each piece's positions, a training step's attention dropout (each layer its own
+    seed) and DIET's per-head segment attention (a pair term from the token types): logits and parameter gradients
+    at real positions equal the XLA path's (padding queries see no key there by design)."""
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 13), 1, 61)
     segs = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
     real = (segs != 0)[..., None]
+    types = (jnp.arange(13)[None] % 5 >= 2).astype(jnp.int32).repeat(2, 0)  # both types in every piece
     weight = jax.random.normal(jax.random.PRNGKey(2), (2, 13, 61)) * real
     results = []
     caplog.set_level(logging.WARNING, logger="jaxpos.attention.core")
@@ -55,7 +56,8 @@ def test_pallas_kernel_in_a_model_matches_xla(position, causal, attention_dropou
         params = model.init(jax.random.PRNGKey(1), ids)["params"]
 
         def loss(p):
-            logits = model.apply({"params": p}, ids, segment_ids=segs, deterministic=not attention_dropout,
+            logits = model.apply({"params": p}, ids, segment_ids=segs, token_types=types,
+                                 deterministic=not attention_dropout,
                                  rngs={"dropout": jax.random.PRNGKey(3)})
             return jnp.sum(logits * weight), logits
 
