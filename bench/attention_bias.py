@@ -13,6 +13,8 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or 
   pallas+table     jaxpos toeplitz_attention with the table inside the kernel (table gradient summed per tile)
   pallas+diag      the same with table_grad="diagonals" (the table gradient by a kernel per head and block
                    diagonal: dS recomputed and summed over the batch, one skew per diagonal)
+  pallas+dropout   pallas+table with attention dropout 0.1 (the keep mask hashed per tile, forward and backward)
+  pallas+segments  pallas+table with a per-head segment table over 2 token types (a rank-1 pair term)
   cudnn+folded     DIET-Abs as the model's cudnn path runs it: P_Q [H, T, r], P_K folded into q and k (width
                    D + r, --rank, default D), v padded to the same width
   pallas+folded    the same folding through toeplitz_attention, v at its own width D
@@ -32,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpos.attention import PositionalBias, attend
-from jaxpos.attention.bias import expand_toeplitz
+from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors
 from jaxpos.attention.core import fold_factors
 from jaxpos.attention.toeplitz_kernel import toeplitz_attention
 
@@ -62,6 +64,17 @@ def paths(smoke: bool, blocks: dict):
         out = toeplitz_attention(q, k, v, table, table_grad=table_grad, **blocks)
         return jnp.sum(out.astype(jnp.float32) * g)
 
+    def pallas_dropout(q, k, v, table, g):
+        out = toeplitz_attention(q, k, v, table, dropout_rate=0.1, dropout_seed=jnp.int32(0), **blocks)
+        return jnp.sum(out.astype(jnp.float32) * g)
+
+    def pallas_segments(q, k, v, table, g):
+        types = jnp.broadcast_to(jnp.arange(q.shape[1]) >= q.shape[1] // 2, q.shape[:2]).astype(jnp.int32)
+        segment_table = jnp.linspace(-1.0, 1.0, q.shape[2] * 4).reshape(q.shape[2], 2, 2)
+        out = toeplitz_attention(q, k, v, table, pair_bias=segment_pair_factors(segment_table, types, types),
+                                 **blocks)
+        return jnp.sum(out.astype(jnp.float32) * g)
+
     def dpa_folded(q, k, v, factors, g):  # the model's cudnn path (attend folds the factors, pads v)
         pos = jnp.arange(q.shape[1])
         out, _ = attend(q, k, v, bias=PositionalBias(factors=factors), q_pos=pos, k_pos=pos,
@@ -76,6 +89,7 @@ def paths(smoke: bool, blocks: dict):
     return {"cudnn": (None, True, dpa), "cudnn+bias": ("table", False, dpa_bias), "xla+table": ("table", False, xla),
             "pallas": (None, True, pallas), "pallas+table": ("table", False, pallas_table),
             "pallas+diag": ("table", False, functools.partial(pallas_table, table_grad="diagonals")),
+            "pallas+dropout": ("table", False, pallas_dropout), "pallas+segments": ("table", False, pallas_segments),
             "cudnn+folded": ("factors", False, dpa_folded), "pallas+folded": ("factors", False, pallas_folded)}
 
 
@@ -88,7 +102,7 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
         return heads * length * length * 2  # [1, H, T, T] bf16 (and as much again for its gradient)
     if name == "xla+table":
         return heads * length * length * 4  # [H, T, T] float32 expansion
-    if name == "pallas+table":
+    if name in ("pallas+table", "pallas+dropout", "pallas+segments"):  # dropout: one int32 key per query row
         from jaxpos.attention.toeplitz_kernel import _dq_group
 
         group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
@@ -128,7 +142,7 @@ def main(argv=None):
     parser.add_argument("--num-warps", type=int, default=4)
     parser.add_argument("--num-stages", type=int, default=3)
     parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table,pallas+diag,"
-                                           "cudnn+folded,pallas+folded")
+                                           "pallas+dropout,pallas+segments,cudnn+folded,pallas+folded")
     parser.add_argument("--rank", type=int, default=None, help="DIET-Abs factor rank r (default: the head dim)")
     parser.add_argument("--kernel-configs", default="",
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")

@@ -3,15 +3,16 @@
     python bench/train_throughput.py                     # GPU: bert_base, 32x512 and 256x128, every system
     python bench/train_throughput.py --kinds none,tisa --shapes 32x512 --peers plain_jax
     python bench/train_throughput.py --kinds none,tisa,diet_rel --impl cudnn,pallas --peers ''   # both attention paths
+    python bench/train_throughput.py --kinds none,tisa --impl xla,pallas --attention-dropout 0.1 --peers 
     python bench/train_throughput.py --size tiny --shapes 4x64 --kinds none,tisa --steps 3 --peers plain_jax  # CPU
 
 Every system trains on the same synthetic batches (15% of positions masked to the [MASK] id, token type 0
-everywhere: the hot embedding rows of real data), bf16 compute with float32 parameters, dropout 0, AdamW. Step
-time is the median over --steps timed steps after warm-up. Each system runs in its own process (so that one
-framework's memory pool cannot starve the next). MFU counts the model FLOPs of one step (6 x non-embedding
-parameters x tokens, 12 L T d per token for attention, and the MLM head and tied logits at the masked positions
-only: what masked-LM needs, the same count for every system) against the bf16 matmul rate measured in the same
-run (an 8192^3 product).
+everywhere: the hot embedding rows of real data), bf16 compute with float32 parameters, dropout 0 (jaxpos:
+attention dropout --attention-dropout), AdamW. Step time is the median over --steps timed steps after warm-up.
+Each system runs in its own process (so that one framework's memory pool cannot starve the next). MFU counts the
+model FLOPs of one step (6 x non-embedding parameters x tokens, 12 L T d per token for attention, and the MLM
+head and tied logits at the masked positions only: what masked-LM needs, the same count for every system)
+against the bf16 matmul rate measured in the same run (an 8192^3 product).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def model_flops(size: str, batch: int, seq_len: int, vocab: int = VOCAB) -> floa
     return 6 * dense * tokens + 12 * layers * seq_len * d * tokens + 6 * predicted * (d * d + d * vocab)
 
 
-def jaxpos_trainer(kind: str, size: str, batch: int, seq_len: int, dtype: str, impl: str, workdir: str):
+def jaxpos_trainer(kind: str, size: str, batch: int, seq_len: int, dtype: str, impl: str, workdir: str,
+                   attention_dropout: float = 0.0):
     """(trainer, state, two global batches) for a jaxpos masked-LM step of this shape."""
     import jax
     import ml_collections
@@ -73,7 +75,7 @@ def jaxpos_trainer(kind: str, size: str, batch: int, seq_len: int, dtype: str, i
 
     config = ml_collections.ConfigDict()
     config.model = model_block(vocab_size=VOCAB, max_length=max(512, seq_len), dtype=dtype, attention_impl=impl,
-                               dropout=0.0, attention_dropout=0.0, **SIZES[size])
+                               dropout=0.0, attention_dropout=attention_dropout, **SIZES[size])
     config.model.position.kind = kind
     config.data = ml_collections.ConfigDict(dict(seq_len=seq_len))
     config.train = train_block(num_steps=1000, batch_size=batch, max_predictions=max_predictions(seq_len))
@@ -86,11 +88,12 @@ def jaxpos_trainer(kind: str, size: str, batch: int, seq_len: int, dtype: str, i
     return trainer, state, batches
 
 
-def time_jaxpos(kind, size, batch, seq_len, steps, dtype, impl) -> dict:
+def time_jaxpos(kind, size, batch, seq_len, steps, dtype, impl, attention_dropout=0.0) -> dict:
     import jax
 
     with tempfile.TemporaryDirectory() as workdir:
-        trainer, state, batches = jaxpos_trainer(kind, size, batch, seq_len, dtype, impl, workdir)
+        trainer, state, batches = jaxpos_trainer(kind, size, batch, seq_len, dtype, impl, workdir,
+                                                 attention_dropout)
         start = time.perf_counter()
         for i in range(3):  # compile + warm-up
             state, metrics = trainer.train_step(state, batches[i % 2])
@@ -136,7 +139,8 @@ def worker(args) -> None:
         for impl in args.impl.split(","):
             for kind in args.kinds.split(","):
                 try:
-                    result = time_jaxpos(kind, args.size, batch, seq_len, args.steps, args.dtype, impl)
+                    result = time_jaxpos(kind, args.size, batch, seq_len, args.steps, args.dtype, impl,
+                                         args.attention_dropout)
                 except Exception as err:  # noqa: BLE001 - one mechanism failing must not hide the others
                     result = dict(system="jaxpos", kind=kind, impl=impl,
                                   error=f"{type(err).__name__}: {str(err)[:120]}")
@@ -161,7 +165,8 @@ def worker(args) -> None:
 def run_worker(name: str, args, shape: str, extra: list[str] = (), on_result=None) -> list[dict]:
     """Runs one worker process; each JSON line it prints is a result, handed to on_result as it arrives."""
     command = [sys.executable, "-m", "bench.train_throughput", "--worker", name, "--shape", shape, "--size",
-               args.size, "--steps", str(args.steps), "--dtype", args.dtype, "--impl", args.impl, *extra]
+               args.size, "--steps", str(args.steps), "--dtype", args.dtype, "--impl", args.impl,
+               "--attention-dropout", str(args.attention_dropout), *extra]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     results = []
@@ -193,6 +198,8 @@ def main():
                         help="attention_impl for jaxpos: xla, jax, cudnn or pallas, or a comma list (each kind "
                              "under each; 'x none' is against none under the first)")
     parser.add_argument("--peers", default="plain_jax,huggingface", help="comma list, or '' for none")
+    parser.add_argument("--attention-dropout", type=float, default=0.0,
+                        help="jaxpos only (BERT's recipe: 0.1; xla and pallas have it, cudnn does not)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -205,6 +212,7 @@ def main():
     ceiling = run_worker("ceiling", args, "1x1")[0]  # a failed worker returns its error instead
     print(f"device: {ceiling.get('device')}  jax {ceiling.get('jax')}  bf16 matmul ceiling "
           f"{ceiling.get('tflops', float('nan')):.0f} TFLOP/s  size={args.size} attention_impl={args.impl}  "
+          f"attention_dropout={args.attention_dropout}  "
           f"median of {args.steps} steps", flush=True)
     print_header()
     for shape in args.shapes.split(","):

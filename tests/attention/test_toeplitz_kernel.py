@@ -62,6 +62,17 @@ def assert_close(got, want, rtol=1e-4):
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * max(np.abs(want).max(), 1e-6))
 
 
+def with_segments(table, num_types, sizes, seed):
+    """(params, types): the table with a per-head segment table [H, G, G] and random token types of queries [B, T]
+    and keys [B, S] (random, so that the visible keys of a query differ in type), or the table alone (G = 0)."""
+    if not num_types:
+        return dict(table=table), None
+    batch, t, s = sizes
+    types = tuple(jnp.asarray(np.random.default_rng(seed + i).integers(0, num_types, (batch, n)))
+                  for i, n in enumerate((t, s)))
+    return dict(table=table, segment=random((HEADS, num_types, num_types), seed + 2)), types
+
+
 def check_against_reference(args, build_table, kernel_kwargs, reference_kwargs, rtol=1e-4, types=None):
     """Out and the gradients of q, k, v and the table's parameters of `sum(out * g)` over rows that see a key.
 
@@ -141,10 +152,8 @@ def test_causal_cross_lengths_shared_clipped_table(table_grad, rate):
     table = random((1, 39), 6)
     q_seg = jnp.asarray([[1] * 10 + [2] * 27, [1] * 30 + [0] * 7])
     kv_seg = jnp.asarray([[1] * 23 + [2] * 27, [1] * 45 + [0] * 5])
-    segments = table_grad == "diagonals"  # the diagonals kernel recomputes dS with the pair term too
-    params = dict(table=table, segment=random((HEADS, 2, 2), 7)) if segments else dict(table=table)
-    types = (jnp.asarray(np.random.default_rng(8).integers(0, 2, (batch, t))),
-             jnp.asarray(np.random.default_rng(9).integers(0, 2, (batch, s)))) if segments else None
+    # the diagonals kernel recomputes dS with the pair term too
+    params, types = with_segments(table, 2 if table_grad == "diagonals" else 0, (batch, t, s), 7)
     check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
         rate, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, block_q=16,
                    block_k=32, block_dq=16, table_grad=table_grad),
@@ -164,10 +173,7 @@ def test_grouped_query_blocks_give_the_same_gradients(group, packed, rate):
     table = random((HEADS, 61), 23)
     q_seg = jnp.asarray([[1] * 40 + [2] * 24, [1] * 50 + [0] * 14]) if packed else None
     kv_seg = jnp.asarray([[1] * 47 + [2] * 28, [1] * 60 + [0] * 15]) if packed else None
-    segments = rate > 0
-    params = dict(table=table, segment=random((HEADS, 3, 3), 24)) if segments else dict(table=table)
-    types = (jnp.asarray(np.random.default_rng(25).integers(0, 3, (batch, t))),
-             jnp.asarray(np.random.default_rng(26).integers(0, 3, (batch, s)))) if segments else None
+    params, types = with_segments(table, 3 if rate else 0, (batch, t, s), 24)
     check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
         rate, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, block_q=16,
                    block_k=16, block_dq=16, dq_group=group),
@@ -294,14 +300,11 @@ def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
     table = random((HEADS, 301), 33)
     q_seg = jnp.asarray([[1] * 190 + [2] * 210, [1] * 400])
     kv_seg = jnp.asarray([[1] * 150 + [2] * 140 + [0] * 10, [1] * 280 + [0] * 20])
-    types = (jnp.asarray(np.random.default_rng(34).integers(0, 2, (batch, t))),
-             jnp.asarray(np.random.default_rng(35).integers(0, 2, (batch, s))))
-    check_against_reference((q, k, v, dict(table=table, segment=random((HEADS, 2, 2), 36))), lambda p: p["table"],
-                            *with_dropout(0.1, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True,
-                                                    q_offset=offset, backend="mosaic_tpu", dq_group=2,
-                                                    interpret=True),
-                                          dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)),
-                            types=types)
+    params, types = with_segments(table, 2, (batch, t, s), 34)
+    check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
+        0.1, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, backend="mosaic_tpu",
+                  dq_group=2, interpret=True),
+        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)), types=types)
     with pytest.raises(ValueError, match="Mosaic TPU blocks must be equal multiples of 128"):
         toeplitz_attention(q, k, v, table, backend="mosaic_tpu", block_q=64)
     with pytest.raises(ValueError, match="table_grad='diagonals'; choose tiles or"):
