@@ -157,3 +157,29 @@ def test_per_shard_maps_only_what_the_mesh_divides():
         np.testing.assert_allclose(jax.jit(run, in_shardings=replicated(mesh))(x), 3.0 * np.ones(shape))
     assert "shard_map" not in str(jax.make_jaxpr(lambda x: per_shard(fn, dict(x=x, w=x[0]), names,
                                                                      ("batch", "heads")))(jnp.ones((8, 4))))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_sharded_step_gathers_weights_not_activations():
+    """The compiled gradient step on a (data 2, fsdp 2, tensor 2) mesh all-gathers parameters only: no all-gather
+    returns an array with the sequence axis (T = 20, a size no parameter has). The token look-up used to keep the
+    table's fsdp-split features, gather the whole batch's ids and reshard [B, T, d] ("involuntary full
+    rematerialization")."""
+    import re
+
+    cfg = tiny_config(dict(kind="tisa"), vocab_size=64)
+    model = BertForMaskedLM(cfg)
+    ids = jax.random.randint(jax.random.PRNGKey(0), (8, 20), 1, cfg.vocab_size)
+    boxed = model.init(jax.random.PRNGKey(1), ids)
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+
+    def loss(p, ids):
+        with activation_sharding(mesh):
+            return jnp.sum(model.apply({"params": p}, ids) ** 2)
+
+    shardings = logical_sharding(boxed["params"], mesh)
+    step = jax.jit(jax.grad(loss), in_shardings=(shardings, batch_sharding(mesh)))
+    hlo = step.lower(flax.linen.unbox(boxed["params"]), ids).compile().as_text()
+    gathered = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather(?:-start)?\(", hlo)
+    assert gathered  # the fsdp weights are gathered
+    assert not [dims for dims in gathered if "20" in dims.split(",")], gathered
