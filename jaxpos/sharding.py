@@ -12,6 +12,7 @@ fsdp-sharded weights and all-reduces full-batch activations instead of gathering
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -75,17 +76,54 @@ def activation_sharding(mesh: Mesh):
         yield
 
 
+def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh_shape) -> PartitionSpec:
+    """`spec` without the splits that do not divide their axis of `shape` (those axes stay whole), so that any
+    vocabulary, head count or width runs on any mesh; mesh_shape: axis name -> size."""
+    def ways(axes):
+        axes = axes if isinstance(axes, tuple) else (axes,)
+        return int(np.prod([mesh_shape[a] for a in axes if a is not None]))
+
+    entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+    return PartitionSpec(*(None if axes is not None and dim % ways(axes) else axes
+                           for dim, axes in zip(shape, entries)))
+
+
+def _divides(spec: PartitionSpec, shape: Sequence[int], mesh_shape) -> bool:
+    """Whether every split of `spec` divides its axis of `shape`."""
+    return all(a == b for a, b in zip(fit_spec(spec, shape, mesh_shape), spec))
+
+
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
-    """`nn.with_logical_constraint` by this table, e.g. constrain(h, HIDDEN); a no-op outside
-    `activation_sharding`. (The table is passed here rather than set with `nn.logical_axis_rules`, which would
-    also constrain flax's flattened DenseGeneral kernels at their initialiser's rank and fail.)"""
-    return nn.with_logical_constraint(x, names, rules=LOGICAL_AXIS_RULES)
+    """Constrains activation `x` to the mesh axes of its logical `names` by this table (splits that do not divide
+    left out, `fit_spec`), e.g. constrain(h, HIDDEN); a no-op outside `activation_sharding`. (The table is
+    applied here rather than set with `nn.logical_axis_rules`, which would also constrain flax's flattened
+    DenseGeneral kernels at their initialiser's rank and fail.)"""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec = fit_spec(nn.logical_to_mesh_axes(names, LOGICAL_AXIS_RULES), x.shape, mesh.shape)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def logical_sharding(boxed_tree, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
-    """NamedShardings for a tree of logically partitioned values (params as returned by `init`)."""
+    """NamedShardings for a tree of logically partitioned values (params as returned by `init`, or their
+    `jax.eval_shape`); an axis whose size the mesh does not divide stays whole, with one logged line."""
     specs = nn.get_partition_spec(boxed_tree)
-    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+    whole = []
+
+    def fit(path, sharding, value):
+        spec = fit_spec(sharding.spec, value.shape, mesh.shape)
+        if not _divides(sharding.spec, value.shape, mesh.shape):
+            whole.append(f"{jax.tree_util.keystr(path)} {tuple(value.shape)}")
+        return NamedSharding(mesh, spec)
+
+    fitted = jax.tree_util.tree_map_with_path(fit, shardings, nn.unbox(boxed_tree))
+    if whole:
+        logging.getLogger(__name__).warning(
+            f"{len(whole)} arrays stay whole along an axis that mesh {dict(mesh.shape)} does not divide (memory "
+            f"per device grows; sizes that divide avoid it): {', '.join(whole[:3])}{', ...' if len(whole) > 3 else ''}")
+    return fitted
 
 
 def batch_sharding(mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> NamedSharding:
@@ -126,12 +164,7 @@ def per_shard(fn: Callable, args: dict, in_names: dict, out_names: tuple[str | N
     if mesh.empty or mesh.size == 1:
         return fn(**args)
     specs = {name: nn.logical_to_mesh_axes(in_names[name], LOGICAL_AXIS_RULES) for name in args}
-
-    def ways(axes):
-        axes = axes if isinstance(axes, tuple) else (axes,)
-        return int(np.prod([mesh.shape[a] for a in axes if a is not None]))
-
-    if any(dim % ways(axes) for name, x in args.items() for dim, axes in zip(x.shape, specs[name])):
+    if not all(_divides(specs[name], x.shape, mesh.shape) for name, x in args.items()):
         return fn(**args)
     out_spec = nn.logical_to_mesh_axes(out_names, LOGICAL_AXIS_RULES)
     # check_vma=False: a Pallas call carries no varying-manual-axes types.

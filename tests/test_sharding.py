@@ -9,7 +9,7 @@ import pytest
 
 from jaxpos.models import BertForMaskedLM
 from jaxpos.sharding import (HEADS, HIDDEN, LOGICAL_AXIS_RULES, MLP_HIDDEN, activation_sharding, batch_sharding,
-                             check_batch_divisible, constrain, logical_sharding, make_mesh, per_shard,
+                             check_batch_divisible, constrain, fit_spec, logical_sharding, make_mesh, per_shard,
                              replicated)
 from jaxpos.training.loop import make_global_batch
 from tests.helpers import VARIANTS, tiny_config
@@ -183,3 +183,31 @@ def test_sharded_step_gathers_weights_not_activations():
     gathered = re.findall(r"= \w+\[([\d,]*)\]\S* all-gather(?:-start)?\(", hlo)
     assert gathered  # the fsdp weights are gathered
     assert not [dims for dims in gathered if "20" in dims.split(",")], gathered
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_sizes_the_mesh_does_not_divide_stay_whole(caplog):
+    """A vocabulary of 63 on tensor = 2 (a tokenizer trained on a small corpus gives such sizes): the table keeps
+    its vocab axis whole (one logged line), features still over fsdp; the sharded forward equals one device's."""
+    assert fit_spec(jax.sharding.PartitionSpec("tensor", "fsdp"), (63, 32), dict(tensor=2, fsdp=2)) == \
+        jax.sharding.PartitionSpec(None, "fsdp")
+    assert fit_spec(jax.sharding.PartitionSpec(("data", "fsdp")), (6, 4), dict(data=2, fsdp=2)) == \
+        jax.sharding.PartitionSpec(None, None)
+    cfg = tiny_config(dict(kind="tisa"), vocab_size=63)
+    model = BertForMaskedLM(cfg)
+    ids = jax.random.randint(jax.random.PRNGKey(0), (8, 16), 1, cfg.vocab_size)
+    boxed = model.init(jax.random.PRNGKey(1), ids)
+    params = flax.linen.unbox(boxed["params"])
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    with caplog.at_level("WARNING", logger="jaxpos.sharding"):
+        shardings = logical_sharding(boxed["params"], mesh)
+    assert "stay whole" in caplog.text and "token_embed" in caplog.text
+    table = shardings["bert"]["token_embed"]["embedding"]
+    assert table.spec == jax.sharding.PartitionSpec(None, "fsdp")
+
+    def forward(p, x):
+        with activation_sharding(mesh):
+            return model.apply({"params": p}, x)
+
+    got = jax.jit(forward, in_shardings=(shardings, batch_sharding(mesh)))(jax.device_put(params, shardings), ids)
+    np.testing.assert_allclose(got, model.apply({"params": params}, ids), rtol=1e-5, atol=1e-5)
