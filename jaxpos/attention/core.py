@@ -7,8 +7,7 @@ and chooses how to apply them:
   and low-rank factors folded into q and k. Query-dependent Shaw terms and the analysis switches need "xla";
 - "pallas": `toeplitz_kernel.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
   folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
-  per device on a mesh (`sharding.per_shard`);
-  other terms fall back to "cudnn" or "xla".
+  per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla".
 """
 
 from __future__ import annotations

@@ -810,8 +810,8 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                        block_k: int | None = None, block_dq: int | None = None, dq_group: int | None = None,
                        table_grad: str = "tiles", scale: float | None = None, dropout_rate: float = 0.0,
                        dropout_seed: jax.Array | None = None, dropout_row_keys: jax.Array | None = None,
-                       pair_bias: tuple[jax.Array, jax.Array] | None = None, interpret: bool | None = None, backend: str | None = None, num_warps: int = 4,
-                       num_stages: int = 3) -> jax.Array:
+                       pair_bias: tuple[jax.Array, jax.Array] | None = None, interpret: bool | None = None,
+                       backend: str | None = None, num_warps: int = 4, num_stages: int = 3) -> jax.Array:
     """Attention with a Toeplitz bias from a table, differentiable in q, k, v and the table. -> out [B, T, H, Dv].
 
     q [B, T, H, D], k [B, S, H, D] and v [B, S, H, Dv] (D > Dv for folded low-rank factors); table [H|1, W]
@@ -828,10 +828,10 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     one skew (H*(T + S)*(b + 2) floats; dS computed twice); Mosaic sums in the dq kernel. Attention dropout at
     `dropout_rate` drops the weights that `dropout.keep_mask(dropout_seed, B, H, T, S, rate)` drops (the XLA
     path's mask), recomputed per tile; a caller holding a shard of the batch or heads passes the global
-    `dropout.row_keys` of its rows [B, H, T] as `dropout_row_keys` instead of the seed. `pair_bias` (u [B, T, H, r],
-    w [B, S, r]), r small: adds u[b, i, h] . w[b, j] to the logits, differentiable in u only (w: key features, such
-    as the one-hot token types of a per-head segment table). `interpret` None: the
-    Pallas interpreter when the backend is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or
+    `dropout.row_keys` of its rows [B, H, T] as `dropout_row_keys` instead of the seed. `pair_bias` (u [B, T, H,
+    r], w [B, S, r]), r small: adds u[b, i, h] . w[b, j] to the logits, differentiable in u only (w: key
+    features, such as the one-hot token types of a per-head segment table). `interpret` None: the Pallas
+    interpreter when the backend is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or
     "mosaic_tpu"; None: from the default backend.
     """
     batch, t, heads, dim = q.shape
