@@ -20,6 +20,9 @@ def _error_lines(capsys) -> list[str]:
     (["--config.data.source=text", "--config.data.paths=['/nonexistent/dir/*.txt']"], "matches no file"),
     (["--config.train.num_steps=many"], "--config.train.num_steps=many"),
     (["--config.model.no_such_field=1"], "unknown config field"),
+    (["--config.model.attention_dropout=1.0"], "attention_dropout=1.0 must be in [0, 1)"),
+    (["--config.model.attention_impl=cudnn", "--config.model.attention_dropout=0.1"],
+     "attention dropout needs attention_impl='xla' or 'pallas', not 'cudnn'"),
 ])
 def test_user_errors_are_one_line(tmp_path, capsys, overrides, expected):
     status = cli.main(["train", "--config", TINY, "--workdir", str(tmp_path / "run"), *overrides])

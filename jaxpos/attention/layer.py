@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxpos.attention.bias import PositionalBias
 from jaxpos.attention.core import apply_rotary, attend
 from jaxpos.config import ModelConfig
+from jaxpos.config.model import check_training
 from jaxpos.initializers import normal_init
 from jaxpos.sharding import HEADS, HIDDEN, constrain
 
@@ -65,9 +66,7 @@ class MultiHeadAttention(nn.Module):
         pcfg = cfg.position
         dropout_rng = None
         if not deterministic and cfg.attention_dropout > 0.0:
-            if cfg.attention_impl not in ("xla", "pallas"):  # jax.nn.dot_product_attention has no dropout
-                raise ValueError(f"attention dropout needs attention_impl='xla' or 'pallas', not "
-                                 f"{cfg.attention_impl!r}; or set model.attention_dropout=0")
+            check_training(cfg)  # jax.nn.dot_product_attention has no dropout
             dropout_rng = self.make_rng("dropout")
         q_segment_ids, kv_segment_ids, causal = mask_ids or (None, None, False)
         out, weights = attend(

@@ -177,6 +177,9 @@ class ModelConfig:
             raise ValueError(f"layer_norm={self.layer_norm!r}; choose post or pre")
         if self.attention_impl not in ("xla", "jax", "cudnn", "pallas"):
             raise ValueError(f"attention_impl={self.attention_impl!r}; choose xla, jax, cudnn or pallas")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
         if self.position.kind == "t5":  # check every stack the model builds: (name, bidirectional)
@@ -185,6 +188,13 @@ class ModelConfig:
                 stacks = [("encoder", True), ("decoder", False)]
             for stack, bidirectional in stacks:
                 self.position.t5.check(bidirectional, stack)
+
+
+def check_training(cfg: ModelConfig) -> None:
+    """Errors for a model block that evaluates but cannot train (checked before a training run reads data)."""
+    if cfg.attention_dropout > 0.0 and cfg.attention_impl in ("jax", "cudnn"):
+        raise ValueError(f"attention dropout needs attention_impl='xla' or 'pallas', not {cfg.attention_impl!r}; "
+                         "or set model.attention_dropout=0")
 
 
 def _build(cls, values: Mapping[str, Any], where: str):
