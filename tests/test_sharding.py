@@ -120,7 +120,7 @@ def test_pallas_kernel_runs_per_shard_on_a_mesh():
     heads (a Pallas call is opaque to XLA's partitioner), with the dropout keys of its global rows: loss and every
     gradient (the table's summed over devices) equal one device's."""
     batch = 8
-    cfg = tiny_config(dict(kind="tisa"), attention_impl="pallas", vocab_size=64, attention_dropout=0.2)
+    cfg = tiny_config(dict(kind="tisa"), attention_impl="pallas", vocab_size=64, attention_dropout=0.2, num_layers=1)
     model = BertForMaskedLM(cfg)
     ids = jax.random.randint(jax.random.PRNGKey(0), (batch, 16), 1, cfg.vocab_size)
     segs = jnp.ones((batch, 16), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
