@@ -88,9 +88,9 @@ def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh_shape) -> Partition
                            for dim, axes in zip(shape, entries)))
 
 
-def _divides(spec: PartitionSpec, shape: Sequence[int], mesh_shape) -> bool:
-    """Whether every split of `spec` divides its axis of `shape`."""
-    return all(a == b for a, b in zip(fit_spec(spec, shape, mesh_shape), spec))
+def _same_splits(fitted: PartitionSpec, spec: PartitionSpec) -> bool:
+    """Whether `fit_spec` kept every split of `spec` (it pads with None, so compare the axes `spec` names)."""
+    return all(a == b for a, b in zip(fitted, spec))
 
 
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
@@ -114,7 +114,7 @@ def logical_sharding(boxed_tree, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
 
     def fit(path, sharding, value):
         spec = fit_spec(sharding.spec, value.shape, mesh.shape)
-        if not _divides(sharding.spec, value.shape, mesh.shape):
+        if not _same_splits(spec, sharding.spec):
             whole.append(f"{jax.tree_util.keystr(path)} {tuple(value.shape)}")
         return NamedSharding(mesh, spec)
 
@@ -164,7 +164,7 @@ def per_shard(fn: Callable, args: dict, in_names: dict, out_names: tuple[str | N
     if mesh.empty or mesh.size == 1:
         return fn(**args)
     specs = {name: nn.logical_to_mesh_axes(in_names[name], LOGICAL_AXIS_RULES) for name in args}
-    if not all(_divides(specs[name], x.shape, mesh.shape) for name, x in args.items()):
+    if not all(_same_splits(fit_spec(specs[name], x.shape, mesh.shape), specs[name]) for name, x in args.items()):
         return fn(**args)
     out_spec = nn.logical_to_mesh_axes(out_names, LOGICAL_AXIS_RULES)
     # check_vma=False: a Pallas call carries no varying-manual-axes types.

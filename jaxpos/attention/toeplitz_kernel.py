@@ -670,8 +670,8 @@ def _backward(q, k, v, ext, qseg, kseg, keys, u, w, out, lse, do, st: _Static):
                   _u_spec(u, st, group * b), _w_spec(w, st, s_pad, whole)],
         out_specs=out_specs, out_shape=out_shape, name="toeplitz_attention_dq",
         args=(q, k, v, do, lse, delta, table, qseg, kseg, keys, u, w), qseg=qseg, kseg=kseg, reduces=accumulate)
-    dq, du = results[0], (results[1] if u is not None else None)
-    results = results[1:] if u is None else results[2:]
+    dq, results = results[0], list(results[1:])  # then [du], [table rows], as the kernel's outputs
+    du = results.pop(0) if u is not None else None
     d_ext = None
     if ext is not None and st.table_grad == "diagonals":
         d_ext = _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, w, st)

@@ -32,18 +32,19 @@ class Embed(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     embedding_init: nn.initializers.Initializer = normal_init(0.02)
-    row_axis: str | None = None  # the logical name of the table's rows ("vocab" for tokens)
+    axes: tuple[str | None, str | None] | None = None  # logical names of (rows, features); None: unnamed
 
     def setup(self):
-        self.embedding = self.param("embedding", self.embedding_init, (self.num_embeddings, self.features),
-                                    self.param_dtype)
+        init = self.embedding_init if self.axes is None else nn.with_logical_partitioning(self.embedding_init,
+                                                                                          self.axes)
+        self.embedding = self.param("embedding", init, (self.num_embeddings, self.features), self.param_dtype)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise ValueError(f"embedding ids must be integers, got {ids.dtype}")
         # The features whole before the look-up (an fsdp all-gather of the table, as for any weight): else XLA
         # keeps them split and gathers the ids of the whole batch instead, then reshards [B, T, d].
-        table = constrain(self.embedding, (self.row_axis, None))
+        table = constrain(self.embedding, (None if self.axes is None else self.axes[0], None))
         if self.num_embeddings <= ONE_HOT_ROWS:
             one_hot = jax.nn.one_hot(ids, self.num_embeddings, dtype=table.dtype)
             rows = jnp.einsum("...v,ve->...e", one_hot, table, precision=jax.lax.Precision.HIGHEST)
@@ -58,4 +59,4 @@ class Embed(nn.Module):
 def embedding(cfg: ModelConfig, num: int, axes: tuple[str | None, str], name: str, std: float | None = None) -> Embed:
     """An `Embed` of width `cfg.embed_width` with logical axes `axes` and N(0, std or cfg.init_std) rows."""
     return Embed(num, cfg.embed_width, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-                 embedding_init=nn.with_logical_partitioning(normal_init(std or cfg.init_std), axes), row_axis=axes[0])
+                 embedding_init=normal_init(std or cfg.init_std), axes=axes)
