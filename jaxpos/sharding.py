@@ -76,12 +76,16 @@ def activation_sharding(mesh: Mesh):
         yield
 
 
+def _mesh_axes(axes) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names)."""
+    return tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a is not None)
+
+
 def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh_shape) -> PartitionSpec:
     """`spec` without the splits that do not divide their axis of `shape` (those axes stay whole), so that any
     vocabulary, head count or width runs on any mesh; mesh_shape: axis name -> size."""
     def ways(axes):
-        axes = axes if isinstance(axes, tuple) else (axes,)
-        return int(np.prod([mesh_shape[a] for a in axes if a is not None]))
+        return int(np.prod([mesh_shape[a] for a in _mesh_axes(axes)]))
 
     entries = tuple(spec) + (None,) * (len(shape) - len(spec))
     return PartitionSpec(*(None if axes is not None and dim % ways(axes) else axes
@@ -153,20 +157,34 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def per_shard(fn: Callable, args: dict, in_names: dict, out_names: tuple[str | None, ...]):
     """fn(**args) run on each device's shard (`jax.shard_map`) when `activation_sharding` binds a mesh of more
     than one device, for kernels that XLA cannot partition (a Pallas call is one opaque custom call: without this,
-    the partitioner would gather the whole batch onto every device). Elsewhere, or when a named axis does not
-    divide an array, fn(**args) as it is.
+    the partitioner would gather the whole batch onto every device). Elsewhere fn(**args) as it is.
 
     in_names: per argument, the logical name of each axis (None: not split); out_names: those of the one output.
-    Arguments split over no mesh axis are replicated; the gradients of replicated arguments are summed over the
-    devices by shard_map's transpose.
+    A mesh axis that does not divide some argument's axis splits nothing (e.g. 12 heads on tensor=8: the batch
+    stays split, the heads whole on every device), the same for every argument and the output. Arguments split
+    over no mesh axis are replicated; the gradients of replicated arguments are summed over the devices by
+    shard_map's transpose (which also scales the cotangents of outputs computed redundantly).
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return fn(**args)
     specs = {name: nn.logical_to_mesh_axes(in_names[name], LOGICAL_AXIS_RULES) for name in args}
-    if not all(_same_splits(fit_spec(specs[name], x.shape, mesh.shape), specs[name]) for name, x in args.items()):
-        return fn(**args)
     out_spec = nn.logical_to_mesh_axes(out_names, LOGICAL_AXIS_RULES)
+    unfit = {axis for name, x in args.items()
+             for fitted, axes in zip(fit_spec(specs[name], x.shape, mesh.shape), specs[name])
+             if fitted != axes for axis in _mesh_axes(axes)}
+    specs = {name: _without(spec, unfit) for name, spec in specs.items()}
+    out_spec = _without(out_spec, unfit)
+    if not any(_mesh_axes(axes) for spec in (*specs.values(), out_spec) for axes in spec):
+        return fn(**args)
     # check_vma=False: a Pallas call carries no varying-manual-axes types.
     return jax.shard_map(lambda kw: fn(**kw), mesh=mesh, in_specs=(specs,), out_specs=out_spec,
                          check_vma=False)(args)
+
+
+def _without(spec: PartitionSpec, drop: set[str]) -> PartitionSpec:
+    """`spec` with the mesh axes in `drop` removed from every entry."""
+    def keep(axes):
+        kept = tuple(a for a in _mesh_axes(axes) if a not in drop)
+        return None if not kept else kept if isinstance(axes, tuple) else kept[0]
+    return PartitionSpec(*(keep(axes) for axes in spec))

@@ -1,11 +1,15 @@
 """Logical axis rules map every parameter onto a (data, fsdp, tensor) mesh; a sharded forward pass equals the
 single-device one."""
 
+import contextlib
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from jaxpos.models import BertForMaskedLM
 from jaxpos.sharding import (HEADS, HIDDEN, LOGICAL_AXIS_RULES, MLP_HIDDEN, activation_sharding, batch_sharding,
@@ -140,7 +144,8 @@ def test_pallas_kernel_runs_per_shard_on_a_mesh():
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 def test_per_shard_maps_only_what_the_mesh_divides():
-    """per_shard: fn on each device's block under a mesh; fn itself outside one or when an axis does not divide."""
+    """per_shard: fn on each device's block under a mesh; a mesh axis that does not divide an argument splits
+    nothing (the other axes stay split, the same in every spec); fn itself outside a mesh or when nothing splits."""
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     names = dict(x=("batch", "heads"), w=(None,))
 
@@ -151,10 +156,30 @@ def test_per_shard_maps_only_what_the_mesh_divides():
         with activation_sharding(mesh):
             return per_shard(fn, dict(x=x, w=jnp.arange(3.0)), names, ("batch", "heads"))
 
-    for shape, mapped in (((8, 4), True), ((6, 4), False), ((8, 3), False)):
+    batch, heads = ("data", "fsdp"), "tensor"
+    for shape, split in (((8, 4), P(batch, heads)), ((6, 4), P(None, heads)), ((8, 3), P(batch, None)),
+                         ((6, 3), None)):
         x = jnp.ones(shape)
-        assert ("shard_map" in str(jax.make_jaxpr(run)(x))) == mapped, shape
+        maps = [e for e in jax.make_jaxpr(run)(x).jaxpr.eqns if e.primitive.name == "shard_map"]
+        if split is None:
+            assert not maps, shape
+        else:
+            (w_spec, x_spec), (out_spec,) = maps[0].params["in_specs"], maps[0].params["out_specs"]
+            assert (x_spec, out_spec, w_spec) == (split, split, P(None)), (shape, maps[0].params)
         np.testing.assert_allclose(jax.jit(run, in_shardings=replicated(mesh))(x), 3.0 * np.ones(shape))
+        # gradients: of split arguments, of the replicated one (summed over devices), and of outputs that a
+        # dropped axis computes redundantly (their cotangents scaled by shard_map's transpose)
+        x, w, ct = (jax.random.normal(jax.random.PRNGKey(i), s) for i, s in enumerate((shape, (3,), shape)))
+
+        def loss(x, w, split):
+            with activation_sharding(mesh) if split else contextlib.nullcontext():
+                return jnp.sum(ct * per_shard(lambda x, w: jnp.sin(x) * w.sum(), dict(x=x, w=w), names,
+                                              ("batch", "heads")))
+
+        grads = jax.grad(loss, argnums=(0, 1))
+        split = jax.jit(functools.partial(grads, split=True), in_shardings=replicated(mesh))(x, w)
+        for got, want in zip(split, jax.jit(functools.partial(grads, split=False))(x, w)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(shape))
     assert "shard_map" not in str(jax.make_jaxpr(lambda x: per_shard(fn, dict(x=x, w=x[0]), names,
                                                                      ("batch", "heads")))(jnp.ones((8, 4))))
 

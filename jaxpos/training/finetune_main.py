@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxpos.config import ModelConfig, model_config
+from jaxpos.config.model import check_training
 from jaxpos.data.classification import task_spec
 from jaxpos.models import BertForSequenceClassification
 from jaxpos.training.finetune import ClassificationTask, example_losses, predictions_from_logits
@@ -219,11 +220,15 @@ def _format(values: dict) -> str:
 # --- the commands ------------------------------------------------------------------------------------------------
 
 def _resolve_model(config, pretrained: Pretrained) -> ModelConfig:
+    """The pretrained model's config with config.model's overrides, refused (before any data is read) where it
+    cannot train, e.g. attention dropout on an attention path without it."""
     overrides = config.model.to_dict()
     try:
-        return dataclasses.replace(pretrained.cfg, **overrides)
+        cfg = dataclasses.replace(pretrained.cfg, **overrides)
     except TypeError as err:
         raise ValueError(f"config.model may only override fields of the pretrained model's config: {err}") from err
+    check_training(cfg)
+    return cfg
 
 
 def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bool = True) -> dict:

@@ -291,6 +291,9 @@ def test_clear_errors(mlm_run, glue_dir, tmp_path):
         finetune_cli(base + ["--init", str(tmp_path / "nope")])
     with pytest.raises(ValueError, match="unknown fine-tuning task 'colaa'"):
         finetune_cli(base + ["--init", mlm_run, "--config.data.task=colaa"])
+    with pytest.raises(ValueError, match="attention dropout needs attention_impl='xla' or 'pallas', not 'cudnn'"):
+        finetune_cli(base + ["--init", mlm_run, "--config.model.attention_impl=cudnn",
+                             "--config.model.attention_dropout=0.1"])
     config = finetune_config()
     config.data.update(task="cola", source="glue_dir", glue_dir=glue_dir)
     with pytest.raises(ValueError, match="'test' split of task 'cola' has no labels"):
