@@ -23,7 +23,7 @@ from jaxpos.config.model import check_training
 from jaxpos.data.classification import task_spec
 from jaxpos.models import BertForSequenceClassification
 from jaxpos.training.finetune import ClassificationTask, example_losses, predictions_from_logits
-from jaxpos.training.loop import Trainer
+from jaxpos.training.loop import Trainer, with_activation_sharding
 
 EVALS_FILE, REPORT_FILE = "evals.json", "report.json"
 
@@ -149,7 +149,8 @@ def make_predict_fn(task: ClassificationTask, trainer: Trainer | None = None) ->
         return jax.jit(fn)
     from jaxpos.sharding import replicated
 
-    return jax.jit(fn, in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
+    # under the trainer's mesh, as its steps: activation constraints, and the Pallas kernel per device
+    return jax.jit(with_activation_sharding(fn, trainer.mesh), in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
                    out_shardings=replicated(trainer.mesh))
 
 
