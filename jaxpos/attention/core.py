@@ -4,7 +4,8 @@
 and chooses how to apply them:
 - "xla": the reference (einsum + softmax), every term exact, attention weights available for analysis;
 - "jax" / "cudnn": `jax.nn.dot_product_attention`, with position-only terms materialised once to [1, H, T, S]
-  and low-rank factors folded into q and k. Query-dependent Shaw terms and the analysis switches need "xla";
+  and low-rank factors and per-head segment tables (as u_i . w_j) folded into q and k, whose width is padded to
+  a multiple of 8 (cuDNN's rule). Query-dependent Shaw terms and the analysis switches need "xla";
 - "pallas": `toeplitz_kernel.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
   folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
   per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla".
@@ -89,11 +90,17 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
                              "attention_impl='pallas' or 'xla'")
         if fold:
             q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors, scale)
+        pairs = _segment_pairs(bias, q_types, k_types)
+        if pairs is not None:  # per-head segments as u_i . w_j folded into q.k: no [B, H, T, S] bias
+            u, w = pairs
+            q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, (jnp.swapaxes(u, 1, 2), w[:, None]), scale)
+            bias = bias.replace(segment_table=None)
         logits_bias = _additive_terms(bias, q_pos, k_pos, q_types, k_types, include_factors=False,
                                       dtype=q_BTHD.dtype)
-        if fold:  # v keeps its width: pad it so q, k, v share the head dimension, then drop the padding
-            pad = q_BTHD.shape[-1] - v_BSHD.shape[-1]
-            v_BSHD = jnp.pad(v_BSHD, ((0, 0), (0, 0), (0, 0), (0, pad)))
+        # Zero channels change no dot product: q, k, v share a head width that cuDNN takes (a multiple of 8).
+        width = -(-q_BTHD.shape[-1] // 8) * 8
+        q_BTHD, k_BSHD, v_BSHD = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - x.shape[-1])))
+                                  for x in (q_BTHD, k_BSHD, v_BSHD))
         out = jax.nn.dot_product_attention(
             q_BTHD, k_BSHD, v_BSHD, bias=logits_bias, mask=mask, scale=scale,
             implementation=None if implementation == "jax" else implementation)
@@ -143,11 +150,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
         q, k = fold_factors(q, k, at_pieces(bias).factors, scale)
     rate = dropout_rate if dropout_rng is not None else 0.0
     batch, length, heads, _ = q.shape
-    pair_u = pair_w = None
-    if bias.segment_table is not None and bias.segment_table.shape[-1] > 1:  # one type: a constant, no term
-        if q_types is None or k_types is None:
-            raise ValueError("per-head segment attention needs token types for queries and keys")
-        pair_u, pair_w = segment_pair_factors(bias.segment_table, q_types, k_types)
+    pair_u, pair_w = _segment_pairs(bias, q_types, k_types) or (None, None)
     args = dict(q=q, k=k, v=v, table=bias.table, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                 pair_u=pair_u, pair_w=pair_w,
                 q_offset=None if causal else q_pos[0] - k_pos[0],  # static 0 when causal
@@ -168,6 +171,16 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
 
     given = {name: x for name, x in args.items() if x is not None}
     return per_shard(kernel, given, {name: names[name] for name in given}, HEADS)
+
+
+def _segment_pairs(bias, q_types, k_types) -> tuple[jax.Array, jax.Array] | None:
+    """A per-head segment table as the rank G - 1 pair (u [B, T, H, G-1], w [B, S, G-1]) of
+    `segment_pair_factors`; None without one (or with one type: a constant, which softmax ignores)."""
+    if bias.segment_table is None or bias.segment_table.shape[-1] == 1:
+        return None
+    if q_types is None or k_types is None:
+        raise ValueError("per-head segment attention needs token types for queries and keys")
+    return segment_pair_factors(bias.segment_table, q_types, k_types)
 
 
 def _additive_terms(bias, q_pos, k_pos, q_types, k_types, *, include_factors, dtype):

@@ -10,21 +10,37 @@ import pytest
 from jaxpos.models import BertForMaskedLM
 from tests.helpers import tiny_config
 
+# diet_abs rank 3 with per-head segments: both folded into q.k (D 8 + 3 + 1 channels, padded to 16 for cuDNN).
 CASES = [dict(kind="tisa"), dict(kind="diet_abs"), dict(kind="t5"), dict(kind="rope"),
-         dict(kind="attenuated"), dict(kind="diet_rel", segment="per_head")]
+         dict(kind="attenuated"), dict(kind="diet_rel", segment="per_head"),
+         dict(kind="diet_abs", segment="per_head", diet_abs=dict(rank=3))]
 
 
 @pytest.mark.parametrize("position", CASES, ids=lambda p: p["kind"] + "_" + p.get("segment", "input"))
-def test_jax_attention_matches_xla(position):
+def test_jax_attention_matches_xla(position, monkeypatch):
+    """jax.nn.dot_product_attention (the cuDNN path's call) gives the reference's logits; it gets q, k, v of one
+    width, a multiple of 8 (cuDNN's rule), and no per-example bias (segment terms are folded into q.k)."""
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 1, 61)
     segs = jnp.ones((2, 12), jnp.int32).at[1, 7:].set(2)  # two packed pieces in the second row
     types = (jnp.arange(12) >= 6).astype(jnp.int32)[None].repeat(2, 0)
+    calls = []
+
+    def spy(q, k, v, bias=None, **kwargs):
+        calls.append((q.shape[-1], k.shape[-1], v.shape[-1], None if bias is None else bias.shape))
+        return dot_product_attention(q, k, v, bias=bias, **kwargs)
+
+    dot_product_attention = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
     outs = []
     for impl in ("xla", "jax"):
         model = BertForMaskedLM(tiny_config(position, attention_impl=impl))
         params = model.init(jax.random.PRNGKey(1), ids)["params"]
         outs.append(model.apply({"params": params}, ids, segment_ids=segs, token_types=types))
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert calls
+    for q_width, k_width, v_width, bias_shape in calls:
+        assert q_width == k_width == v_width and q_width % 8 == 0, calls
+        assert bias_shape is None or bias_shape[0] == 1, calls
 
 
 def test_shaw_needs_the_reference_path():
