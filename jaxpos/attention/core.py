@@ -74,7 +74,7 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         if blocker is None:
             return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_types, k_types, q_segment_ids,
                                     kv_segment_ids, causal, dropout_rng, dropout_rate), None
-        implementation = _pallas_fallback(bias, q_BTHD.dtype, content, position, dropout_rng, dropout_rate)
+        implementation = _pallas_fallback(bias, q_BTHD, k_BSHD, content, position, dropout_rng, dropout_rate)
         _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
     bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
     head_dim = q_BTHD.shape[-1]
@@ -223,10 +223,11 @@ def _pallas_blocker(q, k, bias, mask, content, position, q_segment_ids, kv_segme
     return None
 
 
-def _pallas_fallback(bias, dtype, content, position, dropout_rng, dropout_rate) -> str:
+def _pallas_fallback(bias, q, k, content, position, dropout_rng, dropout_rate) -> str:
     """cuDNN on GPUs where jax.nn.dot_product_attention can express the call (bf16/fp16 inputs, no Shaw terms,
-    no dropout), else the XLA reference."""
-    cudnn_ok = (jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16) and content and position
-                and bias.rel_keys is None
-                and bias.rel_values is None and not (dropout_rng is not None and dropout_rate > 0.0))
+    no dropout, even lengths: cuDNN trains with a bias only then), else the XLA reference."""
+    cudnn_ok = (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and content and position
+                and bias.rel_keys is None and bias.rel_values is None
+                and not (dropout_rng is not None and dropout_rate > 0.0)
+                and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0)
     return "cudnn" if cudnn_ok else "xla"

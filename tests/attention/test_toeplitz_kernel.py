@@ -242,6 +242,26 @@ def test_attend_pallas_path_and_fallbacks(caplog):
     assert len(notes) == 1 and "dense" in notes[0]
 
 
+def test_fallback_takes_cudnn_only_where_it_can_train(monkeypatch):
+    """On a GPU, calls the kernel cannot take go to cuDNN only with half-precision inputs, no Shaw terms, no
+    dropout and even lengths (cuDNN trains with a bias only then); else to the XLA reference."""
+    from jaxpos.attention.core import _pallas_fallback
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    dense = PositionalBias(dense=jnp.zeros((HEADS, 8, 8)))
+
+    def choice(t=8, s=8, dtype=jnp.bfloat16, bias=dense, rng=None, rate=0.0):
+        q, k = jnp.zeros((1, t, HEADS, D), dtype), jnp.zeros((1, s, HEADS, D), dtype)
+        return _pallas_fallback(bias, q, k, True, True, rng, rate)
+
+    assert choice() == "cudnn"
+    assert choice(t=7) == choice(s=9) == choice(dtype=jnp.float32) == "xla"
+    assert choice(rng=jax.random.PRNGKey(0), rate=0.1) == "xla"
+    assert choice(bias=PositionalBias(rel_keys=jnp.zeros((3, D)))) == "xla"
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert choice() == "xla"
+
+
 def lowered_text(platform, backend, grad, **kwargs):
     """The StableHLO of the kernel (forward, or forward and backward; with dropout) lowered for `platform` from
     this host."""
