@@ -19,6 +19,21 @@ SEGMENT_MODES = ("input", "per_head", "none")
 # layer: one set per head, shared by all layers of the stack
 SHARING_MODES = ("none", "head", "layer")
 ATTENUATED_FORMS = ("fixed", "matrix", "offset", "abs_offset")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_count(name: str, value, least: int, optional: bool = False) -> None:
+    """Raises a ValueError unless `value` is an integer >= least (or None where optional)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name}={value!r} must be an integer >= {least}" + (" (or None)" if optional else ""))
+
+
+def _check_positive(name: str, value, zero_ok: bool = False) -> None:
+    """Raises a ValueError unless `value` is a number > 0 (>= 0 where zero_ok)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if zero_ok else value > 0):
+        raise ValueError(f"{name}={value!r} must be a number {'>=' if zero_ok else '>'} 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +141,15 @@ class PositionConfig:
             raise ValueError(f"position.tupe.untie_cls={self.tupe.untie_cls!r} must be true or false")
         if self.attenuated.form not in ATTENUATED_FORMS:
             raise ValueError(f"position.attenuated.form={self.attenuated.form!r}; choose one of {ATTENUATED_FORMS}")
+        _check_count("position.num_segments", self.num_segments, 1)
+        _check_count("position.tisa.num_kernels", self.tisa.num_kernels, 1)
+        _check_count("position.diet_rel.max_distance", self.diet_rel.max_distance, 1, optional=True)
+        _check_count("position.diet_abs.rank", self.diet_abs.rank, 1, optional=True)
+        _check_count("position.diet_abs.linformer_k", self.diet_abs.linformer_k, 1, optional=True)
+        _check_count("position.shaw.clip", self.shaw.clip, 1)
+        _check_positive("position.rope.base", self.rope.base)
+        _check_positive("position.attenuated.w", self.attenuated.w)  # w > 0 sets locality (Chen et al. eq. 8)
+        _check_positive("position.attenuated.s", self.attenuated.s, zero_ok=True)
         if self.attenuated.form == "abs_offset" and self.attenuated.s != 1.0:
             raise ValueError(f"position.attenuated.form='abs_offset' indexes by |j - i|, so it is symmetric and "
                              f"needs s=1 (got s={self.attenuated.s}); use form='offset' for s != 1")
@@ -171,6 +195,15 @@ class ModelConfig:
         return self.embedding_dim or self.d_model
 
     def __post_init__(self):
+        for name, least in (("vocab_size", 1), ("d_model", 1), ("num_layers", 1), ("num_decoder_layers", 0),
+                            ("num_heads", 1), ("mlp_dim", 1), ("max_length", 1), ("type_vocab_size", 1)):
+            _check_count(name, getattr(self, name), least)
+        _check_count("embedding_dim", self.embedding_dim, 1, optional=True)
+        _check_positive("layer_norm_eps", self.layer_norm_eps)
+        _check_positive("init_std", self.init_std)
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in FLOAT_DTYPES:
+                raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {', '.join(FLOAT_DTYPES)}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
         if self.layer_norm not in ("post", "pre"):
@@ -182,6 +215,9 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
+        if self.position.kind == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE rotates channel pairs: it needs an even head dimension, got d_model / "
+                             f"num_heads = {self.d_model} / {self.num_heads} = {self.head_dim}")
         if self.position.kind == "t5":  # check every stack the model builds: (name, bidirectional)
             stacks = [("stack", not self.causal)]
             if self.num_decoder_layers:  # encoder-decoder: a bidirectional encoder and a causal decoder
