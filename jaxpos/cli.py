@@ -17,6 +17,7 @@ from jaxpos.training.finetune_cli import add_finetune_parser
 def _train(args, overrides):
     from jaxpos.config import model_config
     from jaxpos.config.files import apply_overrides, load_config
+    from jaxpos.config.defaults import check_train_block
     from jaxpos.config.model import check_training
 
     if args.distributed:  # multi-host: coordinator and process ids come from the TPU / SLURM environment
@@ -25,7 +26,8 @@ def _train(args, overrides):
         jax.distributed.initialize()
 
     config = apply_overrides(load_config(args.config), overrides)
-    check_training(model_config(config.model))  # refuse a bad model block before any data is read
+    check_training(model_config(config.model))  # refuse a bad model or train block before any data is read
+    check_train_block(config.train)
     if config.task == "mlm":
         from jaxpos.training.mlm_main import train_mlm
 

@@ -21,6 +21,9 @@ def _error_lines(capsys) -> list[str]:
     (["--config.train.num_steps=many"], "--config.train.num_steps=many"),
     (["--config.model.no_such_field=1"], "unknown config field"),
     (["--config.model.attention_dropout=1.0"], "attention_dropout=1.0 must be in [0, 1)"),
+    (["--config.model.num_heads=0"], "num_heads=0 must be an integer >= 1"),
+    (["--config.train.batch_size=0"], "train.batch_size=0 must be an integer >= 1"),
+    (["--config.data.mask_prob=1.5"], "data.mask_prob=1.5 must be in (0, 1]"),
     (["--config.model.attention_impl=cudnn", "--config.model.attention_dropout=0.1"],
      "attention dropout needs attention_impl='xla' or 'pallas', not 'cudnn'"),
 ])

@@ -79,3 +79,67 @@ def test_attenuated_abs_offset_needs_symmetry():
     base = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16)
     with pytest.raises(ValueError, match=r"abs_offset.*\|j - i\|.*needs s=1 \(got s=0.5\)"):
         model_config(dict(base, position=dict(kind="attenuated", attenuated=dict(form="abs_offset", s=0.5))))
+
+
+# One value out of range per case: each must be refused by name when the config is read, not fail (or train
+# something meaningless) later.
+MODEL_RANGES = [
+    (dict(num_heads=0), "num_heads=0 must be an integer >= 1"),
+    (dict(d_model=-32), "d_model=-32 must be an integer >= 1"),
+    (dict(num_layers=0), "num_layers=0 must be an integer >= 1"),
+    (dict(num_decoder_layers=-1), "num_decoder_layers=-1 must be an integer >= 0"),
+    (dict(vocab_size=0), "vocab_size=0 must be an integer >= 1"),
+    (dict(mlp_dim=0), "mlp_dim=0 must be an integer >= 1"),
+    (dict(max_length=0), "max_length=0 must be an integer >= 1"),
+    (dict(type_vocab_size=0), "type_vocab_size=0 must be an integer >= 1"),
+    (dict(embedding_dim=0), r"embedding_dim=0 must be an integer >= 1 \(or None\)"),
+    (dict(layer_norm_eps=-1e-6), "layer_norm_eps=-1e-06 must be a number > 0"),
+    (dict(init_std=0.0), "init_std=0.0 must be a number > 0"),
+    (dict(dtype="float31"), "dtype='float31'; choose one of float32, bfloat16, float16"),
+    (dict(param_dtype="int8"), "param_dtype='int8'; choose one of"),
+    (dict(position=dict(kind="rope"), d_model=36), "RoPE .* even head dimension, got d_model / num_heads = 36 / 4"),
+    (dict(position=dict(kind="rope", rope=dict(base=0.0))), "position.rope.base=0.0 must be a number > 0"),
+    (dict(position=dict(kind="tisa", tisa=dict(num_kernels=0))), "position.tisa.num_kernels=0 must be"),
+    (dict(position=dict(kind="diet_abs", diet_abs=dict(rank=0))), "position.diet_abs.rank=0 must be"),
+    (dict(position=dict(kind="diet_abs", diet_abs=dict(linformer_k=0))), "position.diet_abs.linformer_k=0 must"),
+    (dict(position=dict(kind="diet_rel", diet_rel=dict(max_distance=-3))), "position.diet_rel.max_distance=-3"),
+    (dict(position=dict(kind="shaw", shaw=dict(clip=0))), "position.shaw.clip=0 must be an integer >= 1"),
+    (dict(position=dict(kind="absolute", num_segments=0)), "position.num_segments=0 must be an integer >= 1"),
+    (dict(position=dict(kind="attenuated", attenuated=dict(w=-0.05))), "position.attenuated.w=-0.05 must be"),
+    (dict(position=dict(kind="attenuated", attenuated=dict(s=-1.0))), "position.attenuated.s=-1.0 must be a number >= 0"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", MODEL_RANGES, ids=[m.split("=")[0].split(" ")[0] for _, m in MODEL_RANGES])
+def test_model_values_out_of_range_are_refused(overrides, message):
+    base = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16)
+    model_config(base)
+    with pytest.raises(ValueError, match=message):
+        model_config(dict(base, **overrides))
+
+
+def test_train_values_out_of_range_are_refused():
+    from jaxpos.config.defaults import check_train_block, finetune_config, translation_config
+
+    for path in CONFIGS:  # the shipped configs pass (fine-tuning's 0 = default fields resolved as it does)
+        train = load_config(path).train
+        if load_config(path).task == "finetune":
+            train.update(eval_every=10, checkpoint_every=10)
+        check_train_block(train)
+    check_train_block(translation_config().train)
+    train = finetune_config().train
+    for name, value, message in [
+            ("batch_size", 0, "an integer >= 1"), ("grad_accum_steps", 0, "an integer >= 1"),
+            ("log_every", 0, "an integer >= 1"), ("eval_every", -1, "an integer >= 1"),
+            ("keep_checkpoints", 0, "an integer >= 1"), ("num_steps", -1, "an integer >= 0"),
+            ("warmup_steps", -5, r"an integer >= 0 \(or None"), ("learning_rate", 0.0, "a number > 0"),
+            ("warmup_fraction", 1.5, r"in \[0, 1\]"), ("b2", 1.0, r"in \[0, 1\)"), ("eps", 0.0, "a number > 0"),
+            ("weight_decay", -0.01, "a number >= 0"), ("clip_norm", -1.0, "a number >= 0"),
+            ("label_smoothing", 1.0, r"in \[0, 1\)")]:
+        bad = train.copy_and_resolve_references()
+        bad.update(eval_every=10, checkpoint_every=10)  # fine-tuning's 0 = default, resolved before training
+        check_train_block(bad)
+        with bad.unlocked():
+            bad[name] = value
+        with pytest.raises(ValueError, match=f"train.{name}={value!r} must be {message}"):
+            check_train_block(bad)

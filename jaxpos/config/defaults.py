@@ -35,13 +35,46 @@ def train_block(**overrides) -> ml_collections.ConfigDict:
         seed=0,
         log_every=50,
         eval_every=1_000,
-        eval_batches=20,  # held-out batches per evaluation
+        eval_batches=20,  # held-out batches per evaluation (0 = the whole held-out split)
         checkpoint_every=1_000,
         keep_checkpoints=3,
         async_checkpoints=True,
     ))
     block.update(overrides)
     return block
+
+
+def check_train_block(train: ml_collections.ConfigDict) -> None:
+    """Raises a ValueError naming the first `config.train` value out of its range (counts, rates, intervals);
+    run before a run reads data, and by the Trainer (after fine-tuning has resolved its 0 = default fields)."""
+    def check(name, ok, need):
+        value = train.get(name)
+        if name in train and not ok(value):
+            raise ValueError(f"train.{name}={value!r} must be {need}")
+
+    def count(least):
+        return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+    def number(low, high=float("inf"), low_open=False, high_open=True):
+        def ok(v):
+            return (isinstance(v, (int, float)) and not isinstance(v, bool) and (low < v if low_open else low <= v)
+                    and (v < high if high_open else v <= high))
+        return ok
+
+    for name in ("batch_size", "grad_accum_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+        check(name, count(1), "an integer >= 1")
+    for name in ("num_steps", "max_predictions", "eval_batches"):
+        check(name, count(0), "an integer >= 0")
+    if train.get("warmup_steps") is not None:
+        check("warmup_steps", count(0), "an integer >= 0 (or None: warmup_fraction)")
+    check("learning_rate", number(0.0, low_open=True), "a number > 0")
+    check("warmup_fraction", number(0.0, 1.0, high_open=False), "in [0, 1]")
+    for name in ("b1", "b2"):
+        check(name, number(0.0, 1.0), "in [0, 1)")
+    check("eps", number(0.0, low_open=True), "a number > 0")
+    for name in ("weight_decay", "clip_norm"):
+        check(name, number(0.0), "a number >= 0")
+    check("label_smoothing", number(0.0, 1.0), "in [0, 1)")
 
 
 def mesh_block(**overrides) -> ml_collections.ConfigDict:

@@ -188,6 +188,8 @@ def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: 
 
     Raises ValueError for an empty corpus, an empty held-out split, or fewer packed examples than one batch.
     """
+    if not 0.0 < config.mask_prob <= 1.0:  # before the corpus is read or a tokenizer trained
+        raise ValueError(f"data.mask_prob={config.mask_prob} must be in (0, 1]")
     if config.get("streaming", False):
         return _build_streaming(config, batch_size, workdir, process_index, process_count, eval_rows)
     stats, eval_stats = DataStats(), DataStats()

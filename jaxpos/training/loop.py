@@ -21,6 +21,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxpos.config.defaults import check_train_block
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
 from jaxpos.training.checkpoint import Checkpointer, abstract_like
@@ -160,6 +161,7 @@ class Trainer:
         self.config, self.workdir, self.task = config, workdir, task
         tcfg = config.train
         # User errors first, each naming both sides, before anything is traced or compiled.
+        check_train_block(tcfg)
         self.mesh = mesh if mesh is not None else make_mesh(**config.mesh.to_dict())
         check_batch_divisible(tcfg.batch_size, self.mesh, jax.process_count(), tcfg.grad_accum_steps)
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,

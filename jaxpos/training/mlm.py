@@ -59,7 +59,8 @@ class MaskedLMTask:
         weights, targets = batch["mask_weights"].astype(jnp.float32), batch["targets"]
         predicted = None
         if self.max_predictions:
-            _, predicted = jax.lax.top_k(weights, self.max_predictions)  # masked positions first
+            # masked positions first; a row of fewer positions takes them all
+            _, predicted = jax.lax.top_k(weights, min(self.max_predictions, weights.shape[1]))
             weights = jnp.take_along_axis(weights, predicted, axis=1)
             targets = jnp.take_along_axis(targets, predicted, axis=1)
         logits = self.model.apply(

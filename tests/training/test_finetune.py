@@ -322,7 +322,7 @@ def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
     pretrained = load_pretrained(folder)
     config = finetune_config()
     config.model.update(dropout=0.0, attention_dropout=0.0)
-    config.train.update(num_steps=1, batch_size=8)
+    config.train.update(num_steps=1, batch_size=8, eval_every=1, checkpoint_every=1)  # as finetune() resolves them
     cfg = dataclasses.replace(pretrained.cfg, dropout=0.0, attention_dropout=0.0)
     task = ClassificationTask(BertForSequenceClassification(cfg, 2), 12)
     trainer = FinetuneTrainer(config, str(tmp_path / "init"), task, pretrained, log=False)

@@ -46,3 +46,19 @@ def test_translation_loss_ignores_padding():
     assert float(sums["nll"]) != pytest.approx(float(sums["loss"]))  # smoothing changes the training loss
     metrics = task.summarize(sums)
     assert float(metrics["perplexity"]) == pytest.approx(np.exp(float(sums["nll"]) / 3), rel=1e-5)
+
+
+def test_mlm_head_at_most_max_predictions_positions_equals_every_position():
+    """max_predictions runs the output head at the masked positions only: the loss equals the all-positions
+    loss whenever no row has more masked positions than that, also when it exceeds the row length."""
+    from jaxpos.models import BertForMaskedLM
+    from jaxpos.training.mlm import MaskedLMTask
+
+    model = BertForMaskedLM(tiny_config(dict(kind="tisa")))
+    ids = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 5, 61)
+    weights = jnp.zeros((2, 8)).at[0, 2].set(1.0).at[1, jnp.array([1, 6])].set(1.0)
+    batch = dict(input_ids=ids, targets=jnp.roll(ids, 1, axis=1), mask_weights=weights,
+                 segment_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
+    params = model.init(jax.random.PRNGKey(1), ids)["params"]
+    losses = [float(MaskedLMTask(model, 8, k).loss(params, batch, None, False)[0]) for k in (0, 2, 32)]
+    np.testing.assert_allclose(losses[1:], [losses[0]] * 2, rtol=1e-6)
