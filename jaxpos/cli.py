@@ -28,6 +28,10 @@ def _train(args, overrides):
     config = apply_overrides(load_config(args.config), overrides)
     check_training(model_config(config.model))  # refuse a bad model or train block before any data is read
     check_train_block(config.train)
+    if "decode" in config:  # translation: the beam search's settings too
+        from jaxpos.decoding.translate import decode_config
+
+        decode_config(config.decode)
     if config.task == "mlm":
         from jaxpos.training.mlm_main import train_mlm
 

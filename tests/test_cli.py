@@ -9,6 +9,7 @@ import pytest
 from jaxpos import cli
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "mlm", "tiny.py")
+WMT_TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "wmt", "tiny.py")
 
 
 def _error_lines(capsys) -> list[str]:
@@ -26,9 +27,12 @@ def _error_lines(capsys) -> list[str]:
     (["--config.data.mask_prob=1.5"], "data.mask_prob=1.5 must be in (0, 1]"),
     (["--config.model.attention_impl=cudnn", "--config.model.attention_dropout=0.1"],
      "attention dropout needs attention_impl='xla' or 'pallas', not 'cudnn'"),
+    (["--config", WMT_TINY, "--config.decode.beam_size=0"], "decode.beam_size=0 must be an integer >= 1"),
 ])
 def test_user_errors_are_one_line(tmp_path, capsys, overrides, expected):
+    """Each refused before any data is read: the run's folder holds nothing (no tokenizer, no corpus)."""
     status = cli.main(["train", "--config", TINY, "--workdir", str(tmp_path / "run"), *overrides])
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
     lines = _error_lines(capsys)
     assert status == 2
     assert len(lines) == 1 and lines[0].startswith("jaxpos: error: ") and expected in lines[0], lines

@@ -132,7 +132,7 @@ def test_train_values_out_of_range_are_refused():
             ("batch_size", 0, "an integer >= 1"), ("grad_accum_steps", 0, "an integer >= 1"),
             ("log_every", 0, "an integer >= 1"), ("eval_every", -1, "an integer >= 1"),
             ("keep_checkpoints", 0, "an integer >= 1"), ("num_steps", -1, "an integer >= 0"),
-            ("warmup_steps", -5, r"an integer >= 0 \(or None"), ("learning_rate", 0.0, "a number > 0"),
+            ("warmup_steps", -5, "an integer >= 0"), ("learning_rate", 0.0, "a number > 0"),
             ("warmup_fraction", 1.5, r"in \[0, 1\]"), ("b2", 1.0, r"in \[0, 1\)"), ("eps", 0.0, "a number > 0"),
             ("weight_decay", -0.01, "a number >= 0"), ("clip_norm", -1.0, "a number >= 0"),
             ("label_smoothing", 1.0, r"in \[0, 1\)")]:

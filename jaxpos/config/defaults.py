@@ -6,6 +6,7 @@ import dataclasses
 
 import ml_collections
 
+from jaxpos.config.checks import check_count, check_number
 from jaxpos.config.model import ModelConfig
 
 
@@ -47,34 +48,21 @@ def train_block(**overrides) -> ml_collections.ConfigDict:
 def check_train_block(train: ml_collections.ConfigDict) -> None:
     """Raises a ValueError naming the first `config.train` value out of its range (counts, rates, intervals);
     run before a run reads data, and by the Trainer (after fine-tuning has resolved its 0 = default fields)."""
-    def check(name, ok, need):
-        value = train.get(name)
-        if name in train and not ok(value):
-            raise ValueError(f"train.{name}={value!r} must be {need}")
+    def given(name):
+        return name in train and (name != "warmup_steps" or train.warmup_steps is not None)
 
-    def count(least):
-        return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least
-
-    def number(low, high=float("inf"), low_open=False, high_open=True):
-        def ok(v):
-            return (isinstance(v, (int, float)) and not isinstance(v, bool) and (low < v if low_open else low <= v)
-                    and (v < high if high_open else v <= high))
-        return ok
-
-    for name in ("batch_size", "grad_accum_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
-        check(name, count(1), "an integer >= 1")
-    for name in ("num_steps", "max_predictions", "eval_batches"):
-        check(name, count(0), "an integer >= 0")
-    if train.get("warmup_steps") is not None:
-        check("warmup_steps", count(0), "an integer >= 0 (or None: warmup_fraction)")
-    check("learning_rate", number(0.0, low_open=True), "a number > 0")
-    check("warmup_fraction", number(0.0, 1.0, high_open=False), "in [0, 1]")
-    for name in ("b1", "b2"):
-        check(name, number(0.0, 1.0), "in [0, 1)")
-    check("eps", number(0.0, low_open=True), "a number > 0")
-    for name in ("weight_decay", "clip_norm"):
-        check(name, number(0.0), "a number >= 0")
-    check("label_smoothing", number(0.0, 1.0), "in [0, 1)")
+    for name, least in (("batch_size", 1), ("grad_accum_steps", 1), ("log_every", 1), ("eval_every", 1),
+                        ("checkpoint_every", 1), ("keep_checkpoints", 1), ("num_steps", 0), ("max_predictions", 0),
+                        ("eval_batches", 0), ("warmup_steps", 0)):
+        if given(name):
+            check_count(f"train.{name}", train[name], least)
+    for name, low, high, open_low, open_high in (
+            ("learning_rate", 0.0, None, True, True), ("eps", 0.0, None, True, True),
+            ("weight_decay", 0.0, None, False, True), ("clip_norm", 0.0, None, False, True),
+            ("warmup_fraction", 0.0, 1.0, False, False), ("b1", 0.0, 1.0, False, True),
+            ("b2", 0.0, 1.0, False, True), ("label_smoothing", 0.0, 1.0, False, True)):
+        if given(name):
+            check_number(f"train.{name}", train[name], low, high, open_low=open_low, open_high=open_high)
 
 
 def mesh_block(**overrides) -> ml_collections.ConfigDict:

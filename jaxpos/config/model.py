@@ -10,6 +10,8 @@ import dataclasses
 import typing
 from typing import Any, Mapping
 
+from jaxpos.config.checks import check_count, check_number
+
 POSITION_KINDS = (
     "none", "absolute", "sinusoidal", "tisa", "diet_rel", "diet_abs",
     "t5", "shaw", "tupe", "rope", "alibi", "attenuated",
@@ -20,20 +22,6 @@ SEGMENT_MODES = ("input", "per_head", "none")
 SHARING_MODES = ("none", "head", "layer")
 ATTENUATED_FORMS = ("fixed", "matrix", "offset", "abs_offset")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _check_count(name: str, value, least: int, optional: bool = False) -> None:
-    """Raises a ValueError unless `value` is an integer >= least (or None where optional)."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name}={value!r} must be an integer >= {least}" + (" (or None)" if optional else ""))
-
-
-def _check_positive(name: str, value, zero_ok: bool = False) -> None:
-    """Raises a ValueError unless `value` is a number > 0 (>= 0 where zero_ok)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if zero_ok else value > 0):
-        raise ValueError(f"{name}={value!r} must be a number {'>=' if zero_ok else '>'} 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,15 +129,16 @@ class PositionConfig:
             raise ValueError(f"position.tupe.untie_cls={self.tupe.untie_cls!r} must be true or false")
         if self.attenuated.form not in ATTENUATED_FORMS:
             raise ValueError(f"position.attenuated.form={self.attenuated.form!r}; choose one of {ATTENUATED_FORMS}")
-        _check_count("position.num_segments", self.num_segments, 1)
-        _check_count("position.tisa.num_kernels", self.tisa.num_kernels, 1)
-        _check_count("position.diet_rel.max_distance", self.diet_rel.max_distance, 1, optional=True)
-        _check_count("position.diet_abs.rank", self.diet_abs.rank, 1, optional=True)
-        _check_count("position.diet_abs.linformer_k", self.diet_abs.linformer_k, 1, optional=True)
-        _check_count("position.shaw.clip", self.shaw.clip, 1)
-        _check_positive("position.rope.base", self.rope.base)
-        _check_positive("position.attenuated.w", self.attenuated.w)  # w > 0 sets locality (Chen et al. eq. 8)
-        _check_positive("position.attenuated.s", self.attenuated.s, zero_ok=True)
+        check_count("position.num_segments", self.num_segments, 1)
+        check_count("position.tisa.num_kernels", self.tisa.num_kernels, 1)
+        check_count("position.diet_rel.max_distance", self.diet_rel.max_distance, 1, optional=True)
+        check_count("position.diet_abs.rank", self.diet_abs.rank, 1, optional=True)
+        check_count("position.diet_abs.linformer_k", self.diet_abs.linformer_k, 1, optional=True)
+        check_count("position.shaw.clip", self.shaw.clip, 1)
+        check_number("position.rope.base", self.rope.base, 0.0, open_low=True)
+        # w > 0 sets locality, s >= 0 symmetry (Chen et al. eq. 8)
+        check_number("position.attenuated.w", self.attenuated.w, 0.0, open_low=True)
+        check_number("position.attenuated.s", self.attenuated.s, 0.0)
         if self.attenuated.form == "abs_offset" and self.attenuated.s != 1.0:
             raise ValueError(f"position.attenuated.form='abs_offset' indexes by |j - i|, so it is symmetric and "
                              f"needs s=1 (got s={self.attenuated.s}); use form='offset' for s != 1")
@@ -197,10 +186,10 @@ class ModelConfig:
     def __post_init__(self):
         for name, least in (("vocab_size", 1), ("d_model", 1), ("num_layers", 1), ("num_decoder_layers", 0),
                             ("num_heads", 1), ("mlp_dim", 1), ("max_length", 1), ("type_vocab_size", 1)):
-            _check_count(name, getattr(self, name), least)
-        _check_count("embedding_dim", self.embedding_dim, 1, optional=True)
-        _check_positive("layer_norm_eps", self.layer_norm_eps)
-        _check_positive("init_std", self.init_std)
+            check_count(name, getattr(self, name), least)
+        check_count("embedding_dim", self.embedding_dim, 1, optional=True)
+        check_number("layer_norm_eps", self.layer_norm_eps, 0.0, open_low=True)
+        check_number("init_std", self.init_std, 0.0, open_low=True)
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in FLOAT_DTYPES:
                 raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {', '.join(FLOAT_DTYPES)}")
@@ -211,8 +200,7 @@ class ModelConfig:
         if self.attention_impl not in ("xla", "jax", "cudnn", "pallas"):
             raise ValueError(f"attention_impl={self.attention_impl!r}; choose xla, jax, cudnn or pallas")
         for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+            check_number(name, getattr(self, name), 0.0, 1.0)
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
         if self.position.kind == "rope" and self.head_dim % 2:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpos.config import ModelConfig
+from jaxpos.config.checks import check_count, check_number
 from jaxpos.data.translation import EOS_ID, PAD_ID, EvalSet, detokenize
 from jaxpos.decoding.beam_search import beam_search, max_decode_lengths, tile_beams
 from jaxpos.decoding.bleu import BleuResult, corpus_bleu
@@ -31,6 +32,12 @@ class DecodeConfig:
     max_length_b: float = 50.0
     target_width: int = 128  # ... and never more than this (the decoding cache's length)
     batch_size: int = 32
+
+    def __post_init__(self):
+        for name in ("beam_size", "target_width", "batch_size"):
+            check_count(f"decode.{name}", getattr(self, name), 1)
+        for name in ("alpha", "max_length_a", "max_length_b"):
+            check_number(f"decode.{name}", getattr(self, name), 0.0)
 
 
 def decode_config(values) -> DecodeConfig:
