@@ -45,11 +45,13 @@ def train_block(**overrides) -> ml_collections.ConfigDict:
     return block
 
 
-def check_train_block(train: ml_collections.ConfigDict) -> None:
+def check_train_block(train: ml_collections.ConfigDict, zero_means_default: tuple[str, ...] = ()) -> None:
     """Raises a ValueError naming the first `config.train` value out of its range (counts, rates, intervals);
-    run before a run reads data, and by the Trainer (after fine-tuning has resolved its 0 = default fields)."""
+    run before a run reads data, and by the Trainer. `zero_means_default`: fields that may still be 0 (fine-tuning
+    resolves them from the data: `finetune_config`)."""
     def given(name):
-        return name in train and (name != "warmup_steps" or train.warmup_steps is not None)
+        return (name in train and (name != "warmup_steps" or train.warmup_steps is not None)
+                and not (name in zero_means_default and train[name] == 0))
 
     for name, least in (("batch_size", 1), ("grad_accum_steps", 1), ("log_every", 1), ("eval_every", 1),
                         ("checkpoint_every", 1), ("keep_checkpoints", 1), ("num_steps", 0), ("max_predictions", 0),
@@ -115,6 +117,10 @@ def translation_config() -> ml_collections.ConfigDict:
     config.decode = decode_block(beam_size=10, alpha=0.6)  # DIET section 4.3
     config.mesh = mesh_block()
     return config
+
+
+# Fine-tuning fields whose 0 means a default that `finetune` resolves from the data (see finetune_config).
+FINETUNE_ZERO_DEFAULTS = ("num_steps", "eval_every", "checkpoint_every")
 
 
 def finetune_config() -> ml_collections.ConfigDict:

@@ -19,6 +19,8 @@ import ml_collections
 import numpy as np
 
 from jaxpos.config import ModelConfig, model_config
+from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.defaults import FINETUNE_ZERO_DEFAULTS, check_train_block
 from jaxpos.config.model import check_training
 from jaxpos.data.classification import task_spec
 from jaxpos.models import BertForSequenceClassification
@@ -235,8 +237,12 @@ def _resolve_model(config, pretrained: Pretrained) -> ModelConfig:
 def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bool = True) -> dict:
     """Fine-tunes the encoder at INIT on config.data.task (resuming from WORKDIR's checkpoints); evaluates on the
     dev split(s) every train.eval_every steps. Returns the report (also WORKDIR/report.json)."""
-    os.makedirs(workdir, exist_ok=True)
     dcfg, tcfg = config.data, config.train
+    check_train_block(tcfg, zero_means_default=FINETUNE_ZERO_DEFAULTS)  # before the encoder or data is read
+    if not tcfg.num_steps:
+        check_number("train.num_epochs", tcfg.num_epochs, 0.0, open_low=True)
+    check_count("train.eval_batch_size", tcfg.get("eval_batch_size", 0), 0)
+    os.makedirs(workdir, exist_ok=True)
     spec = task_spec(dcfg.task)
     pretrained = load_pretrained(init)
     cfg = _resolve_model(config, pretrained)

@@ -291,6 +291,12 @@ def test_clear_errors(mlm_run, glue_dir, tmp_path):
         finetune_cli(base + ["--init", str(tmp_path / "nope")])
     with pytest.raises(ValueError, match="unknown fine-tuning task 'colaa'"):
         finetune_cli(base + ["--init", mlm_run, "--config.data.task=colaa"])
+    fresh = ["finetune", "--config", FT, "--workdir", str(tmp_path / "fresh"), "--init", mlm_run]
+    with pytest.raises(ValueError, match=r"train.num_epochs=-1.0 must be a number > 0"):
+        finetune_cli(fresh + ["--config.train.num_epochs=-1.0"])
+    with pytest.raises(ValueError, match=r"train.batch_size=0 must be an integer >= 1"):
+        finetune_cli(fresh + ["--config.train.batch_size=0"])
+    assert not (tmp_path / "fresh").exists()  # refused before the workdir is made
     with pytest.raises(ValueError, match="attention dropout needs attention_impl='xla' or 'pallas', not 'cudnn'"):
         finetune_cli(base + ["--init", mlm_run, "--config.model.attention_impl=cudnn",
                              "--config.model.attention_dropout=0.1"])
