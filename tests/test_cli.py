@@ -28,6 +28,8 @@ def _error_lines(capsys) -> list[str]:
     (["--config.model.attention_impl=cudnn", "--config.model.attention_dropout=0.1"],
      "attention dropout needs attention_impl='xla' or 'pallas', not 'cudnn'"),
     (["--config", WMT_TINY, "--config.decode.beam_size=0"], "decode.beam_size=0 must be an integer >= 1"),
+    (["--config.data.eval_fraction=1.5"], "data.eval_fraction=1.5 must be in [0, 1)"),
+    (["--config", WMT_TINY, "--config.data.max_pairs=-1"], "data.max_pairs=-1 must be an integer >= 0"),
 ])
 def test_user_errors_are_one_line(tmp_path, capsys, overrides, expected):
     """Each refused before any data is read: the run's folder holds nothing (no tokenizer, no corpus)."""

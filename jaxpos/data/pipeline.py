@@ -27,6 +27,7 @@ from typing import Iterable, Iterator
 import ml_collections
 import numpy as np
 
+from jaxpos.config.checks import check_count, check_number
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.order import ShuffledBatches, host_slice
 from jaxpos.data.mlm import (PackedExamples, encode_documents, masked_rows, pack_documents, split_sentences,
@@ -179,6 +180,15 @@ def _empty_held_out(config, training: str) -> ValueError:
                       "data.eval_fraction or add documents")
 
 
+def check_mlm_data_block(config: ml_collections.ConfigDict) -> None:
+    """Raises a ValueError naming the first `config.data` value out of its range (masked-LM data)."""
+    check_number("data.mask_prob", config.get("mask_prob", 0.15), 0.0, 1.0, open_low=True, open_high=False)
+    check_number("data.eval_fraction", config.get("eval_fraction", 0.05), 0.0, 1.0)
+    for name, least in (("max_documents", 0), ("shuffle_window", 1), ("tokenizer_max_sentences", 1)):
+        if name in config:
+            check_count(f"data.{name}", config[name], least)
+
+
 def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: str, *,
                    process_index: int | None = None, process_count: int | None = None,
                    eval_rows: int = 0) -> MLMData:
@@ -188,8 +198,7 @@ def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: 
 
     Raises ValueError for an empty corpus, an empty held-out split, or fewer packed examples than one batch.
     """
-    if not 0.0 < config.mask_prob <= 1.0:  # before the corpus is read or a tokenizer trained
-        raise ValueError(f"data.mask_prob={config.mask_prob} must be in (0, 1]")
+    check_mlm_data_block(config)  # before the corpus is read or a tokenizer trained
     if config.get("streaming", False):
         return _build_streaming(config, batch_size, workdir, process_index, process_count, eval_rows)
     stats, eval_stats = DataStats(), DataStats()

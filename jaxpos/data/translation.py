@@ -23,6 +23,7 @@ from typing import Iterator, Sequence
 import ml_collections
 import numpy as np
 
+from jaxpos.config.checks import check_count
 from jaxpos.data.order import ShuffledBatches, host_slice
 from jaxpos.data.parallel import SPLITS, ParallelText, TranslationStats, load_parallel
 from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
@@ -262,6 +263,9 @@ def build_translation_data(config: ml_collections.ConfigDict, batch_size: int, w
                            process_index: int | None = None, process_count: int | None = None) -> TranslationData:
     """Reads the configured pairs, trains (or loads) the shared tokenizer on both sides of the training pairs,
     packs the training rows and tokenizes dev/test; `batch_size` is global."""
+    for name, least in (("max_length", 2), ("eval_max_length", 2), ("max_pairs", 0), ("tokenizer_max_sentences", 1)):
+        if name in config:  # a side needs a token and EOS (BOS is the decoder's start)
+            check_count(f"data.{name}", config[name], least)
     stats = {split: TranslationStats() for split in SPLITS}
     splits = load_parallel(config, stats)
     train = splits["train"]
