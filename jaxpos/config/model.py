@@ -21,7 +21,7 @@ SEGMENT_MODES = ("input", "per_head", "none")
 # layer: one set per head, shared by all layers of the stack
 SHARING_MODES = ("none", "head", "layer")
 ATTENUATED_FORMS = ("fixed", "matrix", "offset", "abs_offset")
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: exact analysis (needs jax_enable_x64)
 
 
 @dataclasses.dataclass(frozen=True)
