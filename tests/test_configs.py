@@ -106,11 +106,13 @@ MODEL_RANGES = [
     (dict(position=dict(kind="shaw", shaw=dict(clip=0))), "position.shaw.clip=0 must be an integer >= 1"),
     (dict(position=dict(kind="absolute", num_segments=0)), "position.num_segments=0 must be an integer >= 1"),
     (dict(position=dict(kind="attenuated", attenuated=dict(w=-0.05))), "position.attenuated.w=-0.05 must be"),
-    (dict(position=dict(kind="attenuated", attenuated=dict(s=-1.0))), "position.attenuated.s=-1.0 must be a number >= 0"),
+    (dict(position=dict(kind="attenuated", attenuated=dict(s=-1.0))),
+     "position.attenuated.s=-1.0 must be a number >= 0"),
 ]
 
 
-@pytest.mark.parametrize("overrides, message", MODEL_RANGES, ids=[m.split("=")[0].split(" ")[0] for _, m in MODEL_RANGES])
+@pytest.mark.parametrize("overrides, message", MODEL_RANGES,
+                         ids=[m.split("=")[0].split(" ")[0] for _, m in MODEL_RANGES])
 def test_model_values_out_of_range_are_refused(overrides, message):
     base = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16)
     model_config(base)
@@ -132,6 +134,7 @@ def test_train_values_out_of_range_are_refused():
             ("batch_size", 0, "an integer >= 1"), ("grad_accum_steps", 0, "an integer >= 1"),
             ("log_every", 0, "an integer >= 1"), ("eval_every", -1, "an integer >= 1"),
             ("keep_checkpoints", 0, "an integer >= 1"), ("num_steps", -1, "an integer >= 0"),
+            ("eval_batch_size", -1, "an integer >= 0"),
             ("warmup_steps", -5, "an integer >= 0"), ("learning_rate", 0.0, "a number > 0"),
             ("warmup_fraction", 1.5, r"in \[0, 1\]"), ("b2", 1.0, r"in \[0, 1\)"), ("eps", 0.0, "a number > 0"),
             ("weight_decay", -0.01, "a number >= 0"), ("clip_norm", -1.0, "a number >= 0"),

@@ -55,7 +55,7 @@ def check_train_block(train: ml_collections.ConfigDict, zero_means_default: tupl
 
     for name, least in (("batch_size", 1), ("grad_accum_steps", 1), ("log_every", 1), ("eval_every", 1),
                         ("checkpoint_every", 1), ("keep_checkpoints", 1), ("num_steps", 0), ("max_predictions", 0),
-                        ("eval_batches", 0), ("warmup_steps", 0)):
+                        ("eval_batches", 0), ("eval_batch_size", 0), ("warmup_steps", 0)):
         if given(name):
             check_count(f"train.{name}", train[name], least)
     for name, low, high, open_low, open_high in (

@@ -182,8 +182,10 @@ def _empty_held_out(config, training: str) -> ValueError:
 
 def check_mlm_data_block(config: ml_collections.ConfigDict) -> None:
     """Raises a ValueError naming the first `config.data` value out of its range (masked-LM data)."""
-    check_number("data.mask_prob", config.get("mask_prob", 0.15), 0.0, 1.0, open_low=True, open_high=False)
-    check_number("data.eval_fraction", config.get("eval_fraction", 0.05), 0.0, 1.0)
+    if "mask_prob" in config:
+        check_number("data.mask_prob", config.mask_prob, 0.0, 1.0, open_low=True, open_high=False)
+    if "eval_fraction" in config:
+        check_number("data.eval_fraction", config.eval_fraction, 0.0, 1.0)
     for name, least in (("max_documents", 0), ("shuffle_window", 1), ("tokenizer_max_sentences", 1)):
         if name in config:
             check_count(f"data.{name}", config[name], least)

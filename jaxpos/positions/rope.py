@@ -10,9 +10,7 @@ from jaxpos.positions.base import PositionMechanism
 
 
 def rotary_tables(positions: jax.Array, head_dim: int, base: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin of the rotation angles. positions [T] -> two [T, D/2]."""
-    if head_dim % 2:
-        raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+    """cos, sin of the rotation angles. positions [T] -> two [T, D/2]; head_dim even (ModelConfig checks it)."""
     inv_freq = 1.0 / base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
     angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
     return jnp.cos(angles), jnp.sin(angles)

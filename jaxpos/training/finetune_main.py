@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxpos.config import ModelConfig, model_config
-from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.checks import check_number
 from jaxpos.config.defaults import FINETUNE_ZERO_DEFAULTS, check_train_block
 from jaxpos.config.model import check_training
 from jaxpos.data.classification import task_spec
@@ -152,7 +152,8 @@ def make_predict_fn(task: ClassificationTask, trainer: Trainer | None = None) ->
     from jaxpos.sharding import replicated
 
     # under the trainer's mesh, as its steps: activation constraints, and the Pallas kernel per device
-    return jax.jit(with_activation_sharding(fn, trainer.mesh), in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
+    return jax.jit(with_activation_sharding(fn, trainer.mesh),
+                   in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
                    out_shardings=replicated(trainer.mesh))
 
 
@@ -241,7 +242,6 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
     check_train_block(tcfg, zero_means_default=FINETUNE_ZERO_DEFAULTS)  # before the encoder or data is read
     if not tcfg.num_steps:
         check_number("train.num_epochs", tcfg.num_epochs, 0.0, open_low=True)
-    check_count("train.eval_batch_size", tcfg.get("eval_batch_size", 0), 0)
     os.makedirs(workdir, exist_ok=True)
     spec = task_spec(dcfg.task)
     pretrained = load_pretrained(init)
