@@ -12,6 +12,7 @@ fsdp-sharded weights and all-reduces full-batch activations instead of gathering
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 from typing import Any, Callable, Sequence
 
@@ -68,12 +69,21 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[
     return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
+# The concrete mesh behind the bound abstract one: `per_shard` hands it to shard_map, which then also compiles
+# in a jit given no shardings (with only the abstract mesh, the CPU backend fails on sdy's GlobalToLocalShape).
+_BOUND_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("jaxpos_bound_mesh", default=None)
+
+
 @contextlib.contextmanager
 def activation_sharding(mesh: Mesh):
     """Binds the models' activation constraints (`constrain`) to `mesh`; elsewhere they are no-ops. Enter it
     inside the function that `jax.jit` traces."""
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        yield
+    token = _BOUND_MESH.set(mesh)
+    try:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            yield
+    finally:
+        _BOUND_MESH.reset(token)
 
 
 def _mesh_axes(axes) -> tuple[str, ...]:
@@ -177,6 +187,9 @@ def per_shard(fn: Callable, args: dict, in_names: dict, out_names: tuple[str | N
     out_spec = _without(out_spec, unfit)
     if not any(_mesh_axes(axes) for spec in (*specs.values(), out_spec) for axes in spec):
         return fn(**args)
+    bound = _BOUND_MESH.get()
+    if bound is not None and bound.abstract_mesh == mesh:
+        mesh = bound
     # check_vma=False: a Pallas call carries no varying-manual-axes types.
     return jax.shard_map(lambda kw: fn(**kw), mesh=mesh, in_specs=(specs,), out_specs=out_spec,
                          check_vma=False)(args)

@@ -13,8 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpos.models import BertForMaskedLM
 from jaxpos.sharding import (HEADS, HIDDEN, LOGICAL_AXIS_RULES, MLP_HIDDEN, activation_sharding, batch_sharding,
-                             check_batch_divisible, constrain, fit_spec, logical_sharding, make_mesh, per_shard,
-                             replicated)
+                             check_batch_divisible, constrain, fit_spec, logical_sharding, make_mesh, per_shard)
 from jaxpos.training.loop import make_global_batch
 from tests.helpers import VARIANTS, tiny_config
 
@@ -166,7 +165,8 @@ def test_per_shard_maps_only_what_the_mesh_divides():
         else:
             (w_spec, x_spec), (out_spec,) = maps[0].params["in_specs"], maps[0].params["out_specs"]
             assert (x_spec, out_spec, w_spec) == (split, split, P(None)), (shape, maps[0].params)
-        np.testing.assert_allclose(jax.jit(run, in_shardings=replicated(mesh))(x), 3.0 * np.ones(shape))
+        # a jit given no shardings compiles too (shard_map gets the concrete mesh)
+        np.testing.assert_allclose(jax.jit(run)(x), 3.0 * np.ones(shape))
         # gradients: of split arguments, of the replicated one (summed over devices), and of outputs that a
         # dropped axis computes redundantly (their cotangents scaled by shard_map's transpose)
         x, w, ct = (jax.random.normal(jax.random.PRNGKey(i), s) for i, s in enumerate((shape, (3,), shape)))
@@ -177,7 +177,7 @@ def test_per_shard_maps_only_what_the_mesh_divides():
                                               ("batch", "heads")))
 
         grads = jax.grad(loss, argnums=(0, 1))
-        split = jax.jit(functools.partial(grads, split=True), in_shardings=replicated(mesh))(x, w)
+        split = jax.jit(functools.partial(grads, split=True))(x, w)
         for got, want in zip(split, jax.jit(functools.partial(grads, split=False))(x, w)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(shape))
     assert "shard_map" not in str(jax.make_jaxpr(lambda x: per_shard(fn, dict(x=x, w=x[0]), names,
