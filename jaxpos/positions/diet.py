@@ -31,7 +31,9 @@ class DietRelPosition(PositionMechanism):
         radius = (self.table.shape[-1] - 1) // 2
         if self.pcfg.diet_rel.max_distance is None:
             check_length("diet_rel", span, radius + 1, " (set position.diet_rel.max_distance to clip offsets)")
-        index = jnp.clip(offsets(span), -radius, radius) + radius
+        if span <= radius + 1:  # every offset has its own column: a static slice, whose gradient is a pad
+            return PositionalBias(table=self.table[..., radius - (span - 1):radius + span])
+        index = jnp.clip(offsets(span), -radius, radius) + radius  # clipped: the end columns repeat
         return PositionalBias(table=jnp.take(self.table, index, axis=-1))
 
 
