@@ -30,6 +30,10 @@ def _error_lines(capsys) -> list[str]:
     (["--config", WMT_TINY, "--config.decode.beam_size=0"], "decode.beam_size=0 must be an integer >= 1"),
     (["--config.data.eval_fraction=1.5"], "data.eval_fraction=1.5 must be in [0, 1)"),
     (["--config", WMT_TINY, "--config.data.max_pairs=-1"], "data.max_pairs=-1 must be an integer >= 0"),
+    (["--config.model.position.kind=diet_abs", "--config.model.position.diet_abs.linformer_k=4"],
+     "mixes the sequences of packed rows"),  # masked-LM rows always pack
+    (["--config", WMT_TINY, "--config.model.position.kind=diet_abs", "--config.model.position.diet_abs.linformer_k=4"],
+     "mixes the sequences of packed rows"),  # translation rows pack unless data.pack=False
 ])
 def test_user_errors_are_one_line(tmp_path, capsys, overrides, expected):
     """Each refused before any data is read: the run's folder holds nothing (no tokenizer, no corpus)."""

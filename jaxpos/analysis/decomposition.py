@@ -1,13 +1,15 @@
 """Additive decomposition of a post-LN encoder's hidden states (Mickus et al., "How to Dissect a Muppet").
 
 Every hidden state is split as e = i + h + f + c:
-  i  the input embeddings (token + position + type), carried through residuals and LayerNorm scalings;
+  i  the input embeddings (token, scaled as the model scales it, + position + type), carried through residuals
+     and LayerNorm scalings;
   h  every attention sublayer's output without its biases (value biases and b_O go to c);
   f  every feed-forward sublayer's output without its output bias b2 (b2 goes to c);
   c  LayerNorm biases and mean shifts, b_O + W_O b_V, b2.
 A LayerNorm g*(x - m)/sqrt(var + eps) + b is linear in x for the fixed per-token scale g/sqrt(var + eps), so each
 term is scaled by it and -scale*m + b joins c. Attention weights come from the model itself, so the bookkeeping
-holds for any positional mechanism whose values carry no positional term (everything but Shaw's r^V).
+holds for any positional mechanism whose values carry no positional term and are not mixed along the sequence
+(everything but Shaw's r^V and Linformer: `jaxpos.analysis.taps.value_path_problem`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from jaxpos.analysis.taps import input_position_embedding, layer_params, run_encoder
+from jaxpos.analysis.taps import (input_position_embedding, layer_params, run_encoder, token_embedding_scale,
+                                 value_path_problem)
 from jaxpos.config import ModelConfig
 
 TERMS = ("i", "h", "f", "c")
@@ -82,9 +85,9 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
     the MLM wrapper's) for input_ids [B, T]. Computation in `dtype` (float64 by default)."""
     if cfg.layer_norm != "post":
         raise ValueError("the additive decomposition is defined for post-LN encoders (model.layer_norm='post')")
-    if cfg.position.kind == "shaw" and cfg.position.shaw.values:
-        raise ValueError("Shaw relative value vectors add a positional term to the values; decompose "
-                         "a model without them (position.shaw.values=False)")
+    problem = value_path_problem(cfg)
+    if problem is not None:
+        raise ValueError(f"the additive decomposition does not apply to this model: {problem}")
     ids = np.asarray(input_ids)
     segs = np.ones_like(ids) if segment_ids is None else np.asarray(segment_ids)
     types = np.zeros_like(ids) if token_types is None else np.asarray(token_types)
@@ -92,7 +95,7 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
     p = jax.tree.map(lambda x: np.asarray(x, dtype), nn.unbox(params))
     enc = p["encoder"]
 
-    x = p["token_embed"]["embedding"][ids]
+    x = token_embedding_scale(cfg) * p["token_embed"]["embedding"][ids]
     if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
         x = x + p["type_embed"]["embedding"][types]
     position_embedding = input_position_embedding(cfg, enc, ids.shape[1])

@@ -1,9 +1,9 @@
 """The positional profile F-hat_P of an absolute-position model (TISA, Wennberg & Henter, eq. 9-12).
 
 F-hat_P[h] = (w Q K^T P^T + P Q K^T w^T + P Q K^T P^T) / sqrt(D): the positional part of the first layer's
-attention logits of head h, with every word embedding replaced by the vocabulary average w. As in the paper's
-formula, LayerNorm and the projection biases are left out; factorised (ALBERT) embeddings go through the
-embedding projection first.
+attention logits of head h, with every word embedding replaced by the vocabulary average w (times sqrt(d_model)
+where the model scales its token embeddings). As in the paper's formula, LayerNorm and the projection biases are
+left out; factorised (ALBERT) embeddings go through the embedding projection first.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from jaxpos.analysis.taps import has_learned_input_positions
+from jaxpos.analysis.taps import has_learned_input_positions, token_embedding_scale
 from jaxpos.config import ModelConfig
 
 
@@ -27,7 +27,7 @@ def positional_profile(cfg: ModelConfig, params) -> np.ndarray:
     p = jax.tree.map(lambda x: np.asarray(x, np.float64), nn.unbox(params))
     enc = p["encoder"]
     positions = enc["position"]["embedding"]  # [n, E]
-    mean_word = p["token_embed"]["embedding"].mean(axis=0)  # [E]
+    mean_word = token_embedding_scale(cfg) * p["token_embed"]["embedding"].mean(axis=0)  # [E], as the model adds it
     if cfg.embedding_dim:
         positions, mean_word = positions @ enc["embed_projection"]["kernel"], mean_word @ enc["embed_projection"]["kernel"]
     layer = enc["layer_shared"] if cfg.share_layers else enc["layer_0"]

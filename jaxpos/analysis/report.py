@@ -7,7 +7,8 @@ Diagnostics (REFERENCE.md, "Analyses"), each recorded under its name in the repo
   positional_profile   F-hat_P of the first layer per head, TISA kernels fitted to its rows (TISA Fig. 3)
   tisa_scores          the learned TISA scoring functions (TISA models)
   identical_word       positional weight matrices from identical-word sentences, locality and symmetry (Chen)
-  rank                 numerical rank of attention logits and of positional attention matrices (DIET Fig. 2, 8)
+  rank                 numerical rank of the pre-softmax attention logits and of positional attention matrices
+                       (DIET Fig. 2, 8)
   decomposition        Muppet term importance across layers and feed-forward linearity r^2
   effective_attention  raw vs effective attention, Pearson r against sequence length, with the rank tolerance
                        and the rank of each head's value-output map T it kept (Brunner section 3)
@@ -33,7 +34,8 @@ from tqdm.auto import tqdm
 
 from jaxpos.analysis import attribution, effective_attention, locality, rank, tisa_fit, toeplitz
 from jaxpos.analysis.loading import AnalyzedModel
-from jaxpos.analysis.taps import has_learned_input_positions, input_position_embedding
+from jaxpos.analysis.taps import (attention_logits, has_learned_input_positions, input_position_embedding,
+                                 value_path_problem)
 
 log = logging.getLogger(__name__)
 
@@ -358,12 +360,11 @@ def _rank(ctx: _Context) -> dict:
     rows = token_windows(ctx.model, ctx.sentences, length, opts.windows)
     if len(rows) == 0:
         raise Skip(f"the sentences give no window of {length} tokens")
-    weights = np.concatenate([_run(ctx, row[None])[0] for row in rows], axis=1)  # [L, B, H, T, T]; the
-    # windows go one at a time, the shapes effective attention compiles for
-    # log A = logits - logsumexp per row: centring each row removes that constant (and softmax's invariance).
-    log_weights = np.log(np.maximum(weights.astype(np.float64), 1e-30))
-    centred = log_weights - log_weights.mean(axis=-1, keepdims=True)
-    logit_rank = rank.numerical_rank(centred)  # [L, B, H]; recovered from float32 weights, hence rank.RTOL
+    # The true pre-softmax logits: log-weights lose each row's constant, and centring them by row subtracts a
+    # rank-one term, so their rank can fall one short. Windows go one at a time (no padding, nothing masked).
+    logits = np.concatenate([np.asarray(attention_logits(cfg, ctx.params, row[None]), np.float64) for row in rows],
+                            axis=1)  # [L, B, H, T, T]
+    logit_rank = rank.numerical_rank(logits)  # [L, B, H]; computed in float32, hence rank.RTOL
     result = dict(length=length, windows=len(rows), head_dim=cfg.head_dim, rtol=rank.RTOL,
                   logit_rank=logit_rank.mean(axis=1), logit_rank_mean=float(logit_rank.mean()),
                   logit_rank_max=int(logit_rank.max()))
@@ -388,8 +389,9 @@ def _decomposition(ctx: _Context) -> dict:
     cfg = ctx.cfg
     if cfg.layer_norm != "post":
         raise Skip("the additive decomposition is defined for post-LN encoders; this one is pre-LN")
-    if cfg.position.kind == "shaw" and cfg.position.shaw.values:
-        raise Skip("Shaw's relative value vectors add a positional term to the values")
+    problem = value_path_problem(cfg)
+    if problem is not None:
+        raise Skip(problem)
     if not ctx.sentences:
         raise Skip("no sentences")
     from jaxpos.analysis.decomposition import TERMS, decompose
@@ -412,6 +414,9 @@ def _effective_attention(ctx: _Context) -> dict:
     from jaxpos.analysis.taps import value_output_maps
 
     cfg, opts = ctx.cfg, ctx.options
+    problem = value_path_problem(cfg)
+    if problem is not None:
+        raise Skip(problem)
     per_length, ranks, example, lengths = [], [], None, []
     for length in tqdm(_usable_lengths(ctx, opts.lengths), desc="effective attention", leave=False):
         rows = token_windows(ctx.model, ctx.sentences, length, opts.windows)

@@ -1,16 +1,22 @@
-"""What the analyses read from a jaxpos encoder: attention weights, hidden states, per-head value-output maps,
-and a layer's hidden states as a function of the input token embeddings."""
+"""What the analyses read from a jaxpos encoder: attention weights and logits, hidden states, per-head
+value-output maps, and a layer's hidden states as a function of the input token embeddings."""
 
 from __future__ import annotations
 
 import functools
+import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpos.attention.bias import at_pieces, clipped_offset_index, over_attended_keys, position_logits, segment_logits
+from jaxpos.attention.core import apply_rotary
+from jaxpos.attention.masks import attention_mask
 from jaxpos.config import ModelConfig
 from jaxpos.models import BertEncoder
+from jaxpos.models.layers import layer_norm
 
 
 def attention_weights(intermediates, cfg: ModelConfig) -> jax.Array:
@@ -47,10 +53,89 @@ def run_encoder(cfg: ModelConfig, params, input_ids, segment_ids=None, token_typ
     return _encoder_taps(cfg)(params, ids, segs, None if token_types is None else jnp.asarray(token_types))
 
 
+_LOGIT_INPUTS = ("query", "key", "position", "segments")  # modules whose outputs the logits are formed from
+
+
+def _captures_logit_inputs(module: nn.Module, method_name: str) -> bool:
+    return method_name == "__call__" and module.name in _LOGIT_INPUTS
+
+
+def _layer_logits(cfg: ModelConfig, q, k, bias, positions, mask, types) -> jax.Array:
+    """Pre-softmax logits [B, H, T, S] of one layer from its projected q [B, T, H, D], k [B, T, H, D] and bias
+    slice, formed as `MultiHeadAttention` and `attend`'s xla path form them; masked entries are 0."""
+    pcfg = cfg.position
+    content, position = not pcfg.position_only, not pcfg.content_only
+    bias = at_pieces(bias)
+    if bias.rotary is not None and position:  # as the model: content-only logits carry no rotation
+        q, k = apply_rotary(q, *bias.rotary), apply_rotary(k, *bias.rotary)
+    if bias.kv_projection is not None:  # Linformer: padded keys zeroed, then keys projected to k rows
+        if mask is not None:
+            k = k * jnp.any(mask, axis=(1, 2))[:, :, None, None].astype(k.dtype)
+        k = jnp.einsum("ks,bshd->bkhd", bias.kv_projection.astype(k.dtype), k)
+        mask = None
+    bias = over_attended_keys(bias, mask)
+    scale = bias.content_scale * cfg.head_dim**-0.5
+    logits = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
+    if not content:
+        logits = jnp.zeros_like(logits)
+    if position and bias.rel_keys is not None:  # Shaw: q_i . r^K_{clip(j - i)}
+        index = clipped_offset_index(positions, positions, (bias.rel_keys.shape[0] - 1) // 2)
+        per_offset = jnp.einsum("bthd,wd->bhtw", q, bias.rel_keys.astype(q.dtype),
+                                preferred_element_type=jnp.float32) * scale
+        logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
+    terms = position_logits(bias, positions, positions) if position else None
+    if terms is not None:
+        logits = logits + terms.astype(jnp.float32)
+    if bias.segment_table is not None:
+        logits = logits + segment_logits(bias.segment_table, types, types).astype(jnp.float32)
+    return logits if mask is None else jnp.where(mask, logits, 0.0)
+
+
+@functools.lru_cache(maxsize=32)
+def _logits_fn(cfg: ModelConfig):
+    """Jitted (params, ids, segs, token_types) -> logits [L, B, H, T, S], from the model's own q, k and bias."""
+
+    def run(params, ids, segs, token_types):
+        _, state = BertEncoder(cfg).apply({"params": params}, ids, segment_ids=segs, token_types=token_types,
+                                          capture_intermediates=_captures_logit_inputs, mutable=["intermediates"])
+        encoder = state["intermediates"]["encoder"]
+        bias = encoder["position"]["__call__"][0]
+        if "segments" in encoder:  # per-head segment attention, as the stack adds it
+            bias = bias.replace(segment_table=encoder["segments"]["__call__"][0])
+        types = jnp.zeros_like(ids) if token_types is None else token_types
+        positions = jnp.arange(ids.shape[1], dtype=jnp.int32)
+        mask = attention_mask(q_segment=segs, k_segment=segs, q_pos=positions, k_pos=positions, causal=cfg.causal)
+        logits = []
+        for layer in range(cfg.num_layers):
+            attention = encoder["layer_shared" if cfg.share_layers else f"layer_{layer}"]["self_attention"]
+            call = layer if cfg.share_layers else 0  # a shared layer records one output per application
+            q, k = attention["query"]["__call__"][call], attention["key"]["__call__"][call]
+            logits.append(_layer_logits(cfg, q, k, bias.for_layer(layer), positions, mask, types))
+        return jnp.stack(logits)
+
+    return jax.jit(run)
+
+
+def attention_logits(cfg: ModelConfig, params, input_ids, segment_ids=None, token_types=None) -> jax.Array:
+    """Pre-softmax self-attention logits [L, B, H, T, S] of a `BertEncoder` (S = T, or Linformer's k): content,
+    positional and segment terms, with each row's constant that softmax ignores; masked entries are 0.
+
+    q and k are the model's own projections (captured in its forward pass), the positional terms its own bias.
+    """
+    ids = jnp.asarray(input_ids)
+    segs = jnp.ones_like(ids) if segment_ids is None else jnp.asarray(segment_ids)
+    return _logits_fn(cfg)(params, ids, segs, None if token_types is None else jnp.asarray(token_types))
+
+
 def has_learned_input_positions(cfg: ModelConfig) -> bool:
     """Does the model add a learned position table to its token embeddings (BERT; TISA with input positions)?"""
     kind = cfg.position.kind
     return kind == "absolute" or (kind == "tisa" and cfg.position.tisa.input_positions)
+
+
+def token_embedding_scale(cfg: ModelConfig) -> float:
+    """The factor `BertEncoder` multiplies token embeddings by: sqrt(d_model) with model.scale_embeddings, else 1."""
+    return math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
 
 
 def input_position_embedding(cfg: ModelConfig, encoder_params, length: int) -> np.ndarray | None:
@@ -69,30 +154,62 @@ def layer_params(cfg: ModelConfig, params, layer: int):
     return encoder["layer_shared"] if cfg.share_layers else encoder[f"layer_{layer}"]
 
 
+def value_path_problem(cfg: ModelConfig) -> str | None:
+    """Why a head's output is not A (E W_V^h) W_O^h with E the tokens' states (None: it is). Effective attention
+    and the additive decomposition rest on that form."""
+    pcfg = cfg.position
+    if pcfg.kind == "shaw" and pcfg.shaw.values:
+        return "Shaw relative value vectors (position.shaw.values) add a positional term to the values"
+    if pcfg.kind == "diet_abs" and pcfg.diet_abs.linformer_k:
+        return "Linformer (position.diet_abs.linformer_k) projects keys and values along the sequence"
+    return None
+
+
+def _attention_inputs(cfg: ModelConfig, params, states) -> jax.Array:
+    """What each layer's self-attention reads: states [L+1, B, T, d] -> [L, B, T, d], the layer inputs, or their
+    LayerNorm (the layer's self_attention_norm) in pre-LN layers."""
+    inputs = []
+    for layer in range(cfg.num_layers):
+        x = jnp.asarray(states[layer])
+        if cfg.layer_norm == "pre":
+            norm = layer_params(cfg, params, layer)["self_attention_norm"]
+            x = layer_norm(cfg, "self_attention_norm").apply({"params": norm}, x)
+        inputs.append(x)
+    return jnp.stack(inputs)
+
+
 def value_output_maps(cfg: ModelConfig, params, states) -> np.ndarray:
     """Per layer and head, T = E W_V^h W_O^h (value projection, then the head's slice of the output projection),
-    without biases, for E the layer's input: states [L+1, B, T, d] -> [L, B, H, T, d]."""
+    without biases, for E what the layer's attention reads (`_attention_inputs`): states [L+1, B, T, d] ->
+    [L, B, H, T, d]. Refuses models whose head outputs take another form (`value_path_problem`)."""
+    problem = value_path_problem(cfg)
+    if problem is not None:
+        raise ValueError(f"value-output maps do not describe this model: {problem}")
     maps = []
-    for layer in range(cfg.num_layers):
+    for layer, inputs in enumerate(_attention_inputs(cfg, params, states)):
         attention = layer_params(cfg, params, layer)["self_attention"]
-        values = jnp.einsum("btd,dhk->bhtk", states[layer], attention["value"]["kernel"])
+        values = jnp.einsum("btd,dhk->bhtk", inputs, attention["value"]["kernel"])
         maps.append(jnp.einsum("bhtk,hke->bhte", values, attention["out"]["kernel"]))
     return np.asarray(jnp.stack(maps))
 
 
 def hidden_state_fn(cfg: ModelConfig, params, layer: int, token_types=None):
-    """x [T, E] token embeddings of one sentence -> the hidden states after `layer` layers [T, d] (0 = the
-    embedding layer's output). Positions and token types are added inside, as in the model."""
+    """x [T, E] token embeddings of one sentence (rows of the token table) -> the hidden states after `layer`
+    layers [T, d] (0 = the embedding layer's output). The model's own forward pass with its token look-up
+    replaced by x: embedding scale, positions and token types (`token_types` [T]) are applied as in the model."""
     model = BertEncoder(cfg)
-
-    def embed_and_encode(module, x):
-        if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
-            types = jnp.zeros(x.shape[:2], jnp.int32) if token_types is None else token_types[None]
-            x = x + module.type_embed(types)
-        return module.stack(x, segment_ids=jnp.ones(x.shape[:2], jnp.int32))
+    types = None if token_types is None else jnp.asarray(token_types)[None]
 
     def fn(x):
-        _, state = model.apply({"params": params}, x[None], method=embed_and_encode, mutable=["intermediates"])
+        def given_token_embeddings(next_fun, args, kwargs, context):
+            if context.module.name == "token_embed" and context.method_name == "__call__":
+                return x[None].astype(jnp.dtype(cfg.dtype))
+            return next_fun(*args, **kwargs)
+
+        ids = jnp.zeros((1, x.shape[0]), jnp.int32)  # placeholders: the look-up is replaced
+        with nn.intercept_methods(given_token_embeddings):
+            _, state = model.apply({"params": params}, ids, segment_ids=jnp.ones_like(ids), token_types=types,
+                                   mutable=["intermediates"])
         return state["intermediates"]["encoder"]["hidden_states"][layer][0]
 
     return fn

@@ -2,10 +2,12 @@
 
 A mechanism computes them once per forward pass from its parameters (never per example). In packed rows only the
 read becomes per example: `piece_positions` says where each token sits in its own piece, and `at_pieces` gathers
-the rows of factors and dense matrices there (per layer, inside attention). Every other field carries a
-leading layer axis of size L (one entry per layer) or 1 (shared by all layers of the stack); `for_layer` picks a
-layer's slice. Fields stay compact (tables, low-rank factors) so that attention implementations can avoid
-materialising [H, T, S]; `position_logits` is the reference expansion.
+the rows of factors, dense matrices and rotary tables there (per layer, inside attention). Packed
+cross-attention also hands attention per-pair query and key positions [B, T] / [B, S], from which Toeplitz
+tables and Shaw vectors take their offsets (a pair's source and target start at different columns). Every
+other field carries a leading layer axis of size L (one entry per layer) or 1 (shared by all layers of the
+stack); `for_layer` picks a layer's slice. Fields stay compact (tables, low-rank factors) so that attention
+implementations can avoid materialising [H, T, S]; `position_logits` is the reference expansion.
 
 Toeplitz tables: a bias that depends on the offset j - i only is a table over offsets [-(span-1), span-1];
 column `(j - i) + span - 1` holds the score for that offset. `expand_toeplitz` is the one expansion.
@@ -25,26 +27,30 @@ def offsets(span: int) -> jnp.ndarray:
 
 
 def relative_offsets(q_pos: jnp.ndarray, k_pos: jnp.ndarray) -> jnp.ndarray:
-    """Offsets j - i of every (query, key) pair. q_pos [T], k_pos [S] -> [T, S]."""
-    return k_pos[None, :].astype(jnp.int32) - q_pos[:, None].astype(jnp.int32)
+    """Offsets j - i of every (query, key) pair. q_pos [T], k_pos [S] -> [T, S]; per example [B, T], [B, S] ->
+    [B, T, S]."""
+    return k_pos[..., None, :].astype(jnp.int32) - q_pos[..., :, None].astype(jnp.int32)
 
 
 def expand_toeplitz(table: jnp.ndarray, q_pos: jnp.ndarray, k_pos: jnp.ndarray) -> jnp.ndarray:
     """Expands a table over offsets into the matrix it defines.
 
     table [..., W] with W = 2*span - 1 odd; q_pos [T], k_pos [S] -> [..., T, S] with
-    out[..., t, s] = table[..., (k_pos[s] - q_pos[t]) + span - 1]. Offsets outside the table clip to its ends.
+    out[..., t, s] = table[..., (k_pos[s] - q_pos[t]) + span - 1]; per example q_pos [B, T], k_pos [B, S] ->
+    [B, ..., T, S]. Offsets outside the table clip to its ends.
     """
     width = table.shape[-1]
     if width % 2 != 1:
         raise ValueError(f"a Toeplitz table has an odd number of offset columns, got {width}")
     center = (width - 1) // 2
     index = jnp.clip(relative_offsets(q_pos, k_pos) + center, 0, width - 1)
-    return jnp.take(table, index, axis=-1)
+    out = jnp.take(table, index, axis=-1)
+    return jnp.moveaxis(out, -3, 0) if index.ndim == 3 else out
 
 
 def clipped_offset_index(q_pos: jax.Array, k_pos: jax.Array, clip: int) -> jax.Array:
-    """Column of each (i, j) pair in a table over clipped offsets -clip..clip (Shaw). -> [T, S] int32."""
+    """Column of each (i, j) pair in a table over clipped offsets -clip..clip (Shaw). -> [T, S] (per example
+    [B, T, S]) int32."""
     return jnp.clip(relative_offsets(q_pos, k_pos), -clip, clip) + clip
 
 
@@ -85,10 +91,12 @@ class PositionalBias:
     rotary: tuple[jax.Array, jax.Array] | None = None  # cos, sin [L'=1, T, D/2] at the query positions
     rotary_keys: tuple[jax.Array, jax.Array] | None = None  # cos, sin [1, S, D/2] at the key positions
     kv_projection: jax.Array | None = None  # [L', k, S] Linformer E: keys/values projected to k positions
-    # (q [B, T], k [B, S]) positions within each packed piece (no layer axis), at which `factors` and `dense`
-    # (computed at positions 0..T-1 / 0..S-1) are read; None: read at the row positions, as computed.
+    # (q [B, T], k [B, S]) positions within each packed piece (no layer axis), at which `factors`, `dense` and
+    # `rotary` (computed at positions 0..T-1 / 0..S-1) are read; None: read at the row positions, as computed.
     piece_positions: tuple[jax.Array, jax.Array] | None = None
     fold_factors: bool = struct.field(pytree_node=False, default=False)  # fold P_Q P_K^T into q.k
+    # `dense` rows are a softmax over all S keys (fixed attenuated delta): `over_attended_keys` renormalises them.
+    normalise_dense: bool = struct.field(pytree_node=False, default=False)
     # Factor on the content term q.k/sqrt(D): 1 everywhere but TUPE, whose q.k/sqrt(2D) needs 1/sqrt(2).
     content_scale: float = struct.field(pytree_node=False, default=1.0)
 
@@ -108,15 +116,18 @@ class PositionalBias:
 
 
 def at_pieces(bias: PositionalBias) -> PositionalBias:
-    """One layer's slice with factors and dense matrices read at its `piece_positions` (unchanged without them).
+    """One layer's slice with factors, dense matrices and rotary tables read at its `piece_positions` (unchanged
+    without them).
 
     factors P_Q [H', T, r], P_K [H', S, r] -> [B, H', T, r], [B, H', S, r] (a Linformer P_K has no positions and
-    stays); dense [H', T, S] -> [B, H', T, S]. Toeplitz tables need no read: within a piece j - i is the same.
+    stays); dense [H', T, S] -> [B, H', T, S]; rotary cos, sin [T, D/2] -> [B, T, D/2] (rotary_keys at the key
+    positions). Toeplitz tables need no read: self-attention offsets j - i are the same within a piece, and
+    packed cross-attention passes attention per-pair positions.
     """
     if bias.piece_positions is None:
         return bias
     q_BT, k_BS = bias.piece_positions
-    factors, dense = bias.factors, bias.dense
+    factors, dense, rotary, rotary_keys = bias.factors, bias.dense, bias.rotary, bias.rotary_keys
     if factors is not None:
         p_q, p_k = factors
         p_q = jnp.moveaxis(jnp.take(p_q, q_BT, axis=1), 1, 0)  # [B, H', T, r]
@@ -127,13 +138,32 @@ def at_pieces(bias: PositionalBias) -> PositionalBias:
         rows = jnp.moveaxis(jnp.take(dense, q_BT, axis=1), 1, 0)  # [B, H', T, S_full]
         index = jnp.broadcast_to(k_BS[:, None, None, :], rows.shape[:3] + k_BS.shape[-1:])
         dense = jnp.take_along_axis(rows, index, axis=-1)
-    return bias.replace(factors=factors, dense=dense, piece_positions=None)
+    if rotary is not None:
+        rotary = tuple(jnp.take(table, q_BT, axis=0) for table in rotary)
+    if rotary_keys is not None:
+        rotary_keys = tuple(jnp.take(table, k_BS, axis=0) for table in rotary_keys)
+    return bias.replace(factors=factors, dense=dense, rotary=rotary, rotary_keys=rotary_keys, piece_positions=None)
+
+
+def over_attended_keys(bias: PositionalBias, mask: jax.Array | None) -> PositionalBias:
+    """One layer's slice with a key-normalised dense term (`normalise_dense`) renormalised over the keys of `mask`.
+
+    dense [B|1, H', T, S] or [H', T, S], rows summing to 1 over all S keys; mask [B|1, 1, T, S] bool ->
+    dense [B|1, H', T, S], the softmax over each query's attended keys alone (its own piece, and in a causal stack
+    the keys up to itself), so that padding and packed neighbours leave a piece's term as it is in a row of its
+    own. Unchanged without the flag or a mask; a query with no key keeps zeros.
+    """
+    if not bias.normalise_dense or bias.dense is None or mask is None:
+        return bias
+    kept = jnp.where(mask, bias.dense, 0.0)
+    total = jnp.sum(kept, axis=-1, keepdims=True)
+    return bias.replace(dense=kept / jnp.where(total > 0, total, 1.0), normalise_dense=False)
 
 
 def position_logits(bias: PositionalBias, q_pos: jax.Array, k_pos: jax.Array, *,
                     include_factors: bool = True) -> jax.Array | None:
     """Position-only logit terms of one layer, materialised: [H'|1, T, S], or [B, H'|1, T, S] when read at
-    piece positions (None if there are none).
+    piece positions or given per-example positions q_pos [B, T], k_pos [B, S] (None if there are none).
 
     `bias` is a layer slice (no leading layer axis). Query-dependent (Shaw) and per-example (segment) terms are
     not position-only and are added by the attention function itself.

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.attention import dropout
-from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, position_logits,
-                                  segment_logits, segment_pair_factors)
+from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, over_attended_keys,
+                                  position_logits, segment_logits, segment_pair_factors)
 from jaxpos.sharding import HEADS, per_shard
 
 
@@ -43,10 +43,12 @@ def fold_factors(q_BTHD, k_BSHD, factors, scale):
 
 
 def apply_rotary(x_BTHD: jax.Array, cos_TK: jax.Array, sin_TK: jax.Array) -> jax.Array:
-    """Rotates channel pairs (x[..., k], x[..., k + D/2]) by the angle of their position (NeoX layout)."""
+    """Rotates channel pairs (x[..., k], x[..., k + D/2]) by the angle of their position (NeoX layout).
+
+    cos, sin [T, D/2], or per example [B, T, D/2] (packed cross-attention) -> [B, T, H, D]."""
     half = x_BTHD.shape[-1] // 2
     x1, x2 = x_BTHD[..., :half], x_BTHD[..., half:]
-    cos, sin = cos_TK[None, :, None, :], sin_TK[None, :, None, :]
+    cos, sin = cos_TK[..., None, :], sin_TK[..., None, :]  # a head axis; [T] lines up with x's [B, T]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_BTHD.dtype)
 
@@ -62,21 +64,23 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     """Multi-head attention with positional terms. Returns (out [B, T, H, D], weights [B, H, T, S] or None).
 
     `bias` is one layer's slice; `mask` a boolean [B|1, 1, T, S]; q_types/k_types the token types used by a
-    per-head segment table. `content=False` drops q.k, `position=False` drops every positional logit term.
+    per-head segment table; q_pos [T], k_pos [S], or per example [B, T], [B, S] (packed cross-attention).
+    `content=False` drops q.k, `position=False` drops every positional logit term.
     "pallas" (the Toeplitz kernel, low-rank factors folded into q and k) takes the mask as q_segment_ids [B, T] /
     kv_segment_ids [B, S] (0 = padding) and `causal` (q_pos == k_pos), which must describe `mask`; it falls back
     where it cannot run (`_pallas_blocker`). Attention dropout (`dropout_rng`, `dropout_rate`) drops the same
     weights on "xla" and "pallas" (`dropout.keep_mask`); "jax" and "cudnn" have none.
     """
     if implementation == "pallas":
-        blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, mask, content, position, q_segment_ids, kv_segment_ids,
-                                  causal)
+        blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position, q_segment_ids,
+                                  kv_segment_ids, causal)
         if blocker is None:
             return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_types, k_types, q_segment_ids,
                                     kv_segment_ids, causal, dropout_rng, dropout_rate), None
         implementation = _pallas_fallback(bias, q_BTHD, k_BSHD, content, position, dropout_rng, dropout_rate)
         _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
     bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
+    bias = over_attended_keys(bias, mask)  # fixed attenuated delta: a softmax over the attended keys only
     head_dim = q_BTHD.shape[-1]
     scale = bias.content_scale * head_dim**-0.5
     factors = bias.factors if position else None
@@ -114,9 +118,10 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     if not content and not fold:
         logits = jnp.zeros_like(logits)
     if position and bias.rel_keys is not None:
-        index = clipped_offset_index(q_pos, k_pos, (bias.rel_keys.shape[0] - 1) // 2)  # [T, S]
+        index = clipped_offset_index(q_pos, k_pos, (bias.rel_keys.shape[0] - 1) // 2)  # [T, S] or [B, T, S]
         per_offset = jnp.einsum("bthd,wd->bhtw", q_BTHD[..., :head_dim], bias.rel_keys.astype(q_BTHD.dtype),
                                 preferred_element_type=jnp.float32) * scale
+        index = index[:, None] if index.ndim == 3 else index  # per example: under the head axis
         logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
     position_bias = bias if position else PositionalBias(segment_table=bias.segment_table)
     extra = _additive_terms(position_bias, q_pos, k_pos, q_types, k_types,
@@ -135,7 +140,8 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     if position and bias.rel_values is not None:
         clip = (bias.rel_values.shape[0] - 1) // 2
         one_hot = jax.nn.one_hot(clipped_offset_index(q_pos, k_pos, clip), 2 * clip + 1, dtype=dropped.dtype)
-        per_offset = jnp.einsum("bhts,tsw->bhtw", dropped, one_hot)  # weight mass at each clipped offset
+        pairs = "btsw" if one_hot.ndim == 4 else "tsw"  # per-example offsets (packed cross-attention)
+        per_offset = jnp.einsum(f"bhts,{pairs}->bhtw", dropped, one_hot)  # weight mass at each clipped offset
         out = out + jnp.einsum("bhtw,wd->bthd", per_offset, bias.rel_values.astype(dropped.dtype))
     return out, weights
 
@@ -206,10 +212,13 @@ def _note_once(message: str) -> None:
         logging.getLogger(__name__).warning(message)
 
 
-def _pallas_blocker(q, k, bias, mask, content, position, q_segment_ids, kv_segment_ids, causal) -> str | None:
+def _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position, q_segment_ids, kv_segment_ids,
+                    causal) -> str | None:
     """Why the Pallas Toeplitz kernel cannot compute this call (None: it can)."""
     if not (content and position):
         return "the content_only/position_only switches need the xla path"
+    if q_pos.ndim > 1 or k_pos.ndim > 1:
+        return "per-example positions (packed cross-attention)"
     if position and any(x is not None for x in (bias.dense, bias.rel_keys, bias.rel_values)):
         return "a positional term other than a Toeplitz table or low-rank factors (dense matrix or Shaw vectors)"
     if bias.kv_projection is not None:

@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention.bias import PositionalBias, at_pieces
 from jaxpos.attention.core import apply_rotary, attend
 from jaxpos.config import ModelConfig
 from jaxpos.config.model import check_training
@@ -37,7 +37,8 @@ class MultiHeadAttention(nn.Module):
     def __call__(self, inputs_q, inputs_kv, *, bias: PositionalBias, q_pos, k_pos, mask=None,
                  q_types=None, k_types=None, mask_ids: tuple | None = None, deterministic: bool = True):
         """mask [B|1, 1, T, S] bool; mask_ids (q_segment [B, T] | None, k_segment [B, S] | None, causal) is what
-        `mask` was built from (`attention_mask`), for kernels that mask from ids instead of a [T, S] tensor."""
+        `mask` was built from (`attention_mask`), for kernels that mask from ids instead of a [T, S] tensor.
+        q_pos [T], k_pos [S]; packed cross-attention passes positions within each pair, [B, T] and [B, S]."""
         cfg = self.cfg
         heads, head_dim = cfg.num_heads, cfg.head_dim
         q = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")(inputs_q)
@@ -46,7 +47,9 @@ class MultiHeadAttention(nn.Module):
         # Batch over data x fsdp, heads over tensor: the fsdp-sharded kernels are gathered, not the activations.
         q, k, v = (constrain(t, HEADS) for t in (q, k, v))
 
-        if bias.rotary is not None:
+        pcfg = cfg.position
+        bias = at_pieces(bias)  # packed rows: rotary tables, factors and dense terms at each token's piece position
+        if bias.rotary is not None and not pcfg.content_only:  # content-only logits q.k carry no position
             q = apply_rotary(q, *bias.rotary)
             # New self-attention keys sit at the query positions (also when decoding into a cache).
             k = apply_rotary(k, *(bias.rotary if self.self_attention else bias.rotary_keys))
@@ -63,7 +66,6 @@ class MultiHeadAttention(nn.Module):
             v = jnp.einsum("ks,bshd->bkhd", projection, v)
             mask = mask_ids = None
 
-        pcfg = cfg.position
         dropout_rng = None
         if not deterministic and cfg.attention_dropout > 0.0:
             check_training(cfg)  # jax.nn.dot_product_attention has no dropout

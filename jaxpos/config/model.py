@@ -221,6 +221,14 @@ def check_training(cfg: ModelConfig) -> None:
                          "or set model.attention_dropout=0")
 
 
+def check_packing(cfg: ModelConfig, packed: bool) -> None:
+    """Raises a ValueError when rows that pack several sequences (`packed`) meet Linformer, which mixes them."""
+    if packed and cfg.position.kind == "diet_abs" and cfg.position.diet_abs.linformer_k:
+        raise ValueError("Linformer (position.diet_abs.linformer_k) projects keys and values along the whole row, "
+                         "so it mixes the sequences of packed rows; give it rows of one sequence each "
+                         "(translation: data.pack=False; masked-LM rows always pack)")
+
+
 def _build(cls, values: Mapping[str, Any], where: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)

@@ -60,12 +60,14 @@ class EncoderDecoder(nn.Module):
                             deterministic=deterministic)
 
     def decode_logits(self, encoded, inputs, decoder_inputs, *, inputs_segmentation=None,
-                      targets_segmentation=None, targets_position=None, deterministic: bool = True):
-        """Decoder logits [B, T, V] for decoder inputs [B, T] (already shifted), given the encoder output."""
+                      targets_segmentation=None, inputs_position=None, targets_position=None,
+                      deterministic: bool = True):
+        """Decoder logits [B, T, V] for decoder inputs [B, T] (already shifted), given the encoder output.
+        Packed rows: `inputs_position` [B, S] / `targets_position` [B, T] restart at 0 in every pair."""
         enc_segments = inputs_segmentation if inputs_segmentation is not None else (inputs != 0).astype(jnp.int32)
         y = self.decoder(self._embed(decoder_inputs), segment_ids=targets_segmentation,
                          input_positions=targets_position, encoded=encoded, encoded_segment_ids=enc_segments,
-                         deterministic=deterministic)
+                         encoded_positions=inputs_position, deterministic=deterministic)
         logits = self.embed.attend(y) if self.cfg.tie_embeddings else self.output(y)
         return logits.astype(jnp.float32)
 
@@ -75,5 +77,5 @@ class EncoderDecoder(nn.Module):
                               deterministic=deterministic)
         decoder_inputs = shift_right(targets, targets_segmentation)
         return self.decode_logits(encoded, inputs, decoder_inputs, inputs_segmentation=inputs_segmentation,
-                                  targets_segmentation=targets_segmentation, targets_position=targets_position,
-                                  deterministic=deterministic)
+                                  targets_segmentation=targets_segmentation, inputs_position=inputs_position,
+                                  targets_position=targets_position, deterministic=deterministic)

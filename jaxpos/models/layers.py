@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpos.attention.bias import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention, dense
 from jaxpos.attention.masks import attention_mask
 from jaxpos.config import ModelConfig
-from jaxpos.positions import INPUT_ONLY, SegmentAttention, make_position
+from jaxpos.config.model import check_packing
+from jaxpos.positions import INPUT_ONLY, NO_POSITION_ONLY_TERM, SegmentAttention, make_position
 from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
 
 
@@ -41,6 +44,16 @@ class MlpBlock(nn.Module):
         return dense(cfg, cfg.d_model, -1, ("mlp", "embed"), ("embed",), "wo")(h)
 
 
+def several_pieces_per_row(segment_ids) -> bool:
+    """Whether some row of segment ids [B, T] (0 = padding) holds two pieces; False when they are traced."""
+    if segment_ids is None or isinstance(segment_ids, jax.core.Tracer):
+        return False
+    ids = np.asarray(segment_ids)
+    highest = ids.max(axis=-1, keepdims=True)
+    lowest = np.where(ids > 0, ids, highest).min(axis=-1, keepdims=True)
+    return bool(np.any(lowest != highest))
+
+
 class TransformerLayer(nn.Module):
     """Self-attention, optional cross-attention, MLP; each a residual sublayer, post-LN (BERT) or pre-LN."""
 
@@ -50,9 +63,10 @@ class TransformerLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, *, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None,
-                 enc_pos=None, cross_mask=None, mask_ids=None, cross_mask_ids=None, deterministic=True):
+                 cross_pos=None, cross_mask=None, mask_ids=None, cross_mask_ids=None, deterministic=True):
         """x [B, T, d] -> [B, T, d]. bias (this layer's `PositionalBias`), q_pos [T], k_pos [S], mask and types
-        [B, T] feed self-attention; encoded [B, S_enc, d], cross_bias, enc_pos [S_enc], cross_mask cross-attention.
+        [B, T] feed self-attention; encoded [B, S_enc, d], cross_bias, cross_pos (query positions [T], encoder
+        positions [S_enc]; per pair [B, T], [B, S_enc] in packed rows), cross_mask cross-attention.
         mask_ids / cross_mask_ids: the (q_segment, k_segment, causal) each mask was built from."""
         cfg = self.cfg
 
@@ -69,7 +83,7 @@ class TransformerLayer(nn.Module):
                                                  deterministic=deterministic), "self_attention")
         if self.cross_attention:
             cross = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
-            x = sublayer(x, lambda h: cross(h, encoded, bias=cross_bias, q_pos=q_pos, k_pos=enc_pos,
+            x = sublayer(x, lambda h: cross(h, encoded, bias=cross_bias, q_pos=cross_pos[0], k_pos=cross_pos[1],
                                             mask=cross_mask, mask_ids=cross_mask_ids,
                                             deterministic=deterministic), "cross_attention")
         return sublayer(x, MlpBlock(cfg, name="mlp"), "mlp")
@@ -85,7 +99,9 @@ class TransformerStack(nn.Module):
     restarting at 0), for the input position embeddings and for the position-only terms that depend on absolute
     positions (DIET-Abs, TUPE factors; attenuated matrices), which attention reads there. Toeplitz biases need
     no such positions: the packing mask keeps every query inside its own sequence, where offsets j - i are the
-    same as in a row of its own.
+    same as in a row of its own. Cross-attention is the exception: a packed pair's source and target start at
+    different columns, so with model.cross_attention_position it takes positions within each pair on both sides
+    (`input_positions` and `encoded_positions` [B, S_enc]).
     """
 
     cfg: ModelConfig
@@ -110,11 +126,14 @@ class TransformerStack(nn.Module):
 
     @nn.compact
     def __call__(self, x, *, segment_ids=None, token_types=None, input_positions=None, encoded=None,
-                 encoded_segment_ids=None, deterministic: bool = True):
+                 encoded_segment_ids=None, encoded_positions=None, deterministic: bool = True):
         cfg = self.cfg
         if cfg.position.position_only and cfg.position.kind in INPUT_ONLY:
             raise ValueError(f"position_only needs a positional logit term; {cfg.position.kind!r} adds "
                              "positions at the input only")
+        if cfg.position.position_only and cfg.position.kind in NO_POSITION_ONLY_TERM:
+            raise ValueError(f"position_only is not defined for {cfg.position.kind!r}: "
+                             f"{NO_POSITION_ONLY_TERM[cfg.position.kind]}")
         position = make_position(cfg, self.num_layers, self.causal)
         q_pos, k_pos = self.positions(x.shape[1])
         position_embedding = position.embed(q_pos if input_positions is None or self.decode else input_positions)
@@ -129,6 +148,8 @@ class TransformerStack(nn.Module):
         x = constrain(x, HIDDEN)
 
         bias = position(q_pos, k_pos)  # once per forward pass, for all layers
+        if bias.kv_projection is not None:  # Linformer mixes packed pieces: refused here when the ids are concrete
+            check_packing(cfg, several_pieces_per_row(segment_ids))  # (under jit, the training mains refuse it)
         if input_positions is not None and not self.decode and (bias.factors is not None or bias.dense is not None):
             bias = bias.replace(piece_positions=(input_positions, input_positions))  # packed rows: read per piece
         if cfg.position.segment == "per_head":
@@ -141,12 +162,21 @@ class TransformerStack(nn.Module):
         mask = attention_mask(q_segment=segment_ids, k_segment=segment_ids, q_pos=q_pos, k_pos=k_pos,
                               causal=self.causal)
 
-        cross_bias = cross_mask = cross_mask_ids = enc_pos = None
+        cross_bias = cross_mask = cross_mask_ids = cross_pos = None
         if self.cross_attention:
             enc_pos = jnp.arange(encoded.shape[1], dtype=jnp.int32)
-            cross_bias = PositionalBias()
+            cross_bias, cross_pos = PositionalBias(), (q_pos, enc_pos)
             if cfg.cross_attention_position:
-                cross_bias = make_position(cfg, self.num_layers, False, name="cross_position")(q_pos, enc_pos)
+                # A cached step's query sits anywhere in the cache (k_pos), possibly past the source length.
+                cross_position = make_position(cfg, self.num_layers, False, name="cross_position",
+                                               min_span=k_pos.shape[0])
+                cross_bias = cross_position(q_pos, enc_pos)
+                if not self.decode and (input_positions is not None or encoded_positions is not None):
+                    # Packed pairs: offsets and absolute reads use the positions within each pair on both sides.
+                    batch = x.shape[0]
+                    cross_pos = (q_pos[None].repeat(batch, 0) if input_positions is None else input_positions,
+                                 enc_pos[None].repeat(batch, 0) if encoded_positions is None else encoded_positions)
+                    cross_bias = cross_bias.replace(piece_positions=cross_pos)
             cross_mask_ids = (None if self.decode else segment_ids, encoded_segment_ids, False)
             cross_mask = attention_mask(q_segment=cross_mask_ids[0], k_segment=cross_mask_ids[1])
 
@@ -157,7 +187,7 @@ class TransformerStack(nn.Module):
             layer = shared or TransformerLayer(cfg, self.cross_attention, self.decode, name=f"layer_{i}")
             x = layer(x, bias=bias.for_layer(i), q_pos=q_pos, k_pos=k_pos, mask=mask, types=token_types,
                       encoded=encoded, cross_bias=cross_bias.for_layer(i) if cross_bias is not None else None,
-                      enc_pos=enc_pos, cross_mask=cross_mask, mask_ids=mask_ids, cross_mask_ids=cross_mask_ids,
+                      cross_pos=cross_pos, cross_mask=cross_mask, mask_ids=mask_ids, cross_mask_ids=cross_mask_ids,
                       deterministic=deterministic)
             x = constrain(x, HIDDEN)
             self.sow("intermediates", "hidden_states", x)

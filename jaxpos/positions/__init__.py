@@ -35,13 +35,22 @@ MECHANISMS: dict[str, type[PositionMechanism]] = {
 
 # Mechanisms whose only positional signal is added to the token embeddings (no logit term to switch off).
 INPUT_ONLY = ("none", "absolute", "sinusoidal")
+# Mechanisms whose positional signal acts through the query's content, so no position-only term exists, and why.
+NO_POSITION_ONLY_TERM = {
+    "rope": "RoPE rotates q and k, so positions act only through the content term q.k",
+    "shaw": "Shaw's relative term q.r^K is a product with the query's content",
+}
 
-def make_position(cfg: ModelConfig, num_layers: int, causal: bool, name: str = "position") -> PositionMechanism:
-    """The mechanism module named by cfg.position.kind, owning parameters for `num_layers` layers."""
+
+def make_position(cfg: ModelConfig, num_layers: int, causal: bool, name: str = "position",
+                  min_span: int = 0) -> PositionMechanism:
+    """The mechanism module named by cfg.position.kind, owning parameters for `num_layers` layers; offset tables
+    cover at least `min_span` positions (`PositionMechanism.min_span`)."""
     kind = cfg.position.kind
     if kind not in MECHANISMS:
         raise ValueError(f"unknown position mechanism {kind!r}; choose one of {', '.join(MECHANISMS)}")
-    return MECHANISMS[kind](cfg=cfg, num_layers=num_layers, causal=causal, name=name)
+    return MECHANISMS[kind](cfg=cfg, num_layers=num_layers, causal=causal, min_span=min_span, name=name)
 
 
-__all__ = ["MECHANISMS", "INPUT_ONLY", "LengthError", "PositionMechanism", "SegmentAttention", "make_position"]
+__all__ = ["MECHANISMS", "INPUT_ONLY", "NO_POSITION_ONLY_TERM", "LengthError", "PositionMechanism",
+           "SegmentAttention", "make_position"]

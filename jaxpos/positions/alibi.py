@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpos.attention.bias import PositionalBias, offsets
-from jaxpos.positions.base import PositionMechanism, span_of
+from jaxpos.positions.base import PositionMechanism
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -30,5 +30,5 @@ class AlibiPosition(PositionMechanism):
 
     def __call__(self, q_pos, k_pos):
         slopes = jnp.asarray(alibi_slopes(self.cfg.num_heads))
-        distance = jnp.abs(offsets(span_of(q_pos, k_pos))).astype(jnp.float32)
+        distance = jnp.abs(offsets(self.span(q_pos, k_pos))).astype(jnp.float32)
         return PositionalBias(table=(-slopes[:, None] * distance[None, :])[None])

@@ -2,7 +2,8 @@
 
 alpha_ij = -s*w*(j-i)^2 for i <= j (keys at or after the query) and -w*(j-i)^2 for i > j; w sets locality,
 s symmetry. Forms (model.position.attenuated.form):
-- `fixed`: no parameters, any length;
+- `fixed`: no parameters, any length; the softmax runs over the keys each query attends to (its own piece of a
+  padded or packed row; in a causal stack the keys up to itself), so padding and neighbours do not change it;
 - `matrix`: a learnable n x n matrix per head, as counted in Chen et al. A.2, initialised from the fixed form;
 - `offset`: a learnable table over offsets j - i in [-(n-1), n-1];
 - `abs_offset`: a learnable table over distances |j - i| in [0, n-1], as the authors' code (symmetric: s = 1).
@@ -16,8 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias, offsets, relative_offsets
-from jaxpos.positions.base import (PositionMechanism, check_length, param, sharing_axes, sharing_shape,
-                                   span_of)
+from jaxpos.positions.base import PositionMechanism, check_length, param, sharing_axes, sharing_shape
 
 
 def attenuated_alpha(offset: jax.Array, w: float, s: float) -> jax.Array:
@@ -27,7 +27,8 @@ def attenuated_alpha(offset: jax.Array, w: float, s: float) -> jax.Array:
 
 
 def attenuated_delta(q_pos: jax.Array, k_pos: jax.Array, w: float, s: float) -> jax.Array:
-    """The fixed encoding for the given positions, normalised over the keys. -> [T, S]."""
+    """The fixed encoding for the given positions, normalised over all the keys. q_pos [T], k_pos [S] -> [T, S].
+    In a model, attention renormalises it over each query's own piece (`bias.over_attended_keys`)."""
     return jax.nn.softmax(attenuated_alpha(relative_offsets(q_pos, k_pos), w, s), axis=-1)
 
 
@@ -45,7 +46,8 @@ class AttenuatedPosition(PositionMechanism):
     Learned forms hold [L', H', ...] parameters (sharing `none`: per head and layer, BERT-A*; `head`: one per
     layer shared by its heads, BERT-A*-s; `layer`: one per head shared by all layers) and check lengths against
     n = max_length. Returns:
-    fixed -> dense [1, 1, T, S]; matrix [L', H', n, n] -> dense [L', H', T, S];
+    fixed -> dense [1, 1, T, S], over all S keys (attention renormalises it over the query's own piece);
+    matrix [L', H', n, n] -> dense [L', H', T, S];
     offset [L', H', 2n - 1] and abs_offset [L', H', n] -> Toeplitz table [L', H', 2*span - 1].
     """
 
@@ -72,8 +74,9 @@ class AttenuatedPosition(PositionMechanism):
     def __call__(self, q_pos, k_pos):
         acfg = self.pcfg.attenuated
         if acfg.form == "fixed":
-            return PositionalBias(dense=attenuated_delta(q_pos, k_pos, acfg.w, acfg.s)[None, None])
-        span = span_of(q_pos, k_pos)
+            return PositionalBias(dense=attenuated_delta(q_pos, k_pos, acfg.w, acfg.s)[None, None],
+                                  normalise_dense=True)
+        span = self.span(q_pos, k_pos)
         check_length(f"attenuated ({acfg.form})", span, self.cfg.max_length)
         if acfg.form == "matrix":
             rows = jnp.take(self.matrix, q_pos, axis=2)

@@ -61,6 +61,9 @@ class PositionMechanism(nn.Module):
     cfg: ModelConfig
     num_layers: int
     causal: bool = False
+    # Least half-width of offset tables. A cached decoding step's query position is a traced value, not a shape:
+    # the stack passes the cache length, so cross-attention queries past the source length stay inside the table.
+    min_span: int = 0
 
     @property
     def pcfg(self):
@@ -75,7 +78,7 @@ class PositionMechanism(nn.Module):
         """The logit terms for queries at q_pos [T] and keys at k_pos [S], all layers at once ("none": empty)."""
         return PositionalBias()
 
-
-def span_of(q_pos: jax.Array, k_pos: jax.Array) -> int:
-    """The static half-width of the offset table needed by positions that start at 0."""
-    return max(q_pos.shape[0], k_pos.shape[0])
+    def span(self, q_pos: jax.Array, k_pos: jax.Array) -> int:
+        """The static half-width of the offset table needed by positions that start at 0: the longer of q_pos [T]
+        and k_pos [S], and at least `min_span`."""
+        return max(q_pos.shape[0], k_pos.shape[0], self.min_span)

@@ -8,8 +8,7 @@ import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias, offsets
 from jaxpos.initializers import normal_init
-from jaxpos.positions.base import (PositionMechanism, check_length, param, sharing_axes, sharing_shape,
-                                   span_of)
+from jaxpos.positions.base import PositionMechanism, check_length, param, sharing_axes, sharing_shape
 
 
 class DietRelPosition(PositionMechanism):
@@ -27,7 +26,7 @@ class DietRelPosition(PositionMechanism):
                            sharing_axes(layers, heads) + ("relpos",))
 
     def __call__(self, q_pos, k_pos):
-        span = span_of(q_pos, k_pos)
+        span = self.span(q_pos, k_pos)
         radius = (self.table.shape[-1] - 1) // 2
         if self.pcfg.diet_rel.max_distance is None:
             check_length("diet_rel", span, radius + 1, " (set position.diet_rel.max_distance to clip offsets)")
@@ -41,7 +40,9 @@ class DietAbsPosition(PositionMechanism):
     """DIET-Abs: per-head low-rank absolute positional attention P_Q P_K^T, d_p = head dim by default.
 
     With `linformer_k`, keys and values are projected along the sequence by E [k, n] (per layer), and P_K has k
-    rows (DIET section 3.4). Not inductive: positions index learned tables of n rows.
+    rows (DIET section 3.4). Not inductive: positions index learned tables of n rows. Linformer mixes the pieces
+    of packed rows, so `config.model.check_packing` refuses them (the training mains from the config, the model
+    from concrete segment ids).
     """
 
     def setup(self):
@@ -62,7 +63,7 @@ class DietAbsPosition(PositionMechanism):
 
     def __call__(self, q_pos, k_pos):
         n = self.p_q.shape[2]
-        check_length("diet_abs", span_of(q_pos, k_pos), n)
+        check_length("diet_abs", self.span(q_pos, k_pos), n)
         p_q = jnp.take(self.p_q, q_pos, axis=2)
         if self.pcfg.diet_abs.linformer_k:
             s = k_pos.shape[0]

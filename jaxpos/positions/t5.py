@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxpos.attention.bias import PositionalBias, offsets
 from jaxpos.config.model import t5_exact_buckets
 from jaxpos.initializers import normal_init
-from jaxpos.positions.base import PositionMechanism, param, span_of
+from jaxpos.positions.base import PositionMechanism, param
 
 
 def t5_bucket(relative_position: jax.Array, *, bidirectional: bool, num_buckets: int = 32,
@@ -52,7 +52,7 @@ class T5Position(PositionMechanism):
 
     def __call__(self, q_pos, k_pos):
         tcfg = self.pcfg.t5
-        buckets = t5_bucket(offsets(span_of(q_pos, k_pos)), bidirectional=not self.causal,
+        buckets = t5_bucket(offsets(self.span(q_pos, k_pos)), bidirectional=not self.causal,
                             num_buckets=tcfg.num_buckets, max_distance=tcfg.max_distance)
         table = jnp.take(self.embedding, buckets, axis=0).T  # [H, W]
         return PositionalBias(table=table[None])

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxpos.attention.bias import PositionalBias, offsets
 from jaxpos.initializers import normal_init
 from jaxpos.positions.absolute import learned_position_table, lookup_learned
-from jaxpos.positions.base import PositionMechanism, param, sharing_axes, sharing_shape, span_of
+from jaxpos.positions.base import PositionMechanism, param, sharing_axes, sharing_shape
 
 
 def tisa_scores(offset: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
@@ -46,4 +46,4 @@ class TisaPosition(PositionMechanism):
         return None
 
     def __call__(self, q_pos, k_pos):
-        return PositionalBias(table=tisa_scores(offsets(span_of(q_pos, k_pos)), self.a, self.b, self.c))
+        return PositionalBias(table=tisa_scores(offsets(self.span(q_pos, k_pos)), self.a, self.b, self.c))

@@ -11,6 +11,7 @@ import numpy as np
 from etils import epath
 
 from jaxpos.config import model_config
+from jaxpos.config.model import check_packing
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.config.files import write_run_file
 from jaxpos.models import BertForMaskedLM
@@ -21,6 +22,7 @@ from jaxpos.training.mlm import MaskedLMTask
 def train_mlm(config, workdir: str):
     """Pretrains a BERT-style model as configured; resumes from WORKDIR's checkpoints (local or gs://...).
     Returns the TrainResult."""
+    check_packing(model_config(config.model), packed=True)  # rows pack sentences of several documents
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     dcfg, tcfg = config.data, config.train
     main_process = jax.process_index() == 0  # files of the run are written once

@@ -10,6 +10,7 @@ import jax
 from etils import epath
 
 from jaxpos.config import model_config
+from jaxpos.config.model import check_packing
 from jaxpos.config.files import write_run_file
 from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import corpus_bleu
@@ -28,6 +29,7 @@ def _loss_batches(data, tcfg):
 
 def _setup(config, workdir: str):
     """(data, typed model config, task) for a translation config; the model's vocabulary follows the tokenizer."""
+    check_packing(model_config(config.model), packed=config.data.get("pack", True))  # before any data is read
     data = build_translation_data(config.data, config.train.batch_size, workdir)
     if config.model.vocab_size != data.tokenizer.vocab_size:
         config.model.vocab_size = data.tokenizer.vocab_size

@@ -8,6 +8,7 @@ import pytest
 
 from jaxpos.analysis.decomposition import decompose
 from jaxpos.models import BertEncoder
+from tests.analysis.encoders import perturbed_encoder_params
 from tests.helpers import tiny_config
 
 
@@ -70,3 +71,27 @@ def test_feedforward_linear_fit_r2_matches_direct_least_squares():
     # a purely linear "feed-forward" map is fitted perfectly
     result.feedforward_io = [(z, z @ np.random.default_rng(1).normal(size=(cfg.d_model, 5)) + 3.0)]
     assert result.feedforward_linear_r2()[0] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_scaled_token_embeddings():
+    """model.scale_embeddings multiplies the token embeddings by sqrt(d_model) (Vaswani): i carries that scale,
+    and the terms still sum to the model's hidden states at every layer."""
+    cfg = tiny_config(dict(kind="absolute"), scale_embeddings=True)
+    params = perturbed_encoder_params(cfg, IDS)
+    result = decompose(cfg, params, IDS, segment_ids=SEGS)
+    np.testing.assert_allclose(result.terms.sum(axis=1), result.hidden, atol=1e-5)
+    p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+    x = np.sqrt(cfg.d_model) * p["token_embed"]["embedding"][IDS] + p["type_embed"]["embedding"][0] + p["encoder"][
+        "position"]["embedding"][:12]
+    norm = p["encoder"]["embed_norm"]
+    scale = norm["scale"] / np.sqrt(x.var(-1, keepdims=True) + cfg.layer_norm_eps)
+    np.testing.assert_allclose(result.terms[0, 0], scale * x, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("position,named", [
+    (dict(kind="shaw", shaw=dict(clip=3)), "Shaw"),
+    (dict(kind="diet_abs", diet_abs=dict(linformer_k=4)), "Linformer"),
+], ids=["shaw_values", "linformer"])
+def test_refuses_values_with_a_positional_or_sequence_mix(position, named):
+    with pytest.raises(ValueError, match=named):
+        decompose(tiny_config(position), None, IDS)

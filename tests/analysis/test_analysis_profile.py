@@ -11,15 +11,18 @@ from jaxpos.models import BertEncoder
 from tests.helpers import tiny_config
 
 
-@pytest.mark.parametrize("factorised", [False, True])
-def test_profile_matches_the_formula_entry_by_entry(factorised):
-    extra = dict(embedding_dim=8, share_layers=True) if factorised else {}
+@pytest.mark.parametrize("extra", [{}, dict(embedding_dim=8, share_layers=True), dict(scale_embeddings=True)],
+                         ids=["plain", "factorised", "scaled_embeddings"])
+def test_profile_matches_the_formula_entry_by_entry(extra):
     cfg = tiny_config(dict(kind="absolute"), **extra)
     params = nn.unbox(BertEncoder(cfg).init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
     got = positional_profile(cfg, params)
     p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     enc = p["encoder"]
+    factorised = "embedding_dim" in extra
     positions, words = enc["position"]["embedding"], p["token_embed"]["embedding"]
+    if cfg.scale_embeddings:  # the word embeddings as the model adds them: times sqrt(d_model)
+        words = words * np.sqrt(cfg.d_model)
     if factorised:
         positions, words = positions @ enc["embed_projection"]["kernel"], words @ enc["embed_projection"]["kernel"]
     w_bar = words.mean(0)

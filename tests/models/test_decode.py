@@ -69,3 +69,32 @@ def test_encoder_decoder_padding_does_not_leak():
     a = model.apply({"params": params}, inputs, targets, inputs_segmentation=segmentation)
     b = model.apply({"params": params}, inputs.at[0, 3:].set(11), targets, inputs_segmentation=segmentation)
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+# Mechanisms whose cross-attention term is a table over offsets j - i: the cached step reads it at its own position.
+CROSS_TABLES = [dict(kind="tisa"), dict(kind="t5"), dict(kind="diet_rel"), dict(kind="alibi"),
+                dict(kind="attenuated", attenuated=dict(form="offset", s=0.5))]
+
+
+@pytest.mark.parametrize("position", CROSS_TABLES, ids=lambda p: p["kind"])
+def test_cross_attention_bias_decodes_past_the_source_length(position):
+    """Decoder steps at positions >= the source length read offsets beyond -(S_enc - 1) in the cross table."""
+    cfg = tiny_config(position, num_decoder_layers=2, cross_attention_position=True)
+    source_length, target_length = 4, 11
+    inputs = jax.random.randint(jax.random.PRNGKey(2), (2, source_length), 1, cfg.vocab_size).at[1, 3:].set(0)
+    targets = jax.random.randint(jax.random.PRNGKey(3), (2, target_length), 1, cfg.vocab_size)
+    model, stepper = EncoderDecoder(cfg), EncoderDecoder(cfg, decode=True)
+    params = model.init(jax.random.PRNGKey(4), inputs, targets)["params"]
+    leaves, tree = jax.tree.flatten(params)  # perturbed, so that no table starts flat along the offsets
+    keys = jax.random.split(jax.random.PRNGKey(5), len(leaves))
+    params = jax.tree.unflatten(tree, [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    full = model.apply({"params": params}, inputs, targets)  # teacher forcing, no cache
+    cache = stepper.init(jax.random.PRNGKey(4), inputs, targets)["cache"]
+    encoded = model.apply({"params": params}, inputs, method="encode")
+    decoder_inputs = shift_right(targets)
+    step = jax.jit(lambda c, tok: stepper.apply({"params": params, "cache": c}, encoded, inputs, tok,
+                                                method="decode_logits", mutable=["cache"]))
+    for t in range(target_length):
+        logits, mutated = step(cache, decoder_inputs[:, t:t + 1])
+        cache = mutated["cache"]
+        np.testing.assert_allclose(logits[:, 0], full[:, t], rtol=1e-4, atol=1e-4, err_msg=f"step {t}")

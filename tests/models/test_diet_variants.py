@@ -4,6 +4,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxpos.attention import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention
@@ -64,3 +65,16 @@ def test_linformer_in_a_bert_encoder_runs_and_learns_projection():
     grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, ids).sum()))(params)
     g = flax.linen.unbox(grads)["bert"]["encoder"]["position"]["projection"]
     assert g.shape == (cfg.num_layers, 6, 16) and np.abs(np.asarray(g)).max() > 0
+
+
+def test_linformer_refuses_rows_that_pack_several_sequences():
+    """E projects keys and values along the whole row: the pieces of a packed row would see each other."""
+    cfg = tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=6)))
+    model = BertForMaskedLM(cfg)
+    ids = jnp.ones((2, 16), jnp.int32)
+    params = model.init(jax.random.PRNGKey(0), ids)["params"]
+    one_piece = jnp.ones((2, 16), jnp.int32).at[1, 10:].set(0)  # padding is fine: padded keys are zeroed
+    model.apply({"params": params}, ids, segment_ids=one_piece)
+    two_pieces = one_piece.at[0, 8:].set(2)
+    with pytest.raises(ValueError, match="Linformer .*packed rows"):
+        model.apply({"params": params}, ids, segment_ids=two_pieces)

@@ -39,9 +39,7 @@ def variant_id(position):
                                           for k, v in block.items()])
 
 
-@pytest.mark.parametrize("position", PACKABLE + ABSOLUTE_TERMS, ids=variant_id)
-def test_packed_pairs_match_pairs_in_their_own_rows(position):
-    cfg = tiny_config(dict(position, segment="none"), num_layers=2, num_decoder_layers=2)
+def assert_packed_pairs_match_pairs_in_their_own_rows(cfg):
     sources, targets = pairs()
     packed, alone = pack_pairs(sources, targets, 16), one_pair_per_row(sources, targets, 16)
     assert len(packed) == 1 and len(alone) == 3  # all three pairs share one row
@@ -68,7 +66,30 @@ def test_packed_pairs_match_pairs_in_their_own_rows(position):
                                    atol=1e-5)
         in_packed = packed.targets_segmentation[0] == i + 1
         np.testing.assert_allclose(packed_logits[0, in_packed], alone_logits[i, :len(targets[i])], rtol=1e-5,
-                                   atol=1e-5)
+                                   atol=1e-5, err_msg=f"pair {i}")
+
+
+@pytest.mark.parametrize("position", PACKABLE + ABSOLUTE_TERMS, ids=variant_id)
+def test_packed_pairs_match_pairs_in_their_own_rows(position):
+    assert_packed_pairs_match_pairs_in_their_own_rows(
+        tiny_config(dict(position, segment="none"), num_layers=2, num_decoder_layers=2))
+
+
+# Cross-attention with a positional term: in a packed row a pair's source and target start at different columns,
+# so offsets and absolute reads must use each pair's own positions on both sides.
+CROSS_POSITIONED = [dict(kind=k) for k in ("tisa", "t5", "diet_rel", "alibi", "rope", "shaw", "diet_abs", "tupe")] + [
+    dict(kind="diet_abs", diet_abs=dict(fold=False, sharing="none", rank=6)),
+    dict(kind="attenuated"),
+    dict(kind="attenuated", attenuated=dict(form="matrix")),
+    dict(kind="attenuated", attenuated=dict(form="offset", s=0.5)),
+]
+
+
+@pytest.mark.parametrize("position", CROSS_POSITIONED, ids=variant_id)
+def test_packed_pairs_with_cross_attention_positions_match_pairs_in_their_own_rows(position):
+    assert_packed_pairs_match_pairs_in_their_own_rows(
+        tiny_config(dict(position, segment="none"), num_layers=2, num_decoder_layers=2,
+                    cross_attention_position=True))
 
 
 MLM_MECHANISMS = [dict(kind="absolute"), dict(kind="diet_abs"), dict(kind="tupe"), dict(kind="tisa")]

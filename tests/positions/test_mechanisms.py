@@ -328,3 +328,76 @@ def test_attenuated_abs_offset_is_a_symmetric_table_over_distance():
                     want[layer, h, i, j] = table[layer, h, abs(j - i)]
     np.testing.assert_array_equal(dense, want)
     np.testing.assert_array_equal(dense, np.swapaxes(dense, -1, -2))
+
+
+def attenuated_reference(n, w, s, causal=False):
+    """Chen et al. eq. 8 for one piece of n tokens, in numpy: delta[i] = softmax over the piece's keys j (those
+    at or before i when causal) of alpha_ij = -s*w*(j-i)^2 (j >= i), -w*(j-i)^2 (j < i); 0 at the other keys."""
+    k = np.arange(n)[None, :] - np.arange(n)[:, None]
+    alpha = np.where(k >= 0, -s * w * k**2, -w * k**2).astype(np.float64)
+    allowed = k <= 0 if causal else np.ones((n, n), bool)
+    weights = np.where(allowed, np.exp(alpha), 0.0)
+    return weights / weights.sum(-1, keepdims=True), allowed
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fixed_attenuated_encoding_is_normalised_over_its_own_piece(causal):
+    """Padding and a packed neighbour leave a piece's encoding, attention and outputs as they are alone."""
+    from jaxpos.models import BertEncoder
+
+    w, s, n = 0.02, 0.5, 5  # a wide kernel: keys outside the piece would take a visible share of each row
+    piece = np.asarray([7, 3, 9, 4, 12], np.int32)
+    neighbour = np.asarray([5, 8, 2, 11], np.int32)
+    layouts = {  # name: (ids, segment ids, positions within each piece, the piece's columns)
+        "alone": (piece, np.ones(n, np.int32), None, slice(0, n)),
+        "padded": (np.pad(piece, (0, 7)), np.pad(np.ones(n, np.int32), (0, 7)), None, slice(0, n)),
+        "packed": (np.concatenate([neighbour, piece, [0, 0, 0]]), np.asarray([1] * 4 + [2] * n + [0] * 3),
+                   np.asarray([0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 0, 0]), slice(4, 4 + n)),
+    }
+    delta, allowed = attenuated_reference(n, w, s, causal)
+    want_weights = np.where(allowed, np.exp(delta), 0.0)  # position only: the logits are delta itself
+    want_weights /= want_weights.sum(-1, keepdims=True)
+    for position_only in (True, False):
+        cfg = tiny_config(dict(kind="attenuated", position_only=position_only, attenuated=dict(w=w, s=s)),
+                          causal=causal)
+        model = BertEncoder(cfg)
+        params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 12), jnp.int32))["params"]
+        hidden = {}
+        for name, (ids, segments, positions, columns) in layouts.items():
+            out, state = model.apply(
+                {"params": params}, jnp.asarray(ids)[None], segment_ids=jnp.asarray(segments)[None],
+                input_positions=None if positions is None else jnp.asarray(positions)[None],
+                mutable=["intermediates"])
+            hidden[name] = np.asarray(out)[0, columns]
+            if position_only:
+                weights = np.asarray(state["intermediates"]["encoder"]["layer_0"]["self_attention"]
+                                     ["attention_weights"][0])[0]  # [H, T, S]
+                np.testing.assert_allclose(weights[:, columns, columns], np.broadcast_to(want_weights, (4, n, n)),
+                                           rtol=1e-5, atol=1e-7, err_msg=name)
+        for name in ("padded", "packed"):
+            np.testing.assert_allclose(hidden[name], hidden["alone"], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{name}, position_only={position_only}")
+
+
+def test_content_only_rope_drops_the_rotation():
+    """content_only keeps q.k alone: a RoPE model computes what a model with no positional mechanism computes."""
+    from jaxpos.models import BertEncoder
+
+    ids = jax.random.randint(jax.random.PRNGKey(0), (2, 10), 1, 61)
+    rope = BertEncoder(tiny_config(dict(kind="rope", content_only=True)))
+    params = rope.init(jax.random.PRNGKey(1), ids)["params"]  # RoPE has no parameters: the same tree as "none"
+    leaves, tree = jax.tree.flatten(params)  # perturbed, so that attention is far from uniform
+    keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
+    params = jax.tree.unflatten(tree, [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    got = np.asarray(rope.apply({"params": params}, ids))
+    want = np.asarray(BertEncoder(tiny_config(dict(kind="none"))).apply({"params": params}, ids))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    rotated = np.asarray(BertEncoder(tiny_config(dict(kind="rope"))).apply({"params": params}, ids))
+    assert np.abs(rotated - want).max() > 0.1  # the check has teeth: with positions the outputs differ
+
+
+@pytest.mark.parametrize("kind", ["rope", "shaw"])
+def test_position_only_is_refused_where_position_lives_inside_q_dot_k(kind):
+    cfg = tiny_config(dict(kind=kind, position_only=True))
+    with pytest.raises(ValueError, match=f"position_only .*{kind}"):
+        BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))
