@@ -38,15 +38,20 @@ def test_encoder_decoder_decodes_like_full_pass(name, position):
     cfg = tiny_config(position, num_decoder_layers=2, cross_attention_position=name in ("t5", "tisa", "rope"))
     inputs = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 1, cfg.vocab_size).at[1, 6:].set(0)  # padded
     targets = jax.random.randint(jax.random.PRNGKey(3), (2, T), 1, cfg.vocab_size)
+    params = EncoderDecoder(cfg).init(jax.random.PRNGKey(4), inputs, targets)["params"]
+    assert_cached_steps_match_full_pass(cfg, params, inputs, targets, name)
+
+
+def assert_cached_steps_match_full_pass(cfg, params, inputs, targets, name):
+    """Cached one-token decoder steps give the teacher-forced full pass's logits at every target position."""
     model, stepper = EncoderDecoder(cfg), EncoderDecoder(cfg, decode=True)
-    params = model.init(jax.random.PRNGKey(4), inputs, targets)["params"]
     full = model.apply({"params": params}, inputs, targets)
     cache = stepper.init(jax.random.PRNGKey(4), inputs, targets)["cache"]
     encoded = model.apply({"params": params}, inputs, method="encode")
     decoder_inputs = shift_right(targets)
     step = jax.jit(lambda c, tok: stepper.apply({"params": params, "cache": c}, encoded, inputs, tok,
                                                 method="decode_logits", mutable=["cache"]))
-    for t in range(T):
+    for t in range(targets.shape[1]):
         logits, mutated = step(cache, decoder_inputs[:, t:t + 1])
         cache = mutated["cache"]
         np.testing.assert_allclose(logits[:, 0], full[:, t], rtol=1e-4, atol=1e-4, err_msg=f"{name} step {t}")
@@ -83,18 +88,8 @@ def test_cross_attention_bias_decodes_past_the_source_length(position):
     source_length, target_length = 4, 11
     inputs = jax.random.randint(jax.random.PRNGKey(2), (2, source_length), 1, cfg.vocab_size).at[1, 3:].set(0)
     targets = jax.random.randint(jax.random.PRNGKey(3), (2, target_length), 1, cfg.vocab_size)
-    model, stepper = EncoderDecoder(cfg), EncoderDecoder(cfg, decode=True)
-    params = model.init(jax.random.PRNGKey(4), inputs, targets)["params"]
+    params = EncoderDecoder(cfg).init(jax.random.PRNGKey(4), inputs, targets)["params"]
     leaves, tree = jax.tree.flatten(params)  # perturbed, so that no table starts flat along the offsets
     keys = jax.random.split(jax.random.PRNGKey(5), len(leaves))
     params = jax.tree.unflatten(tree, [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
-    full = model.apply({"params": params}, inputs, targets)  # teacher forcing, no cache
-    cache = stepper.init(jax.random.PRNGKey(4), inputs, targets)["cache"]
-    encoded = model.apply({"params": params}, inputs, method="encode")
-    decoder_inputs = shift_right(targets)
-    step = jax.jit(lambda c, tok: stepper.apply({"params": params, "cache": c}, encoded, inputs, tok,
-                                                method="decode_logits", mutable=["cache"]))
-    for t in range(target_length):
-        logits, mutated = step(cache, decoder_inputs[:, t:t + 1])
-        cache = mutated["cache"]
-        np.testing.assert_allclose(logits[:, 0], full[:, t], rtol=1e-4, atol=1e-4, err_msg=f"step {t}")
+    assert_cached_steps_match_full_pass(cfg, params, inputs, targets, position["kind"])
