@@ -18,6 +18,12 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or 
   cudnn+folded     DIET-Abs as the model's cudnn path runs it: P_Q [H, T, r], P_K folded into q and k (width
                    D + r, --rank, default D), v padded to the same width
   pallas+folded    the same folding through toeplitz_attention, v at its own width D
+  mgpu             toeplitz_attention(backend="mosaic_gpu"): the Hopper kernels (wgmma, TMA), no table
+  mgpu+table       the same with the table, read from per-block-diagonal tiles; its gradient by a kernel per
+                   (head, block diagonal)
+  mgpu+folded      pallas+folded on the Hopper kernels
+  jax-fa3          peer: jax's own FlashAttention-3 kernel in Mosaic GPU (jax.experimental.pallas.ops.gpu
+                   .attention_mgpu), no bias
 Times: warm-up runs, then the median of --runs timed runs, each ended by block_until_ready. Bias memory: what
 the bias (and its gradient partials) takes beside q, k, v; the table alone is H * (2T - 1) floats.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import time
 
@@ -81,16 +88,32 @@ def paths(smoke: bool, blocks: dict):
                         implementation=dpa_impl or "jax")
         return jnp.sum(out.astype(jnp.float32) * g)
 
-    def pallas_folded(q, k, v, factors, g):
+    def pallas_folded(q, k, v, factors, g, **options):
         scale = q.shape[-1] ** -0.5
         qf, kf = fold_factors(q, k, factors, scale)
-        return jnp.sum(toeplitz_attention(qf, kf, v, None, scale=scale, **blocks).astype(jnp.float32) * g)
+        return jnp.sum(toeplitz_attention(qf, kf, v, None, scale=scale, **(options or blocks)).astype(jnp.float32)
+                       * g)
+
+    mgpu = dict(backend="mosaic_gpu")
+
+    def mosaic_gpu(q, k, v, table, g):
+        return jnp.sum(toeplitz_attention(q, k, v, table, **mgpu).astype(jnp.float32) * g)
+
+    def jax_fa3(q, k, v, table, g):
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as fa3
+        config = fa3.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, block_q_dkv=64,
+                                  block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+        return jnp.sum(fa3.attention(q, k, v, config).astype(jnp.float32) * g)
 
     return {"cudnn": (None, True, dpa), "cudnn+bias": ("table", False, dpa_bias), "xla+table": ("table", False, xla),
             "pallas": (None, True, pallas), "pallas+table": ("table", False, pallas_table),
             "pallas+diag": ("table", False, functools.partial(pallas_table, table_grad="diagonals")),
             "pallas+dropout": ("table", False, pallas_dropout), "pallas+segments": ("table", False, pallas_segments),
-            "cudnn+folded": ("factors", False, dpa_folded), "pallas+folded": ("factors", False, pallas_folded)}
+            "cudnn+folded": ("factors", False, dpa_folded), "pallas+folded": ("factors", False, pallas_folded),
+            "mgpu": (None, True, lambda q, k, v, table, g: mosaic_gpu(q, k, v, None, g)),
+            "mgpu+table": ("table", False, mosaic_gpu),
+            "mgpu+folded": ("factors", False, functools.partial(pallas_folded, **mgpu)),
+            "jax-fa3": (None, True, jax_fa3)}
 
 
 def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, head_dim: int, rank: int) -> int:
@@ -108,6 +131,9 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
         group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
         rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
+    if name == "mgpu+table":  # per block diagonal a 128 x 128 tile: bf16 and its transpose, float32 gradient
+        tiles = heads * (2 * -(-length // 128) - 1) * 128 * 128  # lengths padded to blocks of 128
+        return heads * 2 * length * 4 + tiles * (2 + 2 + 4)
     if name == "pallas+diag":  # the table, and per (head, block diagonal) a window [2, b] and the skew's [b, b]
         diagonals = 2 * length // block_dq - 1
         return heads * 2 * length * 4 + heads * diagonals * (2 * block_dq + block_dq**2) * 4
@@ -141,8 +167,9 @@ def main(argv=None):
     parser.add_argument("--block-dq", type=int, default=None, help="default: the kernel's (32 GPU, 128 TPU)")
     parser.add_argument("--num-warps", type=int, default=4)
     parser.add_argument("--num-stages", type=int, default=3)
-    parser.add_argument("--paths", default="cudnn,cudnn+bias,xla+table,pallas,pallas+table,pallas+diag,"
-                                           "pallas+dropout,pallas+segments,cudnn+folded,pallas+folded")
+    parser.add_argument("--paths", default="cudnn,jax-fa3,cudnn+bias,xla+table,pallas,pallas+table,pallas+diag,"
+                                           "pallas+dropout,pallas+segments,cudnn+folded,pallas+folded,mgpu,"
+                                           "mgpu+table,mgpu+folded")
     parser.add_argument("--rank", type=int, default=None, help="DIET-Abs factor rank r (default: the head dim)")
     parser.add_argument("--kernel-configs", default="",
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")
@@ -150,6 +177,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     dtype = jnp.bfloat16
     if args.cpu_smoke:
+        os.environ.setdefault("PJRT_NPROC", "4")  # the Mosaic GPU interpreter runs 3 warpgroups as threads
         jax.config.update("jax_platforms", "cpu")
         args.lengths, args.tokens, args.heads, args.head_dim, args.runs, args.warmup = "32", 64, 2, 16, 2, 1
         args.block_q = args.block_k = args.block_dq = 16
@@ -179,7 +207,8 @@ def main(argv=None):
                 results[name] = time_path(loss, inputs.get(positional), q, k, v, g.astype(jnp.float32),
                                           args.warmup, args.runs)
             except Exception as error:  # one path failing (e.g. cuDNN shape limits) must not hide the others
-                results[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:60]}"
+                first_line = (str(error).splitlines() or [""])[0]  # an assert may carry no message
+                results[name] = f"{type(error).__name__}: {first_line[:60]}"
         no_bias = [results[n] for n, (_, nb, _) in chosen.items() if nb and isinstance(results[n], float)]
         fastest = min(no_bias) if no_bias else None
         for name, value in results.items():

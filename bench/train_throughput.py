@@ -195,7 +195,7 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--impl", default="cudnn",
-                        help="attention_impl for jaxpos: xla, jax, cudnn or pallas, or a comma list (each kind "
+                        help="attention_impl for jaxpos: xla, jax, cudnn, pallas or mosaic_gpu, or a comma list (each kind "
                              "under each; 'x none' is against none under the first)")
     parser.add_argument("--peers", default="plain_jax,huggingface", help="comma list, or '' for none")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
@@ -203,9 +203,10 @@ def main():
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    unknown = set(args.impl.split(",")) - {"xla", "jax", "cudnn", "pallas"}
+    from jaxpos.config.model import ATTENTION_IMPLS
+    unknown = set(args.impl.split(",")) - set(ATTENTION_IMPLS)
     if unknown:
-        parser.error(f"--impl: unknown attention_impl {sorted(unknown)}; choose from xla, jax, cudnn, pallas")
+        parser.error(f"--impl: unknown attention_impl {sorted(unknown)}; choose from {', '.join(ATTENTION_IMPLS)}")
     if args.worker:
         return worker(args)
 

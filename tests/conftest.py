@@ -7,6 +7,9 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
                                    "--xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The Mosaic GPU interpreter runs a kernel's three warpgroups as concurrent host callbacks on the CPU client's
+# thread pool (one thread per core by default: two on CI, where they would wait on each other for ever).
+os.environ.setdefault("PJRT_NPROC", "4")
 
 import jax  # noqa: E402
 

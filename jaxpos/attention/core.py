@@ -8,7 +8,9 @@ and chooses how to apply them:
   a multiple of 8 (cuDNN's rule). Query-dependent Shaw terms and the analysis switches need "xla";
 - "pallas": `toeplitz_kernel.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
   folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
-  per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla".
+  per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla";
+- "mosaic_gpu": the same path on the Hopper kernels of `toeplitz_mosaic_gpu` (wgmma, TMA; bf16/f16), which hand
+  attention dropout and per-head segment tables to the "pallas" kernel.
 """
 
 from __future__ import annotations
@@ -66,19 +68,22 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     `bias` is one layer's slice; `mask` a boolean [B|1, 1, T, S]; q_types/k_types the token types used by a
     per-head segment table; q_pos [T], k_pos [S], or per example [B, T], [B, S] (packed cross-attention).
     `content=False` drops q.k, `position=False` drops every positional logit term.
-    "pallas" (the Toeplitz kernel, low-rank factors folded into q and k) takes the mask as q_segment_ids [B, T] /
+    "pallas" and "mosaic_gpu" (the Toeplitz kernel, low-rank factors folded into q and k) take the mask as
+    q_segment_ids [B, T] /
     kv_segment_ids [B, S] (0 = padding) and `causal` (q_pos == k_pos), which must describe `mask`; it falls back
     where it cannot run (`_pallas_blocker`). Attention dropout (`dropout_rng`, `dropout_rate`) drops the same
     weights on "xla" and "pallas" (`dropout.keep_mask`); "jax" and "cudnn" have none.
     """
-    if implementation == "pallas":
+    if implementation in ("pallas", "mosaic_gpu"):
         blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position, q_segment_ids,
                                   kv_segment_ids, causal)
         if blocker is None:
             return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_types, k_types, q_segment_ids,
-                                    kv_segment_ids, causal, dropout_rng, dropout_rate), None
-        implementation = _pallas_fallback(bias, q_BTHD, k_BSHD, content, position, dropout_rng, dropout_rate)
-        _note_once(f"attention_impl='pallas' falls back to {implementation!r}: {blocker}")
+                                    kv_segment_ids, causal, dropout_rng, dropout_rate,
+                                    mosaic_gpu=implementation == "mosaic_gpu"), None
+        fallback = _pallas_fallback(bias, q_BTHD, k_BSHD, content, position, dropout_rng, dropout_rate)
+        _note_once(f"attention_impl={implementation!r} falls back to {fallback!r}: {blocker}")
+        implementation = fallback
     bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
     bias = over_attended_keys(bias, mask)  # fixed attenuated delta: a softmax over the attended keys only
     head_dim = q_BTHD.shape[-1]
@@ -147,9 +152,9 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
 
 
 def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_ids, kv_segment_ids, causal,
-                     dropout_rng, dropout_rate):
-    """attend's "pallas" path: the Toeplitz kernel on each device's shard of the batch and heads (`per_shard`);
-    a per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
+                     dropout_rng, dropout_rate, mosaic_gpu=False):
+    """attend's "pallas" / "mosaic_gpu" path: the Toeplitz kernel on each device's shard of the batch and heads
+    (`per_shard`); a per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
     from jaxpos.attention.toeplitz_kernel import toeplitz_attention
     scale = bias.content_scale * q.shape[-1] ** -0.5
     if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
@@ -157,6 +162,14 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
     rate = dropout_rate if dropout_rng is not None else 0.0
     batch, length, heads, _ = q.shape
     pair_u, pair_w = _segment_pairs(bias, q_types, k_types) or (None, None)
+    backend = None  # the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
+    if mosaic_gpu:
+        from jaxpos.attention.toeplitz_mosaic_gpu import unsupported
+        reason = unsupported(q.dtype, rate, pair_u)
+        if reason is None:
+            backend = "mosaic_gpu"
+        else:
+            _note_once(f"attention_impl='mosaic_gpu' hands this call to the 'pallas' kernel: {reason}")
     args = dict(q=q, k=k, v=v, table=bias.table, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                 pair_u=pair_u, pair_w=pair_w,
                 q_offset=None if causal else q_pos[0] - k_pos[0],  # static 0 when causal
@@ -173,7 +186,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
         return toeplitz_attention(q, k, v, table, scale=scale, q_segment_ids=q_segment_ids,
                                   kv_segment_ids=kv_segment_ids, causal=causal, q_offset=q_offset,
                                   dropout_rate=rate, dropout_row_keys=dropout_row_keys,
-                                  pair_bias=None if pair_u is None else (pair_u, pair_w))
+                                  pair_bias=None if pair_u is None else (pair_u, pair_w), backend=backend)
 
     given = {name: x for name, x in args.items() if x is not None}
     return per_shard(kernel, given, {name: names[name] for name in given}, HEADS)

@@ -832,7 +832,8 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     r], w [B, S, r]), r small: adds u[b, i, h] . w[b, j] to the logits, differentiable in u only (w: key
     features, such as the one-hot token types of a per-head segment table). `interpret` None: the Pallas
     interpreter when the backend is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or
-    "mosaic_tpu"; None: from the default backend.
+    "mosaic_tpu"; None: from the default backend. "mosaic_gpu": the Hopper kernels of `toeplitz_mosaic_gpu`
+    (bf16/f16, no dropout or pair term; blocks of 128, so none of the block or table-gradient options).
     """
     batch, t, heads, dim = q.shape
     s, dim_v = k.shape[1], v.shape[-1]
@@ -850,8 +851,12 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         interpret = jax.default_backend() == "cpu"
     if backend is None:
         backend = "mosaic_tpu" if jax.default_backend() == "tpu" else "triton"
-    if backend not in ("triton", "mosaic_tpu"):
-        raise ValueError(f"backend={backend!r}; choose triton or mosaic_tpu")
+    if backend not in ("triton", "mosaic_tpu", "mosaic_gpu"):
+        raise ValueError(f"backend={backend!r}; choose triton, mosaic_tpu or mosaic_gpu")
+    if backend == "mosaic_gpu":
+        return _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate,
+                           pair_bias, interpret, dict(block_q=block_q, block_k=block_k, block_dq=block_dq,
+                                                       dq_group=dq_group, table_grad=table_grad))
     if table_grad not in ("tiles", "diagonals") or (table_grad == "diagonals" and backend == "mosaic_tpu"):
         raise ValueError(f"table_grad={table_grad!r}; choose tiles or (Triton only) diagonals")
     if pair_bias is not None:
@@ -913,4 +918,34 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, keys, u, w, st)
     if tpu:
         out = out.transpose(0, 2, 1, 3)
+    return out[:, :t, :, :dim_v]
+
+
+def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate, pair_bias,
+                interpret, options):
+    """toeplitz_attention on the Mosaic GPU backend: inputs padded to its blocks and head widths."""
+    from jaxpos.attention import toeplitz_mosaic_gpu as mgpu
+    reason = mgpu.unsupported(q.dtype, dropout_rate, pair_bias)
+    if reason is not None:
+        raise ValueError(f"the mosaic_gpu backend does not take {reason}; use backend='triton'")
+    given = [name for name, value in options.items() if value not in (None, "tiles")]
+    if given:
+        raise ValueError(f"the mosaic_gpu backend has fixed blocks of {mgpu.BLOCK} and its own table gradient: "
+                         f"drop {', '.join(given)}")
+    batch, t, heads, dim = q.shape
+    s, dim_v = k.shape[1], v.shape[-1]
+    t_pad, s_pad = (-(-n // mgpu.BLOCK) * mgpu.BLOCK for n in (t, s))
+
+    def pad(x, length):  # zero channels up to a multiple of 64 change no dot product
+        return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, -x.shape[-1] % 64)))
+
+    use_q = q_segment_ids is not None
+    kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
+    qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
+    ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
+    out = mgpu.mosaic_gpu_attention(
+        pad(q, t_pad), pad(k.astype(q.dtype), s_pad), pad(v.astype(q.dtype), s_pad), ext,
+        jnp.pad(qseg, ((0, 0), (0, t_pad - t))), jnp.pad(kseg, ((0, 0), (0, s_pad - s))),
+        scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0,
+        use_q_ids=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s, interpret=interpret)
     return out[:, :t, :, :dim_v]

@@ -22,6 +22,7 @@ SEGMENT_MODES = ("input", "per_head", "none")
 SHARING_MODES = ("none", "head", "layer")
 ATTENUATED_FORMS = ("fixed", "matrix", "offset", "abs_offset")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: exact analysis (needs jax_enable_x64)
+ATTENTION_IMPLS = ("xla", "jax", "cudnn", "pallas", "mosaic_gpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +168,8 @@ class ModelConfig:
     tie_embeddings: bool = True  # MLM head / decoder output shares the input embedding matrix
     cross_attention_position: bool = False  # relative/positional bias in encoder-decoder attention too
     # xla (einsum reference) | jax (jax.nn.dot_product_attention) | cudnn | pallas (the Toeplitz-table kernel,
-    # jaxpos/attention/toeplitz_kernel.py; falls back to cudnn/xla for terms it cannot take)
+    # jaxpos/attention/toeplitz_kernel.py; falls back to cudnn/xla for terms it cannot take) | mosaic_gpu (its
+    # Hopper kernels, toeplitz_mosaic_gpu.py, bf16/f16; dropout and per-head segments go to the pallas kernel)
     attention_impl: str = "xla"
     dtype: str = "float32"  # compute dtype; parameters stay param_dtype
     param_dtype: str = "float32"
@@ -197,8 +199,8 @@ class ModelConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
         if self.layer_norm not in ("post", "pre"):
             raise ValueError(f"layer_norm={self.layer_norm!r}; choose post or pre")
-        if self.attention_impl not in ("xla", "jax", "cudnn", "pallas"):
-            raise ValueError(f"attention_impl={self.attention_impl!r}; choose xla, jax, cudnn or pallas")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl={self.attention_impl!r}; choose {', '.join(ATTENTION_IMPLS)}")
         for name in ("dropout", "attention_dropout"):
             check_number(name, getattr(self, name), 0.0, 1.0)
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
@@ -217,8 +219,8 @@ class ModelConfig:
 def check_training(cfg: ModelConfig) -> None:
     """Errors for a model block that evaluates but cannot train (checked before a training run reads data)."""
     if cfg.attention_dropout > 0.0 and cfg.attention_impl in ("jax", "cudnn"):
-        raise ValueError(f"attention dropout needs attention_impl='xla' or 'pallas', not {cfg.attention_impl!r}; "
-                         "or set model.attention_dropout=0")
+        raise ValueError(f"attention dropout needs attention_impl='xla', 'pallas' or 'mosaic_gpu', not "
+                         f"{cfg.attention_impl!r}; or set model.attention_dropout=0")
 
 
 def check_packing(cfg: ModelConfig, packed: bool) -> None:

@@ -1,0 +1,863 @@
+"""Toeplitz attention on Hopper GPUs: Mosaic GPU kernels (wgmma, TMA, warp specialisation) for
+`toeplitz_kernel.toeplitz_attention(..., backend="mosaic_gpu")`.
+
+Every kernel runs one CTA of three warpgroups: two consumers that own 64 rows each of a 128-row block and issue
+wgmma, and a producer that streams the other side's 128-row blocks into shared memory by TMA, `STAGES` deep,
+through one mbarrier per buffer and slot (and a "free" barrier per slot that both consumers arrive on).
+
+How the table enters. The kernels cannot gather, so the offset table `ext` [H'|1, T_pad + S_pad] (from
+`toeplitz_kernel._offset_table`) is laid out once per call as the tiles of its block diagonals: a (128-row,
+128-column) tile of block diagonal d = key block - query block + nq - 1 reads ext[d*128 + 127 + c - r], so tile d
+serves every tile on its diagonal, for every batch row (`_diagonal_tiles`). A tile is stored as bf16 residuals
+around its own main-diagonal value (an f32 scalar per tile, read from shared memory): the entries that carry
+softmax weight sit near that value, so they keep f32-like precision even where the table grows with the offset
+(ALiBi, attenuated). H'*(T+S)*128 entries: linear in T. The dK/dV kernel reads the transposed tiles.
+
+How the table's gradient comes back. The gradient of tile d is dS summed over the tiles of block diagonal d and
+the batch (and the heads of a shared table); a fourth kernel per (table head, block diagonal) walks exactly those
+tiles, recomputes P and dP (two products per tile) and adds dS up in registers, so no atomics and no [T, S]
+tensor: it writes one f32 tile per block diagonal, H'*(T+S)*128 floats, and XLA sums each along its diagonals
+into the window of offsets it covers (`_table_gradient`). The result is deterministic.
+
+Masks follow `toeplitz_attention`: key id 0 = padding, query ids (when given) must equal key ids, causal
+(k_pos <= q_pos). Tiles with no visible entry are skipped: a visit list per CTA (`_visit_lists`), computed in
+XLA from the blocks' id ranges and the causal limit, tells both the producer and the consumers which blocks to
+walk. Rows that see no key give out = 0, logsumexp +inf and zero gradients.
+
+Inputs are bf16 or f16 (f32 accumulation); head widths are padded with zero channels to a multiple of 64 (q and k
+may be wider than v: folded low-rank factors). Attention dropout and pair terms are not taken here
+(`unsupported`): `toeplitz_attention` sends those to the Triton kernel.
+
+Testing on a machine without a GPU: Pallas's Mosaic GPU interpreter runs these kernels thread by thread with
+simulated shared memory, TMA and barriers (and finds races), but has no rule for wgmma with a transposed or
+register operand, `plgpu.load` or layout casts. `_Ops` is the one seam: under the interpreter a product is a
+jnp.dot of the same operands and a layout load a plain read; everything else (copies, barriers, loops, visit
+lists, masks, softmax, the tile arithmetic) is the compiled code. The compiled path is checked by lowering for
+CUDA from the CPU (which runs Mosaic's layout inference and shared-memory accounting), not by ptxas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+BLOCK = 128  # rows of a CTA's own block (two consumers of HALF) and of each streamed block
+HALF = 64  # rows per consumer warpgroup: the wgmma M
+LOG2E = math.log2(math.e)  # logits are kept in base 2 (exp2)
+NEG = -1e30  # finite logit of masked entries
+SMEM_LIMIT = 227 * 1024  # bytes of shared memory a Hopper CTA can have
+_LIST_ALIGN = 32  # visit lists padded to 128 bytes: TMA copies split evenly over a warpgroup's threads
+_BIG_ID = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Static settings of one call (a nondiff argument of the custom VJP)."""
+
+    scale: float
+    causal: bool
+    q_offset: int  # causal: key j visible to query i when j - i <= q_offset
+    t_pad: int
+    s_pad: int
+    use_q_ids: bool
+    masked: bool  # any mask (ids, causal or padded keys); else no mask arithmetic
+    interpret: bool
+
+    @property
+    def nq(self) -> int:
+        return self.t_pad // BLOCK
+
+    @property
+    def nk(self) -> int:
+        return self.s_pad // BLOCK
+
+
+def unsupported(dtype, dropout_rate: float, pair_bias) -> str | None:
+    """Why the Mosaic GPU kernels cannot take a call on this backend (None: they can; the CPU runs them in the
+    interpreter)."""
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cpu"):
+        return f"the {backend} backend"
+    if backend == "gpu":
+        capability = getattr(jax.devices()[0], "compute_capability", "0")
+        if not str(capability).startswith("9"):
+            return f"a GPU of compute capability {capability} (wgmma needs Hopper, 9.0)"
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"{jnp.dtype(dtype).name} inputs (bf16 or f16 only)"
+    if dropout_rate:
+        return "attention dropout"
+    if pair_bias is not None:
+        return "a pair term (per-head segment table)"
+    return None
+
+
+def _plgpu():
+    """Pallas's Mosaic GPU module, imported where a kernel is built (importing it costs the CPU-only paths time)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    return plgpu
+
+
+class _Ops:
+    """The operations the Mosaic GPU interpreter has no rule for, and their plain equivalents under it."""
+
+    def __init__(self, interpret: bool):
+        self.interpret = interpret
+        self.plgpu = None if interpret else _plgpu()
+
+    def mma(self, a, b_ref, shape, transpose_b=False):
+        """a [M, K] (registers or a shared-memory ref) @ b_ref [K, N] (or b_ref^T) -> float32 [M, N]."""
+        if self.interpret:
+            a_val = a if isinstance(a, jax.Array) else a[...]  # registers, or a ref's view
+            b_val = b_ref[...]
+            return jnp.dot(a_val, b_val.T if transpose_b else b_val, preferred_element_type=jnp.float32)
+        plgpu = self.plgpu
+
+        def product(acc_ref):
+            plgpu.wgmma(acc_ref, a, plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref)
+            return acc_ref[...]
+
+        return pl.run_scoped(product, plgpu.ACC(shape, jnp.float32))
+
+    def load(self, ref, layout, rows=None):
+        """ref[...] (rows: (start, size) of its first axis) in a register layout ("wgmma", "rows", "cols")."""
+        if self.interpret:
+            x = ref[...]
+            return x if rows is None else lax.dynamic_slice_in_dim(x, rows[0], rows[1])
+        if rows is not None:
+            ref = ref.at[pl.ds(*rows)]
+        return self.plgpu.load(ref, (), layout=self._layout(layout))
+
+    def cast(self, x, layout):
+        return x if self.interpret else self.plgpu.layout_cast(x, self._layout(layout))
+
+    def full(self, shape, value, layout):
+        return self.cast(jnp.full(shape, value, jnp.float32), layout)
+
+    def iota(self, shape, dim):
+        if self.interpret:
+            return lax.broadcasted_iota(jnp.int32, shape, dim)
+        return self.plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=self.plgpu.Layout.WGMMA)
+
+    def _layout(self, name):
+        wgmma = self.plgpu.Layout.WGMMA
+        return {"wgmma": wgmma, "rows": wgmma.reduce(1), "cols": wgmma.reduce(0)}[name]
+
+    def set_registers(self, count, action):
+        if not self.interpret:
+            self.plgpu.set_max_registers(count, action=action)
+
+
+def _swizzled(shape, dtype):
+    """SMEM of `shape` whose last axis is read by wgmma or in the wgmma register layout: 128-byte swizzle."""
+    plgpu = _plgpu()
+    per_row = 128 // jnp.dtype(dtype).itemsize
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, per_row)), plgpu.SwizzleTransform(128)))
+
+
+def _nbytes(shape, dtype) -> int:
+    return math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def _stages(per_stage: int, fixed: int, what: str) -> int:
+    """Pipeline depth (2, else 1) that fits shared memory, given the bytes of one stage and of the rest."""
+    for stages in (2, 1):
+        if fixed + stages * per_stage <= SMEM_LIMIT:
+            return stages
+    raise ValueError(f"the Mosaic GPU {what} kernel needs {fixed + per_stage} bytes of shared memory, more than "
+                     f"{SMEM_LIMIT}: head widths too large")
+
+
+def _kernel(body, out_type, scratch, grid, grid_names, st: _Static, name: str):
+    """plgpu.kernel of `body(*refs, scratch)` with three warpgroups ("wg": consumers 0, 1 and the producer 2)."""
+    plgpu = _plgpu()
+
+    def entry(*refs):
+        pl.run_scoped(lambda *s: body(*refs, s), *scratch, collective_axes="wg")
+
+    entry.__name__ = entry.__qualname__ = name  # the kernel's name in profiles
+    call = plgpu.kernel(entry, out_type=out_type, grid=grid, grid_names=grid_names, num_threads=3,
+                        thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True))
+    if not st.interpret:
+        return call
+    _check_interpreter_threads()
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams, force_gpu_interpret_mode
+
+    def interpreted(*args):
+        with force_gpu_interpret_mode(InterpretGPUParams(detect_races=True)):
+            out = call(*args)
+        jax.debug.callback(functools.partial(_raise_on_races, name), jax.tree.leaves(out)[0])  # after the kernel
+        return out
+
+    return interpreted
+
+
+def _raise_on_races(name: str, _):
+    """The interpreter's race detector only prints what it finds (and keeps the last kernel's state): fail."""
+    from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races
+    if get_races().races_found:
+        raise RuntimeError(f"{name}: the Mosaic GPU interpreter found a data race between warpgroups (the lines "
+                           "printed above name the accesses)")
+
+
+def _stream(count, stages: int, frees, fetch):
+    """The producer's loop: fetch(i, slot) for i < count, waiting until both consumers have freed a slot before
+    refilling it, then waiting for the last frees too (every phase of a barrier observed: no arrival left over
+    when the CTA ends)."""
+    plgpu = _plgpu()
+
+    def wait_free(slot):
+        for free in frees:
+            plgpu.barrier_wait(free.at[slot])
+
+    def refill(slot):
+        wait_free(slot)
+        plgpu.commit_smem()  # fence.proxy.async: the consumers' reads of the slot precede the TMA writes into it
+
+    def step(i, _):
+        slot = lax.rem(i, stages)
+        pl.when(i >= stages)(lambda: refill(slot))
+        fetch(i, slot)
+
+    lax.fori_loop(0, count, step, None)
+    lax.fori_loop(jnp.maximum(count - stages, 0), count, lambda i, _: wait_free(lax.rem(i, stages)), None)
+
+
+def _check_interpreter_threads():
+    """The interpreter runs the three warpgroups as concurrent XLA host callbacks, which share the CPU client's
+    thread pool (one thread per core unless PJRT_NPROC says otherwise): with fewer than three, a waiting
+    warpgroup holds a thread that the one it waits for needs, and the call hangs."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = int(os.environ.get("PJRT_NPROC", 0)) or cores
+    if threads < 3:
+        raise RuntimeError(f"the Mosaic GPU interpreter needs 3 CPU threads for its warpgroups, this process has "
+                           f"{threads}: set PJRT_NPROC=4 (or more) before JAX starts")
+
+
+# --- tiles and visit lists (XLA, once per call) ---------------------------------------------------------------
+
+def _diagonal_tiles(ext: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """Offset table [H', T_pad + S_pad] -> (tiles [H', nd, 128, 128] `dtype`, bases [H', nd_pad] float32), in
+    base-2 logits: tile d [r, c] + bases[d] = ext[d*128 + 127 + c - r] * log2(e), the tile's main diagonal
+    (c = r) being its base. nd = (T_pad + S_pad)/128 - 1 block diagonals; bases padded to 128-byte rows."""
+    heads, length = ext.shape
+    diagonals = length // BLOCK - 1
+    r = jnp.arange(BLOCK)[:, None]
+    c = jnp.arange(BLOCK)[None, :]
+    index = jnp.arange(diagonals)[:, None, None] * BLOCK + (BLOCK - 1) + c - r
+    scaled = ext.astype(jnp.float32) * LOG2E
+    bases = scaled[:, jnp.arange(diagonals) * BLOCK + BLOCK - 1]
+    tiles = (scaled[:, index] - bases[:, :, None, None]).astype(dtype)
+    bases = jnp.pad(bases, ((0, 0), (0, -diagonals % _LIST_ALIGN)))
+    return tiles, bases
+
+
+def _table_gradient(tile_grads: jax.Array) -> jax.Array:
+    """Gradients of the diagonal tiles [H', nd, 128, 128] (w.r.t. natural-log logits) -> offset-table gradient
+    [H', T_pad + S_pad]: each tile summed along its 255 diagonals (m = c - r + 127) into offsets d*128 + m."""
+    heads, diagonals, n, _ = tile_grads.shape
+    flipped = tile_grads[:, :, ::-1, :]  # row n - 1 - r: a left skew by the row index sorts by c - r
+    padded = jnp.pad(flipped, ((0, 0), (0, 0), (0, 0), (0, n)))
+    skewed = padded.reshape(heads, diagonals, -1)[..., : n * (2 * n - 1)].reshape(heads, diagonals, n, 2 * n - 1)
+    windows = jnp.pad(jnp.sum(skewed, axis=2), ((0, 0), (0, 0), (0, 1)))  # [H', nd, 2n]: offsets d*n + m
+    low, high = windows[..., :n], windows[..., n:]
+    chunks = jnp.pad(low, ((0, 0), (0, 1), (0, 0))) + jnp.pad(high, ((0, 0), (1, 0), (0, 0)))
+    return chunks.reshape(heads, -1)
+
+
+def _block_ranges(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Ids [B, L] -> (smallest non-zero, largest) id per block of 128 [B, L/128]; (BIG, 0) for padding."""
+    blocks = ids.reshape(ids.shape[0], -1, BLOCK)
+    return jnp.min(jnp.where(blocks != 0, blocks, _BIG_ID), axis=-1), jnp.max(blocks, axis=-1)
+
+
+def _live_tiles(qseg: jax.Array, kseg: jax.Array, st: _Static) -> jax.Array:
+    """Bool [B, nq, nk]: whether the (query block, key block) tile can hold a visible entry."""
+    k_lo, k_hi = _block_ranges(kseg)
+    live = jnp.broadcast_to((k_hi > 0)[:, None, :], (kseg.shape[0], st.nq, st.nk))
+    if st.use_q_ids:
+        q_lo, q_hi = _block_ranges(qseg)
+        live = live & (k_lo[:, None, :] <= q_hi[:, :, None]) & (q_lo[:, :, None] <= k_hi[:, None, :])
+    if st.causal:  # the tile's nearest entry (last query row, first key column) must be visible
+        first_key = jnp.arange(st.nk) * BLOCK
+        last_query = jnp.arange(st.nq) * BLOCK + BLOCK - 1
+        live = live & (first_key[None, :] - last_query[:, None] <= st.q_offset)[None]
+    return live
+
+
+def _visit_lists(live: jax.Array) -> jax.Array:
+    """Bool [..., n] -> int32 [..., 1 + n, padded]: the count of live entries, then their indices in order."""
+    order = jnp.argsort(~live, axis=-1, stable=True).astype(jnp.int32)
+    count = jnp.sum(live, axis=-1, dtype=jnp.int32)
+    lists = jnp.concatenate([count[..., None], order], axis=-1)
+    pad = -lists.shape[-1] % _LIST_ALIGN
+    return jnp.pad(lists, [(0, 0)] * (lists.ndim - 1) + [(0, pad)])
+
+
+def _diagonal_visits(live: jax.Array, st: _Static) -> jax.Array:
+    """Visit lists of the table-gradient kernel: per block diagonal d, the live tiles (b, query block) on it as
+    b * nq + qc -> [nd, 1 + B*nq, padded]."""
+    batch = live.shape[0]
+    diagonals = st.nq + st.nk - 1
+    qc = jnp.arange(st.nq)
+    kc = qc[None, :] + jnp.arange(diagonals)[:, None] - (st.nq - 1)  # [nd, nq]
+    inside = (kc >= 0) & (kc < st.nk)
+    on_diagonal = live[:, qc[None, :], jnp.clip(kc, 0, st.nk - 1)] & inside[None]  # [B, nd, nq]
+    return _visit_lists(jnp.swapaxes(on_diagonal, 0, 1).reshape(diagonals, batch * st.nq))
+
+
+# --- the tile arithmetic and the pieces of a CTA shared by the kernels --------------------------------------------
+
+def _logits(ops: _Ops, s, tile_ref, base, rows, st: _Static):
+    """Base-2 logits of a [64, 128] tile: scale*log2(e)*q.k plus the table's tile (its `rows` half) and base."""
+    s = s * (st.scale * LOG2E)
+    if tile_ref is None:
+        return s
+    return s + (ops.load(tile_ref, "wgmma", rows=rows).astype(jnp.float32) + base)
+
+
+def _tile_mask(ops: _Ops, row_ids, col_ids, row_start, col_start, st: _Static, keys_are_rows: bool):
+    """Bool [64, 128] of visible entries (None: no mask). row_ids [64] / col_ids [128] in the row / column
+    layouts; rows are queries (or keys, for the dK/dV kernel's transposed tiles)."""
+    if not st.masked:
+        return None
+    shape = (HALF, BLOCK)
+    rows = lax.broadcast_in_dim(row_ids, shape, [0])
+    cols = lax.broadcast_in_dim(col_ids, shape, [1])
+    q_ids, k_ids = (cols, rows) if keys_are_rows else (rows, cols)
+    visible = k_ids != 0
+    if st.use_q_ids:
+        visible = visible & (q_ids == k_ids)
+    if st.causal:
+        r = ops.iota(shape, 0) + row_start
+        c = ops.iota(shape, 1) + col_start
+        offset = r - c if keys_are_rows else c - r  # key position minus query position
+        visible = visible & (offset <= st.q_offset)
+    return visible
+
+
+def _masked(s, mask):
+    return s if mask is None else jnp.where(mask, s, NEG)
+
+
+def _table_operands(tiles, bases, dtype):
+    """The table's kernel inputs, or placeholders the kernels never read when there is no table."""
+    if tiles is None:
+        return jnp.zeros((1, 1, BLOCK, BLOCK), dtype), jnp.zeros((1, _LIST_ALIGN), jnp.float32)
+    return tiles, bases
+
+
+def _bases_bytes(bases) -> int:
+    """Shared memory of the table's bases (none without a table)."""
+    return 0 if bases is None else 4 * bases.shape[-1]
+
+
+def _cta_inputs(wg, copies, barrier):
+    """What every warpgroup of the CTA reads first (visit list, bases, ...): copied once by the producer,
+    (src, dst) pairs on barriers 0, 1, ...; everyone waits."""
+    plgpu = _plgpu()
+
+    @pl.when(wg == 2)
+    def _():
+        for n, (src, dst) in enumerate(copies):
+            plgpu.copy_gmem_to_smem(src, dst, barrier.at[n])
+
+    for n in range(len(copies)):
+        plgpu.barrier_wait(barrier.at[n])
+
+
+def _own_rows(wg, copies, barrier):
+    """A consumer's own 64 rows (q, dO, ids, ...), (src, dst) pairs on barriers 2n + wg; it waits for them."""
+    plgpu = _plgpu()
+    for n, (src, dst) in enumerate(copies):
+        plgpu.copy_gmem_to_smem(src, dst, barrier.at[2 * n + wg])
+    for n in range(len(copies)):
+        plgpu.barrier_wait(barrier.at[2 * n + wg])
+
+
+class _KeyBlocks:
+    """The stream of the forward and dQ kernels: for each visited key block, K, V, the key ids and the table's
+    tile of the CTA's block diagonal, `stages` slots deep, with a barrier per buffer and slot and "free" barriers
+    (K, V, tile and ids) that both consumers arrive on."""
+
+    def __init__(self, buffers, ready, free, stages: int):
+        self.k, self.v, self.tile, self.ids = buffers
+        self.k_ready, self.v_ready, self.tile_ready, self.ids_ready = ready
+        self.k_free, self.v_free, self.tile_free = free
+        self.stages = stages
+
+    @staticmethod
+    def scratch(stages, dim, dim_v, dtype, tiles):
+        plgpu = _plgpu()
+        tile_dtype = dtype if tiles is None else tiles.dtype
+        return ((_swizzled((stages, BLOCK, dim), dtype), _swizzled((stages, BLOCK, dim_v), dtype),
+                 _swizzled((stages, BLOCK, BLOCK), tile_dtype), plgpu.SMEM((stages, BLOCK), jnp.int32)),
+                (plgpu.Barrier(num_barriers=stages),) * 4, (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 3)
+
+    @staticmethod
+    def bytes_per_stage(dim, dim_v, dtype, tiles):
+        return (_nbytes((BLOCK, dim), dtype) + _nbytes((BLOCK, dim_v), dtype) + _nbytes((BLOCK,), jnp.int32)
+                + (0 if tiles is None else _nbytes((BLOCK, BLOCK), tiles.dtype)))
+
+    def produce(self, k_g, v_g, t_g, kid_g, b, h, th, qc, vis_s, count, st: _Static, has_table: bool):
+        """The producer: K, key ids, tile, V of visit-list entry i into slot i % stages."""
+        plgpu = _plgpu()
+
+        def fetch(i, slot):
+            kc = vis_s[1 + i]
+            keys = pl.ds(kc * BLOCK, BLOCK)
+            plgpu.copy_gmem_to_smem(k_g.at[b, keys, h], self.k.at[slot], self.k_ready.at[slot])
+            plgpu.copy_gmem_to_smem(kid_g.at[b, keys], self.ids.at[slot], self.ids_ready.at[slot])
+            if has_table:
+                plgpu.copy_gmem_to_smem(t_g.at[th, kc - qc + st.nq - 1], self.tile.at[slot], self.tile_ready.at[slot])
+            plgpu.copy_gmem_to_smem(v_g.at[b, keys, h], self.v.at[slot], self.v_ready.at[slot])
+
+        _stream(count, self.stages, (self.k_free, self.tile_free, self.v_free), fetch)
+
+    def logits(self, ops: _Ops, q_ref, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool):
+        """A consumer's base-2 logits [64, 128] of key block kc (masked entries NEG) and the mask; frees the tile
+        and ids, not K (the dQ kernel reads it again)."""
+        plgpu = _plgpu()
+        plgpu.barrier_wait(self.k_ready.at[slot])
+        s = ops.mma(q_ref, self.k.at[slot], (HALF, BLOCK), transpose_b=True)
+        plgpu.barrier_wait(self.ids_ready.at[slot])
+        if has_table:
+            plgpu.barrier_wait(self.tile_ready.at[slot])
+            s = _logits(ops, s, self.tile.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st)
+        else:
+            s = _logits(ops, s, None, None, None, st)
+        mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols"), row0, kc * BLOCK, st, False)
+        plgpu.barrier_arrive(self.tile_free.at[slot])
+        return _masked(s, mask), mask
+
+
+def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_order, q, k, v, tiles, bases, visits,
+                      st: _Static, inputs):
+    """A kernel whose CTA owns 128 query rows and walks its visit list of key blocks (the forward, dQ): the
+    producer streams `_KeyBlocks`; `consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s)` is each
+    consumer warpgroup's part. `inputs` are the call's arrays, `gmem_order` their names in the body's order
+    (k, v, tiles, bases, kseg, visits are found there by name)."""
+    plgpu = _plgpu()
+    ops = _Ops(st.interpret)
+    batch, _, heads, dim = q.shape
+    dim_v, dtype = v.shape[-1], q.dtype
+    has_table = tiles is not None
+    table_heads = tiles.shape[0] if has_table else 0
+    per_stage = _KeyBlocks.bytes_per_stage(dim, dim_v, dtype, tiles)
+    fixed = own_bytes + 4 * visits.shape[-1] + _bases_bytes(bases)
+    stages = _stages(per_stage, fixed, name)
+    count_outputs = len(jax.tree.leaves(out_type))
+
+    def body(*refs_and_scratch):
+        *refs, scratch = refs_and_scratch
+        refs = dict(zip(gmem_order + tuple(f"out{n}" for n in range(count_outputs)), refs))
+        own, (vis_s, base_s), cta_bar, stream_buffers, ready, free = scratch
+        stream = _KeyBlocks(stream_buffers, ready, free, stages)
+        qc, h, b = lax.axis_index("q"), lax.axis_index("heads"), lax.axis_index("batch")
+        wg = lax.axis_index("wg")
+        th = h if table_heads > 1 else 0
+        _cta_inputs(wg, [(refs["visits"].at[b, qc], vis_s)] + ([(refs["bases"].at[th], base_s)] if has_table else []),
+                    cta_bar)
+        count = vis_s[0]
+
+        @pl.when(wg < 2)
+        def _():
+            ops.set_registers(232, "increase")
+            consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s)
+
+        @pl.when(wg == 2)
+        def _():
+            ops.set_registers(40, "decrease")
+            stream.produce(refs["k"], refs["v"], refs["tiles"], refs["kseg"], b, h, th, qc, vis_s, count, st,
+                           has_table)
+
+    scratch = (own_scratch, (plgpu.SMEM(visits.shape[-1:], jnp.int32),
+                             plgpu.SMEM(bases.shape[-1:] if has_table else (_LIST_ALIGN,), jnp.float32)),
+               plgpu.Barrier(num_barriers=2), *_KeyBlocks.scratch(stages, dim, dim_v, dtype, tiles))
+    tiles, bases = _table_operands(tiles, bases, dtype)
+    inputs = dict(inputs, tiles=tiles, bases=bases)
+    call = _kernel(body, out_type, scratch, (st.nq, heads, batch), ("q", "heads", "batch"), st, name)
+    return call(*(inputs[n] for n in gmem_order))
+
+
+# --- forward ---------------------------------------------------------------------------------------------------
+
+def _forward(q, k, v, tiles, bases, qseg, kseg, visits, st: _Static):
+    """out [B, T_pad, H, Dv] and the base-2 logsumexp [B, H, T_pad] (+inf for rows that see no key)."""
+    plgpu = _plgpu()
+    batch, _, heads, dim = q.shape
+    dim_v, dtype = v.shape[-1], q.dtype
+    has_table = tiles is not None
+
+    def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
+        (q_s, o_s, lse_s, qid_s), own_bar = own
+        o_s = q_s if o_s is None else o_s  # Q's buffer is free at the end: the output goes out through it
+        row0 = qc * BLOCK + wg * HALF
+        rows = pl.ds(row0, HALF)
+        _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["qseg"].at[b, rows], qid_s.at[wg])], own_bar)
+        q_ids = ops.load(qid_s.at[wg], "rows")
+
+        def step(i, carry):
+            acc, m, l = carry
+            slot = lax.rem(i, stream.stages)
+            kc = vis_s[1 + i]
+            s, mask = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table)
+            plgpu.barrier_arrive(stream.k_free.at[slot])
+            m_new = jnp.maximum(m, jnp.max(s, axis=1))
+            p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            if mask is not None:  # a row whose keys so far are all masked has m_new = NEG: exp2(0) = 1
+                p = jnp.where(mask, p, 0.0)
+            alpha = jnp.exp2(m - m_new)
+            plgpu.barrier_wait(stream.v_ready.at[slot])
+            pv = ops.mma(p.astype(dtype), stream.v.at[slot], (HALF, dim_v))
+            plgpu.barrier_arrive(stream.v_free.at[slot])
+            return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv, m_new, l * alpha + jnp.sum(p, axis=1)
+
+        carry = (ops.full((HALF, dim_v), 0.0, "wgmma"), ops.full((HALF,), NEG, "rows"), ops.full((HALF,), 0.0, "rows"))
+        acc, m, l = lax.fori_loop(0, count, step, carry)
+        seen = l > 0.0
+        safe = jnp.where(seen, l, 1.0)
+        o_s[wg] = (acc / lax.broadcast_in_dim(safe, acc.shape, [0])).astype(dtype)
+        lse_s[wg] = jnp.where(seen, m + jnp.log2(safe), jnp.inf)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_s.at[wg], refs["out0"].at[b, rows, h])
+        plgpu.copy_smem_to_gmem(lse_s.at[wg], refs["out1"].at[b, h, rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    own_scratch = ((_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype) if dim_v != dim else None,
+                    plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.int32)),
+                   plgpu.Barrier(num_barriers=4))
+    own_bytes = (_nbytes((2, HALF, dim), dtype) + (_nbytes((2, HALF, dim_v), dtype) if dim_v != dim else 0)
+                 + 2 * _nbytes((2, HALF), jnp.float32))
+    out_type = (jax.ShapeDtypeStruct((batch, st.t_pad, heads, dim_v), dtype),
+                jax.ShapeDtypeStruct((batch, heads, st.t_pad), jnp.float32))
+    return _key_block_kernel("toeplitz_attention_mgpu_fwd", consumer, own_scratch, own_bytes, out_type,
+                             ("q", "k", "v", "tiles", "bases", "qseg", "kseg", "visits"), q, k, v, tiles, bases,
+                             visits, st, dict(q=q, k=k, v=v, qseg=qseg, kseg=kseg, visits=visits))
+
+
+# --- dQ --------------------------------------------------------------------------------------------------------
+
+def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, st: _Static):
+    """dQ [B, T_pad, H, D]: the forward's walk over key blocks, with dS = P * (dP - delta) times K."""
+    plgpu = _plgpu()
+    dim, dim_v, dtype = q.shape[-1], v.shape[-1], q.dtype
+    has_table = tiles is not None
+
+    def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
+        (q_s, do_s, lse_s, delta_s, qid_s), own_bar = own
+        row0 = qc * BLOCK + wg * HALF
+        rows = pl.ds(row0, HALF)
+        _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["do"].at[b, rows, h], do_s.at[wg]),
+                       (refs["lse"].at[b, h, rows], lse_s.at[wg]), (refs["delta"].at[b, h, rows], delta_s.at[wg]),
+                       (refs["qseg"].at[b, rows], qid_s.at[wg])], own_bar)
+        q_ids, lse, delta = (ops.load(ref.at[wg], "rows") for ref in (qid_s, lse_s, delta_s))
+
+        def step(i, dq):
+            slot = lax.rem(i, stream.stages)
+            kc = vis_s[1 + i]
+            s, _ = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table)
+            p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
+            plgpu.barrier_wait(stream.v_ready.at[slot])
+            dp = ops.mma(do_s.at[wg], stream.v.at[slot], (HALF, BLOCK), transpose_b=True)
+            plgpu.barrier_arrive(stream.v_free.at[slot])
+            ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+            dq = dq + ops.mma(ds.astype(dtype), stream.k.at[slot], (HALF, dim))
+            plgpu.barrier_arrive(stream.k_free.at[slot])
+            return dq
+
+        dq = lax.fori_loop(0, count, step, ops.full((HALF, dim), 0.0, "wgmma"))
+        q_s[wg] = (dq * st.scale).astype(dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_s.at[wg], refs["out0"].at[b, rows, h])
+        plgpu.wait_smem_to_gmem(0)
+
+    own_scratch = ((_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype),
+                    plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.float32),
+                    plgpu.SMEM((2, HALF), jnp.int32)), plgpu.Barrier(num_barriers=10))
+    own_bytes = _nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype) + 3 * _nbytes((2, HALF), jnp.float32)
+    return _key_block_kernel("toeplitz_attention_mgpu_dq", consumer, own_scratch, own_bytes,
+                             jax.ShapeDtypeStruct(q.shape, dtype),
+                             ("q", "k", "v", "do", "lse", "delta", "tiles", "bases", "qseg", "kseg", "visits"),
+                             q, k, v, tiles, bases, visits, st,
+                             dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, qseg=qseg, kseg=kseg, visits=visits))
+
+# --- dK, dV ----------------------------------------------------------------------------------------------------
+
+def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, st: _Static):
+    """dK [B, S_pad, H, D] and dV [B, S_pad, H, Dv]: per key block, over the query blocks of its visit list, on
+    transposed tiles (keys as rows): dV += P^T dO, dK += dS^T Q."""
+    plgpu = _plgpu()
+    ops = _Ops(st.interpret)
+    batch, _, heads, dim = q.shape
+    dim_v, dtype = v.shape[-1], q.dtype
+    has_table = tiles_t is not None
+    table_heads = tiles_t.shape[0] if has_table else 0
+    per_stage = (_nbytes((BLOCK, dim), dtype) + _nbytes((BLOCK, dim_v), dtype) + 2 * _nbytes((BLOCK,), jnp.float32)
+                 + _nbytes((BLOCK,), jnp.int32) + (_nbytes((BLOCK, BLOCK), tiles_t.dtype) if has_table else 0))
+    fixed = (_nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype) + _nbytes((2, HALF), jnp.int32)
+             + 4 * visits.shape[-1] + _bases_bytes(bases))
+    stages = _stages(per_stage, fixed, "dK/dV")
+
+    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, dk_g, dv_g, scratch):
+        (k_s, v_s, kid_s), own_bar, (vis_s, base_s), cta_bar, (q_s, do_s, lse_s, delta_s, qid_s, t_s), \
+            (q_bar, do_bar, lse_bar, delta_bar, qid_bar, t_bar), (q_free, do_free, t_free) = scratch
+        kc, h, b = lax.axis_index("k"), lax.axis_index("heads"), lax.axis_index("batch")
+        wg = lax.axis_index("wg")
+        th = h if table_heads > 1 else 0
+        _cta_inputs(wg, [(vis_g.at[b, kc], vis_s)] + ([(base_g.at[th], base_s)] if has_table else []), cta_bar)
+        count = vis_s[0]
+
+        @pl.when(wg < 2)
+        def _consumer():
+            ops.set_registers(232, "increase")
+            key0 = kc * BLOCK + wg * HALF
+            keys = pl.ds(key0, HALF)
+            _own_rows(wg, [(k_g.at[b, keys, h], k_s.at[wg]), (v_g.at[b, keys, h], v_s.at[wg]),
+                           (kid_g.at[b, keys], kid_s.at[wg])], own_bar)
+            k_ids = ops.load(kid_s.at[wg], "rows")
+
+            def step(i, carry):
+                dk, dv = carry
+                slot = lax.rem(i, stages)
+                qc = vis_s[1 + i]
+                plgpu.barrier_wait(q_bar.at[slot])
+                s = ops.mma(k_s.at[wg], q_s.at[slot], (HALF, BLOCK), transpose_b=True)
+                plgpu.barrier_wait(qid_bar.at[slot])
+                plgpu.barrier_wait(lse_bar.at[slot])
+                if has_table:
+                    plgpu.barrier_wait(t_bar.at[slot])
+                    s = _logits(ops, s, t_s.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st)
+                else:
+                    s = _logits(ops, s, None, None, None, st)
+                mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols"), key0, qc * BLOCK, st, True)
+                lse = ops.load(lse_s.at[slot], "cols")
+                p = jnp.exp2(_masked(s, mask) - lax.broadcast_in_dim(lse, s.shape, [1]))
+                plgpu.barrier_wait(do_bar.at[slot])
+                dv = dv + ops.mma(p.astype(dtype), do_s.at[slot], (HALF, dim_v))
+                dp = ops.mma(v_s.at[wg], do_s.at[slot], (HALF, BLOCK), transpose_b=True)
+                plgpu.barrier_wait(delta_bar.at[slot])
+                delta = ops.load(delta_s.at[slot], "cols")
+                plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse and delta of the slot
+                plgpu.barrier_arrive(do_free.at[slot])
+                ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [1]))
+                dk = dk + ops.mma(ds.astype(dtype), q_s.at[slot], (HALF, dim))
+                plgpu.barrier_arrive(q_free.at[slot])
+                return dk, dv
+
+            dk, dv = lax.fori_loop(0, count, step, (ops.full((HALF, dim), 0.0, "wgmma"),
+                                                     ops.full((HALF, dim_v), 0.0, "wgmma")))
+            k_s[wg] = (dk * st.scale).astype(dtype)
+            v_s[wg] = dv.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(k_s.at[wg], dk_g.at[b, keys, h])
+            plgpu.copy_smem_to_gmem(v_s.at[wg], dv_g.at[b, keys, h])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _producer():
+            ops.set_registers(40, "decrease")
+
+            def fetch(i, slot):
+                qc = vis_s[1 + i]
+                queries = pl.ds(qc * BLOCK, BLOCK)
+                plgpu.copy_gmem_to_smem(q_g.at[b, queries, h], q_s.at[slot], q_bar.at[slot])
+                plgpu.copy_gmem_to_smem(qid_g.at[b, queries], qid_s.at[slot], qid_bar.at[slot])
+                plgpu.copy_gmem_to_smem(lse_g.at[b, h, queries], lse_s.at[slot], lse_bar.at[slot])
+                if has_table:
+                    plgpu.copy_gmem_to_smem(t_g.at[th, kc - qc + st.nq - 1], t_s.at[slot], t_bar.at[slot])
+                plgpu.copy_gmem_to_smem(do_g.at[b, queries, h], do_s.at[slot], do_bar.at[slot])
+                plgpu.copy_gmem_to_smem(delta_g.at[b, h, queries], delta_s.at[slot], delta_bar.at[slot])
+
+            _stream(count, stages, (q_free, t_free, do_free), fetch)
+
+    scratch = (
+        (_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype), plgpu.SMEM((2, HALF), jnp.int32)),
+        plgpu.Barrier(num_barriers=6),
+        (plgpu.SMEM(visits.shape[-1:], jnp.int32),
+         plgpu.SMEM(bases.shape[-1:] if has_table else (_LIST_ALIGN,), jnp.float32)),
+        plgpu.Barrier(num_barriers=2),
+        (_swizzled((stages, BLOCK, dim), dtype), _swizzled((stages, BLOCK, dim_v), dtype),
+         plgpu.SMEM((stages, BLOCK), jnp.float32), plgpu.SMEM((stages, BLOCK), jnp.float32),
+         plgpu.SMEM((stages, BLOCK), jnp.int32),
+         _swizzled((stages, BLOCK, BLOCK), tiles_t.dtype if has_table else dtype)),
+        (plgpu.Barrier(num_barriers=stages),) * 6,
+        (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 3,
+    )
+    tiles_t, bases = _table_operands(tiles_t, bases, dtype)
+    call = _kernel(body, (jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)), scratch,
+                   (st.nk, heads, batch), ("k", "heads", "batch"), st, "toeplitz_attention_mgpu_dkdv")
+    return call(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits)
+
+
+# --- the table's gradient --------------------------------------------------------------------------------------
+
+def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, st: _Static):
+    """dS summed over each block diagonal's tiles, batch rows and (shared table) heads -> [H', nd, 128, 128]
+    float32, w.r.t. natural-log logits."""
+    plgpu = _plgpu()
+    ops = _Ops(st.interpret)
+    batch, _, heads, dim = q.shape
+    dim_v, dtype = v.shape[-1], q.dtype
+    table_heads, diagonals = tiles.shape[:2]
+    group = heads // table_heads  # heads summed into one table head
+    per_stage = (2 * _nbytes((BLOCK, dim), dtype) + 2 * _nbytes((BLOCK, dim_v), dtype)
+                 + 2 * _nbytes((BLOCK,), jnp.float32) + 2 * _nbytes((BLOCK,), jnp.int32))
+    fixed = (_nbytes((BLOCK, BLOCK), tiles.dtype) + _nbytes((2, HALF, HALF), jnp.float32)
+             + 4 * visits.shape[-1] + 4 * bases.shape[-1])
+    stages = _stages(per_stage, fixed, "table-gradient")
+
+    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, out_g, scratch):
+        (t_s, out_s, vis_s, base_s, q_s, do_s, lse_s, delta_s, qid_s, k_s, v_s, kid_s), \
+            (cta_bar, q_bar, do_bar, lse_bar, delta_bar, qid_bar, k_bar, v_bar, kid_bar), (q_free, k_free) = scratch
+        d, th = lax.axis_index("diagonal"), lax.axis_index("heads")
+        wg = lax.axis_index("wg")
+        _cta_inputs(wg, [(vis_g.at[d], vis_s), (base_g.at[th], base_s), (t_g.at[th, d], t_s)], cta_bar)
+        steps = vis_s[0] * group  # (head of the group, live tile) pairs
+        shift = d - (st.nq - 1)  # key block minus query block on this diagonal
+
+        def tile_of(i):
+            """(batch row, query block, head) of step i."""
+            head = th * group + lax.div(i, vis_s[0])
+            entry = vis_s[1 + lax.rem(i, vis_s[0])]
+            return lax.div(entry, st.nq), lax.rem(entry, st.nq), head
+
+        @pl.when(wg < 2)
+        def _consumer():
+            ops.set_registers(232, "increase")
+            base = base_s[d]
+
+            def step(i, grad):
+                slot = lax.rem(i, stages)
+                _, qc, _ = tile_of(i)
+                row0 = qc * BLOCK + wg * HALF
+                plgpu.barrier_wait(q_bar.at[2 * slot + wg])
+                plgpu.barrier_wait(k_bar.at[slot])
+                s = ops.mma(q_s.at[slot, wg], k_s.at[slot], (HALF, BLOCK), transpose_b=True)
+                plgpu.barrier_wait(qid_bar.at[2 * slot + wg])
+                plgpu.barrier_wait(lse_bar.at[2 * slot + wg])
+                plgpu.barrier_wait(kid_bar.at[slot])
+                s = _logits(ops, s, t_s, base, (wg * HALF, HALF), st)
+                mask = _tile_mask(ops, ops.load(qid_s.at[slot, wg], "rows"), ops.load(kid_s.at[slot], "cols"),
+                                  row0, (qc + shift) * BLOCK, st, False)
+                lse = ops.load(lse_s.at[slot, wg], "rows")
+                p = jnp.exp2(_masked(s, mask) - lax.broadcast_in_dim(lse, s.shape, [0]))
+                plgpu.barrier_wait(do_bar.at[2 * slot + wg])
+                plgpu.barrier_wait(v_bar.at[slot])
+                dp = ops.mma(do_s.at[slot, wg], v_s.at[slot], (HALF, BLOCK), transpose_b=True)
+                plgpu.barrier_wait(delta_bar.at[2 * slot + wg])
+                delta = ops.load(delta_s.at[slot, wg], "rows")
+                plgpu.barrier_arrive(q_free.at[slot])
+                plgpu.barrier_arrive(k_free.at[slot])
+                return grad + p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+
+            grad = lax.fori_loop(0, steps, step, ops.full((HALF, BLOCK), 0.0, "wgmma"))
+            for half in range(2):  # through a [64, 64] float32 buffer per consumer, one column half at a time
+                out_s[wg] = grad[:, half * HALF:(half + 1) * HALF]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(out_s.at[wg], out_g.at[th, d, pl.ds(wg * HALF, HALF),
+                                                               pl.ds(half * HALF, HALF)])
+                plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _producer():
+            ops.set_registers(40, "decrease")
+
+            def fetch(i, slot):
+                b, qc, h = tile_of(i)
+
+                keys = pl.ds((qc + shift) * BLOCK, BLOCK)
+                plgpu.copy_gmem_to_smem(k_g.at[b, keys, h], k_s.at[slot], k_bar.at[slot])
+                plgpu.copy_gmem_to_smem(kid_g.at[b, keys], kid_s.at[slot], kid_bar.at[slot])
+                for half in range(2):
+                    rows = pl.ds(qc * BLOCK + half * HALF, HALF)
+                    plgpu.copy_gmem_to_smem(q_g.at[b, rows, h], q_s.at[slot, half], q_bar.at[2 * slot + half])
+                    plgpu.copy_gmem_to_smem(qid_g.at[b, rows], qid_s.at[slot, half], qid_bar.at[2 * slot + half])
+                    plgpu.copy_gmem_to_smem(lse_g.at[b, h, rows], lse_s.at[slot, half], lse_bar.at[2 * slot + half])
+                plgpu.copy_gmem_to_smem(v_g.at[b, keys, h], v_s.at[slot], v_bar.at[slot])
+                for half in range(2):
+                    rows = pl.ds(qc * BLOCK + half * HALF, HALF)
+                    plgpu.copy_gmem_to_smem(do_g.at[b, rows, h], do_s.at[slot, half], do_bar.at[2 * slot + half])
+                    plgpu.copy_gmem_to_smem(delta_g.at[b, h, rows], delta_s.at[slot, half],
+                                            delta_bar.at[2 * slot + half])
+
+            _stream(steps, stages, (q_free, k_free), fetch)
+
+    halves = (stages, 2)
+    scratch = (
+        (_swizzled((BLOCK, BLOCK), tiles.dtype), plgpu.SMEM((2, HALF, HALF), jnp.float32),
+         plgpu.SMEM(visits.shape[-1:], jnp.int32), plgpu.SMEM(bases.shape[-1:], jnp.float32),
+         _swizzled((*halves, HALF, dim), dtype), _swizzled((*halves, HALF, dim_v), dtype),
+         plgpu.SMEM((*halves, HALF), jnp.float32), plgpu.SMEM((*halves, HALF), jnp.float32),
+         plgpu.SMEM((*halves, HALF), jnp.int32), _swizzled((stages, BLOCK, dim), dtype),
+         _swizzled((stages, BLOCK, dim_v), dtype), plgpu.SMEM((stages, BLOCK), jnp.int32)),
+        (plgpu.Barrier(num_barriers=3),) + (plgpu.Barrier(num_barriers=2 * stages),) * 5
+        + (plgpu.Barrier(num_barriers=stages),) * 3,
+        (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
+    )
+    call = _kernel(body, jax.ShapeDtypeStruct((table_heads, diagonals, BLOCK, BLOCK), jnp.float32), scratch,
+                   (diagonals, table_heads), ("diagonal", "heads"), st, "toeplitz_attention_mgpu_table_grad")
+    return call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits)
+
+
+# --- the differentiable call -----------------------------------------------------------------------------------
+
+def _prepare(ext, qseg, kseg, dtype, st: _Static):
+    """Tiles, bases and the visit lists of one call (XLA)."""
+    tiles, bases = (None, None) if ext is None else _diagonal_tiles(ext, dtype)
+    live = _live_tiles(qseg, kseg, st)
+    return tiles, bases, live
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention(q, k, v, ext, qseg, kseg, st):
+    return _attention_fwd(q, k, v, ext, qseg, kseg, st)[0]
+
+
+def _attention_fwd(q, k, v, ext, qseg, kseg, st):
+    tiles, bases, live = _prepare(ext, qseg, kseg, q.dtype, st)
+    out, lse = _forward(q, k, v, tiles, bases, qseg, kseg, _visit_lists(live), st)
+    return out, (q, k, v, ext, qseg, kseg, out, lse)
+
+
+def _attention_bwd(st, residuals, do):
+    q, k, v, ext, qseg, kseg, out, lse = residuals
+    tiles, bases, live = _prepare(ext, qseg, kseg, q.dtype, st)
+    delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), do.astype(jnp.float32))
+    do = do.astype(q.dtype)
+    dq = _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _visit_lists(live), st)
+    tiles_t = None if tiles is None else jnp.swapaxes(tiles, -1, -2)
+    dk, dv = _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg,
+                   _visit_lists(jnp.swapaxes(live, 1, 2)), st)
+    d_ext = None
+    if ext is not None:
+        grads = _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _diagonal_visits(live, st), st)
+        d_ext = _table_gradient(grads).astype(ext.dtype)
+    return dq, dk, dv, d_ext, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool, q_offset: int, use_q_ids: bool,
+                         masked: bool, interpret: bool) -> jax.Array:
+    """The Mosaic GPU kernels on padded inputs -> out [B, T_pad, H, Dv_pad].
+
+    q [B, T_pad, H, D], k [B, S_pad, H, D], v [B, S_pad, H, Dv] in bf16/f16 with T_pad, S_pad multiples of 128
+    and D, Dv multiples of 64; ext [H'|1, T_pad + S_pad] float32 (`toeplitz_kernel._offset_table`) or None;
+    qseg [B, T_pad], kseg [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`).
+    """
+    batch, t_pad, _, dim = q.shape
+    s_pad, dim_v = k.shape[1], v.shape[-1]
+    if t_pad % BLOCK or s_pad % BLOCK or dim % 64 or dim_v % 64:
+        raise ValueError(f"padded shapes expected (lengths multiples of {BLOCK}, head widths of 64): q {q.shape}, "
+                         f"v {v.shape}")
+    st = _Static(scale=float(scale), causal=causal, q_offset=int(q_offset) if causal else 0, t_pad=t_pad,
+                 s_pad=s_pad, use_q_ids=use_q_ids, masked=masked, interpret=interpret)
+    return _attention(q, k, v, ext, qseg, kseg, st)

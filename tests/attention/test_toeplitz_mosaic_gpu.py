@@ -1,0 +1,238 @@
+"""The Mosaic GPU (Hopper) Toeplitz kernels against the XLA reference `attend`, and their pieces against brute force.
+
+On the CPU the kernels run in Pallas's Mosaic GPU interpreter: the three warpgroups as threads with simulated
+shared memory, TMA copies and barriers, and a race detector that fails the call (`_raise_on_races`). On a GPU
+(`JAX_PLATFORMS=cuda pytest tests/attention/test_toeplitz_mosaic_gpu.py`) the same tests run the compiled kernels.
+Inputs are bf16 (f16 once), so outputs and gradients are compared at bf16 tolerances: what would catch a wrong
+tile, base, mask or diagonal (errors of order one) but not bf16 rounding. Each call compiles four kernels in the
+interpreter (about 10 s) and costs about 0.4 s per pipeline step on jax 0.10, so the shapes are the smallest
+that still have three blocks a side (a pipeline slot refilled) where it matters.
+"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpos.attention import toeplitz_mosaic_gpu as mgpu
+from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+from tests.attention.test_toeplitz_kernel import HEADS, check_against_reference, mechanism, random
+
+RTOL = 2e-2  # bf16 operands: ~4e-3 measured on every output and gradient
+
+
+def bf16(*arrays):
+    return tuple(x.astype(jnp.bfloat16) for x in arrays)
+
+
+@pytest.mark.long
+def test_tisa_and_alibi_heads_padded_and_packed():
+    """A TISA head and an ALiBi head (whose table grows with the offset: the per-tile base keeps it exact) over
+    three blocks a side (T = S = 300: every kernel refills a pipeline slot), two packed pieces per row with
+    trailing padding: out, dq, dk, dv and both mechanisms' parameter gradients. (T5, DIET-Rel and the attenuated
+    offset form reach the kernels the same way, as an [H|1, W] table.)"""
+    length = 300
+    (tisa, tisa_params), (alibi, alibi_params) = (mechanism(dict(kind=kind), length) for kind in ("tisa", "alibi"))
+
+    def build_table(params):
+        return jnp.concatenate([tisa(params["tisa"])[:1], alibi(params["alibi"])[1:]], axis=0)
+
+    seg = jnp.asarray([[1] * 170 + [2] * 110 + [0] * 20])
+    q, k, v = bf16(*(random((1, length, HEADS, 16), seed) for seed in (0, 1, 2)))
+    check_against_reference((q, k, v, dict(tisa=tisa_params, alibi=alibi_params)), build_table,
+                            dict(q_segment_ids=seg, kv_segment_ids=seg, backend="mosaic_gpu"),
+                            dict(q_seg=seg, kv_seg=seg), rtol=RTOL)
+
+
+def test_causal_cross_lengths_shared_clipped_table_key_padding():
+    """Causal T = 130 queries at positions 170..299 over S = 300 keys (decoder-style, T != S), one table for both
+    heads and shorter than the offsets (its ends clip), the last keys padding (key ids only): tiles past the
+    causal limit skipped, diagonal tiles masked inside, and the table-gradient kernel summing both heads into
+    each block diagonal."""
+    t, s, offset = 130, 300, 170
+    q = bf16(random((1, t, HEADS, 16), 3))[0]
+    k, v = bf16(random((1, s, HEADS, 16), 4), random((1, s, HEADS, 16), 5))
+    kv_seg = jnp.asarray([[1] * 280 + [0] * 20])
+    check_against_reference((q, k, v, dict(table=random((1, 61), 9))), lambda p: p["table"],
+                            dict(kv_segment_ids=kv_seg, causal=True, q_offset=offset, backend="mosaic_gpu"),
+                            dict(kv_seg=kv_seg, causal=True, q_offset=offset), rtol=RTOL)
+
+
+def test_no_table_wide_qk_f16():
+    """No table, f16, q and k 80 channels wide (folded factors: padded to 128) over v of 48 (padded to 64), T = 200
+    over S = 330 keys, nothing masked but the padded keys, an explicit scale: out and dq, dk, dv of sum(out * g)
+    against the einsum formula in float32."""
+    q = random((1, 200, 1, 80), 10).astype(jnp.float16)
+    k = random((1, 330, 1, 80), 11).astype(jnp.float16)
+    v = random((1, 330, 1, 48), 12).astype(jnp.float16)
+    g = random((1, 200, 1, 48), 13)
+
+    def kernel(q, k, v):
+        return toeplitz_attention(q, k, v, None, scale=0.1, backend="mosaic_gpu")
+
+    def reference(q, k, v):
+        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+        weights = jax.nn.softmax(jnp.einsum("bthd,bshd->bhts", q, k) * 0.1, axis=-1)
+        return jnp.einsum("bhts,bshd->bthd", weights, v)
+
+    def grads(fn):
+        return jax.value_and_grad(lambda *x: jnp.sum(fn(*x).astype(jnp.float32) * g), argnums=(0, 1, 2))(q, k, v)
+
+    np.testing.assert_allclose(np.asarray(kernel(q, k, v), np.float32), reference(q, k, v), atol=RTOL)
+    for got, want in zip(jax.tree.leaves(grads(kernel)), jax.tree.leaves(grads(reference))):
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        assert np.linalg.norm(got - want) <= RTOL * np.linalg.norm(want)
+
+
+def test_model_through_mosaic_gpu_matches_xla(caplog):
+    """A one-layer bf16 TISA model with attention_impl="mosaic_gpu" against "xla": the model hands the kernel its
+    segment ids (two packed pieces, padding) and the layer's table; logits at real positions and every parameter
+    gradient agree at bf16 tolerance, and no call fell back."""
+    from jaxpos.models import BertForMaskedLM
+    from tests.helpers import tiny_config
+
+    ids = jax.random.randint(jax.random.PRNGKey(0), (2, 13), 1, 61)
+    segs = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)
+    real = (segs != 0)[..., None]
+    weight = jax.random.normal(jax.random.PRNGKey(2), (2, 13, 61)) * real
+    results = []
+    caplog.set_level(logging.WARNING, logger="jaxpos.attention.core")
+    for impl in ("xla", "mosaic_gpu"):
+        model = BertForMaskedLM(tiny_config(dict(kind="tisa"), attention_impl=impl, num_layers=1, num_heads=2,
+                                            dtype="bfloat16"))
+        params = model.init(jax.random.PRNGKey(1), ids)["params"]
+
+        def loss(p):
+            logits = model.apply({"params": p}, ids, segment_ids=segs).astype(jnp.float32)
+            return jnp.sum(logits * weight), logits
+
+        (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        results.append((logits * real, grads))
+    assert "falls back" not in caplog.text and "hands this call" not in caplog.text
+    (want, want_grads), (got, got_grads) = results
+    np.testing.assert_allclose(got, want, atol=RTOL * float(np.abs(want).max()))
+    want_leaves = dict(jax.tree_util.tree_leaves_with_path(want_grads))
+    floor = RTOL * max(float(np.linalg.norm(np.asarray(w, np.float32))) for w in want_leaves.values())
+    for path, g in jax.tree_util.tree_leaves_with_path(got_grads):  # floor: leaves whose true gradient is ~0
+        w = np.asarray(want_leaves[path], np.float32)  # (the key bias: softmax ignores a constant per row)
+        assert np.linalg.norm(np.asarray(g, np.float32) - w) <= 3 * RTOL * np.linalg.norm(w) + floor, \
+            jax.tree_util.keystr(path)
+
+
+# --- the pieces computed in XLA, against brute force ------------------------------------------------------------
+
+def test_diagonal_tiles_and_their_gradient():
+    """Tile d [r, c] + base d = ext[d*128 + 127 + c - r] * log2(e) (bf16 residuals around the main diagonal), and
+    `_table_gradient` is the adjoint of that expansion: <tiles(ext), G> = <ext, grad(G)> for any G."""
+    rng = np.random.default_rng(0)
+    ext = jnp.asarray(rng.normal(size=(2, 512)) * 50, jnp.float32)  # 3 block diagonals of 128
+    tiles, bases = mgpu._diagonal_tiles(ext, jnp.bfloat16)
+    assert tiles.shape == (2, 3, 128, 128) and bases.shape == (2, 32)
+    r, c = np.meshgrid(np.arange(128), np.arange(128), indexing="ij")
+    for d in range(3):
+        want = np.asarray(ext)[:, d * 128 + 127 + c - r] * mgpu.LOG2E
+        got = np.asarray(tiles[:, d], np.float32) + np.asarray(bases[:, d])[:, None, None]
+        np.testing.assert_allclose(got, want, rtol=0, atol=np.abs(want - want[:, :1, :1]).max() * 2**-8)
+        np.testing.assert_array_equal(np.asarray(tiles[:, d]).diagonal(axis1=1, axis2=2), 0.0)
+    grads = rng.normal(size=(2, 3, 128, 128))
+    d_ext = np.zeros((2, 512))
+    for d in range(3):  # brute force: every tile entry back onto its offset
+        np.add.at(d_ext, (slice(None), d * 128 + 127 + c - r), grads[:, d])
+    np.testing.assert_allclose(mgpu._table_gradient(jnp.asarray(grads, jnp.float32)), d_ext, rtol=1e-5, atol=1e-4)
+
+
+def _static(t, s, use_q_ids, causal, q_offset=0):
+    return mgpu._Static(scale=1.0, causal=causal, q_offset=q_offset, t_pad=t, s_pad=s, use_q_ids=use_q_ids,
+                        masked=True, interpret=True)
+
+
+@pytest.mark.parametrize("use_q_ids,causal,q_offset", [(True, False, 0), (False, True, 40), (True, True, -130)])
+def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
+    """A tile is visited exactly when some entry of it is visible (brute force over the [T, S] mask), in order,
+    by the per-CTA lists of the forward/dQ (key blocks) and dK/dV (query blocks) kernels and by the per-diagonal
+    lists of the table-gradient kernel."""
+    rng = np.random.default_rng(1)
+    t, s, batch = 384, 512, 3
+    qseg = np.sort(rng.integers(0, 4, (batch, t)), axis=1)  # packed pieces 1..3 after some padding (0)
+    kseg = np.sort(rng.integers(0, 4, (batch, s)), axis=1)
+    kseg[2] = 0  # a row of padding only: no tile visited
+    st = _static(t, s, use_q_ids, causal, q_offset)
+    visible = kseg[:, None, :] != 0
+    if use_q_ids:
+        visible = visible & (qseg[:, :, None] == kseg[:, None, :])
+    if causal:
+        visible = visible & (np.arange(s)[None, None, :] - np.arange(t)[None, :, None] <= q_offset)
+    want = visible.reshape(batch, t // 128, 128, s // 128, 128).any(axis=(2, 4))
+    live = mgpu._live_tiles(jnp.asarray(qseg, jnp.int32), jnp.asarray(kseg, jnp.int32), st)
+    live_np = np.asarray(live)
+    assert np.all(live_np >= want)  # no tile with a visible entry is skipped
+    if not use_q_ids:  # key ids and the causal limit decide exactly; id ranges may only over-approximate
+        np.testing.assert_array_equal(live_np, want)
+    for lists, live_rows in ((mgpu._visit_lists(live), np.asarray(live)),
+                             (mgpu._visit_lists(jnp.swapaxes(live, 1, 2)), np.asarray(live).swapaxes(1, 2))):
+        assert lists.shape[-1] % 32 == 0
+        for index in np.ndindex(live_rows.shape[:-1]):
+            row = np.asarray(lists[index])
+            assert list(row[1:1 + row[0]]) == list(np.flatnonzero(live_rows[index]))
+    diagonal = mgpu._diagonal_visits(live, st)
+    for d in range(t // 128 + s // 128 - 1):
+        row = np.asarray(diagonal[d])
+        want_entries = [b * (t // 128) + qc for b in range(batch) for qc in range(t // 128)
+                        if 0 <= qc + d - (t // 128 - 1) < s // 128 and live_np[b, qc, qc + d - (t // 128 - 1)]]
+        assert list(row[1:1 + row[0]]) == want_entries
+
+
+# --- what the compiled path is checked by on the CPU: its CUDA lowering --------------------------------------------
+
+@pytest.mark.parametrize("table,width,kernels", [(True, 64, 4), (False, 128, 3)], ids=["table", "no_table_wide"])
+def test_lowers_for_cuda(table, width, kernels):
+    """Lowering for CUDA from this host runs Mosaic GPU's layout inference and shared-memory accounting on every
+    kernel (forward, dQ, dK/dV, and with a table the table gradient): they become mosaic_gpu custom calls."""
+    shape = jax.ShapeDtypeStruct((2, 384, 4, width), jnp.bfloat16)
+    v_shape = jax.ShapeDtypeStruct((2, 384, 4, 64), jnp.bfloat16)
+    seg = jax.ShapeDtypeStruct((2, 384), jnp.int32)
+    table_shape = jax.ShapeDtypeStruct((4, 767), jnp.float32) if table else None
+
+    def loss(q, k, v, table, seg):
+        out = toeplitz_attention(q, k, v, table, q_segment_ids=seg, kv_segment_ids=seg, causal=True,
+                                 backend="mosaic_gpu", interpret=False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    argnums = (0, 1, 2, 3) if table else (0, 1, 2)
+    lowered = jax.jit(jax.grad(loss, argnums=argnums)).trace(shape, shape, v_shape, table_shape, seg)
+    text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @mosaic_gpu") == kernels
+
+
+def test_calls_it_does_not_take_are_refused_by_name(monkeypatch):
+    q = random((1, 16, 1, 64), 0, jnp.bfloat16)
+    table = random((1, 31), 1)
+    with pytest.raises(ValueError, match="does not take float32 inputs"):
+        toeplitz_attention(q.astype(jnp.float32), q, q, table, backend="mosaic_gpu")
+    with pytest.raises(ValueError, match="does not take attention dropout"):
+        toeplitz_attention(q, q, q, table, backend="mosaic_gpu", dropout_rate=0.1, dropout_seed=1)
+    with pytest.raises(ValueError, match="drop block_q"):
+        toeplitz_attention(q, q, q, table, backend="mosaic_gpu", block_q=64)
+    with pytest.raises(ValueError, match="more than .*head widths too large"):
+        mgpu._stages(per_stage=200 * 1024, fixed=64 * 1024, what="forward")
+    monkeypatch.setenv("PJRT_NPROC", "2")
+    with pytest.raises(RuntimeError, match="needs 3 CPU threads"):
+        mgpu._check_interpreter_threads()
+
+
+def test_only_hopper_gpus_and_the_cpu_interpreter(monkeypatch):
+    """attention_impl="mosaic_gpu" hands calls to the Triton kernel on GPUs without wgmma (an A100) and on TPUs."""
+    class Device:
+        def __init__(self, capability):
+            self.compute_capability = capability
+
+    assert mgpu.unsupported(jnp.bfloat16, 0.0, None) is None  # the CPU: the interpreter
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    for capability, reason in (("9.0", None), ("8.0", "compute capability 8.0 (wgmma needs Hopper")):
+        monkeypatch.setattr(jax, "devices", lambda *a, c=capability: [Device(c)])
+        got = mgpu.unsupported(jnp.bfloat16, 0.0, None)
+        assert got is None if reason is None else reason in got
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert mgpu.unsupported(jnp.bfloat16, 0.0, None) == "the tpu backend"
