@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.attention.bias import at_pieces, clipped_offset_index, over_attended_keys, position_logits, segment_logits
-from jaxpos.attention.core import apply_rotary
+from jaxpos.attention.bias import at_pieces, over_attended_keys
+from jaxpos.attention.core import apply_rotary, pre_softmax_logits, project_keys
 from jaxpos.attention.masks import attention_mask
 from jaxpos.config import ModelConfig
 from jaxpos.models import BertEncoder
@@ -62,32 +62,17 @@ def _captures_logit_inputs(module: nn.Module, method_name: str) -> bool:
 
 def _layer_logits(cfg: ModelConfig, q, k, bias, positions, mask, types) -> jax.Array:
     """Pre-softmax logits [B, H, T, S] of one layer from its projected q [B, T, H, D], k [B, T, H, D] and bias
-    slice, formed as `MultiHeadAttention` and `attend`'s xla path form them; masked entries are 0."""
+    slice: rotated and Linformer-projected as `MultiHeadAttention` does, then `pre_softmax_logits`; masked entries
+    are 0."""
     pcfg = cfg.position
-    content, position = not pcfg.position_only, not pcfg.content_only
     bias = at_pieces(bias)
-    if bias.rotary is not None and position:  # as the model: content-only logits carry no rotation
+    if bias.rotary is not None and not pcfg.content_only:  # as the model: content-only logits carry no rotation
         q, k = apply_rotary(q, *bias.rotary), apply_rotary(k, *bias.rotary)
-    if bias.kv_projection is not None:  # Linformer: padded keys zeroed, then keys projected to k rows
-        if mask is not None:
-            k = k * jnp.any(mask, axis=(1, 2))[:, :, None, None].astype(k.dtype)
-        k = jnp.einsum("ks,bshd->bkhd", bias.kv_projection.astype(k.dtype), k)
-        mask = None
-    bias = over_attended_keys(bias, mask)
-    scale = bias.content_scale * cfg.head_dim**-0.5
-    logits = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * scale
-    if not content:
-        logits = jnp.zeros_like(logits)
-    if position and bias.rel_keys is not None:  # Shaw: q_i . r^K_{clip(j - i)}
-        index = clipped_offset_index(positions, positions, (bias.rel_keys.shape[0] - 1) // 2)
-        per_offset = jnp.einsum("bthd,wd->bhtw", q, bias.rel_keys.astype(q.dtype),
-                                preferred_element_type=jnp.float32) * scale
-        logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
-    terms = position_logits(bias, positions, positions) if position else None
-    if terms is not None:
-        logits = logits + terms.astype(jnp.float32)
-    if bias.segment_table is not None:
-        logits = logits + segment_logits(bias.segment_table, types, types).astype(jnp.float32)
+    if bias.kv_projection is not None:
+        k, mask = project_keys(bias.kv_projection, k, mask), None
+    logits = pre_softmax_logits(q, k, over_attended_keys(bias, mask), q_pos=positions, k_pos=positions,
+                                q_types=types, k_types=types, content=not pcfg.position_only,
+                                position=not pcfg.content_only)
     return logits if mask is None else jnp.where(mask, logits, 0.0)
 
 

@@ -115,24 +115,8 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
             implementation=None if implementation == "jax" else implementation)
         return out[..., :head_dim], None
 
-    if fold:
-        q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors, scale)
-        if not content:  # keep only the folded positional channels
-            q_BTHD = q_BTHD.at[..., :head_dim].set(0)
-    logits = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BSHD, preferred_element_type=jnp.float32) * scale
-    if not content and not fold:
-        logits = jnp.zeros_like(logits)
-    if position and bias.rel_keys is not None:
-        index = clipped_offset_index(q_pos, k_pos, (bias.rel_keys.shape[0] - 1) // 2)  # [T, S] or [B, T, S]
-        per_offset = jnp.einsum("bthd,wd->bhtw", q_BTHD[..., :head_dim], bias.rel_keys.astype(q_BTHD.dtype),
-                                preferred_element_type=jnp.float32) * scale
-        index = index[:, None] if index.ndim == 3 else index  # per example: under the head axis
-        logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
-    position_bias = bias if position else PositionalBias(segment_table=bias.segment_table)
-    extra = _additive_terms(position_bias, q_pos, k_pos, q_types, k_types,
-                            include_factors=not fold, dtype=jnp.float32)
-    if extra is not None:
-        logits = logits + extra
+    logits = pre_softmax_logits(q_BTHD, k_BSHD, bias, q_pos=q_pos, k_pos=k_pos, q_types=q_types, k_types=k_types,
+                                content=content, position=position)
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits, axis=-1)
@@ -149,6 +133,44 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         per_offset = jnp.einsum(f"bhts,{pairs}->bhtw", dropped, one_hot)  # weight mass at each clipped offset
         out = out + jnp.einsum("bhtw,wd->bthd", per_offset, bias.rel_values.astype(dropped.dtype))
     return out, weights
+
+
+def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBias, *, q_pos: jax.Array,
+                       k_pos: jax.Array, q_types: jax.Array | None = None, k_types: jax.Array | None = None,
+                       content: bool = True, position: bool = True) -> jax.Array:
+    """Pre-softmax logits [B, H, T, S] (float32, unmasked) of the "xla" path: scale * q.k (with low-rank factors
+    folded in when `bias.fold_factors`), Shaw's q_i . r^K_{clip(j - i)}, the position-only terms and the per-head
+    segment terms. q [B, T, H, D], k [B, S, H, D] as attention sees them (rotated, Linformer-projected); `bias` one
+    layer's slice after `at_pieces` and `over_attended_keys`. The analyses read the model's logits through it.
+    """
+    head_dim = q_BTHD.shape[-1]
+    scale = bias.content_scale * head_dim**-0.5
+    fold = position and bias.factors is not None and bias.fold_factors
+    if fold:
+        q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, bias.factors, scale)
+        if not content:  # keep only the folded positional channels
+            q_BTHD = q_BTHD.at[..., :head_dim].set(0)
+    logits = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BSHD, preferred_element_type=jnp.float32) * scale
+    if not content and not fold:
+        logits = jnp.zeros_like(logits)
+    if position and bias.rel_keys is not None:
+        index = clipped_offset_index(q_pos, k_pos, (bias.rel_keys.shape[0] - 1) // 2)  # [T, S] or [B, T, S]
+        per_offset = jnp.einsum("bthd,wd->bhtw", q_BTHD[..., :head_dim], bias.rel_keys.astype(q_BTHD.dtype),
+                                preferred_element_type=jnp.float32) * scale
+        index = index[:, None] if index.ndim == 3 else index  # per example: under the head axis
+        logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
+    position_bias = bias if position else PositionalBias(segment_table=bias.segment_table)
+    extra = _additive_terms(position_bias, q_pos, k_pos, q_types, k_types,
+                            include_factors=not fold, dtype=jnp.float32)
+    return logits if extra is None else logits + extra
+
+
+def project_keys(projection_KS: jax.Array, k_BSHD: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Linformer: keys (or values) of padded positions zeroed (`mask` [B|1, 1, T, S]), then projected along the
+    sequence to K rows: [B, S, H, D] -> [B, K, H, D]."""
+    if mask is not None:
+        k_BSHD = k_BSHD * jnp.any(mask, axis=(1, 2))[:, :, None, None].astype(k_BSHD.dtype)
+    return jnp.einsum("ks,bshd->bkhd", projection_KS.astype(k_BSHD.dtype), k_BSHD)
 
 
 def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_ids, kv_segment_ids, causal,

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias, at_pieces
-from jaxpos.attention.core import apply_rotary, attend
+from jaxpos.attention.core import apply_rotary, attend, project_keys
 from jaxpos.config import ModelConfig
 from jaxpos.config.model import check_training
 from jaxpos.initializers import normal_init
@@ -58,12 +58,7 @@ class MultiHeadAttention(nn.Module):
             k, v = self._update_cache(k, v, q_pos)
 
         if bias.kv_projection is not None:  # Linformer: padded keys are zeroed, then projected to k rows
-            if mask is not None:
-                valid = jnp.any(mask, axis=(1, 2))[:, :, None, None].astype(k.dtype)  # [B, S, 1, 1]
-                k, v = k * valid, v * valid
-            projection = bias.kv_projection.astype(k.dtype)
-            k = jnp.einsum("ks,bshd->bkhd", projection, k)
-            v = jnp.einsum("ks,bshd->bkhd", projection, v)
+            k, v = (project_keys(bias.kv_projection, x, mask) for x in (k, v))
             mask = mask_ids = None
 
         dropout_rng = None
