@@ -89,6 +89,10 @@ def unsupported(dtype, dropout_rate: float, pair_bias) -> str | None:
         capability = getattr(jax.devices()[0], "compute_capability", "0")
         if not str(capability).startswith("9"):
             return f"a GPU of compute capability {capability} (wgmma needs Hopper, 9.0)"
+    mesh = jax.sharding.get_abstract_mesh()
+    if backend == "cpu" and not mesh.empty and mesh.size > 1:  # one global simulated shared memory
+        return (f"a mesh of {mesh.size} CPU devices (the interpreter cannot run kernels on several devices at "
+                "once)")
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"{jnp.dtype(dtype).name} inputs (bf16 or f16 only)"
     if dropout_rate:

@@ -223,12 +223,16 @@ def test_calls_it_does_not_take_are_refused_by_name(monkeypatch):
 
 
 def test_only_hopper_gpus_and_the_cpu_interpreter(monkeypatch):
-    """attention_impl="mosaic_gpu" hands calls to the Triton kernel on GPUs without wgmma (an A100) and on TPUs."""
+    """attention_impl="mosaic_gpu" hands calls to the Triton kernel on GPUs without wgmma (an A100), on TPUs, and
+    on CPU meshes (where the interpreter would run kernels on several devices at once)."""
     class Device:
         def __init__(self, capability):
             self.compute_capability = capability
 
     assert mgpu.unsupported(jnp.bfloat16, 0.0, None) is None  # the CPU: the interpreter
+    mesh = jax.sharding.AbstractMesh((2, 1), ("data", "tensor"))
+    with jax.sharding.use_abstract_mesh(mesh):  # concurrent kernels on two devices: not in the interpreter
+        assert "a mesh of 2 CPU devices" in mgpu.unsupported(jnp.bfloat16, 0.0, None)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     for capability, reason in (("9.0", None), ("8.0", "compute capability 8.0 (wgmma needs Hopper")):
         monkeypatch.setattr(jax, "devices", lambda *a, c=capability: [Device(c)])
