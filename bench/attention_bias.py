@@ -21,6 +21,7 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or 
   mgpu             toeplitz_attention(backend="mosaic_gpu"): the Hopper kernels (wgmma, TMA), no table
   mgpu+table       the same with the table, read from per-block-diagonal tiles; its gradient by a kernel per
                    (head, block diagonal)
+  mgpu+dropout     mgpu+table with attention dropout 0.1 (the same keep mask, hashed per tile in each kernel)
   mgpu+folded      pallas+folded on the Hopper kernels
   jax-fa3          peer: jax's own FlashAttention-3 kernel in Mosaic GPU (jax.experimental.pallas.ops.gpu
                    .attention_mgpu), no bias
@@ -96,8 +97,8 @@ def paths(smoke: bool, blocks: dict):
 
     mgpu = dict(backend="mosaic_gpu")
 
-    def mosaic_gpu(q, k, v, table, g):
-        return jnp.sum(toeplitz_attention(q, k, v, table, **mgpu).astype(jnp.float32) * g)
+    def mosaic_gpu(q, k, v, table, g, **options):
+        return jnp.sum(toeplitz_attention(q, k, v, table, **mgpu, **options).astype(jnp.float32) * g)
 
     def jax_fa3(q, k, v, table, g):
         from jax.experimental.pallas.ops.gpu import attention_mgpu as fa3
@@ -112,6 +113,8 @@ def paths(smoke: bool, blocks: dict):
             "cudnn+folded": ("factors", False, dpa_folded), "pallas+folded": ("factors", False, pallas_folded),
             "mgpu": (None, True, lambda q, k, v, table, g: mosaic_gpu(q, k, v, None, g)),
             "mgpu+table": ("table", False, mosaic_gpu),
+            "mgpu+dropout": ("table", False, functools.partial(mosaic_gpu, dropout_rate=0.1,
+                                                               dropout_seed=jnp.int32(0))),
             "mgpu+folded": ("factors", False, functools.partial(pallas_folded, **mgpu)),
             "jax-fa3": (None, True, jax_fa3)}
 
@@ -131,7 +134,7 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
         group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
         rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
-    if name == "mgpu+table":  # per block diagonal a 128 x 128 tile: bf16 and its transpose, float32 gradient
+    if name in ("mgpu+table", "mgpu+dropout"):  # per block diagonal a 128 x 128 tile: bf16, transposed, f32 grad
         tiles = heads * (2 * -(-length // 128) - 1) * 128 * 128  # lengths padded to blocks of 128
         return heads * 2 * length * 4 + tiles * (2 + 2 + 4)
     if name == "pallas+diag":  # the table, and per (head, block diagonal) a window [2, b] and the skew's [b, b]
@@ -169,7 +172,7 @@ def main(argv=None):
     parser.add_argument("--num-stages", type=int, default=3)
     parser.add_argument("--paths", default="cudnn,jax-fa3,cudnn+bias,xla+table,pallas,pallas+table,pallas+diag,"
                                            "pallas+dropout,pallas+segments,cudnn+folded,pallas+folded,mgpu,"
-                                           "mgpu+table,mgpu+folded")
+                                           "mgpu+table,mgpu+dropout,mgpu+folded")
     parser.add_argument("--rank", type=int, default=None, help="DIET-Abs factor rank r (default: the head dim)")
     parser.add_argument("--kernel-configs", default="",
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")

@@ -9,8 +9,8 @@ and chooses how to apply them:
 - "pallas": `toeplitz_kernel.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
   folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
   per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla";
-- "mosaic_gpu": the same path on the Hopper kernels of `toeplitz_mosaic_gpu` (wgmma, TMA; bf16/f16), which hand
-  attention dropout and per-head segment tables to the "pallas" kernel.
+- "mosaic_gpu": the same path on the Hopper kernels of `toeplitz_mosaic_gpu` (wgmma, TMA; bf16/f16, attention
+  dropout), which hand per-head segment tables to the "pallas" kernel.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     q_segment_ids [B, T] /
     kv_segment_ids [B, S] (0 = padding) and `causal` (q_pos == k_pos), which must describe `mask`; it falls back
     where it cannot run (`_pallas_blocker`). Attention dropout (`dropout_rng`, `dropout_rate`) drops the same
-    weights on "xla" and "pallas" (`dropout.keep_mask`); "jax" and "cudnn" have none.
+    weights on "xla", "pallas" and "mosaic_gpu" (`dropout.keep_mask`); "jax" and "cudnn" have none.
     """
     if implementation in ("pallas", "mosaic_gpu"):
         blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position, q_segment_ids,
@@ -187,7 +187,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
     backend = None  # the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
     if mosaic_gpu:
         from jaxpos.attention.toeplitz_mosaic_gpu import unsupported
-        reason = unsupported(q.dtype, rate, pair_u)
+        reason = unsupported(q.dtype, pair_u)
         if reason is None:
             backend = "mosaic_gpu"
         else:

@@ -833,7 +833,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     features, such as the one-hot token types of a per-head segment table). `interpret` None: the Pallas
     interpreter when the backend is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or
     "mosaic_tpu"; None: from the default backend. "mosaic_gpu": the Hopper kernels of `toeplitz_mosaic_gpu`
-    (bf16/f16, no dropout or pair term; blocks of 128, so none of the block or table-gradient options).
+    (bf16/f16, no pair term; blocks of 128, so none of the block or table-gradient options).
     """
     batch, t, heads, dim = q.shape
     s, dim_v = k.shape[1], v.shape[-1]
@@ -855,8 +855,9 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         raise ValueError(f"backend={backend!r}; choose triton, mosaic_tpu or mosaic_gpu")
     if backend == "mosaic_gpu":
         return _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate,
-                           pair_bias, interpret, dict(block_q=block_q, block_k=block_k, block_dq=block_dq,
-                                                       dq_group=dq_group, table_grad=table_grad))
+                           dropout_seed, dropout_row_keys, pair_bias, interpret,
+                           dict(block_q=block_q, block_k=block_k, block_dq=block_dq, dq_group=dq_group,
+                                table_grad=table_grad))
     if table_grad not in ("tiles", "diagonals") or (table_grad == "diagonals" and backend == "mosaic_tpu"):
         raise ValueError(f"table_grad={table_grad!r}; choose tiles or (Triton only) diagonals")
     if pair_bias is not None:
@@ -891,12 +892,8 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
     qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))[:, :, None]  # columns
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
-    keys = None
-    if dropout_rate:
-        keys = dropout.row_keys(dropout_seed, batch, heads, t) if dropout_row_keys is None else dropout_row_keys
-        if keys.shape != (batch, heads, t):
-            raise ValueError(f"dropout_row_keys must be [B, H, T] = {(batch, heads, t)}, got {keys.shape}")
-        keys = jnp.pad(keys.astype(jnp.int32), ((0, 0), (0, 0), (0, t_pad - t)))[..., None]  # columns
+    keys = _padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad)
+    keys = None if keys is None else keys[..., None]  # columns
     u = w = None
     if pair_bias is not None:  # u as columns [B, H, T_pad, r'], w as rows [B, r', S_pad]; r' a power of two
         u, w = pair_bias
@@ -921,11 +918,21 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     return out[:, :t, :, :dim_v]
 
 
-def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate, pair_bias,
-                interpret, options):
+def _padded_row_keys(rate, seed, row_keys, rows_shape, t_pad) -> jax.Array | None:
+    """The dropout keys of a call's query rows, [B, H, T_pad] int32 (padded rows 0), or None without dropout."""
+    if not rate:
+        return None
+    keys = dropout.row_keys(seed, *rows_shape) if row_keys is None else row_keys
+    if keys.shape != rows_shape:
+        raise ValueError(f"dropout_row_keys must be [B, H, T] = {rows_shape}, got {keys.shape}")
+    return jnp.pad(keys.astype(jnp.int32), ((0, 0), (0, 0), (0, t_pad - rows_shape[-1])))
+
+
+def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate, dropout_seed,
+                dropout_row_keys, pair_bias, interpret, options):
     """toeplitz_attention on the Mosaic GPU backend: inputs padded to its blocks and head widths."""
     from jaxpos.attention import toeplitz_mosaic_gpu as mgpu
-    reason = mgpu.unsupported(q.dtype, dropout_rate, pair_bias)
+    reason = mgpu.unsupported(q.dtype, pair_bias)
     if reason is not None:
         raise ValueError(f"the mosaic_gpu backend does not take {reason}; use backend='triton'")
     given = [name for name, value in options.items() if value not in (None, "tiles")]
@@ -947,5 +954,7 @@ def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset,
         pad(q, t_pad), pad(k.astype(q.dtype), s_pad), pad(v.astype(q.dtype), s_pad), ext,
         jnp.pad(qseg, ((0, 0), (0, t_pad - t))), jnp.pad(kseg, ((0, 0), (0, s_pad - s))),
         scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0,
-        use_q_ids=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s, interpret=interpret)
+        use_q_ids=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s, interpret=interpret,
+        dropout_rate=float(dropout_rate),
+        row_keys=_padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad))
     return out[:, :t, :, :dim_v]

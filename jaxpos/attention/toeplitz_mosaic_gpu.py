@@ -25,8 +25,9 @@ XLA from the blocks' id ranges and the causal limit, tells both the producer and
 walk. Rows that see no key give out = 0, logsumexp +inf and zero gradients.
 
 Inputs are bf16 or f16 (f32 accumulation); head widths are padded with zero channels to a multiple of 64 (q and k
-may be wider than v: folded low-rank factors). Attention dropout and pair terms are not taken here
-(`unsupported`): `toeplitz_attention` sends those to the Triton kernel.
+may be wider than v: folded low-rank factors). Attention dropout drops the weights `dropout.keep_mask` drops: each
+kernel hashes its tile's keep mask from the query rows' keys and the key indices (`_kept`), nothing stored. Pair
+terms (per-head segment tables) are not taken here (`unsupported`): attention sends those to the Triton kernel.
 
 Testing on a machine without a GPU: Pallas's Mosaic GPU interpreter runs these kernels thread by thread with
 simulated shared memory, TMA and barriers (and finds races), but has no rule for wgmma with a transposed or
@@ -47,6 +48,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
+from jaxpos.attention import dropout
 
 BLOCK = 128  # rows of a CTA's own block (two consumers of HALF) and of each streamed block
 HALF = 64  # rows per consumer warpgroup: the wgmma M
@@ -69,6 +72,11 @@ class _Static:
     use_q_ids: bool
     masked: bool  # any mask (ids, causal or padded keys); else no mask arithmetic
     interpret: bool
+    dropout_rate: float = 0.0
+
+    @property
+    def dropout(self) -> bool:
+        return self.dropout_rate > 0.0
 
     @property
     def nq(self) -> int:
@@ -79,7 +87,7 @@ class _Static:
         return self.s_pad // BLOCK
 
 
-def unsupported(dtype, dropout_rate: float, pair_bias) -> str | None:
+def unsupported(dtype, pair_bias) -> str | None:
     """Why the Mosaic GPU kernels cannot take a call on this backend (None: they can; the CPU runs them in the
     interpreter)."""
     backend = jax.default_backend()
@@ -95,8 +103,6 @@ def unsupported(dtype, dropout_rate: float, pair_bias) -> str | None:
                 "once)")
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"{jnp.dtype(dtype).name} inputs (bf16 or f16 only)"
-    if dropout_rate:
-        return "attention dropout"
     if pair_bias is not None:
         return "a pair term (per-head segment table)"
     return None
@@ -350,6 +356,33 @@ def _masked(s, mask):
     return s if mask is None else jnp.where(mask, s, NEG)
 
 
+def _kept(ops: _Ops, row_keys, key_start, st: _Static, keys_are_rows: bool):
+    """`dropout.keep` of a [64, 128] tile (None without dropout): row_keys, the dropout keys of its queries (a
+    row-layout [64] vector, or a column-layout [128] one in the dK/dV kernel's transposed tiles, whose rows are keys
+    from key index `key_start`)."""
+    if not st.dropout:
+        return None
+    shape = (HALF, BLOCK)
+    query_axis, key_axis = (1, 0) if keys_are_rows else (0, 1)
+    keys = lax.broadcast_in_dim(row_keys, shape, [query_axis])
+    return dropout.keep(keys, ops.iota(shape, key_axis) + key_start, st.dropout_rate)
+
+
+def _dropped(x, kept, scale: float = 1.0):
+    """x (times `scale`) where the weight is kept, else 0; x without dropout. Products of dropped P take the
+    1 / (1 - rate) once per accumulator, dP in each tile."""
+    return x if kept is None else jnp.where(kept, x * scale, 0.0)
+
+
+def _inverse_keep(st: _Static) -> float:
+    return 1.0 / (1.0 - st.dropout_rate)
+
+
+def _row_keys_operand(row_keys):
+    """The dropout keys [B, H, T_pad], or a placeholder the kernels never read without dropout."""
+    return jnp.zeros((1, 1, _LIST_ALIGN), jnp.int32) if row_keys is None else row_keys
+
+
 def _table_operands(tiles, bases, dtype):
     """The table's kernel inputs, or placeholders the kernels never read when there is no table."""
     if tiles is None:
@@ -492,7 +525,7 @@ def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_ord
 
 # --- forward ---------------------------------------------------------------------------------------------------
 
-def _forward(q, k, v, tiles, bases, qseg, kseg, visits, st: _Static):
+def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, st: _Static):
     """out [B, T_pad, H, Dv] and the base-2 logsumexp [B, H, T_pad] (+inf for rows that see no key)."""
     plgpu = _plgpu()
     batch, _, heads, dim = q.shape
@@ -500,12 +533,14 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, st: _Static):
     has_table = tiles is not None
 
     def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
-        (q_s, o_s, lse_s, qid_s), own_bar = own
+        (q_s, o_s, lse_s, qid_s, rk_s), own_bar = own
         o_s = q_s if o_s is None else o_s  # Q's buffer is free at the end: the output goes out through it
         row0 = qc * BLOCK + wg * HALF
         rows = pl.ds(row0, HALF)
-        _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["qseg"].at[b, rows], qid_s.at[wg])], own_bar)
+        _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["qseg"].at[b, rows], qid_s.at[wg])]
+                  + ([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else []), own_bar)
         q_ids = ops.load(qid_s.at[wg], "rows")
+        row_keys = ops.load(rk_s.at[wg], "rows") if st.dropout else None
 
         def step(i, carry):
             acc, m, l = carry
@@ -518,8 +553,9 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, st: _Static):
             if mask is not None:  # a row whose keys so far are all masked has m_new = NEG: exp2(0) = 1
                 p = jnp.where(mask, p, 0.0)
             alpha = jnp.exp2(m - m_new)
+            kept = _kept(ops, row_keys, kc * BLOCK, st, False)  # l sums the weights before dropout
             plgpu.barrier_wait(stream.v_ready.at[slot])
-            pv = ops.mma(p.astype(dtype), stream.v.at[slot], (HALF, dim_v))
+            pv = ops.mma(_dropped(p, kept).astype(dtype), stream.v.at[slot], (HALF, dim_v))
             plgpu.barrier_arrive(stream.v_free.at[slot])
             return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv, m_new, l * alpha + jnp.sum(p, axis=1)
 
@@ -527,7 +563,8 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, st: _Static):
         acc, m, l = lax.fori_loop(0, count, step, carry)
         seen = l > 0.0
         safe = jnp.where(seen, l, 1.0)
-        o_s[wg] = (acc / lax.broadcast_in_dim(safe, acc.shape, [0])).astype(dtype)
+        norm = safe * (1.0 - st.dropout_rate) if st.dropout else safe  # dropout's 1 / (1 - rate)
+        o_s[wg] = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(dtype)
         lse_s[wg] = jnp.where(seen, m + jnp.log2(safe), jnp.inf)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(o_s.at[wg], refs["out0"].at[b, rows, h])
@@ -535,33 +572,37 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, st: _Static):
         plgpu.wait_smem_to_gmem(0)
 
     own_scratch = ((_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype) if dim_v != dim else None,
-                    plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.int32)),
-                   plgpu.Barrier(num_barriers=4))
+                    plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.int32),
+                    plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None),
+                   plgpu.Barrier(num_barriers=6 if st.dropout else 4))
     own_bytes = (_nbytes((2, HALF, dim), dtype) + (_nbytes((2, HALF, dim_v), dtype) if dim_v != dim else 0)
-                 + 2 * _nbytes((2, HALF), jnp.float32))
+                 + (3 if st.dropout else 2) * _nbytes((2, HALF), jnp.float32))
     out_type = (jax.ShapeDtypeStruct((batch, st.t_pad, heads, dim_v), dtype),
                 jax.ShapeDtypeStruct((batch, heads, st.t_pad), jnp.float32))
     return _key_block_kernel("toeplitz_attention_mgpu_fwd", consumer, own_scratch, own_bytes, out_type,
-                             ("q", "k", "v", "tiles", "bases", "qseg", "kseg", "visits"), q, k, v, tiles, bases,
-                             visits, st, dict(q=q, k=k, v=v, qseg=qseg, kseg=kseg, visits=visits))
+                             ("q", "k", "v", "tiles", "bases", "qseg", "kseg", "visits", "row_keys"), q, k, v,
+                             tiles, bases, visits, st, dict(q=q, k=k, v=v, qseg=qseg, kseg=kseg, visits=visits,
+                                                            row_keys=_row_keys_operand(row_keys)))
 
 
 # --- dQ --------------------------------------------------------------------------------------------------------
 
-def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, st: _Static):
+def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, st: _Static):
     """dQ [B, T_pad, H, D]: the forward's walk over key blocks, with dS = P * (dP - delta) times K."""
     plgpu = _plgpu()
     dim, dim_v, dtype = q.shape[-1], v.shape[-1], q.dtype
     has_table = tiles is not None
 
     def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
-        (q_s, do_s, lse_s, delta_s, qid_s), own_bar = own
+        (q_s, do_s, lse_s, delta_s, qid_s, rk_s), own_bar = own
         row0 = qc * BLOCK + wg * HALF
         rows = pl.ds(row0, HALF)
         _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["do"].at[b, rows, h], do_s.at[wg]),
                        (refs["lse"].at[b, h, rows], lse_s.at[wg]), (refs["delta"].at[b, h, rows], delta_s.at[wg]),
-                       (refs["qseg"].at[b, rows], qid_s.at[wg])], own_bar)
+                       (refs["qseg"].at[b, rows], qid_s.at[wg])]
+                  + ([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else []), own_bar)
         q_ids, lse, delta = (ops.load(ref.at[wg], "rows") for ref in (qid_s, lse_s, delta_s))
+        row_keys = ops.load(rk_s.at[wg], "rows") if st.dropout else None
 
         def step(i, dq):
             slot = lax.rem(i, stream.stages)
@@ -571,6 +612,7 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, st: _Static):
             plgpu.barrier_wait(stream.v_ready.at[slot])
             dp = ops.mma(do_s.at[wg], stream.v.at[slot], (HALF, BLOCK), transpose_b=True)
             plgpu.barrier_arrive(stream.v_free.at[slot])
+            dp = _dropped(dp, _kept(ops, row_keys, kc * BLOCK, st, False), _inverse_keep(st))
             ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
             dq = dq + ops.mma(ds.astype(dtype), stream.k.at[slot], (HALF, dim))
             plgpu.barrier_arrive(stream.k_free.at[slot])
@@ -584,17 +626,20 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, st: _Static):
 
     own_scratch = ((_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype),
                     plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.float32),
-                    plgpu.SMEM((2, HALF), jnp.int32)), plgpu.Barrier(num_barriers=10))
-    own_bytes = _nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype) + 3 * _nbytes((2, HALF), jnp.float32)
+                    plgpu.SMEM((2, HALF), jnp.int32), plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None),
+                   plgpu.Barrier(num_barriers=12 if st.dropout else 10))
+    own_bytes = (_nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype)
+                 + (4 if st.dropout else 3) * _nbytes((2, HALF), jnp.float32))
     return _key_block_kernel("toeplitz_attention_mgpu_dq", consumer, own_scratch, own_bytes,
                              jax.ShapeDtypeStruct(q.shape, dtype),
-                             ("q", "k", "v", "do", "lse", "delta", "tiles", "bases", "qseg", "kseg", "visits"),
-                             q, k, v, tiles, bases, visits, st,
-                             dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, qseg=qseg, kseg=kseg, visits=visits))
+                             ("q", "k", "v", "do", "lse", "delta", "tiles", "bases", "qseg", "kseg", "visits",
+                              "row_keys"), q, k, v, tiles, bases, visits, st,
+                             dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, qseg=qseg, kseg=kseg, visits=visits,
+                                  row_keys=_row_keys_operand(row_keys)))
 
 # --- dK, dV ----------------------------------------------------------------------------------------------------
 
-def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, st: _Static):
+def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys, st: _Static):
     """dK [B, S_pad, H, D] and dV [B, S_pad, H, Dv]: per key block, over the query blocks of its visit list, on
     transposed tiles (keys as rows): dV += P^T dO, dK += dS^T Q."""
     plgpu = _plgpu()
@@ -604,14 +649,15 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, st: _Stat
     has_table = tiles_t is not None
     table_heads = tiles_t.shape[0] if has_table else 0
     per_stage = (_nbytes((BLOCK, dim), dtype) + _nbytes((BLOCK, dim_v), dtype) + 2 * _nbytes((BLOCK,), jnp.float32)
-                 + _nbytes((BLOCK,), jnp.int32) + (_nbytes((BLOCK, BLOCK), tiles_t.dtype) if has_table else 0))
+                 + (2 if st.dropout else 1) * _nbytes((BLOCK,), jnp.int32)
+                 + (_nbytes((BLOCK, BLOCK), tiles_t.dtype) if has_table else 0))
     fixed = (_nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype) + _nbytes((2, HALF), jnp.int32)
              + 4 * visits.shape[-1] + _bases_bytes(bases))
     stages = _stages(per_stage, fixed, "dK/dV")
 
-    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, dk_g, dv_g, scratch):
-        (k_s, v_s, kid_s), own_bar, (vis_s, base_s), cta_bar, (q_s, do_s, lse_s, delta_s, qid_s, t_s), \
-            (q_bar, do_bar, lse_bar, delta_bar, qid_bar, t_bar), (q_free, do_free, t_free) = scratch
+    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, rk_g, dk_g, dv_g, scratch):
+        (k_s, v_s, kid_s), own_bar, (vis_s, base_s), cta_bar, (q_s, do_s, lse_s, delta_s, qid_s, t_s, rk_s), \
+            (q_bar, do_bar, lse_bar, delta_bar, qid_bar, t_bar, *rk_bar), (q_free, do_free, t_free) = scratch
         kc, h, b = lax.axis_index("k"), lax.axis_index("heads"), lax.axis_index("batch")
         wg = lax.axis_index("wg")
         th = h if table_heads > 1 else 0
@@ -643,12 +689,17 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, st: _Stat
                 mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols"), key0, qc * BLOCK, st, True)
                 lse = ops.load(lse_s.at[slot], "cols")
                 p = jnp.exp2(_masked(s, mask) - lax.broadcast_in_dim(lse, s.shape, [1]))
+                kept = None
+                if st.dropout:
+                    plgpu.barrier_wait(rk_bar[0].at[slot])
+                    kept = _kept(ops, ops.load(rk_s.at[slot], "cols"), key0, st, True)
                 plgpu.barrier_wait(do_bar.at[slot])
-                dv = dv + ops.mma(p.astype(dtype), do_s.at[slot], (HALF, dim_v))
+                dv = dv + ops.mma(_dropped(p, kept).astype(dtype), do_s.at[slot], (HALF, dim_v))
                 dp = ops.mma(v_s.at[wg], do_s.at[slot], (HALF, BLOCK), transpose_b=True)
+                dp = _dropped(dp, kept, _inverse_keep(st))
                 plgpu.barrier_wait(delta_bar.at[slot])
                 delta = ops.load(delta_s.at[slot], "cols")
-                plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse and delta of the slot
+                plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse, delta and row keys of the slot
                 plgpu.barrier_arrive(do_free.at[slot])
                 ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [1]))
                 dk = dk + ops.mma(ds.astype(dtype), q_s.at[slot], (HALF, dim))
@@ -658,7 +709,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, st: _Stat
             dk, dv = lax.fori_loop(0, count, step, (ops.full((HALF, dim), 0.0, "wgmma"),
                                                      ops.full((HALF, dim_v), 0.0, "wgmma")))
             k_s[wg] = (dk * st.scale).astype(dtype)
-            v_s[wg] = dv.astype(dtype)
+            v_s[wg] = (dv * _inverse_keep(st)).astype(dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(k_s.at[wg], dk_g.at[b, keys, h])
             plgpu.copy_smem_to_gmem(v_s.at[wg], dv_g.at[b, keys, h])
@@ -678,6 +729,8 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, st: _Stat
                     plgpu.copy_gmem_to_smem(t_g.at[th, kc - qc + st.nq - 1], t_s.at[slot], t_bar.at[slot])
                 plgpu.copy_gmem_to_smem(do_g.at[b, queries, h], do_s.at[slot], do_bar.at[slot])
                 plgpu.copy_gmem_to_smem(delta_g.at[b, h, queries], delta_s.at[slot], delta_bar.at[slot])
+                if st.dropout:
+                    plgpu.copy_gmem_to_smem(rk_g.at[b, h, queries], rk_s.at[slot], rk_bar[0].at[slot])
 
             _stream(count, stages, (q_free, t_free, do_free), fetch)
 
@@ -690,19 +743,20 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, st: _Stat
         (_swizzled((stages, BLOCK, dim), dtype), _swizzled((stages, BLOCK, dim_v), dtype),
          plgpu.SMEM((stages, BLOCK), jnp.float32), plgpu.SMEM((stages, BLOCK), jnp.float32),
          plgpu.SMEM((stages, BLOCK), jnp.int32),
-         _swizzled((stages, BLOCK, BLOCK), tiles_t.dtype if has_table else dtype)),
-        (plgpu.Barrier(num_barriers=stages),) * 6,
+         _swizzled((stages, BLOCK, BLOCK), tiles_t.dtype if has_table else dtype),
+         plgpu.SMEM((stages, BLOCK), jnp.int32) if st.dropout else None),
+        (plgpu.Barrier(num_barriers=stages),) * (7 if st.dropout else 6),
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 3,
     )
     tiles_t, bases = _table_operands(tiles_t, bases, dtype)
     call = _kernel(body, (jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)), scratch,
                    (st.nk, heads, batch), ("k", "heads", "batch"), st, "toeplitz_attention_mgpu_dkdv")
-    return call(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits)
+    return call(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, _row_keys_operand(row_keys))
 
 
 # --- the table's gradient --------------------------------------------------------------------------------------
 
-def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, st: _Static):
+def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, st: _Static):
     """dS summed over each block diagonal's tiles, batch rows and (shared table) heads -> [H', nd, 128, 128]
     float32, w.r.t. natural-log logits."""
     plgpu = _plgpu()
@@ -712,14 +766,15 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, s
     table_heads, diagonals = tiles.shape[:2]
     group = heads // table_heads  # heads summed into one table head
     per_stage = (2 * _nbytes((BLOCK, dim), dtype) + 2 * _nbytes((BLOCK, dim_v), dtype)
-                 + 2 * _nbytes((BLOCK,), jnp.float32) + 2 * _nbytes((BLOCK,), jnp.int32))
+                 + 2 * _nbytes((BLOCK,), jnp.float32) + (3 if st.dropout else 2) * _nbytes((BLOCK,), jnp.int32))
     fixed = (_nbytes((BLOCK, BLOCK), tiles.dtype) + _nbytes((2, HALF, HALF), jnp.float32)
              + 4 * visits.shape[-1] + 4 * bases.shape[-1])
     stages = _stages(per_stage, fixed, "table-gradient")
 
-    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, out_g, scratch):
-        (t_s, out_s, vis_s, base_s, q_s, do_s, lse_s, delta_s, qid_s, k_s, v_s, kid_s), \
-            (cta_bar, q_bar, do_bar, lse_bar, delta_bar, qid_bar, k_bar, v_bar, kid_bar), (q_free, k_free) = scratch
+    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, rk_g, out_g, scratch):
+        (t_s, out_s, vis_s, base_s, q_s, do_s, lse_s, delta_s, qid_s, k_s, v_s, kid_s, rk_s), \
+            (cta_bar, q_bar, do_bar, lse_bar, delta_bar, qid_bar, k_bar, v_bar, kid_bar, *rk_bar), \
+            (q_free, k_free) = scratch
         d, th = lax.axis_index("diagonal"), lax.axis_index("heads")
         wg = lax.axis_index("wg")
         _cta_inputs(wg, [(vis_g.at[d], vis_s), (base_g.at[th], base_s), (t_g.at[th, d], t_s)], cta_bar)
@@ -752,9 +807,14 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, s
                                   row0, (qc + shift) * BLOCK, st, False)
                 lse = ops.load(lse_s.at[slot, wg], "rows")
                 p = jnp.exp2(_masked(s, mask) - lax.broadcast_in_dim(lse, s.shape, [0]))
+                kept = None
+                if st.dropout:
+                    plgpu.barrier_wait(rk_bar[0].at[2 * slot + wg])
+                    kept = _kept(ops, ops.load(rk_s.at[slot, wg], "rows"), (qc + shift) * BLOCK, st, False)
                 plgpu.barrier_wait(do_bar.at[2 * slot + wg])
                 plgpu.barrier_wait(v_bar.at[slot])
                 dp = ops.mma(do_s.at[slot, wg], v_s.at[slot], (HALF, BLOCK), transpose_b=True)
+                dp = _dropped(dp, kept, _inverse_keep(st))
                 plgpu.barrier_wait(delta_bar.at[2 * slot + wg])
                 delta = ops.load(delta_s.at[slot, wg], "rows")
                 plgpu.barrier_arrive(q_free.at[slot])
@@ -784,6 +844,8 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, s
                     plgpu.copy_gmem_to_smem(q_g.at[b, rows, h], q_s.at[slot, half], q_bar.at[2 * slot + half])
                     plgpu.copy_gmem_to_smem(qid_g.at[b, rows], qid_s.at[slot, half], qid_bar.at[2 * slot + half])
                     plgpu.copy_gmem_to_smem(lse_g.at[b, h, rows], lse_s.at[slot, half], lse_bar.at[2 * slot + half])
+                    if st.dropout:
+                        plgpu.copy_gmem_to_smem(rk_g.at[b, h, rows], rk_s.at[slot, half], rk_bar[0].at[2 * slot + half])
                 plgpu.copy_gmem_to_smem(v_g.at[b, keys, h], v_s.at[slot], v_bar.at[slot])
                 for half in range(2):
                     rows = pl.ds(qc * BLOCK + half * HALF, HALF)
@@ -800,14 +862,15 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, s
          _swizzled((*halves, HALF, dim), dtype), _swizzled((*halves, HALF, dim_v), dtype),
          plgpu.SMEM((*halves, HALF), jnp.float32), plgpu.SMEM((*halves, HALF), jnp.float32),
          plgpu.SMEM((*halves, HALF), jnp.int32), _swizzled((stages, BLOCK, dim), dtype),
-         _swizzled((stages, BLOCK, dim_v), dtype), plgpu.SMEM((stages, BLOCK), jnp.int32)),
+         _swizzled((stages, BLOCK, dim_v), dtype), plgpu.SMEM((stages, BLOCK), jnp.int32),
+         plgpu.SMEM((*halves, HALF), jnp.int32) if st.dropout else None),
         (plgpu.Barrier(num_barriers=3),) + (plgpu.Barrier(num_barriers=2 * stages),) * 5
-        + (plgpu.Barrier(num_barriers=stages),) * 3,
+        + (plgpu.Barrier(num_barriers=stages),) * 3 + ((plgpu.Barrier(num_barriers=2 * stages),) if st.dropout else ()),
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
     )
     call = _kernel(body, jax.ShapeDtypeStruct((table_heads, diagonals, BLOCK, BLOCK), jnp.float32), scratch,
                    (diagonals, table_heads), ("diagonal", "heads"), st, "toeplitz_attention_mgpu_table_grad")
-    return call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits)
+    return call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, _row_keys_operand(row_keys))
 
 
 # --- the differentiable call -----------------------------------------------------------------------------------
@@ -819,43 +882,46 @@ def _prepare(ext, qseg, kseg, dtype, st: _Static):
     return tiles, bases, live
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _attention(q, k, v, ext, qseg, kseg, st):
-    return _attention_fwd(q, k, v, ext, qseg, kseg, st)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _attention(q, k, v, ext, qseg, kseg, row_keys, st):
+    return _attention_fwd(q, k, v, ext, qseg, kseg, row_keys, st)[0]
 
 
-def _attention_fwd(q, k, v, ext, qseg, kseg, st):
+def _attention_fwd(q, k, v, ext, qseg, kseg, row_keys, st):
     tiles, bases, live = _prepare(ext, qseg, kseg, q.dtype, st)
-    out, lse = _forward(q, k, v, tiles, bases, qseg, kseg, _visit_lists(live), st)
-    return out, (q, k, v, ext, qseg, kseg, out, lse)
+    out, lse = _forward(q, k, v, tiles, bases, qseg, kseg, _visit_lists(live), row_keys, st)
+    return out, (q, k, v, ext, qseg, kseg, row_keys, out, lse)
 
 
 def _attention_bwd(st, residuals, do):
-    q, k, v, ext, qseg, kseg, out, lse = residuals
+    q, k, v, ext, qseg, kseg, row_keys, out, lse = residuals
     tiles, bases, live = _prepare(ext, qseg, kseg, q.dtype, st)
     delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), do.astype(jnp.float32))
     do = do.astype(q.dtype)
-    dq = _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _visit_lists(live), st)
+    dq = _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _visit_lists(live), row_keys, st)
     tiles_t = None if tiles is None else jnp.swapaxes(tiles, -1, -2)
     dk, dv = _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg,
-                   _visit_lists(jnp.swapaxes(live, 1, 2)), st)
+                   _visit_lists(jnp.swapaxes(live, 1, 2)), row_keys, st)
     d_ext = None
     if ext is not None:
-        grads = _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _diagonal_visits(live, st), st)
+        grads = _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _diagonal_visits(live, st),
+                                row_keys, st)
         d_ext = _table_gradient(grads).astype(ext.dtype)
-    return dq, dk, dv, d_ext, None, None
+    return dq, dk, dv, d_ext, None, None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool, q_offset: int, use_q_ids: bool,
-                         masked: bool, interpret: bool) -> jax.Array:
+                         masked: bool, interpret: bool, dropout_rate: float = 0.0,
+                         row_keys: jax.Array | None = None) -> jax.Array:
     """The Mosaic GPU kernels on padded inputs -> out [B, T_pad, H, Dv_pad].
 
     q [B, T_pad, H, D], k [B, S_pad, H, D], v [B, S_pad, H, Dv] in bf16/f16 with T_pad, S_pad multiples of 128
     and D, Dv multiples of 64; ext [H'|1, T_pad + S_pad] float32 (`toeplitz_kernel._offset_table`) or None;
-    qseg [B, T_pad], kseg [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`).
+    qseg [B, T_pad], kseg [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`); with
+    `dropout_rate`, row_keys [B, H, T_pad] int32, the queries' `dropout.row_keys`.
     """
     batch, t_pad, _, dim = q.shape
     s_pad, dim_v = k.shape[1], v.shape[-1]
@@ -863,5 +929,8 @@ def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool
         raise ValueError(f"padded shapes expected (lengths multiples of {BLOCK}, head widths of 64): q {q.shape}, "
                          f"v {v.shape}")
     st = _Static(scale=float(scale), causal=causal, q_offset=int(q_offset) if causal else 0, t_pad=t_pad,
-                 s_pad=s_pad, use_q_ids=use_q_ids, masked=masked, interpret=interpret)
-    return _attention(q, k, v, ext, qseg, kseg, st)
+                 s_pad=s_pad, use_q_ids=use_q_ids, masked=masked, interpret=interpret,
+                 dropout_rate=float(dropout_rate))
+    if st.dropout and (row_keys is None or row_keys.shape != (batch, q.shape[2], t_pad)):
+        raise ValueError(f"attention dropout needs row_keys [B, H, T_pad] = {(batch, q.shape[2], t_pad)}")
+    return _attention(q, k, v, ext, qseg, kseg, row_keys if st.dropout else None, st)

@@ -18,7 +18,8 @@ import pytest
 
 from jaxpos.attention import toeplitz_mosaic_gpu as mgpu
 from jaxpos.attention.toeplitz_kernel import toeplitz_attention
-from tests.attention.test_toeplitz_kernel import HEADS, check_against_reference, mechanism, random
+from tests.attention.test_toeplitz_kernel import (DROPOUT_RNG, HEADS, check_against_reference, mechanism, random,
+                                                  with_dropout)
 
 RTOL = 2e-2  # bf16 operands: ~4e-3 measured on every output and gradient
 
@@ -46,18 +47,20 @@ def test_tisa_and_alibi_heads_padded_and_packed():
                             dict(q_seg=seg, kv_seg=seg), rtol=RTOL)
 
 
-def test_causal_cross_lengths_shared_clipped_table_key_padding():
+def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout():
     """Causal T = 130 queries at positions 170..299 over S = 300 keys (decoder-style, T != S), one table for both
-    heads and shorter than the offsets (its ends clip), the last keys padding (key ids only): tiles past the
-    causal limit skipped, diagonal tiles masked inside, and the table-gradient kernel summing both heads into
-    each block diagonal."""
+    heads and shorter than the offsets (its ends clip), the last keys padding (key ids only), attention dropout
+    0.3: tiles past the causal limit skipped, diagonal tiles masked inside, the table-gradient kernel summing both
+    heads into each block diagonal, and every kernel dropping the weights the XLA path drops (the keep mask hashed
+    from each tile's query rows and key indices: in the dK/dV kernel's transposed tiles too)."""
     t, s, offset = 130, 300, 170
     q = bf16(random((1, t, HEADS, 16), 3))[0]
     k, v = bf16(random((1, s, HEADS, 16), 4), random((1, s, HEADS, 16), 5))
     kv_seg = jnp.asarray([[1] * 280 + [0] * 20])
     check_against_reference((q, k, v, dict(table=random((1, 61), 9))), lambda p: p["table"],
-                            dict(kv_segment_ids=kv_seg, causal=True, q_offset=offset, backend="mosaic_gpu"),
-                            dict(kv_seg=kv_seg, causal=True, q_offset=offset), rtol=RTOL)
+                            *with_dropout(0.3, dict(kv_segment_ids=kv_seg, causal=True, q_offset=offset,
+                                                    backend="mosaic_gpu"),
+                                          dict(kv_seg=kv_seg, causal=True, q_offset=offset)), rtol=RTOL)
 
 
 def test_no_table_wide_qk_f16():
@@ -87,9 +90,10 @@ def test_no_table_wide_qk_f16():
 
 
 def test_model_through_mosaic_gpu_matches_xla(caplog):
-    """A one-layer bf16 TISA model with attention_impl="mosaic_gpu" against "xla": the model hands the kernel its
-    segment ids (two packed pieces, padding) and the layer's table; logits at real positions and every parameter
-    gradient agree at bf16 tolerance, and no call fell back."""
+    """A one-layer bf16 TISA model with attention_impl="mosaic_gpu" against "xla", training with attention
+    dropout: the model hands the kernel its segment ids (two packed pieces, padding), the layer's table and the
+    dropout keys of its rows; logits at real positions and every parameter gradient agree at bf16 tolerance, and
+    no call fell back."""
     from jaxpos.models import BertForMaskedLM
     from tests.helpers import tiny_config
 
@@ -101,11 +105,12 @@ def test_model_through_mosaic_gpu_matches_xla(caplog):
     caplog.set_level(logging.WARNING, logger="jaxpos.attention.core")
     for impl in ("xla", "mosaic_gpu"):
         model = BertForMaskedLM(tiny_config(dict(kind="tisa"), attention_impl=impl, num_layers=1, num_heads=2,
-                                            dtype="bfloat16"))
+                                            dtype="bfloat16", attention_dropout=0.2))
         params = model.init(jax.random.PRNGKey(1), ids)["params"]
 
         def loss(p):
-            logits = model.apply({"params": p}, ids, segment_ids=segs).astype(jnp.float32)
+            logits = model.apply({"params": p}, ids, segment_ids=segs, deterministic=False,
+                                 rngs={"dropout": DROPOUT_RNG}).astype(jnp.float32)
             return jnp.sum(logits * weight), logits
 
         (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
@@ -186,10 +191,12 @@ def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
 
 # --- what the compiled path is checked by on the CPU: its CUDA lowering --------------------------------------------
 
-@pytest.mark.parametrize("table,width,kernels", [(True, 64, 4), (False, 128, 3)], ids=["table", "no_table_wide"])
-def test_lowers_for_cuda(table, width, kernels):
+@pytest.mark.parametrize("table,width,rate,kernels", [(True, 64, 0.0, 4), (False, 128, 0.0, 3), (True, 64, 0.1, 4)],
+                         ids=["table", "no_table_wide", "table_dropout"])
+def test_lowers_for_cuda(table, width, rate, kernels):
     """Lowering for CUDA from this host runs Mosaic GPU's layout inference and shared-memory accounting on every
-    kernel (forward, dQ, dK/dV, and with a table the table gradient): they become mosaic_gpu custom calls."""
+    kernel (forward, dQ, dK/dV, and with a table the table gradient): they become mosaic_gpu custom calls. With
+    dropout, the keep-mask hash (int32 multiply, xor, shifts) runs on the wgmma register layout."""
     shape = jax.ShapeDtypeStruct((2, 384, 4, width), jnp.bfloat16)
     v_shape = jax.ShapeDtypeStruct((2, 384, 4, 64), jnp.bfloat16)
     seg = jax.ShapeDtypeStruct((2, 384), jnp.int32)
@@ -197,7 +204,8 @@ def test_lowers_for_cuda(table, width, kernels):
 
     def loss(q, k, v, table, seg):
         out = toeplitz_attention(q, k, v, table, q_segment_ids=seg, kv_segment_ids=seg, causal=True,
-                                 backend="mosaic_gpu", interpret=False)
+                                 backend="mosaic_gpu", interpret=False, dropout_rate=rate,
+                                 dropout_seed=jnp.int32(5) if rate else None)
         return jnp.sum(out.astype(jnp.float32))
 
     argnums = (0, 1, 2, 3) if table else (0, 1, 2)
@@ -211,8 +219,9 @@ def test_calls_it_does_not_take_are_refused_by_name(monkeypatch):
     table = random((1, 31), 1)
     with pytest.raises(ValueError, match="does not take float32 inputs"):
         toeplitz_attention(q.astype(jnp.float32), q, q, table, backend="mosaic_gpu")
-    with pytest.raises(ValueError, match="does not take attention dropout"):
-        toeplitz_attention(q, q, q, table, backend="mosaic_gpu", dropout_rate=0.1, dropout_seed=1)
+    pair = (jnp.zeros((1, 16, 1, 1)), jnp.zeros((1, 16, 1)))
+    with pytest.raises(ValueError, match="does not take a pair term"):
+        toeplitz_attention(q, q, q, table, backend="mosaic_gpu", pair_bias=pair)
     with pytest.raises(ValueError, match="drop block_q"):
         toeplitz_attention(q, q, q, table, backend="mosaic_gpu", block_q=64)
     with pytest.raises(ValueError, match="more than .*head widths too large"):
@@ -229,14 +238,14 @@ def test_only_hopper_gpus_and_the_cpu_interpreter(monkeypatch):
         def __init__(self, capability):
             self.compute_capability = capability
 
-    assert mgpu.unsupported(jnp.bfloat16, 0.0, None) is None  # the CPU: the interpreter
+    assert mgpu.unsupported(jnp.bfloat16, None) is None  # the CPU: the interpreter
     mesh = jax.sharding.AbstractMesh((2, 1), ("data", "tensor"))
     with jax.sharding.use_abstract_mesh(mesh):  # concurrent kernels on two devices: not in the interpreter
-        assert "a mesh of 2 CPU devices" in mgpu.unsupported(jnp.bfloat16, 0.0, None)
+        assert "a mesh of 2 CPU devices" in mgpu.unsupported(jnp.bfloat16, None)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     for capability, reason in (("9.0", None), ("8.0", "compute capability 8.0 (wgmma needs Hopper")):
         monkeypatch.setattr(jax, "devices", lambda *a, c=capability: [Device(c)])
-        got = mgpu.unsupported(jnp.bfloat16, 0.0, None)
+        got = mgpu.unsupported(jnp.bfloat16, None)
         assert got is None if reason is None else reason in got
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    assert mgpu.unsupported(jnp.bfloat16, 0.0, None) == "the tpu backend"
+    assert mgpu.unsupported(jnp.bfloat16, None) == "the tpu backend"
