@@ -22,6 +22,7 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or 
   mgpu+table       the same with the table, read from per-block-diagonal tiles; its gradient by a kernel per
                    (head, block diagonal)
   mgpu+dropout     mgpu+table with attention dropout 0.1 (the same keep mask, hashed per tile in each kernel)
+  mgpu+segments    mgpu+table with pallas+segments' per-head segment table (a rank-1 pair term)
   mgpu+folded      pallas+folded on the Hopper kernels
   jax-fa3          peer: jax's own FlashAttention-3 kernel in Mosaic GPU (jax.experimental.pallas.ops.gpu
                    .attention_mgpu), no bias
@@ -76,11 +77,11 @@ def paths(smoke: bool, blocks: dict):
         out = toeplitz_attention(q, k, v, table, dropout_rate=0.1, dropout_seed=jnp.int32(0), **blocks)
         return jnp.sum(out.astype(jnp.float32) * g)
 
-    def pallas_segments(q, k, v, table, g):
+    def pallas_segments(q, k, v, table, g, **options):
         types = jnp.broadcast_to(jnp.arange(q.shape[1]) >= q.shape[1] // 2, q.shape[:2]).astype(jnp.int32)
         segment_table = jnp.linspace(-1.0, 1.0, q.shape[2] * 4).reshape(q.shape[2], 2, 2)
         out = toeplitz_attention(q, k, v, table, pair_bias=segment_pair_factors(segment_table, types, types),
-                                 **blocks)
+                                 **(options or blocks))
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def dpa_folded(q, k, v, factors, g):  # the model's cudnn path (attend folds the factors, pads v)
@@ -115,6 +116,7 @@ def paths(smoke: bool, blocks: dict):
             "mgpu+table": ("table", False, mosaic_gpu),
             "mgpu+dropout": ("table", False, functools.partial(mosaic_gpu, dropout_rate=0.1,
                                                                dropout_seed=jnp.int32(0))),
+            "mgpu+segments": ("table", False, functools.partial(pallas_segments, **mgpu)),
             "mgpu+folded": ("factors", False, functools.partial(pallas_folded, **mgpu)),
             "jax-fa3": (None, True, jax_fa3)}
 
@@ -134,7 +136,7 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
         group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
         rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
-    if name in ("mgpu+table", "mgpu+dropout"):  # per block diagonal a 128 x 128 tile: bf16, transposed, f32 grad
+    if name in ("mgpu+table", "mgpu+dropout", "mgpu+segments"):  # per block diagonal a 128 x 128 tile: bf16, transposed, f32 grad
         tiles = heads * (2 * -(-length // 128) - 1) * 128 * 128  # lengths padded to blocks of 128
         return heads * 2 * length * 4 + tiles * (2 + 2 + 4)
     if name == "pallas+diag":  # the table, and per (head, block diagonal) a window [2, b] and the skew's [b, b]
@@ -172,7 +174,7 @@ def main(argv=None):
     parser.add_argument("--num-stages", type=int, default=3)
     parser.add_argument("--paths", default="cudnn,jax-fa3,cudnn+bias,xla+table,pallas,pallas+table,pallas+diag,"
                                            "pallas+dropout,pallas+segments,cudnn+folded,pallas+folded,mgpu,"
-                                           "mgpu+table,mgpu+dropout,mgpu+folded")
+                                           "mgpu+table,mgpu+dropout,mgpu+segments,mgpu+folded")
     parser.add_argument("--rank", type=int, default=None, help="DIET-Abs factor rank r (default: the head dim)")
     parser.add_argument("--kernel-configs", default="",
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")

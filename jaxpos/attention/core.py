@@ -10,7 +10,7 @@ and chooses how to apply them:
   folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
   per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla";
 - "mosaic_gpu": the same path on the Hopper kernels of `toeplitz_mosaic_gpu` (wgmma, TMA; bf16/f16, attention
-  dropout), which hand per-head segment tables to the "pallas" kernel.
+  dropout and per-head segment tables included).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
     backend = None  # the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
     if mosaic_gpu:
         from jaxpos.attention.toeplitz_mosaic_gpu import unsupported
-        reason = unsupported(q.dtype, pair_u)
+        reason = unsupported(q.dtype)
         if reason is None:
             backend = "mosaic_gpu"
         else:

@@ -833,7 +833,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     features, such as the one-hot token types of a per-head segment table). `interpret` None: the Pallas
     interpreter when the backend is the CPU. `backend` "triton" (GPU; num_warps, num_stages apply) or
     "mosaic_tpu"; None: from the default backend. "mosaic_gpu": the Hopper kernels of `toeplitz_mosaic_gpu`
-    (bf16/f16, no pair term; blocks of 128, so none of the block or table-gradient options).
+    (bf16/f16; blocks of 128, so none of the block or table-gradient options).
     """
     batch, t, heads, dim = q.shape
     s, dim_v = k.shape[1], v.shape[-1]
@@ -853,6 +853,11 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         backend = "mosaic_tpu" if jax.default_backend() == "tpu" else "triton"
     if backend not in ("triton", "mosaic_tpu", "mosaic_gpu"):
         raise ValueError(f"backend={backend!r}; choose triton, mosaic_tpu or mosaic_gpu")
+    if pair_bias is not None:
+        u, w = pair_bias
+        if u.ndim != 4 or u.shape[:3] != (batch, t, heads) or w.shape != (batch, s, u.shape[-1]):
+            raise ValueError(f"pair_bias must be u [B, T, H, r] = {(batch, t, heads)} + (r,) and w [B, S, r] with "
+                             f"S = {s}, got {u.shape} and {w.shape}")
     if backend == "mosaic_gpu":
         return _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate,
                            dropout_seed, dropout_row_keys, pair_bias, interpret,
@@ -860,11 +865,6 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                                 table_grad=table_grad))
     if table_grad not in ("tiles", "diagonals") or (table_grad == "diagonals" and backend == "mosaic_tpu"):
         raise ValueError(f"table_grad={table_grad!r}; choose tiles or (Triton only) diagonals")
-    if pair_bias is not None:
-        u, w = pair_bias
-        if u.ndim != 4 or u.shape[:3] != (batch, t, heads) or w.shape != (batch, s, u.shape[-1]):
-            raise ValueError(f"pair_bias must be u [B, T, H, r] = {(batch, t, heads)} + (r,) and w [B, S, r] with "
-                             f"S = {s}, got {u.shape} and {w.shape}")
     tpu = backend == "mosaic_tpu"
     defaults = (128, 128, 128) if tpu else (64, 64, 32)
     block_q, block_k, block_dq = (d if x is None else x for x, d in zip((block_q, block_k, block_dq), defaults))
@@ -932,7 +932,7 @@ def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset,
                 dropout_row_keys, pair_bias, interpret, options):
     """toeplitz_attention on the Mosaic GPU backend: inputs padded to its blocks and head widths."""
     from jaxpos.attention import toeplitz_mosaic_gpu as mgpu
-    reason = mgpu.unsupported(q.dtype, pair_bias)
+    reason = mgpu.unsupported(q.dtype)
     if reason is not None:
         raise ValueError(f"the mosaic_gpu backend does not take {reason}; use backend='triton'")
     given = [name for name, value in options.items() if value not in (None, "tiles")]
@@ -950,11 +950,17 @@ def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset,
     kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
     qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
+    u = w = None
+    if pair_bias is not None:  # u [B, H, r, T_pad] and w [B, r, S_pad]: one vector per channel and head
+        u, w = pair_bias
+        u = jnp.pad(u.astype(jnp.float32), ((0, 0), (0, t_pad - t), (0, 0), (0, 0))).transpose(0, 2, 3, 1)
+        w = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, s_pad - s), (0, 0))).transpose(0, 2, 1)
     out = mgpu.mosaic_gpu_attention(
         pad(q, t_pad), pad(k.astype(q.dtype), s_pad), pad(v.astype(q.dtype), s_pad), ext,
         jnp.pad(qseg, ((0, 0), (0, t_pad - t))), jnp.pad(kseg, ((0, 0), (0, s_pad - s))),
         scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0,
         use_q_ids=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s, interpret=interpret,
         dropout_rate=float(dropout_rate),
-        row_keys=_padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad))
+        row_keys=_padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad),
+        pair_u=u, pair_w=w)
     return out[:, :t, :, :dim_v]

@@ -26,8 +26,9 @@ walk. Rows that see no key give out = 0, logsumexp +inf and zero gradients.
 
 Inputs are bf16 or f16 (f32 accumulation); head widths are padded with zero channels to a multiple of 64 (q and k
 may be wider than v: folded low-rank factors). Attention dropout drops the weights `dropout.keep_mask` drops: each
-kernel hashes its tile's keep mask from the query rows' keys and the key indices (`_kept`), nothing stored. Pair
-terms (per-head segment tables) are not taken here (`unsupported`): attention sends those to the Triton kernel.
+kernel hashes its tile's keep mask from the query rows' keys and the key indices (`_kept`), nothing stored. A pair
+term u_i . w_j of rank r (a per-head segment table, `bias.segment_pair_factors`) enters every tile from r vectors
+per query and per key (`_with_pair`); its gradient du = dS w is a row sum in the dQ kernel.
 
 Testing on a machine without a GPU: Pallas's Mosaic GPU interpreter runs these kernels thread by thread with
 simulated shared memory, TMA and barriers (and finds races), but has no rule for wgmma with a transposed or
@@ -73,6 +74,7 @@ class _Static:
     masked: bool  # any mask (ids, causal or padded keys); else no mask arithmetic
     interpret: bool
     dropout_rate: float = 0.0
+    pair_rank: int = 0  # r of a pair term u_i . w_j (0: none)
 
     @property
     def dropout(self) -> bool:
@@ -87,7 +89,7 @@ class _Static:
         return self.s_pad // BLOCK
 
 
-def unsupported(dtype, pair_bias) -> str | None:
+def unsupported(dtype) -> str | None:
     """Why the Mosaic GPU kernels cannot take a call on this backend (None: they can; the CPU runs them in the
     interpreter)."""
     backend = jax.default_backend()
@@ -103,8 +105,6 @@ def unsupported(dtype, pair_bias) -> str | None:
                 "once)")
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"{jnp.dtype(dtype).name} inputs (bf16 or f16 only)"
-    if pair_bias is not None:
-        return "a pair term (per-head segment table)"
     return None
 
 
@@ -374,6 +374,22 @@ def _dropped(x, kept, scale: float = 1.0):
     return x if kept is None else jnp.where(kept, x * scale, 0.0)
 
 
+def _with_pair(s, u_queries, w_keys, keys_are_rows: bool):
+    """Base-2 logits plus the pair term sum_g u[i, g] w[j, g]: u_queries / w_keys, r vectors each along the tile's
+    query / key axis (rows / columns, swapped in the dK/dV kernel's transposed tiles)."""
+    query_axis, key_axis = (1, 0) if keys_are_rows else (0, 1)
+    for u, w in zip(u_queries, w_keys):
+        s = s + (lax.broadcast_in_dim(u * LOG2E, s.shape, [query_axis]) * lax.broadcast_in_dim(w, s.shape, [key_axis]))
+    return s
+
+
+def _pair_operands(pair_u, pair_w):
+    """u [B, H, r, T_pad] and w [B, r, S_pad] float32, or placeholders the kernels never read without a pair term."""
+    if pair_u is None:
+        return jnp.zeros((1, 1, 1, _LIST_ALIGN), jnp.float32), jnp.zeros((1, 1, _LIST_ALIGN), jnp.float32)
+    return pair_u, pair_w
+
+
 def _inverse_keep(st: _Static) -> float:
     return 1.0 / (1.0 - st.dropout_rate)
 
@@ -424,26 +440,29 @@ class _KeyBlocks:
     (K, V, tile and ids) that both consumers arrive on."""
 
     def __init__(self, buffers, ready, free, stages: int):
-        self.k, self.v, self.tile, self.ids = buffers
-        self.k_ready, self.v_ready, self.tile_ready, self.ids_ready = ready
+        self.k, self.v, self.tile, self.ids, self.w = buffers
+        self.k_ready, self.v_ready, self.tile_ready, self.ids_ready, *self.w_ready = ready
         self.k_free, self.v_free, self.tile_free = free
         self.stages = stages
 
     @staticmethod
-    def scratch(stages, dim, dim_v, dtype, tiles):
+    def scratch(stages, dim, dim_v, dtype, tiles, pair_rank):
         plgpu = _plgpu()
         tile_dtype = dtype if tiles is None else tiles.dtype
         return ((_swizzled((stages, BLOCK, dim), dtype), _swizzled((stages, BLOCK, dim_v), dtype),
-                 _swizzled((stages, BLOCK, BLOCK), tile_dtype), plgpu.SMEM((stages, BLOCK), jnp.int32)),
-                (plgpu.Barrier(num_barriers=stages),) * 4, (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 3)
+                 _swizzled((stages, BLOCK, BLOCK), tile_dtype), plgpu.SMEM((stages, BLOCK), jnp.int32),
+                 plgpu.SMEM((stages, pair_rank, BLOCK), jnp.float32) if pair_rank else None),
+                (plgpu.Barrier(num_barriers=stages),) * (5 if pair_rank else 4),
+                (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 3)
 
     @staticmethod
-    def bytes_per_stage(dim, dim_v, dtype, tiles):
+    def bytes_per_stage(dim, dim_v, dtype, tiles, pair_rank):
         return (_nbytes((BLOCK, dim), dtype) + _nbytes((BLOCK, dim_v), dtype) + _nbytes((BLOCK,), jnp.int32)
-                + (0 if tiles is None else _nbytes((BLOCK, BLOCK), tiles.dtype)))
+                + (0 if tiles is None else _nbytes((BLOCK, BLOCK), tiles.dtype))
+                + _nbytes((pair_rank, BLOCK), jnp.float32))
 
-    def produce(self, k_g, v_g, t_g, kid_g, b, h, th, qc, vis_s, count, st: _Static, has_table: bool):
-        """The producer: K, key ids, tile, V of visit-list entry i into slot i % stages."""
+    def produce(self, k_g, v_g, t_g, kid_g, w_g, b, h, th, qc, vis_s, count, st: _Static, has_table: bool):
+        """The producer: K, key ids (and pair features w), tile, V of visit-list entry i into slot i % stages."""
         plgpu = _plgpu()
 
         def fetch(i, slot):
@@ -451,15 +470,19 @@ class _KeyBlocks:
             keys = pl.ds(kc * BLOCK, BLOCK)
             plgpu.copy_gmem_to_smem(k_g.at[b, keys, h], self.k.at[slot], self.k_ready.at[slot])
             plgpu.copy_gmem_to_smem(kid_g.at[b, keys], self.ids.at[slot], self.ids_ready.at[slot])
+            if st.pair_rank:
+                plgpu.copy_gmem_to_smem(w_g.at[b, :, keys], self.w.at[slot], self.w_ready[0].at[slot])
             if has_table:
                 plgpu.copy_gmem_to_smem(t_g.at[th, kc - qc + st.nq - 1], self.tile.at[slot], self.tile_ready.at[slot])
             plgpu.copy_gmem_to_smem(v_g.at[b, keys, h], self.v.at[slot], self.v_ready.at[slot])
 
         _stream(count, self.stages, (self.k_free, self.tile_free, self.v_free), fetch)
 
-    def logits(self, ops: _Ops, q_ref, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool):
-        """A consumer's base-2 logits [64, 128] of key block kc (masked entries NEG) and the mask; frees the tile
-        and ids, not K (the dQ kernel reads it again)."""
+    def logits(self, ops: _Ops, q_ref, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool,
+               u_rows=()):
+        """A consumer's base-2 logits [64, 128] of key block kc (masked entries NEG), the mask and the block's pair
+        features w (r column vectors; u_rows: its rows' u); frees the tile, ids and w, not K (the dQ kernel reads
+        it again)."""
         plgpu = _plgpu()
         plgpu.barrier_wait(self.k_ready.at[slot])
         s = ops.mma(q_ref, self.k.at[slot], (HALF, BLOCK), transpose_b=True)
@@ -469,9 +492,14 @@ class _KeyBlocks:
             s = _logits(ops, s, self.tile.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st)
         else:
             s = _logits(ops, s, None, None, None, st)
+        w_cols = []
+        if st.pair_rank:
+            plgpu.barrier_wait(self.w_ready[0].at[slot])
+            w_cols = [ops.load(self.w.at[slot, g], "cols") for g in range(st.pair_rank)]
+            s = _with_pair(s, u_rows, w_cols, False)
         mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols"), row0, kc * BLOCK, st, False)
         plgpu.barrier_arrive(self.tile_free.at[slot])
-        return _masked(s, mask), mask
+        return _masked(s, mask), mask, w_cols
 
 
 def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_order, q, k, v, tiles, bases, visits,
@@ -479,14 +507,14 @@ def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_ord
     """A kernel whose CTA owns 128 query rows and walks its visit list of key blocks (the forward, dQ): the
     producer streams `_KeyBlocks`; `consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s)` is each
     consumer warpgroup's part. `inputs` are the call's arrays, `gmem_order` their names in the body's order
-    (k, v, tiles, bases, kseg, visits are found there by name)."""
+    (k, v, tiles, bases, kseg, pair_w, visits are found there by name)."""
     plgpu = _plgpu()
     ops = _Ops(st.interpret)
     batch, _, heads, dim = q.shape
     dim_v, dtype = v.shape[-1], q.dtype
     has_table = tiles is not None
     table_heads = tiles.shape[0] if has_table else 0
-    per_stage = _KeyBlocks.bytes_per_stage(dim, dim_v, dtype, tiles)
+    per_stage = _KeyBlocks.bytes_per_stage(dim, dim_v, dtype, tiles, st.pair_rank)
     fixed = own_bytes + 4 * visits.shape[-1] + _bases_bytes(bases)
     stages = _stages(per_stage, fixed, name)
     count_outputs = len(jax.tree.leaves(out_type))
@@ -511,12 +539,12 @@ def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_ord
         @pl.when(wg == 2)
         def _():
             ops.set_registers(40, "decrease")
-            stream.produce(refs["k"], refs["v"], refs["tiles"], refs["kseg"], b, h, th, qc, vis_s, count, st,
-                           has_table)
+            stream.produce(refs["k"], refs["v"], refs["tiles"], refs["kseg"], refs["pair_w"], b, h, th, qc, vis_s,
+                           count, st, has_table)
 
     scratch = (own_scratch, (plgpu.SMEM(visits.shape[-1:], jnp.int32),
                              plgpu.SMEM(bases.shape[-1:] if has_table else (_LIST_ALIGN,), jnp.float32)),
-               plgpu.Barrier(num_barriers=2), *_KeyBlocks.scratch(stages, dim, dim_v, dtype, tiles))
+               plgpu.Barrier(num_barriers=2), *_KeyBlocks.scratch(stages, dim, dim_v, dtype, tiles, st.pair_rank))
     tiles, bases = _table_operands(tiles, bases, dtype)
     inputs = dict(inputs, tiles=tiles, bases=bases)
     call = _kernel(body, out_type, scratch, (st.nq, heads, batch), ("q", "heads", "batch"), st, name)
@@ -525,7 +553,7 @@ def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_ord
 
 # --- forward ---------------------------------------------------------------------------------------------------
 
-def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, st: _Static):
+def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w, st: _Static):
     """out [B, T_pad, H, Dv] and the base-2 logsumexp [B, H, T_pad] (+inf for rows that see no key)."""
     plgpu = _plgpu()
     batch, _, heads, dim = q.shape
@@ -533,20 +561,23 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, st: _Static):
     has_table = tiles is not None
 
     def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
-        (q_s, o_s, lse_s, qid_s, rk_s), own_bar = own
+        (q_s, o_s, lse_s, qid_s, rk_s, u_s), own_bar = own
         o_s = q_s if o_s is None else o_s  # Q's buffer is free at the end: the output goes out through it
         row0 = qc * BLOCK + wg * HALF
         rows = pl.ds(row0, HALF)
         _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["qseg"].at[b, rows], qid_s.at[wg])]
-                  + ([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else []), own_bar)
+                  + ([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else [])
+                  + ([(refs["pair_u"].at[b, h, :, rows], u_s.at[wg])] if st.pair_rank else []), own_bar)
         q_ids = ops.load(qid_s.at[wg], "rows")
         row_keys = ops.load(rk_s.at[wg], "rows") if st.dropout else None
+        u_rows = [ops.load(u_s.at[wg, g], "rows") for g in range(st.pair_rank)]
 
         def step(i, carry):
             acc, m, l = carry
             slot = lax.rem(i, stream.stages)
             kc = vis_s[1 + i]
-            s, mask = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table)
+            s, mask, _ = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table,
+                                       u_rows)
             plgpu.barrier_arrive(stream.k_free.at[slot])
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
@@ -573,73 +604,93 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, st: _Static):
 
     own_scratch = ((_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype) if dim_v != dim else None,
                     plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.int32),
-                    plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None),
-                   plgpu.Barrier(num_barriers=6 if st.dropout else 4))
+                    plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None,
+                    plgpu.SMEM((2, st.pair_rank, HALF), jnp.float32) if st.pair_rank else None),
+                   plgpu.Barrier(num_barriers=2 * (2 + st.dropout + bool(st.pair_rank))))
     own_bytes = (_nbytes((2, HALF, dim), dtype) + (_nbytes((2, HALF, dim_v), dtype) if dim_v != dim else 0)
-                 + (3 if st.dropout else 2) * _nbytes((2, HALF), jnp.float32))
+                 + (3 if st.dropout else 2) * _nbytes((2, HALF), jnp.float32)
+                 + _nbytes((2, st.pair_rank, HALF), jnp.float32))
     out_type = (jax.ShapeDtypeStruct((batch, st.t_pad, heads, dim_v), dtype),
                 jax.ShapeDtypeStruct((batch, heads, st.t_pad), jnp.float32))
     return _key_block_kernel("toeplitz_attention_mgpu_fwd", consumer, own_scratch, own_bytes, out_type,
-                             ("q", "k", "v", "tiles", "bases", "qseg", "kseg", "visits", "row_keys"), q, k, v,
-                             tiles, bases, visits, st, dict(q=q, k=k, v=v, qseg=qseg, kseg=kseg, visits=visits,
-                                                            row_keys=_row_keys_operand(row_keys)))
+                             ("q", "k", "v", "tiles", "bases", "qseg", "kseg", "visits", "row_keys", "pair_u",
+                              "pair_w"), q, k, v, tiles, bases, visits, st,
+                             dict(q=q, k=k, v=v, qseg=qseg, kseg=kseg, visits=visits,
+                                  row_keys=_row_keys_operand(row_keys),
+                                  **dict(zip(("pair_u", "pair_w"), _pair_operands(pair_u, pair_w)))))
 
 
 # --- dQ --------------------------------------------------------------------------------------------------------
 
-def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, st: _Static):
-    """dQ [B, T_pad, H, D]: the forward's walk over key blocks, with dS = P * (dP - delta) times K."""
+def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w, st: _Static):
+    """dQ [B, T_pad, H, D]: the forward's walk over key blocks, with dS = P * (dP - delta) times K; with a pair
+    term also du [B, H, r, T_pad] = dS w (float32)."""
     plgpu = _plgpu()
     dim, dim_v, dtype = q.shape[-1], v.shape[-1], q.dtype
     has_table = tiles is not None
 
     def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
-        (q_s, do_s, lse_s, delta_s, qid_s, rk_s), own_bar = own
+        (q_s, do_s, lse_s, delta_s, qid_s, rk_s, u_s), own_bar = own
         row0 = qc * BLOCK + wg * HALF
         rows = pl.ds(row0, HALF)
         _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["do"].at[b, rows, h], do_s.at[wg]),
                        (refs["lse"].at[b, h, rows], lse_s.at[wg]), (refs["delta"].at[b, h, rows], delta_s.at[wg]),
                        (refs["qseg"].at[b, rows], qid_s.at[wg])]
-                  + ([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else []), own_bar)
+                  + ([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else [])
+                  + ([(refs["pair_u"].at[b, h, :, rows], u_s.at[wg])] if st.pair_rank else []), own_bar)
         q_ids, lse, delta = (ops.load(ref.at[wg], "rows") for ref in (qid_s, lse_s, delta_s))
         row_keys = ops.load(rk_s.at[wg], "rows") if st.dropout else None
+        u_rows = [ops.load(u_s.at[wg, g], "rows") for g in range(st.pair_rank)]
 
-        def step(i, dq):
+        def step(i, carry):
+            dq, du = carry
             slot = lax.rem(i, stream.stages)
             kc = vis_s[1 + i]
-            s, _ = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table)
+            s, _, w_cols = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table,
+                                         u_rows)
             p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
             plgpu.barrier_wait(stream.v_ready.at[slot])
             dp = ops.mma(do_s.at[wg], stream.v.at[slot], (HALF, BLOCK), transpose_b=True)
             plgpu.barrier_arrive(stream.v_free.at[slot])
             dp = _dropped(dp, _kept(ops, row_keys, kc * BLOCK, st, False), _inverse_keep(st))
             ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+            du = tuple(d + jnp.sum(ds * lax.broadcast_in_dim(w, ds.shape, [1]), axis=1) for d, w in zip(du, w_cols))
             dq = dq + ops.mma(ds.astype(dtype), stream.k.at[slot], (HALF, dim))
             plgpu.barrier_arrive(stream.k_free.at[slot])
-            return dq
+            return dq, du
 
-        dq = lax.fori_loop(0, count, step, ops.full((HALF, dim), 0.0, "wgmma"))
+        du0 = tuple(ops.full((HALF,), 0.0, "rows") for _ in range(st.pair_rank))
+        dq, du = lax.fori_loop(0, count, step, (ops.full((HALF, dim), 0.0, "wgmma"), du0))
         q_s[wg] = (dq * st.scale).astype(dtype)
+        for g, d in enumerate(du):  # u's buffer is free: du goes out through it
+            u_s[wg, g] = d
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_s.at[wg], refs["out0"].at[b, rows, h])
+        if st.pair_rank:
+            plgpu.copy_smem_to_gmem(u_s.at[wg], refs["out1"].at[b, h, :, rows])
         plgpu.wait_smem_to_gmem(0)
 
     own_scratch = ((_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype),
                     plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.float32),
-                    plgpu.SMEM((2, HALF), jnp.int32), plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None),
-                   plgpu.Barrier(num_barriers=12 if st.dropout else 10))
+                    plgpu.SMEM((2, HALF), jnp.int32), plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None,
+                    plgpu.SMEM((2, st.pair_rank, HALF), jnp.float32) if st.pair_rank else None),
+                   plgpu.Barrier(num_barriers=2 * (5 + st.dropout + bool(st.pair_rank))))
     own_bytes = (_nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype)
-                 + (4 if st.dropout else 3) * _nbytes((2, HALF), jnp.float32))
-    return _key_block_kernel("toeplitz_attention_mgpu_dq", consumer, own_scratch, own_bytes,
-                             jax.ShapeDtypeStruct(q.shape, dtype),
+                 + (4 if st.dropout else 3) * _nbytes((2, HALF), jnp.float32)
+                 + _nbytes((2, st.pair_rank, HALF), jnp.float32))
+    out_type = jax.ShapeDtypeStruct(q.shape, dtype)
+    if st.pair_rank:
+        out_type = (out_type, jax.ShapeDtypeStruct(pair_u.shape, jnp.float32))
+    return _key_block_kernel("toeplitz_attention_mgpu_dq", consumer, own_scratch, own_bytes, out_type,
                              ("q", "k", "v", "do", "lse", "delta", "tiles", "bases", "qseg", "kseg", "visits",
-                              "row_keys"), q, k, v, tiles, bases, visits, st,
+                              "row_keys", "pair_u", "pair_w"), q, k, v, tiles, bases, visits, st,
                              dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, qseg=qseg, kseg=kseg, visits=visits,
-                                  row_keys=_row_keys_operand(row_keys)))
+                                  row_keys=_row_keys_operand(row_keys),
+                                  **dict(zip(("pair_u", "pair_w"), _pair_operands(pair_u, pair_w)))))
 
 # --- dK, dV ----------------------------------------------------------------------------------------------------
 
-def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys, st: _Static):
+def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys, pair_u, pair_w, st: _Static):
     """dK [B, S_pad, H, D] and dV [B, S_pad, H, Dv]: per key block, over the query blocks of its visit list, on
     transposed tiles (keys as rows): dV += P^T dO, dK += dS^T Q."""
     plgpu = _plgpu()
@@ -650,14 +701,18 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
     table_heads = tiles_t.shape[0] if has_table else 0
     per_stage = (_nbytes((BLOCK, dim), dtype) + _nbytes((BLOCK, dim_v), dtype) + 2 * _nbytes((BLOCK,), jnp.float32)
                  + (2 if st.dropout else 1) * _nbytes((BLOCK,), jnp.int32)
-                 + (_nbytes((BLOCK, BLOCK), tiles_t.dtype) if has_table else 0))
+                 + (_nbytes((BLOCK, BLOCK), tiles_t.dtype) if has_table else 0)
+                 + _nbytes((st.pair_rank, BLOCK), jnp.float32))
     fixed = (_nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype) + _nbytes((2, HALF), jnp.int32)
+             + _nbytes((2, st.pair_rank, HALF), jnp.float32)
              + 4 * visits.shape[-1] + _bases_bytes(bases))
     stages = _stages(per_stage, fixed, "dK/dV")
 
-    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, rk_g, dk_g, dv_g, scratch):
-        (k_s, v_s, kid_s), own_bar, (vis_s, base_s), cta_bar, (q_s, do_s, lse_s, delta_s, qid_s, t_s, rk_s), \
-            (q_bar, do_bar, lse_bar, delta_bar, qid_bar, t_bar, *rk_bar), (q_free, do_free, t_free) = scratch
+    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, rk_g, u_g, w_g, dk_g, dv_g,
+             scratch):
+        (k_s, v_s, kid_s, w_s), own_bar, (vis_s, base_s), cta_bar, \
+            (q_s, do_s, lse_s, delta_s, qid_s, t_s, rk_s, u_s), \
+            (q_bar, do_bar, lse_bar, delta_bar, qid_bar, t_bar, rk_bar, u_bar), (q_free, do_free, t_free) = scratch
         kc, h, b = lax.axis_index("k"), lax.axis_index("heads"), lax.axis_index("batch")
         wg = lax.axis_index("wg")
         th = h if table_heads > 1 else 0
@@ -670,8 +725,10 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
             key0 = kc * BLOCK + wg * HALF
             keys = pl.ds(key0, HALF)
             _own_rows(wg, [(k_g.at[b, keys, h], k_s.at[wg]), (v_g.at[b, keys, h], v_s.at[wg]),
-                           (kid_g.at[b, keys], kid_s.at[wg])], own_bar)
+                           (kid_g.at[b, keys], kid_s.at[wg])]
+                      + ([(w_g.at[b, :, keys], w_s.at[wg])] if st.pair_rank else []), own_bar)
             k_ids = ops.load(kid_s.at[wg], "rows")
+            w_rows = [ops.load(w_s.at[wg, g], "rows") for g in range(st.pair_rank)]
 
             def step(i, carry):
                 dk, dv = carry
@@ -686,12 +743,15 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                     s = _logits(ops, s, t_s.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st)
                 else:
                     s = _logits(ops, s, None, None, None, st)
+                if st.pair_rank:
+                    plgpu.barrier_wait(u_bar.at[slot])
+                    s = _with_pair(s, [ops.load(u_s.at[slot, g], "cols") for g in range(st.pair_rank)], w_rows, True)
                 mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols"), key0, qc * BLOCK, st, True)
                 lse = ops.load(lse_s.at[slot], "cols")
                 p = jnp.exp2(_masked(s, mask) - lax.broadcast_in_dim(lse, s.shape, [1]))
                 kept = None
                 if st.dropout:
-                    plgpu.barrier_wait(rk_bar[0].at[slot])
+                    plgpu.barrier_wait(rk_bar.at[slot])
                     kept = _kept(ops, ops.load(rk_s.at[slot], "cols"), key0, st, True)
                 plgpu.barrier_wait(do_bar.at[slot])
                 dv = dv + ops.mma(_dropped(p, kept).astype(dtype), do_s.at[slot], (HALF, dim_v))
@@ -699,7 +759,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                 dp = _dropped(dp, kept, _inverse_keep(st))
                 plgpu.barrier_wait(delta_bar.at[slot])
                 delta = ops.load(delta_s.at[slot], "cols")
-                plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse, delta and row keys of the slot
+                plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse, delta, row keys and u of the slot
                 plgpu.barrier_arrive(do_free.at[slot])
                 ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [1]))
                 dk = dk + ops.mma(ds.astype(dtype), q_s.at[slot], (HALF, dim))
@@ -730,13 +790,16 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                 plgpu.copy_gmem_to_smem(do_g.at[b, queries, h], do_s.at[slot], do_bar.at[slot])
                 plgpu.copy_gmem_to_smem(delta_g.at[b, h, queries], delta_s.at[slot], delta_bar.at[slot])
                 if st.dropout:
-                    plgpu.copy_gmem_to_smem(rk_g.at[b, h, queries], rk_s.at[slot], rk_bar[0].at[slot])
+                    plgpu.copy_gmem_to_smem(rk_g.at[b, h, queries], rk_s.at[slot], rk_bar.at[slot])
+                if st.pair_rank:
+                    plgpu.copy_gmem_to_smem(u_g.at[b, h, :, queries], u_s.at[slot], u_bar.at[slot])
 
             _stream(count, stages, (q_free, t_free, do_free), fetch)
 
     scratch = (
-        (_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype), plgpu.SMEM((2, HALF), jnp.int32)),
-        plgpu.Barrier(num_barriers=6),
+        (_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype), plgpu.SMEM((2, HALF), jnp.int32),
+         plgpu.SMEM((2, st.pair_rank, HALF), jnp.float32) if st.pair_rank else None),
+        plgpu.Barrier(num_barriers=8 if st.pair_rank else 6),
         (plgpu.SMEM(visits.shape[-1:], jnp.int32),
          plgpu.SMEM(bases.shape[-1:] if has_table else (_LIST_ALIGN,), jnp.float32)),
         plgpu.Barrier(num_barriers=2),
@@ -744,19 +807,23 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
          plgpu.SMEM((stages, BLOCK), jnp.float32), plgpu.SMEM((stages, BLOCK), jnp.float32),
          plgpu.SMEM((stages, BLOCK), jnp.int32),
          _swizzled((stages, BLOCK, BLOCK), tiles_t.dtype if has_table else dtype),
-         plgpu.SMEM((stages, BLOCK), jnp.int32) if st.dropout else None),
-        (plgpu.Barrier(num_barriers=stages),) * (7 if st.dropout else 6),
+         plgpu.SMEM((stages, BLOCK), jnp.int32) if st.dropout else None,
+         plgpu.SMEM((stages, st.pair_rank, BLOCK), jnp.float32) if st.pair_rank else None),
+        (plgpu.Barrier(num_barriers=stages),) * 6
+        + tuple(plgpu.Barrier(num_barriers=stages) if used else None for used in (st.dropout, st.pair_rank)),
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 3,
     )
     tiles_t, bases = _table_operands(tiles_t, bases, dtype)
     call = _kernel(body, (jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)), scratch,
                    (st.nk, heads, batch), ("k", "heads", "batch"), st, "toeplitz_attention_mgpu_dkdv")
-    return call(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, _row_keys_operand(row_keys))
+    return call(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, _row_keys_operand(row_keys),
+                *_pair_operands(pair_u, pair_w))
 
 
 # --- the table's gradient --------------------------------------------------------------------------------------
 
-def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, st: _Static):
+def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w,
+                    st: _Static):
     """dS summed over each block diagonal's tiles, batch rows and (shared table) heads -> [H', nd, 128, 128]
     float32, w.r.t. natural-log logits."""
     plgpu = _plgpu()
@@ -766,14 +833,15 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
     table_heads, diagonals = tiles.shape[:2]
     group = heads // table_heads  # heads summed into one table head
     per_stage = (2 * _nbytes((BLOCK, dim), dtype) + 2 * _nbytes((BLOCK, dim_v), dtype)
-                 + 2 * _nbytes((BLOCK,), jnp.float32) + (3 if st.dropout else 2) * _nbytes((BLOCK,), jnp.int32))
+                 + 2 * _nbytes((BLOCK,), jnp.float32) + (3 if st.dropout else 2) * _nbytes((BLOCK,), jnp.int32)
+                 + 2 * _nbytes((st.pair_rank, BLOCK), jnp.float32))
     fixed = (_nbytes((BLOCK, BLOCK), tiles.dtype) + _nbytes((2, HALF, HALF), jnp.float32)
              + 4 * visits.shape[-1] + 4 * bases.shape[-1])
     stages = _stages(per_stage, fixed, "table-gradient")
 
-    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, rk_g, out_g, scratch):
-        (t_s, out_s, vis_s, base_s, q_s, do_s, lse_s, delta_s, qid_s, k_s, v_s, kid_s, rk_s), \
-            (cta_bar, q_bar, do_bar, lse_bar, delta_bar, qid_bar, k_bar, v_bar, kid_bar, *rk_bar), \
+    def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, rk_g, u_g, w_g, out_g, scratch):
+        (t_s, out_s, vis_s, base_s, q_s, do_s, lse_s, delta_s, qid_s, k_s, v_s, kid_s, rk_s, u_s, w_s), \
+            (cta_bar, q_bar, do_bar, lse_bar, delta_bar, qid_bar, k_bar, v_bar, kid_bar, rk_bar, u_bar, w_bar), \
             (q_free, k_free) = scratch
         d, th = lax.axis_index("diagonal"), lax.axis_index("heads")
         wg = lax.axis_index("wg")
@@ -803,13 +871,18 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
                 plgpu.barrier_wait(lse_bar.at[2 * slot + wg])
                 plgpu.barrier_wait(kid_bar.at[slot])
                 s = _logits(ops, s, t_s, base, (wg * HALF, HALF), st)
+                if st.pair_rank:
+                    plgpu.barrier_wait(u_bar.at[2 * slot + wg])
+                    plgpu.barrier_wait(w_bar.at[slot])
+                    s = _with_pair(s, [ops.load(u_s.at[slot, wg, g], "rows") for g in range(st.pair_rank)],
+                                   [ops.load(w_s.at[slot, g], "cols") for g in range(st.pair_rank)], False)
                 mask = _tile_mask(ops, ops.load(qid_s.at[slot, wg], "rows"), ops.load(kid_s.at[slot], "cols"),
                                   row0, (qc + shift) * BLOCK, st, False)
                 lse = ops.load(lse_s.at[slot, wg], "rows")
                 p = jnp.exp2(_masked(s, mask) - lax.broadcast_in_dim(lse, s.shape, [0]))
                 kept = None
                 if st.dropout:
-                    plgpu.barrier_wait(rk_bar[0].at[2 * slot + wg])
+                    plgpu.barrier_wait(rk_bar.at[2 * slot + wg])
                     kept = _kept(ops, ops.load(rk_s.at[slot, wg], "rows"), (qc + shift) * BLOCK, st, False)
                 plgpu.barrier_wait(do_bar.at[2 * slot + wg])
                 plgpu.barrier_wait(v_bar.at[slot])
@@ -839,13 +912,17 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
                 keys = pl.ds((qc + shift) * BLOCK, BLOCK)
                 plgpu.copy_gmem_to_smem(k_g.at[b, keys, h], k_s.at[slot], k_bar.at[slot])
                 plgpu.copy_gmem_to_smem(kid_g.at[b, keys], kid_s.at[slot], kid_bar.at[slot])
+                if st.pair_rank:
+                    plgpu.copy_gmem_to_smem(w_g.at[b, :, keys], w_s.at[slot], w_bar.at[slot])
                 for half in range(2):
                     rows = pl.ds(qc * BLOCK + half * HALF, HALF)
                     plgpu.copy_gmem_to_smem(q_g.at[b, rows, h], q_s.at[slot, half], q_bar.at[2 * slot + half])
                     plgpu.copy_gmem_to_smem(qid_g.at[b, rows], qid_s.at[slot, half], qid_bar.at[2 * slot + half])
                     plgpu.copy_gmem_to_smem(lse_g.at[b, h, rows], lse_s.at[slot, half], lse_bar.at[2 * slot + half])
                     if st.dropout:
-                        plgpu.copy_gmem_to_smem(rk_g.at[b, h, rows], rk_s.at[slot, half], rk_bar[0].at[2 * slot + half])
+                        plgpu.copy_gmem_to_smem(rk_g.at[b, h, rows], rk_s.at[slot, half], rk_bar.at[2 * slot + half])
+                    if st.pair_rank:
+                        plgpu.copy_gmem_to_smem(u_g.at[b, h, :, rows], u_s.at[slot, half], u_bar.at[2 * slot + half])
                 plgpu.copy_gmem_to_smem(v_g.at[b, keys, h], v_s.at[slot], v_bar.at[slot])
                 for half in range(2):
                     rows = pl.ds(qc * BLOCK + half * HALF, HALF)
@@ -863,14 +940,20 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
          plgpu.SMEM((*halves, HALF), jnp.float32), plgpu.SMEM((*halves, HALF), jnp.float32),
          plgpu.SMEM((*halves, HALF), jnp.int32), _swizzled((stages, BLOCK, dim), dtype),
          _swizzled((stages, BLOCK, dim_v), dtype), plgpu.SMEM((stages, BLOCK), jnp.int32),
-         plgpu.SMEM((*halves, HALF), jnp.int32) if st.dropout else None),
+         plgpu.SMEM((*halves, HALF), jnp.int32) if st.dropout else None,
+         plgpu.SMEM((*halves, st.pair_rank, HALF), jnp.float32) if st.pair_rank else None,
+         plgpu.SMEM((stages, st.pair_rank, BLOCK), jnp.float32) if st.pair_rank else None),
         (plgpu.Barrier(num_barriers=3),) + (plgpu.Barrier(num_barriers=2 * stages),) * 5
-        + (plgpu.Barrier(num_barriers=stages),) * 3 + ((plgpu.Barrier(num_barriers=2 * stages),) if st.dropout else ()),
+        + (plgpu.Barrier(num_barriers=stages),) * 3
+        + (plgpu.Barrier(num_barriers=2 * stages) if st.dropout else None,)
+        + ((plgpu.Barrier(num_barriers=2 * stages), plgpu.Barrier(num_barriers=stages)) if st.pair_rank
+           else (None, None)),
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
     )
     call = _kernel(body, jax.ShapeDtypeStruct((table_heads, diagonals, BLOCK, BLOCK), jnp.float32), scratch,
                    (diagonals, table_heads), ("diagonal", "heads"), st, "toeplitz_attention_mgpu_table_grad")
-    return call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, _row_keys_operand(row_keys))
+    return call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, _row_keys_operand(row_keys),
+                *_pair_operands(pair_u, pair_w))
 
 
 # --- the differentiable call -----------------------------------------------------------------------------------
@@ -882,32 +965,34 @@ def _prepare(ext, qseg, kseg, dtype, st: _Static):
     return tiles, bases, live
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attention(q, k, v, ext, qseg, kseg, row_keys, st):
-    return _attention_fwd(q, k, v, ext, qseg, kseg, row_keys, st)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
+def _attention(q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, st):
+    return _attention_fwd(q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, st)[0]
 
 
-def _attention_fwd(q, k, v, ext, qseg, kseg, row_keys, st):
+def _attention_fwd(q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, st):
     tiles, bases, live = _prepare(ext, qseg, kseg, q.dtype, st)
-    out, lse = _forward(q, k, v, tiles, bases, qseg, kseg, _visit_lists(live), row_keys, st)
-    return out, (q, k, v, ext, qseg, kseg, row_keys, out, lse)
+    out, lse = _forward(q, k, v, tiles, bases, qseg, kseg, _visit_lists(live), row_keys, pair_u, pair_w, st)
+    return out, (q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, out, lse)
 
 
 def _attention_bwd(st, residuals, do):
-    q, k, v, ext, qseg, kseg, row_keys, out, lse = residuals
+    q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, out, lse = residuals
     tiles, bases, live = _prepare(ext, qseg, kseg, q.dtype, st)
     delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), do.astype(jnp.float32))
     do = do.astype(q.dtype)
-    dq = _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _visit_lists(live), row_keys, st)
+    dq = _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _visit_lists(live), row_keys, pair_u, pair_w, st)
+    dq, du = dq if st.pair_rank else (dq, None)
     tiles_t = None if tiles is None else jnp.swapaxes(tiles, -1, -2)
     dk, dv = _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg,
-                   _visit_lists(jnp.swapaxes(live, 1, 2)), row_keys, st)
+                   _visit_lists(jnp.swapaxes(live, 1, 2)), row_keys, pair_u, pair_w, st)
     d_ext = None
     if ext is not None:
         grads = _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _diagonal_visits(live, st),
-                                row_keys, st)
+                                row_keys, pair_u, pair_w, st)
         d_ext = _table_gradient(grads).astype(ext.dtype)
-    return dq, dk, dv, d_ext, None, None, None
+    d_w = None if pair_w is None else jnp.zeros_like(pair_w)  # w: key features, not differentiated
+    return dq, dk, dv, d_ext, None, None, None, du, d_w
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -915,13 +1000,15 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool, q_offset: int, use_q_ids: bool,
                          masked: bool, interpret: bool, dropout_rate: float = 0.0,
-                         row_keys: jax.Array | None = None) -> jax.Array:
+                         row_keys: jax.Array | None = None, pair_u: jax.Array | None = None,
+                         pair_w: jax.Array | None = None) -> jax.Array:
     """The Mosaic GPU kernels on padded inputs -> out [B, T_pad, H, Dv_pad].
 
     q [B, T_pad, H, D], k [B, S_pad, H, D], v [B, S_pad, H, Dv] in bf16/f16 with T_pad, S_pad multiples of 128
     and D, Dv multiples of 64; ext [H'|1, T_pad + S_pad] float32 (`toeplitz_kernel._offset_table`) or None;
     qseg [B, T_pad], kseg [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`); with
-    `dropout_rate`, row_keys [B, H, T_pad] int32, the queries' `dropout.row_keys`.
+    `dropout_rate`, row_keys [B, H, T_pad] int32, the queries' `dropout.row_keys`; a pair term u_i . w_j (per-head
+    segment tables) as pair_u [B, H, r, T_pad] and pair_w [B, r, S_pad] float32, differentiable in u only.
     """
     batch, t_pad, _, dim = q.shape
     s_pad, dim_v = k.shape[1], v.shape[-1]
@@ -930,7 +1017,12 @@ def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool
                          f"v {v.shape}")
     st = _Static(scale=float(scale), causal=causal, q_offset=int(q_offset) if causal else 0, t_pad=t_pad,
                  s_pad=s_pad, use_q_ids=use_q_ids, masked=masked, interpret=interpret,
-                 dropout_rate=float(dropout_rate))
-    if st.dropout and (row_keys is None or row_keys.shape != (batch, q.shape[2], t_pad)):
-        raise ValueError(f"attention dropout needs row_keys [B, H, T_pad] = {(batch, q.shape[2], t_pad)}")
-    return _attention(q, k, v, ext, qseg, kseg, row_keys if st.dropout else None, st)
+                 dropout_rate=float(dropout_rate), pair_rank=0 if pair_u is None else pair_u.shape[2])
+    heads = q.shape[2]
+    if st.dropout and (row_keys is None or row_keys.shape != (batch, heads, t_pad)):
+        raise ValueError(f"attention dropout needs row_keys [B, H, T_pad] = {(batch, heads, t_pad)}")
+    if pair_u is not None and (pair_u.shape != (batch, heads, st.pair_rank, t_pad)
+                               or pair_w is None or pair_w.shape != (batch, st.pair_rank, s_pad)):
+        raise ValueError(f"a pair term needs pair_u [B, H, r, T_pad] and pair_w [B, r, S_pad], got "
+                         f"{pair_u.shape} and {None if pair_w is None else pair_w.shape}")
+    return _attention(q, k, v, ext, qseg, kseg, row_keys if st.dropout else None, pair_u, pair_w, st)

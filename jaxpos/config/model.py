@@ -169,7 +169,7 @@ class ModelConfig:
     cross_attention_position: bool = False  # relative/positional bias in encoder-decoder attention too
     # xla (einsum reference) | jax (jax.nn.dot_product_attention) | cudnn | pallas (the Toeplitz-table kernel,
     # jaxpos/attention/toeplitz_kernel.py; falls back to cudnn/xla for terms it cannot take) | mosaic_gpu (its
-    # Hopper kernels, toeplitz_mosaic_gpu.py, bf16/f16; per-head segment tables go to the pallas kernel)
+    # Hopper kernels, toeplitz_mosaic_gpu.py, bf16/f16; other GPUs and CPU meshes take the pallas kernel)
     attention_impl: str = "xla"
     dtype: str = "float32"  # compute dtype; parameters stay param_dtype
     param_dtype: str = "float32"

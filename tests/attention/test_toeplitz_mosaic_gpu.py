@@ -29,11 +29,13 @@ def bf16(*arrays):
 
 
 @pytest.mark.long
-def test_tisa_and_alibi_heads_padded_and_packed():
+def test_tisa_and_alibi_heads_padded_and_packed_with_segments():
     """A TISA head and an ALiBi head (whose table grows with the offset: the per-tile base keeps it exact) over
     three blocks a side (T = S = 300: every kernel refills a pipeline slot), two packed pieces per row with
-    trailing padding: out, dq, dk, dv and both mechanisms' parameter gradients. (T5, DIET-Rel and the attenuated
-    offset form reach the kernels the same way, as an [H|1, W] table.)"""
+    trailing padding, and a per-head segment table over three token types (a rank-2 pair term, in every kernel's
+    tiles): out, dq, dk, dv and the parameter gradients of both mechanisms and of the segment table (through du
+    from the dQ kernel). (T5, DIET-Rel and the attenuated offset form reach the kernels the same way, as an
+    [H|1, W] table.)"""
     length = 300
     (tisa, tisa_params), (alibi, alibi_params) = (mechanism(dict(kind=kind), length) for kind in ("tisa", "alibi"))
 
@@ -41,10 +43,12 @@ def test_tisa_and_alibi_heads_padded_and_packed():
         return jnp.concatenate([tisa(params["tisa"])[:1], alibi(params["alibi"])[1:]], axis=0)
 
     seg = jnp.asarray([[1] * 170 + [2] * 110 + [0] * 20])
+    types = jnp.asarray(np.random.default_rng(3).integers(0, 3, (1, length)))
     q, k, v = bf16(*(random((1, length, HEADS, 16), seed) for seed in (0, 1, 2)))
-    check_against_reference((q, k, v, dict(tisa=tisa_params, alibi=alibi_params)), build_table,
+    params = dict(tisa=tisa_params, alibi=alibi_params, segment=random((HEADS, 3, 3), 7))
+    check_against_reference((q, k, v, params), build_table,
                             dict(q_segment_ids=seg, kv_segment_ids=seg, backend="mosaic_gpu"),
-                            dict(q_seg=seg, kv_seg=seg), rtol=RTOL)
+                            dict(q_seg=seg, kv_seg=seg), rtol=RTOL, types=(types, types))
 
 
 def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout():
@@ -90,26 +94,27 @@ def test_no_table_wide_qk_f16():
 
 
 def test_model_through_mosaic_gpu_matches_xla(caplog):
-    """A one-layer bf16 TISA model with attention_impl="mosaic_gpu" against "xla", training with attention
-    dropout: the model hands the kernel its segment ids (two packed pieces, padding), the layer's table and the
-    dropout keys of its rows; logits at real positions and every parameter gradient agree at bf16 tolerance, and
-    no call fell back."""
+    """A one-layer bf16 TISA model with per-head segment attention (DIET's recipe) and attention_impl="mosaic_gpu"
+    against "xla", training with attention dropout: the model hands the kernel its segment ids (two packed pieces,
+    padding), the layer's table, the segment table's pair term over the token types and the dropout keys of its
+    rows; logits at real positions and every parameter gradient agree at bf16 tolerance, and no call fell back."""
     from jaxpos.models import BertForMaskedLM
     from tests.helpers import tiny_config
 
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 13), 1, 61)
     segs = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)
+    types = jnp.zeros((2, 13), jnp.int32).at[:, 4:9].set(1)  # sentence A / B
     real = (segs != 0)[..., None]
     weight = jax.random.normal(jax.random.PRNGKey(2), (2, 13, 61)) * real
     results = []
     caplog.set_level(logging.WARNING, logger="jaxpos.attention.core")
     for impl in ("xla", "mosaic_gpu"):
-        model = BertForMaskedLM(tiny_config(dict(kind="tisa"), attention_impl=impl, num_layers=1, num_heads=2,
-                                            dtype="bfloat16", attention_dropout=0.2))
+        model = BertForMaskedLM(tiny_config(dict(kind="tisa", segment="per_head"), attention_impl=impl, num_layers=1,
+                                            num_heads=2, dtype="bfloat16", attention_dropout=0.2))
         params = model.init(jax.random.PRNGKey(1), ids)["params"]
 
         def loss(p):
-            logits = model.apply({"params": p}, ids, segment_ids=segs, deterministic=False,
+            logits = model.apply({"params": p}, ids, segment_ids=segs, token_types=types, deterministic=False,
                                  rngs={"dropout": DROPOUT_RNG}).astype(jnp.float32)
             return jnp.sum(logits * weight), logits
 
@@ -191,21 +196,24 @@ def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
 
 # --- what the compiled path is checked by on the CPU: its CUDA lowering --------------------------------------------
 
-@pytest.mark.parametrize("table,width,rate,kernels", [(True, 64, 0.0, 4), (False, 128, 0.0, 3), (True, 64, 0.1, 4)],
-                         ids=["table", "no_table_wide", "table_dropout"])
-def test_lowers_for_cuda(table, width, rate, kernels):
+@pytest.mark.parametrize("table,width,rate,rank,kernels", [(True, 64, 0.0, 0, 4), (False, 128, 0.0, 0, 3),
+                                                           (True, 64, 0.1, 1, 4)],
+                         ids=["table", "no_table_wide", "table_dropout_pair"])
+def test_lowers_for_cuda(table, width, rate, rank, kernels):
     """Lowering for CUDA from this host runs Mosaic GPU's layout inference and shared-memory accounting on every
     kernel (forward, dQ, dK/dV, and with a table the table gradient): they become mosaic_gpu custom calls. With
-    dropout, the keep-mask hash (int32 multiply, xor, shifts) runs on the wgmma register layout."""
+    dropout, the keep-mask hash (int32 multiply, xor, shifts) runs on the wgmma register layout; with a pair term
+    (rank 1), its vectors are broadcast into the tiles and du is a row sum."""
     shape = jax.ShapeDtypeStruct((2, 384, 4, width), jnp.bfloat16)
     v_shape = jax.ShapeDtypeStruct((2, 384, 4, 64), jnp.bfloat16)
     seg = jax.ShapeDtypeStruct((2, 384), jnp.int32)
     table_shape = jax.ShapeDtypeStruct((4, 767), jnp.float32) if table else None
 
     def loss(q, k, v, table, seg):
+        pair = (jnp.ones(q.shape[:3] + (rank,)), jnp.ones(k.shape[:2] + (rank,))) if rank else None
         out = toeplitz_attention(q, k, v, table, q_segment_ids=seg, kv_segment_ids=seg, causal=True,
                                  backend="mosaic_gpu", interpret=False, dropout_rate=rate,
-                                 dropout_seed=jnp.int32(5) if rate else None)
+                                 dropout_seed=jnp.int32(5) if rate else None, pair_bias=pair)
         return jnp.sum(out.astype(jnp.float32))
 
     argnums = (0, 1, 2, 3) if table else (0, 1, 2)
@@ -219,9 +227,6 @@ def test_calls_it_does_not_take_are_refused_by_name(monkeypatch):
     table = random((1, 31), 1)
     with pytest.raises(ValueError, match="does not take float32 inputs"):
         toeplitz_attention(q.astype(jnp.float32), q, q, table, backend="mosaic_gpu")
-    pair = (jnp.zeros((1, 16, 1, 1)), jnp.zeros((1, 16, 1)))
-    with pytest.raises(ValueError, match="does not take a pair term"):
-        toeplitz_attention(q, q, q, table, backend="mosaic_gpu", pair_bias=pair)
     with pytest.raises(ValueError, match="drop block_q"):
         toeplitz_attention(q, q, q, table, backend="mosaic_gpu", block_q=64)
     with pytest.raises(ValueError, match="more than .*head widths too large"):
@@ -238,14 +243,14 @@ def test_only_hopper_gpus_and_the_cpu_interpreter(monkeypatch):
         def __init__(self, capability):
             self.compute_capability = capability
 
-    assert mgpu.unsupported(jnp.bfloat16, None) is None  # the CPU: the interpreter
+    assert mgpu.unsupported(jnp.bfloat16) is None  # the CPU: the interpreter
     mesh = jax.sharding.AbstractMesh((2, 1), ("data", "tensor"))
     with jax.sharding.use_abstract_mesh(mesh):  # concurrent kernels on two devices: not in the interpreter
-        assert "a mesh of 2 CPU devices" in mgpu.unsupported(jnp.bfloat16, None)
+        assert "a mesh of 2 CPU devices" in mgpu.unsupported(jnp.bfloat16)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     for capability, reason in (("9.0", None), ("8.0", "compute capability 8.0 (wgmma needs Hopper")):
         monkeypatch.setattr(jax, "devices", lambda *a, c=capability: [Device(c)])
-        got = mgpu.unsupported(jnp.bfloat16, None)
+        got = mgpu.unsupported(jnp.bfloat16)
         assert got is None if reason is None else reason in got
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    assert mgpu.unsupported(jnp.bfloat16, None) == "the tpu backend"
+    assert mgpu.unsupported(jnp.bfloat16) == "the tpu backend"
