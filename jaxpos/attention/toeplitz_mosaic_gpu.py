@@ -435,9 +435,9 @@ def _own_rows(wg, copies, barrier):
 
 
 class _KeyBlocks:
-    """The stream of the forward and dQ kernels: for each visited key block, K, V, the key ids and the table's
-    tile of the CTA's block diagonal, `stages` slots deep, with a barrier per buffer and slot and "free" barriers
-    (K, V, tile and ids) that both consumers arrive on."""
+    """The stream of the forward and dQ kernels: for each visited key block, K, V, the key ids (and a pair term's
+    key vectors w) and the table's tile of the CTA's block diagonal, `stages` slots deep, with a barrier per buffer
+    and slot and "free" barriers (K, V, and tile with ids and w) that both consumers arrive on."""
 
     def __init__(self, buffers, ready, free, stages: int):
         self.k, self.v, self.tile, self.ids, self.w = buffers
