@@ -136,7 +136,8 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
         group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
         rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
-    if name in ("mgpu+table", "mgpu+dropout", "mgpu+segments"):  # per block diagonal a 128 x 128 tile: bf16, transposed, f32 grad
+    if name in ("mgpu+table", "mgpu+dropout", "mgpu+segments"):
+        # per block diagonal a 128 x 128 tile: bf16, bf16 transposed, and its float32 gradient
         tiles = heads * (2 * -(-length // 128) - 1) * 128 * 128  # lengths padded to blocks of 128
         return heads * 2 * length * 4 + tiles * (2 + 2 + 4)
     if name == "pallas+diag":  # the table, and per (head, block diagonal) a window [2, b] and the skew's [b, b]

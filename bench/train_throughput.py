@@ -195,8 +195,8 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--impl", default="cudnn",
-                        help="attention_impl for jaxpos: xla, jax, cudnn, pallas or mosaic_gpu, or a comma list (each kind "
-                             "under each; 'x none' is against none under the first)")
+                        help="attention_impl for jaxpos: xla, jax, cudnn, pallas or mosaic_gpu, or a comma list "
+                             "(each kind under each; 'x none' is against none under the first)")
     parser.add_argument("--peers", default="plain_jax,huggingface", help="comma list, or '' for none")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
                         help="jaxpos only (BERT's recipe: 0.1; xla and pallas have it, cudnn does not)")

@@ -886,11 +886,9 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width(x.shape[-1]) - x.shape[-1])))
         return x.transpose(0, 2, 1, 3) if tpu else x  # the kernels' layout (_Static.heads_major)
 
-    kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
-    kseg = jnp.pad(kseg, ((0, 0), (0, s_pad - s)))[:, None, :]  # padded keys: id 0, never attended; rows
     use_q = q_segment_ids is not None
-    qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
-    qseg = jnp.pad(qseg, ((0, 0), (0, t_pad - t)))[:, :, None]  # columns
+    qseg, kseg = _padded_segment_ids(q_segment_ids, kv_segment_ids, (batch, t, s), t_pad, s_pad)
+    qseg, kseg = qseg[:, :, None], kseg[:, None, :]  # columns, rows
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
     keys = _padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad)
     keys = None if keys is None else keys[..., None]  # columns
@@ -916,6 +914,14 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     if tpu:
         out = out.transpose(0, 2, 1, 3)
     return out[:, :t, :, :dim_v]
+
+
+def _padded_segment_ids(q_segment_ids, kv_segment_ids, sizes, t_pad, s_pad) -> tuple[jax.Array, jax.Array]:
+    """Query ids [B, T_pad] and key ids [B, S_pad] int32 (1 where not given; padded keys 0: never attended)."""
+    batch, t, s = sizes
+    qseg = jnp.ones((batch, t), jnp.int32) if q_segment_ids is None else q_segment_ids.astype(jnp.int32)
+    kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
+    return jnp.pad(qseg, ((0, 0), (0, t_pad - t))), jnp.pad(kseg, ((0, 0), (0, s_pad - s)))
 
 
 def _padded_row_keys(rate, seed, row_keys, rows_shape, t_pad) -> jax.Array | None:
@@ -947,8 +953,6 @@ def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset,
         return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, -x.shape[-1] % 64)))
 
     use_q = q_segment_ids is not None
-    kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
-    qseg = q_segment_ids.astype(jnp.int32) if use_q else jnp.ones((batch, t), jnp.int32)
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
     u = w = None
     if pair_bias is not None:  # u [B, H, r, T_pad] and w [B, r, S_pad]: one vector per channel and head
@@ -957,7 +961,7 @@ def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset,
         w = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, s_pad - s), (0, 0))).transpose(0, 2, 1)
     out = mgpu.mosaic_gpu_attention(
         pad(q, t_pad), pad(k.astype(q.dtype), s_pad), pad(v.astype(q.dtype), s_pad), ext,
-        jnp.pad(qseg, ((0, 0), (0, t_pad - t))), jnp.pad(kseg, ((0, 0), (0, s_pad - s))),
+        *_padded_segment_ids(q_segment_ids, kv_segment_ids, (batch, t, s), t_pad, s_pad),
         scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0,
         use_q_ids=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s, interpret=interpret,
         dropout_rate=float(dropout_rate),

@@ -383,20 +383,42 @@ def _with_pair(s, u_queries, w_keys, keys_are_rows: bool):
     return s
 
 
-def _pair_operands(pair_u, pair_w):
-    """u [B, H, r, T_pad] and w [B, r, S_pad] float32, or placeholders the kernels never read without a pair term."""
-    if pair_u is None:
-        return jnp.zeros((1, 1, 1, _LIST_ALIGN), jnp.float32), jnp.zeros((1, 1, _LIST_ALIGN), jnp.float32)
-    return pair_u, pair_w
-
-
 def _inverse_keep(st: _Static) -> float:
     return 1.0 / (1.0 - st.dropout_rate)
 
 
-def _row_keys_operand(row_keys):
-    """The dropout keys [B, H, T_pad], or a placeholder the kernels never read without dropout."""
-    return jnp.zeros((1, 1, _LIST_ALIGN), jnp.int32) if row_keys is None else row_keys
+_OPTIONAL_INPUTS = ("row_keys", "pair_u", "pair_w")  # every kernel's last inputs
+
+
+def _optional_inputs(row_keys, pair_u, pair_w) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The dropout keys [B, H, T_pad] int32 and a pair term's u [B, H, r, T_pad] and w [B, r, S_pad] float32, with
+    placeholders the kernels never read where the call has no dropout or pair term."""
+    if row_keys is None:
+        row_keys = jnp.zeros((1, 1, _LIST_ALIGN), jnp.int32)
+    if pair_u is None:
+        pair_u, pair_w = jnp.zeros((1, 1, 1, _LIST_ALIGN), jnp.float32), jnp.zeros((1, 1, _LIST_ALIGN), jnp.float32)
+    return row_keys, pair_u, pair_w
+
+
+def _query_extras_scratch(st: _Static):
+    """A forward or dQ consumer's buffers for its rows' dropout keys and pair vectors u (None: not in the call)."""
+    plgpu = _plgpu()
+    return (plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None,
+            plgpu.SMEM((2, st.pair_rank, HALF), jnp.float32) if st.pair_rank else None)
+
+
+def _query_extra_copies(refs, extras, b, h, rows, wg, st: _Static):
+    """(src, dst) copies of a consumer's rows' dropout keys and u into `_query_extras_scratch`, for `_own_rows`."""
+    rk_s, u_s = extras
+    return (([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else [])
+            + ([(refs["pair_u"].at[b, h, :, rows], u_s.at[wg])] if st.pair_rank else []))
+
+
+def _load_query_extras(ops: _Ops, extras, wg, st: _Static):
+    """A consumer's rows' dropout keys ([64] or None) and the r vectors of u ([64] each), once copied."""
+    rk_s, u_s = extras
+    return (ops.load(rk_s.at[wg], "rows") if st.dropout else None,
+            [ops.load(u_s.at[wg, g], "rows") for g in range(st.pair_rank)])
 
 
 def _table_operands(tiles, bases, dtype):
@@ -502,12 +524,13 @@ class _KeyBlocks:
         return _masked(s, mask), mask, w_cols
 
 
-def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_order, q, k, v, tiles, bases, visits,
-                      st: _Static, inputs):
+def _key_block_kernel(name, consumer, own_buffers, own_copies, own_bytes, out_type, gmem_order, q, k, v, tiles,
+                      bases, visits, st: _Static, inputs, optional):
     """A kernel whose CTA owns 128 query rows and walks its visit list of key blocks (the forward, dQ): the
     producer streams `_KeyBlocks`; `consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s)` is each
-    consumer warpgroup's part. `inputs` are the call's arrays, `gmem_order` their names in the body's order
-    (k, v, tiles, bases, kseg, pair_w, visits are found there by name)."""
+    consumer warpgroup's part, own = (own_buffers, `_query_extras_scratch`, a barrier for own_copies copies and
+    the extras'). `inputs` are the call's arrays, `gmem_order` their names in the body's order (k, v, tiles, bases,
+    kseg, visits are found there by name), followed by the `optional` (row keys, pair u, pair w) arrays."""
     plgpu = _plgpu()
     ops = _Ops(st.interpret)
     batch, _, heads, dim = q.shape
@@ -515,6 +538,10 @@ def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_ord
     has_table = tiles is not None
     table_heads = tiles.shape[0] if has_table else 0
     per_stage = _KeyBlocks.bytes_per_stage(dim, dim_v, dtype, tiles, st.pair_rank)
+    extras = _query_extras_scratch(st)
+    own_bytes += st.dropout * _nbytes((2, HALF), jnp.int32) + _nbytes((2, st.pair_rank, HALF), jnp.float32)
+    own_copies += sum(x is not None for x in extras)
+    gmem_order += _OPTIONAL_INPUTS
     fixed = own_bytes + 4 * visits.shape[-1] + _bases_bytes(bases)
     stages = _stages(per_stage, fixed, name)
     count_outputs = len(jax.tree.leaves(out_type))
@@ -542,11 +569,12 @@ def _key_block_kernel(name, consumer, own_scratch, own_bytes, out_type, gmem_ord
             stream.produce(refs["k"], refs["v"], refs["tiles"], refs["kseg"], refs["pair_w"], b, h, th, qc, vis_s,
                            count, st, has_table)
 
+    own_scratch = (own_buffers, extras, plgpu.Barrier(num_barriers=2 * own_copies))
     scratch = (own_scratch, (plgpu.SMEM(visits.shape[-1:], jnp.int32),
                              plgpu.SMEM(bases.shape[-1:] if has_table else (_LIST_ALIGN,), jnp.float32)),
                plgpu.Barrier(num_barriers=2), *_KeyBlocks.scratch(stages, dim, dim_v, dtype, tiles, st.pair_rank))
     tiles, bases = _table_operands(tiles, bases, dtype)
-    inputs = dict(inputs, tiles=tiles, bases=bases)
+    inputs = dict(inputs, tiles=tiles, bases=bases, **dict(zip(_OPTIONAL_INPUTS, _optional_inputs(*optional))))
     call = _kernel(body, out_type, scratch, (st.nq, heads, batch), ("q", "heads", "batch"), st, name)
     return call(*(inputs[n] for n in gmem_order))
 
@@ -561,16 +589,14 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
     has_table = tiles is not None
 
     def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
-        (q_s, o_s, lse_s, qid_s, rk_s, u_s), own_bar = own
+        (q_s, o_s, lse_s, qid_s), extras, own_bar = own
         o_s = q_s if o_s is None else o_s  # Q's buffer is free at the end: the output goes out through it
         row0 = qc * BLOCK + wg * HALF
         rows = pl.ds(row0, HALF)
         _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["qseg"].at[b, rows], qid_s.at[wg])]
-                  + ([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else [])
-                  + ([(refs["pair_u"].at[b, h, :, rows], u_s.at[wg])] if st.pair_rank else []), own_bar)
+                  + _query_extra_copies(refs, extras, b, h, rows, wg, st), own_bar)
         q_ids = ops.load(qid_s.at[wg], "rows")
-        row_keys = ops.load(rk_s.at[wg], "rows") if st.dropout else None
-        u_rows = [ops.load(u_s.at[wg, g], "rows") for g in range(st.pair_rank)]
+        row_keys, u_rows = _load_query_extras(ops, extras, wg, st)
 
         def step(i, carry):
             acc, m, l = carry
@@ -602,22 +628,16 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
         plgpu.copy_smem_to_gmem(lse_s.at[wg], refs["out1"].at[b, h, rows])
         plgpu.wait_smem_to_gmem(0)
 
-    own_scratch = ((_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype) if dim_v != dim else None,
-                    plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.int32),
-                    plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None,
-                    plgpu.SMEM((2, st.pair_rank, HALF), jnp.float32) if st.pair_rank else None),
-                   plgpu.Barrier(num_barriers=2 * (2 + st.dropout + bool(st.pair_rank))))
+    own_buffers = (_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype) if dim_v != dim else None,
+                   plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.int32))
     own_bytes = (_nbytes((2, HALF, dim), dtype) + (_nbytes((2, HALF, dim_v), dtype) if dim_v != dim else 0)
-                 + (3 if st.dropout else 2) * _nbytes((2, HALF), jnp.float32)
-                 + _nbytes((2, st.pair_rank, HALF), jnp.float32))
+                 + 2 * _nbytes((2, HALF), jnp.float32))
     out_type = (jax.ShapeDtypeStruct((batch, st.t_pad, heads, dim_v), dtype),
                 jax.ShapeDtypeStruct((batch, heads, st.t_pad), jnp.float32))
-    return _key_block_kernel("toeplitz_attention_mgpu_fwd", consumer, own_scratch, own_bytes, out_type,
-                             ("q", "k", "v", "tiles", "bases", "qseg", "kseg", "visits", "row_keys", "pair_u",
-                              "pair_w"), q, k, v, tiles, bases, visits, st,
-                             dict(q=q, k=k, v=v, qseg=qseg, kseg=kseg, visits=visits,
-                                  row_keys=_row_keys_operand(row_keys),
-                                  **dict(zip(("pair_u", "pair_w"), _pair_operands(pair_u, pair_w)))))
+    return _key_block_kernel("toeplitz_attention_mgpu_fwd", consumer, own_buffers, 2, own_bytes, out_type,
+                             ("q", "k", "v", "tiles", "bases", "qseg", "kseg", "visits"), q, k, v, tiles, bases,
+                             visits, st, dict(q=q, k=k, v=v, qseg=qseg, kseg=kseg, visits=visits),
+                             (row_keys, pair_u, pair_w))
 
 
 # --- dQ --------------------------------------------------------------------------------------------------------
@@ -630,17 +650,15 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
     has_table = tiles is not None
 
     def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
-        (q_s, do_s, lse_s, delta_s, qid_s, rk_s, u_s), own_bar = own
+        (q_s, do_s, lse_s, delta_s, qid_s), extras, own_bar = own
         row0 = qc * BLOCK + wg * HALF
         rows = pl.ds(row0, HALF)
         _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["do"].at[b, rows, h], do_s.at[wg]),
                        (refs["lse"].at[b, h, rows], lse_s.at[wg]), (refs["delta"].at[b, h, rows], delta_s.at[wg]),
                        (refs["qseg"].at[b, rows], qid_s.at[wg])]
-                  + ([(refs["row_keys"].at[b, h, rows], rk_s.at[wg])] if st.dropout else [])
-                  + ([(refs["pair_u"].at[b, h, :, rows], u_s.at[wg])] if st.pair_rank else []), own_bar)
+                  + _query_extra_copies(refs, extras, b, h, rows, wg, st), own_bar)
         q_ids, lse, delta = (ops.load(ref.at[wg], "rows") for ref in (qid_s, lse_s, delta_s))
-        row_keys = ops.load(rk_s.at[wg], "rows") if st.dropout else None
-        u_rows = [ops.load(u_s.at[wg, g], "rows") for g in range(st.pair_rank)]
+        row_keys, u_rows = _load_query_extras(ops, extras, wg, st)
 
         def step(i, carry):
             dq, du = carry
@@ -662,6 +680,7 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
         du0 = tuple(ops.full((HALF,), 0.0, "rows") for _ in range(st.pair_rank))
         dq, du = lax.fori_loop(0, count, step, (ops.full((HALF, dim), 0.0, "wgmma"), du0))
         q_s[wg] = (dq * st.scale).astype(dtype)
+        u_s = extras[1]
         for g, d in enumerate(du):  # u's buffer is free: du goes out through it
             u_s[wg, g] = d
         plgpu.commit_smem()
@@ -670,23 +689,18 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
             plgpu.copy_smem_to_gmem(u_s.at[wg], refs["out1"].at[b, h, :, rows])
         plgpu.wait_smem_to_gmem(0)
 
-    own_scratch = ((_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype),
-                    plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.float32),
-                    plgpu.SMEM((2, HALF), jnp.int32), plgpu.SMEM((2, HALF), jnp.int32) if st.dropout else None,
-                    plgpu.SMEM((2, st.pair_rank, HALF), jnp.float32) if st.pair_rank else None),
-                   plgpu.Barrier(num_barriers=2 * (5 + st.dropout + bool(st.pair_rank))))
-    own_bytes = (_nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype)
-                 + (4 if st.dropout else 3) * _nbytes((2, HALF), jnp.float32)
-                 + _nbytes((2, st.pair_rank, HALF), jnp.float32))
+    own_buffers = (_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype),
+                   plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.float32),
+                   plgpu.SMEM((2, HALF), jnp.int32))
+    own_bytes = _nbytes((2, HALF, dim), dtype) + _nbytes((2, HALF, dim_v), dtype) + 3 * _nbytes((2, HALF), jnp.float32)
     out_type = jax.ShapeDtypeStruct(q.shape, dtype)
     if st.pair_rank:
         out_type = (out_type, jax.ShapeDtypeStruct(pair_u.shape, jnp.float32))
-    return _key_block_kernel("toeplitz_attention_mgpu_dq", consumer, own_scratch, own_bytes, out_type,
-                             ("q", "k", "v", "do", "lse", "delta", "tiles", "bases", "qseg", "kseg", "visits",
-                              "row_keys", "pair_u", "pair_w"), q, k, v, tiles, bases, visits, st,
-                             dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, qseg=qseg, kseg=kseg, visits=visits,
-                                  row_keys=_row_keys_operand(row_keys),
-                                  **dict(zip(("pair_u", "pair_w"), _pair_operands(pair_u, pair_w)))))
+    return _key_block_kernel("toeplitz_attention_mgpu_dq", consumer, own_buffers, 5, own_bytes, out_type,
+                             ("q", "k", "v", "do", "lse", "delta", "tiles", "bases", "qseg", "kseg", "visits"),
+                             q, k, v, tiles, bases, visits, st,
+                             dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, qseg=qseg, kseg=kseg, visits=visits),
+                             (row_keys, pair_u, pair_w))
 
 # --- dK, dV ----------------------------------------------------------------------------------------------------
 
@@ -816,8 +830,8 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
     tiles_t, bases = _table_operands(tiles_t, bases, dtype)
     call = _kernel(body, (jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)), scratch,
                    (st.nk, heads, batch), ("k", "heads", "batch"), st, "toeplitz_attention_mgpu_dkdv")
-    return call(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, _row_keys_operand(row_keys),
-                *_pair_operands(pair_u, pair_w))
+    return call(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits,
+                *_optional_inputs(row_keys, pair_u, pair_w))
 
 
 # --- the table's gradient --------------------------------------------------------------------------------------
@@ -952,8 +966,8 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
     )
     call = _kernel(body, jax.ShapeDtypeStruct((table_heads, diagonals, BLOCK, BLOCK), jnp.float32), scratch,
                    (diagonals, table_heads), ("diagonal", "heads"), st, "toeplitz_attention_mgpu_table_grad")
-    return call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, _row_keys_operand(row_keys),
-                *_pair_operands(pair_u, pair_w))
+    return call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits,
+                *_optional_inputs(row_keys, pair_u, pair_w))
 
 
 # --- the differentiable call -----------------------------------------------------------------------------------
