@@ -25,7 +25,8 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or 
   mgpu+segments    mgpu+table with pallas+segments' per-head segment table (a rank-1 pair term)
   mgpu+folded      pallas+folded on the Hopper kernels
   jax-fa3          peer: jax's own FlashAttention-3 kernel in Mosaic GPU (jax.experimental.pallas.ops.gpu
-                   .attention_mgpu), no bias
+                   .attention_mgpu), no bias; in float16 (its shared-memory buffers are f16 whatever the input:
+                   bf16 fails to lower), the casts inside the timed step (~3 x 25 MiB of copies)
 Times: warm-up runs, then the median of --runs timed runs, each ended by block_until_ready. Bias memory: what
 the bias (and its gradient partials) takes beside q, k, v; the table alone is H * (2T - 1) floats.
 """
@@ -48,9 +49,17 @@ from jaxpos.attention.core import fold_factors
 from jaxpos.attention.toeplitz_kernel import toeplitz_attention
 
 
-def paths(smoke: bool, blocks: dict):
-    """name -> (positional input: None, "table" or "factors"; no-bias path; loss(q, k, v, positional, g))."""
+def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None):
+    """name -> (positional input: None, "table" or "factors"; no-bias path; loss(q, k, v, positional, g)).
+    `mgpu_options` (for kernel_registers.py): more toeplitz_attention options of the mgpu paths, and padded=True
+    for segment ids whose last eighth of every row's keys is padding."""
     dpa_impl = None if smoke else "cudnn"  # the CPU has no cuDNN: the smoke run times the XLA composite
+
+    def kernel(q, k, v, table, padded=False, **options):
+        if padded:
+            ids = jnp.broadcast_to(jnp.arange(k.shape[1]) < k.shape[1] - k.shape[1] // 8, k.shape[:2])
+            options.update(q_segment_ids=jnp.ones(q.shape[:2], jnp.int32), kv_segment_ids=ids.astype(jnp.int32))
+        return toeplitz_attention(q, k, v, table, **options)
 
     def dpa(q, k, v, table, g):
         return jnp.sum(jax.nn.dot_product_attention(q, k, v, implementation=dpa_impl).astype(jnp.float32) * g)
@@ -80,8 +89,8 @@ def paths(smoke: bool, blocks: dict):
     def pallas_segments(q, k, v, table, g, **options):
         types = jnp.broadcast_to(jnp.arange(q.shape[1]) >= q.shape[1] // 2, q.shape[:2]).astype(jnp.int32)
         segment_table = jnp.linspace(-1.0, 1.0, q.shape[2] * 4).reshape(q.shape[2], 2, 2)
-        out = toeplitz_attention(q, k, v, table, pair_bias=segment_pair_factors(segment_table, types, types),
-                                 **(options or blocks))
+        out = kernel(q, k, v, table, pair_bias=segment_pair_factors(segment_table, types, types),
+                     **(options or blocks))
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def dpa_folded(q, k, v, factors, g):  # the model's cudnn path (attend folds the factors, pads v)
@@ -93,19 +102,19 @@ def paths(smoke: bool, blocks: dict):
     def pallas_folded(q, k, v, factors, g, **options):
         scale = q.shape[-1] ** -0.5
         qf, kf = fold_factors(q, k, factors, scale)
-        return jnp.sum(toeplitz_attention(qf, kf, v, None, scale=scale, **(options or blocks)).astype(jnp.float32)
-                       * g)
+        return jnp.sum(kernel(qf, kf, v, None, scale=scale, **(options or blocks)).astype(jnp.float32) * g)
 
-    mgpu = dict(backend="mosaic_gpu")
+    mgpu = dict(backend="mosaic_gpu", **(mgpu_options or {}))
 
     def mosaic_gpu(q, k, v, table, g, **options):
-        return jnp.sum(toeplitz_attention(q, k, v, table, **mgpu, **options).astype(jnp.float32) * g)
+        return jnp.sum(kernel(q, k, v, table, **mgpu, **options).astype(jnp.float32) * g)
 
     def jax_fa3(q, k, v, table, g):
         from jax.experimental.pallas.ops.gpu import attention_mgpu as fa3
         config = fa3.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, block_q_dkv=64,
                                   block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
-        return jnp.sum(fa3.attention(q, k, v, config).astype(jnp.float32) * g)
+        half = [x.astype(jnp.float16) for x in (q, k, v)]  # its kernels stage through f16 buffers (jax 0.11.2)
+        return jnp.sum(fa3.attention(*half, config).astype(jnp.float32) * g)
 
     return {"cudnn": (None, True, dpa), "cudnn+bias": ("table", False, dpa_bias), "xla+table": ("table", False, xla),
             "pallas": (None, True, pallas), "pallas+table": ("table", False, pallas_table),
