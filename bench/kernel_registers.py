@@ -25,7 +25,6 @@ import ctypes.util
 import importlib.util
 import os
 import pathlib
-import pickle
 import re
 import subprocess
 import sys
@@ -156,7 +155,7 @@ def main(argv=None):
                .split(",")[-1].strip() if ptxas.exists() else "Mosaic's default")
     print(f"jax {jax.__version__}; ptxas {version}; sm_90a; H={args.heads} D={args.head_dim} B*T={args.tokens} bf16"
           f"{'; masks ' + args.masks if args.masks else ''}; {'driver stand-in (no GPU)' if stand_in else 'CUDA driver'}")
-    print(f"| T (B) | path | kernel | registers | stack B | spill stores B | spill loads B |")
+    print("| T (B) | path | kernel | registers | stack B | spill stores B | spill loads B |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     masks = set(filter(None, args.masks.split(",")))
     if masks - {"causal", "padded"}:
