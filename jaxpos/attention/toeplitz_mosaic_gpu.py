@@ -57,6 +57,8 @@ HALF = 64  # rows per consumer warpgroup: the wgmma M
 LOG2E = math.log2(math.e)  # logits are kept in base 2 (exp2)
 NEG = -1e30  # finite logit of masked entries
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory a Hopper CTA can have
+# what Mosaic adds to the buffers' bytes (barriers, each buffer's alignment): 5,024 B in the head width 128 forward
+SMEM_HEADROOM = 8 * 1024
 _LIST_ALIGN = 32  # visit lists padded to 128 bytes: TMA copies split evenly over a warpgroup's threads
 _BIG_ID = 2**30
 
@@ -121,19 +123,29 @@ class _Ops:
         self.interpret = interpret
         self.plgpu = None if interpret else _plgpu()
 
-    def mma(self, a, b_ref, shape, transpose_b=False):
-        """a [M, K] (registers or a shared-memory ref) @ b_ref [K, N] (or b_ref^T) -> float32 [M, N]."""
+    def mma(self, a, b_ref, acc, transpose_b=False):
+        """acc + a [M, K] (registers or a shared-memory ref) @ b_ref [K, N] (or b_ref^T) -> float32 [M, N]; `acc`
+        a float32 [M, N] in the wgmma layout, which the product accumulates into (no second [M, N] of registers,
+        no add), or the shape (M, N) to start from zero."""
+        fresh = isinstance(acc, tuple)
         if self.interpret:
             a_val = a if isinstance(a, jax.Array) else a[...]  # registers, or a ref's view
             b_val = b_ref[...]
-            return jnp.dot(a_val, b_val.T if transpose_b else b_val, preferred_element_type=jnp.float32)
+            product = jnp.dot(a_val, b_val.T if transpose_b else b_val, preferred_element_type=jnp.float32)
+            return product if fresh else acc + product
         plgpu = self.plgpu
 
-        def product(acc_ref):
+        def accumulate(acc_ref):
             plgpu.wgmma(acc_ref, a, plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref)
-            return acc_ref[...]
 
-        return pl.run_scoped(product, plgpu.ACC(shape, jnp.float32))
+        if fresh:  # the first wgmma zeroes the accumulator
+
+            def product(acc_ref):
+                accumulate(acc_ref)
+                return acc_ref[...]
+
+            return pl.run_scoped(product, plgpu.ACC(acc, jnp.float32))
+        return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
     def load(self, ref, layout, rows=None):
         """ref[...] (rows: (start, size) of its first axis) in a register layout ("wgmma", "rows", "cols")."""
@@ -178,10 +190,10 @@ def _nbytes(shape, dtype) -> int:
 def _stages(per_stage: int, fixed: int, what: str) -> int:
     """Pipeline depth (2, else 1) that fits shared memory, given the bytes of one stage and of the rest."""
     for stages in (2, 1):
-        if fixed + stages * per_stage <= SMEM_LIMIT:
+        if fixed + stages * per_stage + SMEM_HEADROOM <= SMEM_LIMIT:
             return stages
-    raise ValueError(f"the Mosaic GPU {what} kernel needs {fixed + per_stage} bytes of shared memory, more than "
-                     f"{SMEM_LIMIT}: head widths too large")
+    raise ValueError(f"the Mosaic GPU {what} kernel needs {fixed + per_stage + SMEM_HEADROOM} bytes of shared "
+                     f"memory, more than {SMEM_LIMIT}: head widths too large")
 
 
 def _kernel(body, out_type, scratch, grid, grid_names, st: _Static, name: str):
@@ -368,10 +380,10 @@ def _kept(ops: _Ops, row_keys, key_start, st: _Static, keys_are_rows: bool):
     return dropout.keep(keys, ops.iota(shape, key_axis) + key_start, st.dropout_rate)
 
 
-def _dropped(x, kept, scale: float = 1.0):
-    """x (times `scale`) where the weight is kept, else 0; x without dropout. Products of dropped P take the
-    1 / (1 - rate) once per accumulator, dP in each tile."""
-    return x if kept is None else jnp.where(kept, x * scale, 0.0)
+def _dropped(x, kept):
+    """x where the weight is kept, else 0; x without dropout. Products of dropped P take the 1 / (1 - rate) once
+    per accumulator, dP in each tile (`_score_gradient`)."""
+    return x if kept is None else jnp.where(kept, x, 0.0)
 
 
 def _with_pair(s, u_queries, w_keys, keys_are_rows: bool):
@@ -385,6 +397,36 @@ def _with_pair(s, u_queries, w_keys, keys_are_rows: bool):
 
 def _inverse_keep(st: _Static) -> float:
     return 1.0 / (1.0 - st.dropout_rate)
+
+
+def _minus_delta(load_delta, query_axis: int, st: _Static):
+    """The start of a tile's dP accumulator: -delta broadcast along the query axis (0, or 1 in the dK/dV kernel's
+    transposed tiles), so that the product leaves dP - delta and delta's vector does not live past it; with
+    dropout, which scales dP before delta comes off, zero (its shape), and delta is loaded later."""
+    if st.dropout:
+        return (HALF, BLOCK)
+    return lax.broadcast_in_dim(-load_delta(), (HALF, BLOCK), [query_axis])
+
+
+def _keep_sign(p, kept):
+    """P with the dropout keep mask in its sign bit (dropped weights negated; P without dropout): one [64, 128]
+    array of registers where the mask would be a second one, live across the dK/dV kernel's two products."""
+    return p if kept is None else jnp.where(kept, p, -p)
+
+
+def _kept_weights(p_signed):
+    """The weights that dropout keeps (0 where dropped), from `_keep_sign`'s P."""
+    return jnp.maximum(p_signed, 0.0)
+
+
+def _score_gradient(p_signed, dp, load_delta, query_axis: int, st: _Static):
+    """dS = P * (dP - delta) of a tile whose dP accumulator started at `_minus_delta`; with dropout, P carries the
+    keep mask in its sign (`_keep_sign`; a weight of 0 gives dS = 0 whatever its sign) and dP / (1 - rate) where
+    kept, 0 where dropped."""
+    if not st.dropout:
+        return p_signed * dp
+    delta = lax.broadcast_in_dim(load_delta(), dp.shape, [query_axis])
+    return jnp.abs(p_signed) * (jnp.where(p_signed > 0.0, dp * _inverse_keep(st), 0.0) - delta)
 
 
 _OPTIONAL_INPUTS = ("row_keys", "pair_u", "pair_w")  # every kernel's last inputs
@@ -470,9 +512,9 @@ class _KeyBlocks:
     @staticmethod
     def scratch(stages, dim, dim_v, dtype, tiles, pair_rank):
         plgpu = _plgpu()
-        tile_dtype = dtype if tiles is None else tiles.dtype
         return ((_swizzled((stages, BLOCK, dim), dtype), _swizzled((stages, BLOCK, dim_v), dtype),
-                 _swizzled((stages, BLOCK, BLOCK), tile_dtype), plgpu.SMEM((stages, BLOCK), jnp.int32),
+                 None if tiles is None else _swizzled((stages, BLOCK, BLOCK), tiles.dtype),
+                 plgpu.SMEM((stages, BLOCK), jnp.int32),
                  plgpu.SMEM((stages, pair_rank, BLOCK), jnp.float32) if pair_rank else None),
                 (plgpu.Barrier(num_barriers=stages),) * (5 if pair_rank else 4),
                 (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 3)
@@ -612,9 +654,10 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
             alpha = jnp.exp2(m - m_new)
             kept = _kept(ops, row_keys, kc * BLOCK, st, False)  # l sums the weights before dropout
             plgpu.barrier_wait(stream.v_ready.at[slot])
-            pv = ops.mma(_dropped(p, kept).astype(dtype), stream.v.at[slot], (HALF, dim_v))
+            acc = ops.mma(_dropped(p, kept).astype(dtype), stream.v.at[slot],
+                          acc * lax.broadcast_in_dim(alpha, acc.shape, [0]))
             plgpu.barrier_arrive(stream.v_free.at[slot])
-            return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv, m_new, l * alpha + jnp.sum(p, axis=1)
+            return acc, m_new, l * alpha + jnp.sum(p, axis=1)
 
         carry = (ops.full((HALF, dim_v), 0.0, "wgmma"), ops.full((HALF,), NEG, "rows"), ops.full((HALF,), 0.0, "rows"))
         acc, m, l = lax.fori_loop(0, count, step, carry)
@@ -668,12 +711,11 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
                                          u_rows)
             p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
             plgpu.barrier_wait(stream.v_ready.at[slot])
-            dp = ops.mma(do_s.at[wg], stream.v.at[slot], (HALF, BLOCK), transpose_b=True)
+            dp = ops.mma(do_s.at[wg], stream.v.at[slot], _minus_delta(lambda: delta, 0, st), transpose_b=True)
             plgpu.barrier_arrive(stream.v_free.at[slot])
-            dp = _dropped(dp, _kept(ops, row_keys, kc * BLOCK, st, False), _inverse_keep(st))
-            ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+            ds = _score_gradient(_keep_sign(p, _kept(ops, row_keys, kc * BLOCK, st, False)), dp, lambda: delta, 0, st)
             du = tuple(d + jnp.sum(ds * lax.broadcast_in_dim(w, ds.shape, [1]), axis=1) for d, w in zip(du, w_cols))
-            dq = dq + ops.mma(ds.astype(dtype), stream.k.at[slot], (HALF, dim))
+            dq = ops.mma(ds.astype(dtype), stream.k.at[slot], dq)
             plgpu.barrier_arrive(stream.k_free.at[slot])
             return dq, du
 
@@ -748,10 +790,12 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                 dk, dv = carry
                 slot = lax.rem(i, stages)
                 qc = vis_s[1 + i]
-                plgpu.barrier_wait(q_bar.at[slot])
-                s = ops.mma(k_s.at[wg], q_s.at[slot], (HALF, BLOCK), transpose_b=True)
-                plgpu.barrier_wait(qid_bar.at[slot])
                 plgpu.barrier_wait(lse_bar.at[slot])
+                # the product starts from -lse (in q.k units): lse's column vector dies before the tile is live
+                lse = ops.load(lse_s.at[slot], "cols") * (-1.0 / (st.scale * LOG2E))
+                plgpu.barrier_wait(q_bar.at[slot])
+                s = ops.mma(k_s.at[wg], q_s.at[slot], lax.broadcast_in_dim(lse, (HALF, BLOCK), [1]), transpose_b=True)
+                plgpu.barrier_wait(qid_bar.at[slot])
                 if has_table:
                     plgpu.barrier_wait(t_bar.at[slot])
                     s = _logits(ops, s, t_s.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st)
@@ -761,22 +805,19 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                     plgpu.barrier_wait(u_bar.at[slot])
                     s = _with_pair(s, [ops.load(u_s.at[slot, g], "cols") for g in range(st.pair_rank)], w_rows, True)
                 mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols"), key0, qc * BLOCK, st, True)
-                lse = ops.load(lse_s.at[slot], "cols")
-                p = jnp.exp2(_masked(s, mask) - lax.broadcast_in_dim(lse, s.shape, [1]))
-                kept = None
+                p = jnp.exp2(_masked(s, mask))
                 if st.dropout:
                     plgpu.barrier_wait(rk_bar.at[slot])
-                    kept = _kept(ops, ops.load(rk_s.at[slot], "cols"), key0, st, True)
+                    p = _keep_sign(p, _kept(ops, ops.load(rk_s.at[slot], "cols"), key0, st, True))
                 plgpu.barrier_wait(do_bar.at[slot])
-                dv = dv + ops.mma(_dropped(p, kept).astype(dtype), do_s.at[slot], (HALF, dim_v))
-                dp = ops.mma(v_s.at[wg], do_s.at[slot], (HALF, BLOCK), transpose_b=True)
-                dp = _dropped(dp, kept, _inverse_keep(st))
                 plgpu.barrier_wait(delta_bar.at[slot])
-                delta = ops.load(delta_s.at[slot], "cols")
+                load_delta = functools.partial(ops.load, delta_s.at[slot], "cols")
+                dv = ops.mma(_kept_weights(p).astype(dtype), do_s.at[slot], dv)
+                dp = ops.mma(v_s.at[wg], do_s.at[slot], _minus_delta(load_delta, 1, st), transpose_b=True)
+                ds = _score_gradient(p, dp, load_delta, 1, st)
                 plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse, delta, row keys and u of the slot
                 plgpu.barrier_arrive(do_free.at[slot])
-                ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [1]))
-                dk = dk + ops.mma(ds.astype(dtype), q_s.at[slot], (HALF, dim))
+                dk = ops.mma(ds.astype(dtype), q_s.at[slot], dk)
                 plgpu.barrier_arrive(q_free.at[slot])
                 return dk, dv
 
@@ -820,7 +861,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
         (_swizzled((stages, BLOCK, dim), dtype), _swizzled((stages, BLOCK, dim_v), dtype),
          plgpu.SMEM((stages, BLOCK), jnp.float32), plgpu.SMEM((stages, BLOCK), jnp.float32),
          plgpu.SMEM((stages, BLOCK), jnp.int32),
-         _swizzled((stages, BLOCK, BLOCK), tiles_t.dtype if has_table else dtype),
+         _swizzled((stages, BLOCK, BLOCK), tiles_t.dtype) if has_table else None,
          plgpu.SMEM((stages, BLOCK), jnp.int32) if st.dropout else None,
          plgpu.SMEM((stages, st.pair_rank, BLOCK), jnp.float32) if st.pair_rank else None),
         (plgpu.Barrier(num_barriers=stages),) * 6
@@ -894,19 +935,19 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
                                   row0, (qc + shift) * BLOCK, st, False)
                 lse = ops.load(lse_s.at[slot, wg], "rows")
                 p = jnp.exp2(_masked(s, mask) - lax.broadcast_in_dim(lse, s.shape, [0]))
-                kept = None
                 if st.dropout:
                     plgpu.barrier_wait(rk_bar.at[2 * slot + wg])
-                    kept = _kept(ops, ops.load(rk_s.at[slot, wg], "rows"), (qc + shift) * BLOCK, st, False)
+                    p = _keep_sign(p, _kept(ops, ops.load(rk_s.at[slot, wg], "rows"), (qc + shift) * BLOCK, st,
+                                            False))
                 plgpu.barrier_wait(do_bar.at[2 * slot + wg])
                 plgpu.barrier_wait(v_bar.at[slot])
-                dp = ops.mma(do_s.at[slot, wg], v_s.at[slot], (HALF, BLOCK), transpose_b=True)
-                dp = _dropped(dp, kept, _inverse_keep(st))
                 plgpu.barrier_wait(delta_bar.at[2 * slot + wg])
-                delta = ops.load(delta_s.at[slot, wg], "rows")
+                load_delta = functools.partial(ops.load, delta_s.at[slot, wg], "rows")
+                dp = ops.mma(do_s.at[slot, wg], v_s.at[slot], _minus_delta(load_delta, 0, st), transpose_b=True)
+                grad = grad + _score_gradient(p, dp, load_delta, 0, st)
                 plgpu.barrier_arrive(q_free.at[slot])
                 plgpu.barrier_arrive(k_free.at[slot])
-                return grad + p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+                return grad
 
             grad = lax.fori_loop(0, steps, step, ops.full((HALF, BLOCK), 0.0, "wgmma"))
             for half in range(2):  # through a [64, 64] float32 buffer per consumer, one column half at a time
