@@ -39,7 +39,10 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, int device) {
   *value = attribute == 75 ? 9 : 0;  /* compute capability major 9, minor 0 */
   return 0;
 }
-CUresult cuGetErrorString(CUresult error, const char **text) { *text = "no GPU (kernel_registers.py stand-in)"; return 0; }
+CUresult cuGetErrorString(CUresult error, const char **text) {
+  *text = "no GPU (kernel_registers.py stand-in)";
+  return 0;
+}
 CUresult cuGetErrorName(CUresult error, const char **text) { *text = "CUDA_ERROR_NO_DEVICE"; return 0; }
 CUresult cuModuleLoadData(void **module, const void *image) { return 100; }
 """
@@ -151,10 +154,13 @@ def main(argv=None):
     if (stand_in := _driver_stand_in(workdir)) is not None:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [stand_in, env.get("LD_LIBRARY_PATH")]))
     ptxas = pathlib.Path(root or "", "bin", "ptxas")
-    version = (subprocess.run([str(ptxas), "--version"], capture_output=True, text=True).stdout.split("\n")[-3]
-               .split(",")[-1].strip() if ptxas.exists() else "Mosaic's default")
+    version = "Mosaic's default"
+    if ptxas.exists():
+        found = re.search(r"V[\d.]+", subprocess.run([str(ptxas), "--version"], capture_output=True, text=True).stdout)
+        version = found.group(0) if found else "unknown version"
     print(f"jax {jax.__version__}; ptxas {version}; sm_90a; H={args.heads} D={args.head_dim} B*T={args.tokens} bf16"
-          f"{'; masks ' + args.masks if args.masks else ''}; {'driver stand-in (no GPU)' if stand_in else 'CUDA driver'}")
+          f"{'; masks ' + args.masks if args.masks else ''}; "
+          f"{'driver stand-in (no GPU)' if stand_in else 'CUDA driver'}")
     print("| T (B) | path | kernel | registers | stack B | spill stores B | spill loads B |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     masks = set(filter(None, args.masks.split(",")))

@@ -70,8 +70,9 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     `content=False` drops q.k, `position=False` drops every positional logit term.
     "pallas" and "mosaic_gpu" (the Toeplitz kernel, low-rank factors folded into q and k) take the mask as
     q_segment_ids [B, T] / kv_segment_ids [B, S] (0 = padding) and `causal` (q_pos == k_pos), which must describe
-    `mask`; they fall back where they cannot run (`_pallas_blocker`). Attention dropout (`dropout_rng`, `dropout_rate`) drops the same
-    weights on "xla", "pallas" and "mosaic_gpu" (`dropout.keep_mask`); "jax" and "cudnn" have none.
+    `mask`; they fall back where they cannot run (`_pallas_blocker`). Attention dropout (`dropout_rng`,
+    `dropout_rate`) drops the same weights on "xla", "pallas" and "mosaic_gpu" (`dropout.keep_mask`); "jax" and
+    "cudnn" have none.
     """
     if implementation in ("pallas", "mosaic_gpu"):
         blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position, q_segment_ids,

@@ -414,9 +414,9 @@ def _keep_sign(p, kept):
     return p if kept is None else jnp.where(kept, p, -p)
 
 
-def _kept_weights(p_signed):
-    """The weights that dropout keeps (0 where dropped), from `_keep_sign`'s P."""
-    return jnp.maximum(p_signed, 0.0)
+def _kept_weights(p_signed, st: _Static):
+    """The weights that dropout keeps (0 where dropped), from `_keep_sign`'s P; P itself without dropout."""
+    return jnp.maximum(p_signed, 0.0) if st.dropout else p_signed
 
 
 def _score_gradient(p_signed, dp, load_delta, query_axis: int, st: _Static):
@@ -812,7 +812,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                 plgpu.barrier_wait(do_bar.at[slot])
                 plgpu.barrier_wait(delta_bar.at[slot])
                 load_delta = functools.partial(ops.load, delta_s.at[slot], "cols")
-                dv = ops.mma(_kept_weights(p).astype(dtype), do_s.at[slot], dv)
+                dv = ops.mma(_kept_weights(p, st).astype(dtype), do_s.at[slot], dv)
                 dp = ops.mma(v_s.at[wg], do_s.at[slot], _minus_delta(load_delta, 1, st), transpose_b=True)
                 ds = _score_gradient(p, dp, load_delta, 1, st)
                 plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse, delta, row keys and u of the slot
