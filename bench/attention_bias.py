@@ -4,6 +4,7 @@ median ms, ratio to the fastest no-bias path, and the bias memory (issue targets
     python bench/attention_bias.py                  # GPU: T = 512, 2048, 8192 with B*T = 16k, H = 12, D = 64, bf16
     python bench/attention_bias.py --runs 50 --lengths 512,2048
     python bench/attention_bias.py --cpu-smoke      # tiny shapes on the CPU (Pallas interpreter): runs every path
+    python bench/attention_bias.py --causal         # every path causal (decoder self-attention)
 
 Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or the factors where used):
   cudnn            jax.nn.dot_product_attention(implementation="cudnn"), no bias
@@ -46,14 +47,20 @@ import numpy as np
 from jaxpos.attention import PositionalBias, attend
 from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors
 from jaxpos.attention.core import fold_factors
+from jaxpos.attention.masks import attention_mask
 from jaxpos.attention.toeplitz_kernel import toeplitz_attention
 
 
-def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None):
+def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: bool = False):
     """name -> (positional input: None, "table" or "factors"; no-bias path; loss(q, k, v, positional, g)).
     `mgpu_options` (for kernel_registers.py): more toeplitz_attention options of the mgpu paths, and padded=True
-    for segment ids whose last eighth of every row's keys is padding."""
+    for segment ids whose last eighth of every row's keys is padding. `causal`: every path with a causal mask."""
     dpa_impl = None if smoke else "cudnn"  # the CPU has no cuDNN: the smoke run times the XLA composite
+    blocks = dict(blocks, causal=causal)
+
+    def causal_mask(length):
+        pos = jnp.arange(length)
+        return attention_mask(q_pos=pos, k_pos=pos, causal=causal)
 
     def kernel(q, k, v, table, padded=False, **options):
         if padded:
@@ -62,17 +69,18 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None):
         return toeplitz_attention(q, k, v, table, **options)
 
     def dpa(q, k, v, table, g):
-        return jnp.sum(jax.nn.dot_product_attention(q, k, v, implementation=dpa_impl).astype(jnp.float32) * g)
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=dpa_impl)
+        return jnp.sum(out.astype(jnp.float32) * g)
 
     def dpa_bias(q, k, v, table, g):
         pos = jnp.arange(q.shape[1])
         bias = expand_toeplitz(table, pos, pos)[None].astype(q.dtype)  # [1, H, T, T]
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=dpa_impl)
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=causal, implementation=dpa_impl)
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def xla(q, k, v, table, g):
         pos = jnp.arange(q.shape[1])
-        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos)
+        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos, mask=causal_mask(q.shape[1]))
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def pallas(q, k, v, table, g):
@@ -96,7 +104,7 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None):
     def dpa_folded(q, k, v, factors, g):  # the model's cudnn path (attend folds the factors, pads v)
         pos = jnp.arange(q.shape[1])
         out, _ = attend(q, k, v, bias=PositionalBias(factors=factors), q_pos=pos, k_pos=pos,
-                        implementation=dpa_impl or "jax")
+                        mask=causal_mask(q.shape[1]), implementation=dpa_impl or "jax")
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def pallas_folded(q, k, v, factors, g, **options):
@@ -104,7 +112,7 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None):
         qf, kf = fold_factors(q, k, factors, scale)
         return jnp.sum(kernel(qf, kf, v, None, scale=scale, **(options or blocks)).astype(jnp.float32) * g)
 
-    mgpu = dict(backend="mosaic_gpu", **(mgpu_options or {}))
+    mgpu = dict(backend="mosaic_gpu", causal=causal, **(mgpu_options or {}))
 
     def mosaic_gpu(q, k, v, table, g, **options):
         return jnp.sum(kernel(q, k, v, table, **mgpu, **options).astype(jnp.float32) * g)
@@ -112,7 +120,7 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None):
     def jax_fa3(q, k, v, table, g):
         from jax.experimental.pallas.ops.gpu import attention_mgpu as fa3
         config = fa3.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, block_q_dkv=64,
-                                  block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+                                  block_kv_dkv=64, block_q_dq=64, block_kv_dq=64, causal=causal)
         half = [x.astype(jnp.float16) for x in (q, k, v)]  # its kernels stage through f16 buffers (jax 0.11.2)
         return jnp.sum(fa3.attention(*half, config).astype(jnp.float32) * g)
 
@@ -189,6 +197,7 @@ def main(argv=None):
     parser.add_argument("--kernel-configs", default="",
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, 2 runs, on the CPU (interpreter)")
+    parser.add_argument("--causal", action="store_true", help="every path causal (decoder self-attention)")
     args = parser.parse_args(argv)
     dtype = jnp.bfloat16
     if args.cpu_smoke:
@@ -200,13 +209,14 @@ def main(argv=None):
                   num_stages=args.num_stages)
     default_dq = 128 if jax.default_backend() == "tpu" else 32
     rank = args.rank or args.head_dim
-    chosen = {name: p for name, p in paths(args.cpu_smoke, blocks).items() if name in args.paths.split(",")}
+    chosen = {name: p for name, p in paths(args.cpu_smoke, blocks, causal=args.causal).items()
+              if name in args.paths.split(",")}
     for spec in filter(None, args.kernel_configs.split(",")):
         bq, bk, bdq, warps, stages = map(int, spec.split("/"))
         tuned = dict(block_q=bq, block_k=bk, block_dq=bdq, num_warps=warps, num_stages=stages)
-        chosen[f"pallas+table {spec}"] = paths(args.cpu_smoke, tuned)["pallas+table"]
+        chosen[f"pallas+table {spec}"] = paths(args.cpu_smoke, tuned, causal=args.causal)["pallas+table"]
     print(f"device: {jax.devices()[0].device_kind}; H={args.heads} D={args.head_dim} B*T={args.tokens} bf16; "
-          f"blocks {blocks}; median of {args.runs} runs (ms, forward+backward)")
+          f"{'causal; ' if args.causal else ''}blocks {blocks}; median of {args.runs} runs (ms, forward+backward)")
     print(f"{'T (B)':>12} {'path':>28} {'ms':>9} {'x fastest no-bias':>18} {'bias MiB':>10}")
     for length in map(int, args.lengths.split(",")):
         batch = max(1, args.tokens // length)

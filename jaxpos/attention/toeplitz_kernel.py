@@ -963,7 +963,7 @@ def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset,
         pad(q, t_pad), pad(k.astype(q.dtype), s_pad), pad(v.astype(q.dtype), s_pad), ext,
         *_padded_segment_ids(q_segment_ids, kv_segment_ids, (batch, t, s), t_pad, s_pad),
         scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0,
-        use_q_ids=use_q, masked=use_q or kv_segment_ids is not None or causal or s_pad != s, interpret=interpret,
+        use_q_ids=use_q, masked=use_q or kv_segment_ids is not None or s_pad != s, interpret=interpret,
         dropout_rate=float(dropout_rate),
         row_keys=_padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad),
         pair_u=u, pair_w=w)

@@ -22,7 +22,8 @@ into the window of offsets it covers (`_table_gradient`). The result is determin
 Masks follow `toeplitz_attention`: key id 0 = padding, query ids (when given) must equal key ids, causal
 (k_pos <= q_pos). Tiles with no visible entry are skipped: a visit list per CTA (`_visit_lists`), computed in
 XLA from the blocks' id ranges and the causal limit, tells both the producer and the consumers which blocks to
-walk. Rows that see no key give out = 0, logsumexp +inf and zero gradients.
+walk. Rows that see no key give out = 0, logsumexp +inf and zero gradients. With a table, the causal limit rides
+in the tiles (it depends on the offset alone: NEG past it, `_diagonal_tiles`), so no tile computes it from iotas.
 
 Inputs are bf16 or f16 (f32 accumulation); head widths are padded with zero channels to a multiple of 64 (q and k
 may be wider than v: folded low-rank factors). Attention dropout drops the weights `dropout.keep_mask` drops: each
@@ -73,10 +74,15 @@ class _Static:
     t_pad: int
     s_pad: int
     use_q_ids: bool
-    masked: bool  # any mask (ids, causal or padded keys); else no mask arithmetic
+    masked: bool  # ids can hide keys (key ids, query ids, padded keys); else no id arithmetic
     interpret: bool
     dropout_rate: float = 0.0
     pair_rank: int = 0  # r of a pair term u_i . w_j (0: none)
+    causal_in_tiles: bool = False  # the causal limit is in the table's tiles (`_diagonal_tiles`), not in iotas
+
+    @property
+    def causal_in_kernel(self) -> bool:
+        return self.causal and not self.causal_in_tiles
 
     @property
     def dropout(self) -> bool:
@@ -264,10 +270,12 @@ def _check_interpreter_threads():
 
 # --- tiles and visit lists (XLA, once per call) ---------------------------------------------------------------
 
-def _diagonal_tiles(ext: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+def _diagonal_tiles(ext: jax.Array, dtype, limit: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Offset table [H', T_pad + S_pad] -> (tiles [H', nd, 128, 128] `dtype`, bases [H', nd_pad] float32), in
     base-2 logits: tile d [r, c] + bases[d] = ext[d*128 + 127 + c - r] * log2(e), the tile's main diagonal
-    (c = r) being its base. nd = (T_pad + S_pad)/128 - 1 block diagonals; bases padded to 128-byte rows."""
+    (c = r) being its base. nd = (T_pad + S_pad)/128 - 1 block diagonals; bases padded to 128-byte rows.
+    `limit`: the causal mask, which depends on the offset alone, as NEG in the entries of ext index > limit (bf16;
+    -inf in f16), so that the kernels need no mask arithmetic for it; bases stay the table's values."""
     heads, length = ext.shape
     diagonals = length // BLOCK - 1
     r = jnp.arange(BLOCK)[:, None]
@@ -275,7 +283,10 @@ def _diagonal_tiles(ext: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
     index = jnp.arange(diagonals)[:, None, None] * BLOCK + (BLOCK - 1) + c - r
     scaled = ext.astype(jnp.float32) * LOG2E
     bases = scaled[:, jnp.arange(diagonals) * BLOCK + BLOCK - 1]
-    tiles = (scaled[:, index] - bases[:, :, None, None]).astype(dtype)
+    tiles = scaled[:, index] - bases[:, :, None, None]
+    if limit is not None:
+        tiles = jnp.where(index <= limit, tiles, NEG)
+    tiles = tiles.astype(dtype)
     bases = jnp.pad(bases, ((0, 0), (0, -diagonals % _LIST_ALIGN)))
     return tiles, bases
 
@@ -344,19 +355,24 @@ def _logits(ops: _Ops, s, tile_ref, base, rows, st: _Static):
     return s + (ops.load(tile_ref, "wgmma", rows=rows).astype(jnp.float32) + base)
 
 
-def _tile_mask(ops: _Ops, row_ids, col_ids, row_start, col_start, st: _Static, keys_are_rows: bool):
-    """Bool [64, 128] of visible entries (None: no mask). row_ids [64] / col_ids [128] in the row / column
-    layouts; rows are queries (or keys, for the dK/dV kernel's transposed tiles)."""
-    if not st.masked:
+def _tile_mask(ops: _Ops, row_ids, col_ids, row_start, col_start, st: _Static, keys_are_rows: bool,
+               causal: bool = False):
+    """Bool [64, 128] of visible entries (None: no mask). row_ids [64] / col_ids [128] in the row / column layouts;
+    rows are queries (or keys, for the dK/dV kernel's transposed tiles). `causal`: the tile may cross the causal
+    limit, which the kernel computes (`_walk`)."""
+    causal = causal and st.causal_in_kernel
+    if not (st.masked or causal):
         return None
     shape = (HALF, BLOCK)
     rows = lax.broadcast_in_dim(row_ids, shape, [0])
     cols = lax.broadcast_in_dim(col_ids, shape, [1])
     q_ids, k_ids = (cols, rows) if keys_are_rows else (rows, cols)
+    # the key ids even under a causal mask alone: without them, LLVM hoists the loop-invariant iotas and the
+    # dK/dV kernels spill (ptxas: 0 -> 172 B without a table)
     visible = k_ids != 0
     if st.use_q_ids:
         visible = visible & (q_ids == k_ids)
-    if st.causal:
+    if causal:
         r = ops.iota(shape, 0) + row_start
         c = ops.iota(shape, 1) + col_start
         offset = r - c if keys_are_rows else c - r  # key position minus query position
@@ -366,6 +382,30 @@ def _tile_mask(ops: _Ops, row_ids, col_ids, row_start, col_start, st: _Static, k
 
 def _masked(s, mask):
     return s if mask is None else jnp.where(mask, s, NEG)
+
+
+def _keys_wholly_visible(row0, st: _Static, kc):
+    """Whether every key of block kc is inside the causal limit of the 64 query rows from row0."""
+    return kc * BLOCK + BLOCK - 1 - row0 <= st.q_offset
+
+
+def _queries_wholly_visible(key0, st: _Static, qc):
+    """Whether the 64 keys from key0 are inside the causal limit of every query of block qc."""
+    return key0 + HALF - 1 - qc * BLOCK <= st.q_offset
+
+
+def _walk(vis_s, count, step, carry, wholly_visible, keys_listed: bool, st: _Static):
+    """A consumer's loop over its visit list: step(i, carry, causal) for i < count. Under a causal mask that the
+    kernel computes (no table to carry it), FlashAttention-3's split: the tiles wholly inside the causal limit
+    (`wholly_visible` of the listed block index) skip the mask's arithmetic, in a loop of their own. The list is
+    sorted, so they are a run: first in a list of key blocks (`keys_listed`), last in one of query blocks."""
+    if not st.causal_in_kernel:
+        return lax.fori_loop(0, count, functools.partial(step, causal=False), carry)
+    plain = lax.fori_loop(0, count, lambda i, n: n + wholly_visible(vis_s[1 + i]).astype(jnp.int32), jnp.int32(0))
+    split = plain if keys_listed else count - plain
+    first_crosses = not keys_listed  # whether the entries before `split` are the ones across the limit
+    carry = lax.fori_loop(0, split, functools.partial(step, causal=first_crosses), carry)
+    return lax.fori_loop(split, count, functools.partial(step, causal=not first_crosses), carry)
 
 
 def _kept(ops: _Ops, row_keys, key_start, st: _Static, keys_are_rows: bool):
@@ -543,10 +583,10 @@ class _KeyBlocks:
         _stream(count, self.stages, (self.k_free, self.tile_free, self.v_free), fetch)
 
     def logits(self, ops: _Ops, q_ref, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool,
-               u_rows=()):
-        """A consumer's base-2 logits [64, 128] of key block kc (masked entries NEG), the mask and the block's pair
-        features w (r column vectors; u_rows: its rows' u); frees the tile, ids and w, not K (the dQ kernel reads
-        it again)."""
+               u_rows=(), causal=False):
+        """A consumer's base-2 logits [64, 128] of key block kc (masked entries NEG) and the block's pair features
+        w (r column vectors; u_rows: its rows' u); frees the tile, ids and w, not K (the dQ kernel reads it
+        again)."""
         plgpu = _plgpu()
         plgpu.barrier_wait(self.k_ready.at[slot])
         s = ops.mma(q_ref, self.k.at[slot], (HALF, BLOCK), transpose_b=True)
@@ -561,9 +601,9 @@ class _KeyBlocks:
             plgpu.barrier_wait(self.w_ready[0].at[slot])
             w_cols = [ops.load(self.w.at[slot, g], "cols") for g in range(st.pair_rank)]
             s = _with_pair(s, u_rows, w_cols, False)
-        mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols"), row0, kc * BLOCK, st, False)
+        mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols"), row0, kc * BLOCK, st, False, causal)
         plgpu.barrier_arrive(self.tile_free.at[slot])
-        return _masked(s, mask), mask, w_cols
+        return _masked(s, mask), w_cols
 
 
 def _key_block_kernel(name, consumer, own_buffers, own_copies, own_bytes, out_type, gmem_order, q, k, v, tiles,
@@ -640,17 +680,17 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
         q_ids = ops.load(qid_s.at[wg], "rows")
         row_keys, u_rows = _load_query_extras(ops, extras, wg, st)
 
-        def step(i, carry):
+        def step(i, carry, causal):
             acc, m, l = carry
             slot = lax.rem(i, stream.stages)
             kc = vis_s[1 + i]
-            s, mask, _ = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table,
-                                       u_rows)
+            s, _ = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table, u_rows,
+                                 causal)
             plgpu.barrier_arrive(stream.k_free.at[slot])
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-            if mask is not None:  # a row whose keys so far are all masked has m_new = NEG: exp2(0) = 1
-                p = jnp.where(mask, p, 0.0)
+            # a row whose keys so far are all masked has m_new = NEG: subtracting 0 keeps its weights exp2(NEG) = 0
+            m_sub = jnp.where(m_new > 0.5 * NEG, m_new, 0.0) if st.masked or st.causal else m_new
+            p = jnp.exp2(s - lax.broadcast_in_dim(m_sub, s.shape, [0]))
             alpha = jnp.exp2(m - m_new)
             kept = _kept(ops, row_keys, kc * BLOCK, st, False)  # l sums the weights before dropout
             plgpu.barrier_wait(stream.v_ready.at[slot])
@@ -660,7 +700,7 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
             return acc, m_new, l * alpha + jnp.sum(p, axis=1)
 
         carry = (ops.full((HALF, dim_v), 0.0, "wgmma"), ops.full((HALF,), NEG, "rows"), ops.full((HALF,), 0.0, "rows"))
-        acc, m, l = lax.fori_loop(0, count, step, carry)
+        acc, m, l = _walk(vis_s, count, step, carry, functools.partial(_keys_wholly_visible, row0, st), True, st)
         seen = l > 0.0
         safe = jnp.where(seen, l, 1.0)
         norm = safe * (1.0 - st.dropout_rate) if st.dropout else safe  # dropout's 1 / (1 - rate)
@@ -703,12 +743,12 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
         q_ids, lse, delta = (ops.load(ref.at[wg], "rows") for ref in (qid_s, lse_s, delta_s))
         row_keys, u_rows = _load_query_extras(ops, extras, wg, st)
 
-        def step(i, carry):
+        def step(i, carry, causal):
             dq, du = carry
             slot = lax.rem(i, stream.stages)
             kc = vis_s[1 + i]
-            s, _, w_cols = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table,
-                                         u_rows)
+            s, w_cols = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table,
+                                      u_rows, causal)
             p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
             plgpu.barrier_wait(stream.v_ready.at[slot])
             dp = ops.mma(do_s.at[wg], stream.v.at[slot], _minus_delta(lambda: delta, 0, st), transpose_b=True)
@@ -720,7 +760,8 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
             return dq, du
 
         du0 = tuple(ops.full((HALF,), 0.0, "rows") for _ in range(st.pair_rank))
-        dq, du = lax.fori_loop(0, count, step, (ops.full((HALF, dim), 0.0, "wgmma"), du0))
+        dq, du = _walk(vis_s, count, step, (ops.full((HALF, dim), 0.0, "wgmma"), du0),
+                       functools.partial(_keys_wholly_visible, row0, st), True, st)
         q_s[wg] = (dq * st.scale).astype(dtype)
         u_s = extras[1]
         for g, d in enumerate(du):  # u's buffer is free: du goes out through it
@@ -786,7 +827,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
             k_ids = ops.load(kid_s.at[wg], "rows")
             w_rows = [ops.load(w_s.at[wg, g], "rows") for g in range(st.pair_rank)]
 
-            def step(i, carry):
+            def step(i, carry, causal):
                 dk, dv = carry
                 slot = lax.rem(i, stages)
                 qc = vis_s[1 + i]
@@ -804,7 +845,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                 if st.pair_rank:
                     plgpu.barrier_wait(u_bar.at[slot])
                     s = _with_pair(s, [ops.load(u_s.at[slot, g], "cols") for g in range(st.pair_rank)], w_rows, True)
-                mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols"), key0, qc * BLOCK, st, True)
+                mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols"), key0, qc * BLOCK, st, True, causal)
                 p = jnp.exp2(_masked(s, mask))
                 if st.dropout:
                     plgpu.barrier_wait(rk_bar.at[slot])
@@ -821,8 +862,8 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                 plgpu.barrier_arrive(q_free.at[slot])
                 return dk, dv
 
-            dk, dv = lax.fori_loop(0, count, step, (ops.full((HALF, dim), 0.0, "wgmma"),
-                                                     ops.full((HALF, dim_v), 0.0, "wgmma")))
+            carry = (ops.full((HALF, dim), 0.0, "wgmma"), ops.full((HALF, dim_v), 0.0, "wgmma"))
+            dk, dv = _walk(vis_s, count, step, carry, functools.partial(_queries_wholly_visible, key0, st), False, st)
             k_s[wg] = (dk * st.scale).astype(dtype)
             v_s[wg] = (dv * _inverse_keep(st)).astype(dtype)
             plgpu.commit_smem()
@@ -1015,7 +1056,8 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
 
 def _prepare(ext, qseg, kseg, dtype, st: _Static):
     """Tiles, bases and the visit lists of one call (XLA)."""
-    tiles, bases = (None, None) if ext is None else _diagonal_tiles(ext, dtype)
+    limit = st.q_offset + st.t_pad - 1 if st.causal_in_tiles else None  # ext index of key - query = q_offset
+    tiles, bases = (None, None) if ext is None else _diagonal_tiles(ext, dtype, limit)
     live = _live_tiles(qseg, kseg, st)
     return tiles, bases, live
 
@@ -1061,9 +1103,10 @@ def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool
 
     q [B, T_pad, H, D], k [B, S_pad, H, D], v [B, S_pad, H, Dv] in bf16/f16 with T_pad, S_pad multiples of 128
     and D, Dv multiples of 64; ext [H'|1, T_pad + S_pad] float32 (`toeplitz_kernel._offset_table`) or None;
-    qseg [B, T_pad], kseg [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`); with
-    `dropout_rate`, row_keys [B, H, T_pad] int32, the queries' `dropout.row_keys`; a pair term u_i . w_j (per-head
-    segment tables) as pair_u [B, H, r, T_pad] and pair_w [B, r, S_pad] float32, differentiable in u only.
+    qseg [B, T_pad], kseg [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`; `masked`: the
+    ids can hide a key, else they are not read); with `dropout_rate`, row_keys [B, H, T_pad] int32, the queries'
+    `dropout.row_keys`; a pair term u_i . w_j (per-head segment tables) as pair_u [B, H, r, T_pad] and pair_w
+    [B, r, S_pad] float32, differentiable in u only.
     """
     batch, t_pad, _, dim = q.shape
     s_pad, dim_v = k.shape[1], v.shape[-1]
@@ -1072,7 +1115,8 @@ def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool
                          f"v {v.shape}")
     st = _Static(scale=float(scale), causal=causal, q_offset=int(q_offset) if causal else 0, t_pad=t_pad,
                  s_pad=s_pad, use_q_ids=use_q_ids, masked=masked, interpret=interpret,
-                 dropout_rate=float(dropout_rate), pair_rank=0 if pair_u is None else pair_u.shape[2])
+                 dropout_rate=float(dropout_rate), pair_rank=0 if pair_u is None else pair_u.shape[2],
+                 causal_in_tiles=causal and ext is not None)
     heads = q.shape[2]
     if st.dropout and (row_keys is None or row_keys.shape != (batch, heads, t_pad)):
         raise ValueError(f"attention dropout needs row_keys [B, H, T_pad] = {(batch, heads, t_pad)}")

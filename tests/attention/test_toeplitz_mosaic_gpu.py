@@ -67,22 +67,39 @@ def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout():
                                           dict(kv_seg=kv_seg, causal=True, q_offset=offset)), rtol=RTOL)
 
 
-def test_no_table_wide_qk_f16():
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_causal_limit_in_the_tiles_only_rows_that_see_no_key(dtype):
+    """Causal T = S = 256 with a T5 table and no ids and no padding: the causal limit is the only mask, and it rides
+    in the tiles (NEG past the limit in bf16, -inf in f16), so no kernel computes a mask. q_offset = -100 leaves
+    the first 100 query rows with no visible key: out 0 and zero gradients from them, not NaN."""
+    length = 256
+    t5, t5_params = mechanism(dict(kind="t5"), length)
+    q, k, v = (random((1, length, HEADS, 16), seed).astype(dtype) for seed in (20, 21, 22))
+    check_against_reference((q, k, v, t5_params), t5, dict(causal=True, q_offset=-100, backend="mosaic_gpu"),
+                            dict(causal=True, q_offset=-100), rtol=RTOL)
+
+
+def test_no_table_causal_wide_qk_f16():
     """No table, f16, q and k 80 channels wide (folded factors: padded to 128) over v of 48 (padded to 64), T = 200
-    over S = 330 keys, nothing masked but the padded keys, an explicit scale: out and dq, dk, dv of sum(out * g)
-    against the einsum formula in float32."""
+    queries at positions 126.. over S = 330 keys, causal (computed in the kernels: no table carries it) and the
+    padded keys, an explicit scale: out and dq, dk, dv of sum(out * g) against the einsum formula in float32.
+    Every kernel's walk has tiles wholly inside the causal limit (no mask arithmetic) and tiles across it, and
+    some CTA walks only one kind (`_walk`); a tile one key past the limit is walked as one across it."""
     q = random((1, 200, 1, 80), 10).astype(jnp.float16)
     k = random((1, 330, 1, 80), 11).astype(jnp.float16)
     v = random((1, 330, 1, 48), 12).astype(jnp.float16)
     g = random((1, 200, 1, 48), 13)
+    offset = 126  # some tiles end one key past the causal limit: keys 127 and 255 for queries 0 and 128
+    k = k.at[0, (127, 255), 0].set(q[0, 0, 0] + q[0, 128, 0])  # so that a leak of those two keys weighs
 
     def kernel(q, k, v):
-        return toeplitz_attention(q, k, v, None, scale=0.1, backend="mosaic_gpu")
+        return toeplitz_attention(q, k, v, None, scale=0.1, causal=True, q_offset=offset, backend="mosaic_gpu")
 
     def reference(q, k, v):
         q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-        weights = jax.nn.softmax(jnp.einsum("bthd,bshd->bhts", q, k) * 0.1, axis=-1)
-        return jnp.einsum("bhts,bshd->bthd", weights, v)
+        visible = jnp.arange(330)[None, :] <= jnp.arange(200)[:, None] + offset
+        logits = jnp.where(visible, jnp.einsum("bthd,bshd->bhts", q, k) * 0.1, -jnp.inf)
+        return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(logits, axis=-1), v)
 
     def grads(fn):
         return jax.value_and_grad(lambda *x: jnp.sum(fn(*x).astype(jnp.float32) * g), argnums=(0, 1, 2))(q, k, v)
@@ -146,6 +163,13 @@ def test_diagonal_tiles_and_their_gradient():
         got = np.asarray(tiles[:, d], np.float32) + np.asarray(bases[:, d])[:, None, None]
         np.testing.assert_allclose(got, want, rtol=0, atol=np.abs(want - want[:, :1, :1]).max() * 2**-8)
         np.testing.assert_array_equal(np.asarray(tiles[:, d]).diagonal(axis1=1, axis2=2), 0.0)
+    limit = 300  # a causal limit: entries of ext index > 300 are NEG, the rest and the bases unchanged
+    causal_tiles, causal_bases = mgpu._diagonal_tiles(ext, jnp.bfloat16, limit)
+    np.testing.assert_array_equal(causal_bases, bases)
+    index = np.arange(3)[:, None, None] * 128 + 127 + c - r
+    np.testing.assert_array_equal(np.asarray(causal_tiles, np.float32),
+                                  np.where(index <= limit, np.asarray(tiles, np.float32), np.float32(
+                                      jnp.asarray(mgpu.NEG, jnp.bfloat16))))
     grads = rng.normal(size=(2, 3, 128, 128))
     d_ext = np.zeros((2, 512))
     for d in range(3):  # brute force: every tile entry back onto its offset
