@@ -138,7 +138,8 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
             "jax-fa3": (None, True, jax_fa3)}
 
 
-def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, head_dim: int, rank: int) -> int:
+def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, head_dim: int, rank: int,
+               causal: bool = False) -> int:
     """Bytes of the bias-related buffers of a path (not counting the attention weights of the XLA path)."""
     if name.endswith("+folded"):  # factors [H, T, r] x 2 (float32), r bf16 channels more in q, k (and cuDNN's v)
         widened = 3 if name.startswith("cudnn") else 2
@@ -154,9 +155,14 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
         rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
     if name in ("mgpu+table", "mgpu+dropout", "mgpu+segments"):
-        # per block diagonal a 128 x 128 tile: bf16, bf16 transposed, and its float32 gradient
-        tiles = heads * (2 * -(-length // 128) - 1) * 128 * 128  # lengths padded to blocks of 128
-        return heads * 2 * length * 4 + tiles * (2 + 2 + 4)
+        # per block diagonal a 128 x 128 tile: bf16, bf16 transposed, and float32 gradients (one per split)
+        from jaxpos.attention import toeplitz_mosaic_gpu as mgpu
+
+        padded = -(-length // 128) * 128
+        tiles = heads * (2 * padded // 128 - 1) * 128 * 128
+        st = mgpu._Static(scale=1.0, causal=causal, q_offset=0, t_pad=padded, s_pad=padded, use_q_ids=False,
+                          masked=False, interpret=False)
+        return heads * 2 * length * 4 + tiles * (2 + 2 + 4 * mgpu._gradient_splits(batch, heads, 1, st))
     if name == "pallas+diag":  # the table, and per (head, block diagonal) a window [2, b] and the skew's [b, b]
         diagonals = 2 * length // block_dq - 1
         return heads * 2 * length * 4 + heads * diagonals * (2 * block_dq + block_dq**2) * 4
@@ -238,7 +244,8 @@ def main(argv=None):
         fastest = min(no_bias) if no_bias else None
         for name, value in results.items():
             block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq or default_dq
-            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim, rank) / 2**20
+            mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim, rank,
+                             args.causal) / 2**20
             if isinstance(value, float):
                 ratio = f"{value / fastest:.2f}" if fastest else "-"
                 print(f"{f'{length} ({batch})':>12} {name:>28} {value:9.3f} {ratio:>18} {mib:10.1f}", flush=True)

@@ -14,10 +14,11 @@ softmax weight sit near that value, so they keep f32-like precision even where t
 (ALiBi, attenuated). H'*(T+S)*128 entries: linear in T. The dK/dV kernel reads the transposed tiles.
 
 How the table's gradient comes back. The gradient of tile d is dS summed over the tiles of block diagonal d and
-the batch (and the heads of a shared table); a fourth kernel per (table head, block diagonal) walks exactly those
-tiles, recomputes P and dP (two products per tile) and adds dS up in registers, so no atomics and no [T, S]
-tensor: it writes one f32 tile per block diagonal, H'*(T+S)*128 floats, and XLA sums each along its diagonals
-into the window of offsets it covers (`_table_gradient`). The result is deterministic.
+the batch (and the heads of a shared table); a fourth kernel walks exactly those tiles, recomputes P and dP (two
+products per tile) and adds dS up in registers, so no atomics and no [T, S] tensor. Its CTAs are (table head,
+block diagonal, split): a diagonal's walk is cut into as many pieces as keep the SMs evenly busy
+(`_gradient_splits`). Each writes one f32 tile, splits*H'*(T+S)*128 floats; XLA adds the splits up and sums each
+tile along its diagonals into the window of offsets it covers (`_table_gradient`). The result is deterministic.
 
 Masks follow `toeplitz_attention`: key id 0 = padding, query ids (when given) must equal key ids, causal
 (k_pos <= q_pos). Tiles with no visible entry are skipped: a visit list per CTA (`_visit_lists`), computed in
@@ -48,6 +49,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -918,16 +920,41 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
 
 # --- the table's gradient --------------------------------------------------------------------------------------
 
+def _streaming_multiprocessors(st: _Static) -> int:
+    """The SMs the table-gradient kernel's grid is cut for: the GPU's; an H100's 132 when lowering from a host
+    without one; 1 in the interpreter, which runs one CTA at a time."""
+    if st.interpret:
+        return 1
+    device = jax.devices()[0]
+    return (getattr(device, "core_count", None) if device.platform == "gpu" else None) or 132
+
+
+def _gradient_splits(batch: int, heads: int, group: int, st: _Static) -> int:
+    """CTAs per (table head, block diagonal) of the table-gradient kernel. A CTA walks its share of a diagonal's
+    tiles one after another, and the main diagonal holds B*min(nq, nk)*group of them (at B = 32, T = 512: 128,
+    where 132 SMs share 6144 tiles, 47 each): each diagonal is cut into as many pieces as make the longest at
+    most half an SM's share, so that no CTA outlasts the others' work. Tiles past a causal limit don't count."""
+    qc = np.arange(st.nq)[:, None]
+    kc = np.arange(st.nk)[None, :]
+    live = (kc * BLOCK - (qc * BLOCK + BLOCK - 1) <= st.q_offset) | (not st.causal)  # tiles before any id skipping
+    longest = max(int(np.trace(live, offset=d)) for d in range(1 - st.nq, st.nk)) * batch * group
+    total = int(np.sum(live)) * batch * heads
+    piece = max(1, math.floor(total / _streaming_multiprocessors(st) / 2))  # tiles: half an SM's share
+    return math.ceil(longest / piece)
+
+
 def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w,
                     st: _Static):
     """dS summed over each block diagonal's tiles, batch rows and (shared table) heads -> [H', nd, 128, 128]
-    float32, w.r.t. natural-log logits."""
+    float32, w.r.t. natural-log logits; each diagonal's walk cut into `_gradient_splits` CTAs whose partial tiles
+    XLA adds up."""
     plgpu = _plgpu()
     ops = _Ops(st.interpret)
     batch, _, heads, dim = q.shape
     dim_v, dtype = v.shape[-1], q.dtype
     table_heads, diagonals = tiles.shape[:2]
     group = heads // table_heads  # heads summed into one table head
+    splits = _gradient_splits(batch, heads, group, st)
     per_stage = (2 * _nbytes((BLOCK, dim), dtype) + 2 * _nbytes((BLOCK, dim_v), dtype)
                  + 2 * _nbytes((BLOCK,), jnp.float32) + (3 if st.dropout else 2) * _nbytes((BLOCK,), jnp.int32)
                  + 2 * _nbytes((st.pair_rank, BLOCK), jnp.float32))
@@ -939,16 +966,20 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
         (t_s, out_s, vis_s, base_s, q_s, do_s, lse_s, delta_s, qid_s, k_s, v_s, kid_s, rk_s, u_s, w_s), \
             (cta_bar, q_bar, do_bar, lse_bar, delta_bar, qid_bar, k_bar, v_bar, kid_bar, rk_bar, u_bar, w_bar), \
             (q_free, k_free) = scratch
-        d, th = lax.axis_index("diagonal"), lax.axis_index("heads")
+        d, th, split = lax.axis_index("diagonal"), lax.axis_index("heads"), lax.axis_index("split")
         wg = lax.axis_index("wg")
         _cta_inputs(wg, [(vis_g.at[d], vis_s), (base_g.at[th], base_s), (t_g.at[th, d], t_s)], cta_bar)
-        steps = vis_s[0] * group  # (head of the group, live tile) pairs
+        pairs = vis_s[0] * group  # (head of the group, live tile) pairs on the diagonal
+        chunk = lax.div(pairs + splits - 1, splits)
+        first = jnp.minimum(split * chunk, pairs)  # this CTA's pairs: first, first + 1, ... (steps of them)
+        steps = jnp.minimum(first + chunk, pairs) - first
         shift = d - (st.nq - 1)  # key block minus query block on this diagonal
 
         def tile_of(i):
             """(batch row, query block, head) of step i."""
-            head = th * group + lax.div(i, vis_s[0])
-            entry = vis_s[1 + lax.rem(i, vis_s[0])]
+            pair = first + i
+            head = th * group + lax.div(pair, vis_s[0])
+            entry = vis_s[1 + lax.rem(pair, vis_s[0])]
             return lax.div(entry, st.nq), lax.rem(entry, st.nq), head
 
         @pl.when(wg < 2)
@@ -994,7 +1025,7 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
             for half in range(2):  # through a [64, 64] float32 buffer per consumer, one column half at a time
                 out_s[wg] = grad[:, half * HALF:(half + 1) * HALF]
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_s.at[wg], out_g.at[th, d, pl.ds(wg * HALF, HALF),
+                plgpu.copy_smem_to_gmem(out_s.at[wg], out_g.at[split, th, d, pl.ds(wg * HALF, HALF),
                                                                pl.ds(half * HALF, HALF)])
                 plgpu.wait_smem_to_gmem(0)
 
@@ -1046,10 +1077,12 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
            else (None, None)),
         (plgpu.Barrier(num_arrivals=2, num_barriers=stages),) * 2,
     )
-    call = _kernel(body, jax.ShapeDtypeStruct((table_heads, diagonals, BLOCK, BLOCK), jnp.float32), scratch,
-                   (diagonals, table_heads), ("diagonal", "heads"), st, "toeplitz_attention_mgpu_table_grad")
-    return call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits,
-                *_optional_inputs(row_keys, pair_u, pair_w))
+    call = _kernel(body, jax.ShapeDtypeStruct((splits, table_heads, diagonals, BLOCK, BLOCK), jnp.float32),
+                   scratch, (diagonals, table_heads, splits), ("diagonal", "heads", "split"), st,
+                   "toeplitz_attention_mgpu_table_grad")
+    partials = call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits,
+                    *_optional_inputs(row_keys, pair_u, pair_w))
+    return jnp.sum(partials, axis=0)
 
 
 # --- the differentiable call -----------------------------------------------------------------------------------

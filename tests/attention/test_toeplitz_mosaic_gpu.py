@@ -51,12 +51,14 @@ def test_tisa_and_alibi_heads_padded_and_packed_with_segments():
                             dict(q_seg=seg, kv_seg=seg), rtol=RTOL, types=(types, types))
 
 
-def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout():
+def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout(monkeypatch):
     """Causal T = 130 queries at positions 170..299 over S = 300 keys (decoder-style, T != S), one table for both
     heads and shorter than the offsets (its ends clip), the last keys padding (key ids only), attention dropout
     0.3: tiles past the causal limit skipped, diagonal tiles masked inside, the table-gradient kernel summing both
     heads into each block diagonal, and every kernel dropping the weights the XLA path drops (the keep mask hashed
-    from each tile's query rows and key indices: in the dK/dV kernel's transposed tiles too)."""
+    from each tile's query rows and key indices: in the dK/dV kernel's transposed tiles too). The table gradient's
+    walk of each diagonal is cut into 3 CTAs, over 4 or 2 (head, tile) pairs: 2 + 2 + 0 and 1 + 1 + 0."""
+    monkeypatch.setattr(mgpu, "_gradient_splits", lambda *args: 3)
     t, s, offset = 130, 300, 170
     q = bf16(random((1, t, HEADS, 16), 3))[0]
     k, v = bf16(random((1, s, HEADS, 16), 4), random((1, s, HEADS, 16), 5))
@@ -175,6 +177,28 @@ def test_diagonal_tiles_and_their_gradient():
     for d in range(3):  # brute force: every tile entry back onto its offset
         np.add.at(d_ext, (slice(None), d * 128 + 127 + c - r), grads[:, d])
     np.testing.assert_allclose(mgpu._table_gradient(jnp.asarray(grads, jnp.float32)), d_ext, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch,length,heads,group,causal", [
+    (32, 512, 12, 1, False), (8, 2048, 12, 1, False), (2, 8192, 12, 1, False), (32, 512, 12, 12, False),
+    (32, 512, 12, 1, True), (1, 300, 2, 2, True)])
+def test_table_gradient_grid_keeps_every_sm_busy(batch, length, heads, group, causal):
+    """The table-gradient kernel's CTAs per diagonal: the longest diagonal's pieces hold at most half of an H100
+    SM's share of all tiles (counted by brute force over the tile grid), or one tile each; no more pieces than
+    needed for that (one fewer would break it)."""
+    padded = -(-length // 128) * 128
+    st = mgpu._Static(scale=1.0, causal=causal, q_offset=0, t_pad=padded, s_pad=padded, use_q_ids=False,
+                      masked=False, interpret=False)
+    blocks = padded // 128
+    live = {(qc, kc) for qc in range(blocks) for kc in range(blocks) if not causal or kc * 128 <= qc * 128 + 127}
+    longest = max(sum((qc, qc + d) in live for qc in range(blocks)) for d in range(1 - blocks, blocks)) * batch * group
+    share = len(live) * batch * heads / 132
+
+    def fits(splits):
+        return -(-longest // splits) <= share / 2 or splits >= longest
+
+    splits = mgpu._gradient_splits(batch, heads, group, st)
+    assert fits(splits) and (splits == 1 or not fits(splits - 1))
 
 
 def _static(t, s, use_q_ids, causal, q_offset=0):
