@@ -21,7 +21,7 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or 
   pallas+folded    the same folding through toeplitz_attention, v at its own width D
   mgpu             toeplitz_attention(backend="mosaic_gpu"): the Hopper kernels (wgmma, TMA), no table
   mgpu+table       the same with the table, read from per-block-diagonal tiles; its gradient by a kernel per
-                   (head, block diagonal)
+                   (head, block diagonal, split)
   mgpu+dropout     mgpu+table with attention dropout 0.1 (the same keep mask, hashed per tile in each kernel)
   mgpu+segments    mgpu+table with pallas+segments' per-head segment table (a rank-1 pair term)
   mgpu+folded      pallas+folded on the Hopper kernels

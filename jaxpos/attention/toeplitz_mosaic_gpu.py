@@ -312,6 +312,14 @@ def _block_ranges(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.min(jnp.where(blocks != 0, blocks, _BIG_ID), axis=-1), jnp.max(blocks, axis=-1)
 
 
+def _causally_live(st: _Static) -> np.ndarray:
+    """Bool [nq, nk] (static): whether the tile's nearest entry (last query row, first key column) is inside the
+    causal limit; every tile without a causal mask."""
+    first_key = np.arange(st.nk)[None, :] * BLOCK
+    last_query = np.arange(st.nq)[:, None] * BLOCK + BLOCK - 1
+    return (first_key - last_query <= st.q_offset) | (not st.causal)
+
+
 def _live_tiles(qseg: jax.Array, kseg: jax.Array, st: _Static) -> jax.Array:
     """Bool [B, nq, nk]: whether the (query block, key block) tile can hold a visible entry."""
     k_lo, k_hi = _block_ranges(kseg)
@@ -319,11 +327,7 @@ def _live_tiles(qseg: jax.Array, kseg: jax.Array, st: _Static) -> jax.Array:
     if st.use_q_ids:
         q_lo, q_hi = _block_ranges(qseg)
         live = live & (k_lo[:, None, :] <= q_hi[:, :, None]) & (q_lo[:, :, None] <= k_hi[:, None, :])
-    if st.causal:  # the tile's nearest entry (last query row, first key column) must be visible
-        first_key = jnp.arange(st.nk) * BLOCK
-        last_query = jnp.arange(st.nq) * BLOCK + BLOCK - 1
-        live = live & (first_key[None, :] - last_query[:, None] <= st.q_offset)[None]
-    return live
+    return live & _causally_live(st)[None]
 
 
 def _visit_lists(live: jax.Array) -> jax.Array:
@@ -934,9 +938,7 @@ def _gradient_splits(batch: int, heads: int, group: int, st: _Static) -> int:
     tiles one after another, and the main diagonal holds B*min(nq, nk)*group of them (at B = 32, T = 512: 128,
     where 132 SMs share 6144 tiles, 47 each): each diagonal is cut into as many pieces as make the longest at
     most half an SM's share, so that no CTA outlasts the others' work. Tiles past a causal limit don't count."""
-    qc = np.arange(st.nq)[:, None]
-    kc = np.arange(st.nk)[None, :]
-    live = (kc * BLOCK - (qc * BLOCK + BLOCK - 1) <= st.q_offset) | (not st.causal)  # tiles before any id skipping
+    live = _causally_live(st)  # tiles before any id skipping
     longest = max(int(np.trace(live, offset=d)) for d in range(1 - st.nq, st.nk)) * batch * group
     total = int(np.sum(live)) * batch * heads
     piece = max(1, math.floor(total / _streaming_multiprocessors(st) / 2))  # tiles: half an SM's share
