@@ -27,7 +27,8 @@ walk. Rows that see no key give out = 0, logsumexp +inf and zero gradients. With
 in the tiles (it depends on the offset alone: NEG past it, `_diagonal_tiles`), so no tile computes it from iotas.
 
 Inputs are bf16 or f16 (f32 accumulation); head widths are padded with zero channels to a multiple of 64 (q and k
-may be wider than v: folded low-rank factors). Attention dropout drops the weights `dropout.keep_mask` drops: each
+may be wider than v: folded low-rank factors). Wide heads leave no registers for a [64, 128] S and dP beside the
+accumulators, so the dQ and dK/dV consumers then take each streamed block in two [64, 64] pieces (`_Piece`). Attention dropout drops the weights `dropout.keep_mask` drops: each
 kernel hashes its tile's keep mask from the query rows' keys and the key indices (`_kept`), nothing stored. A pair
 term u_i . w_j of rank r (a per-head segment table, `bias.segment_pair_factors`) enters every tile from r vectors
 per query and per key (`_with_pair`); its gradient du = dS w is a row sum in the dQ kernel.
@@ -155,13 +156,17 @@ class _Ops:
             return pl.run_scoped(product, plgpu.ACC(acc, jnp.float32))
         return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
-    def load(self, ref, layout, rows=None):
-        """ref[...] (rows: (start, size) of its first axis) in a register layout ("wgmma", "rows", "cols")."""
+    def load(self, ref, layout, rows=None, cols=None):
+        """ref[...] (rows / cols: (start, size) of its first / second axis) in a register layout ("wgmma", "rows",
+        "cols")."""
         if self.interpret:
             x = ref[...]
-            return x if rows is None else lax.dynamic_slice_in_dim(x, rows[0], rows[1])
+            x = x if rows is None else lax.dynamic_slice_in_dim(x, rows[0], rows[1], axis=0)
+            return x if cols is None else lax.dynamic_slice_in_dim(x, cols[0], cols[1], axis=1)
         if rows is not None:
             ref = ref.at[pl.ds(*rows)]
+        if cols is not None:
+            ref = ref.at[:, pl.ds(*cols)]
         return self.plgpu.load(ref, (), layout=self._layout(layout))
 
     def cast(self, x, layout):
@@ -353,23 +358,24 @@ def _diagonal_visits(live: jax.Array, st: _Static) -> jax.Array:
 
 # --- the tile arithmetic and the pieces of a CTA shared by the kernels --------------------------------------------
 
-def _logits(ops: _Ops, s, tile_ref, base, rows, st: _Static):
-    """Base-2 logits of a [64, 128] tile: scale*log2(e)*q.k plus the table's tile (its `rows` half) and base."""
+def _logits(ops: _Ops, s, tile_ref, base, rows, st: _Static, cols=None):
+    """Base-2 logits of a [64, 128] (or [64, 64]) tile: scale*log2(e)*q.k plus the table's tile (its `rows` half,
+    and `cols`: (start, size) of a column piece) and base."""
     s = s * (st.scale * LOG2E)
     if tile_ref is None:
         return s
-    return s + (ops.load(tile_ref, "wgmma", rows=rows).astype(jnp.float32) + base)
+    return s + (ops.load(tile_ref, "wgmma", rows=rows, cols=cols).astype(jnp.float32) + base)
 
 
 def _tile_mask(ops: _Ops, row_ids, col_ids, row_start, col_start, st: _Static, keys_are_rows: bool,
                causal: bool = False):
-    """Bool [64, 128] of visible entries (None: no mask). row_ids [64] / col_ids [128] in the row / column layouts;
+    """Bool [64, W] of visible entries (None: no mask). row_ids [64] / col_ids [W] in the row / column layouts;
     rows are queries (or keys, for the dK/dV kernel's transposed tiles). `causal`: the tile may cross the causal
     limit, which the kernel computes (`_walk`)."""
     causal = causal and st.causal_in_kernel
     if not (st.masked or causal):
         return None
-    shape = (HALF, BLOCK)
+    shape = (HALF, col_ids.shape[0])
     rows = lax.broadcast_in_dim(row_ids, shape, [0])
     cols = lax.broadcast_in_dim(col_ids, shape, [1])
     q_ids, k_ids = (cols, rows) if keys_are_rows else (rows, cols)
@@ -414,13 +420,60 @@ def _walk(vis_s, count, step, carry, wholly_visible, keys_listed: bool, st: _Sta
     return lax.fori_loop(split, count, functools.partial(step, causal=not first_crosses), carry)
 
 
-def _kept(ops: _Ops, row_keys, key_start, st: _Static, keys_are_rows: bool):
-    """`dropout.keep` of a [64, 128] tile (None without dropout): row_keys, the dropout keys of its queries (a
-    row-layout [64] vector, or a column-layout [128] one in the dK/dV kernel's transposed tiles, whose rows are keys
-    from key index `key_start`)."""
+@dataclasses.dataclass(frozen=True)
+class _Piece:
+    """The rows [start, start + width) of a streamed 128-row block that a consumer takes at once: a [64, width]
+    S and dP live instead of [64, 128] ones (`_in_pieces`)."""
+
+    start: int = 0
+    width: int = BLOCK
+
+    @property
+    def first(self) -> bool:  # waits on the slot's barriers
+        return self.start == 0
+
+    @property
+    def last(self) -> bool:  # frees the slot
+        return self.start + self.width == BLOCK
+
+    @property
+    def span(self) -> tuple[int, int] | None:
+        """(start, size) for `_Ops.load`; None for the whole block."""
+        return None if self.width == BLOCK else (self.start, self.width)
+
+    def of(self, ref):
+        """The piece's rows of a streamed [128, ...] buffer."""
+        return ref if self.width == BLOCK else ref.at[pl.ds(self.start, self.width)]
+
+
+def _pieces(dim: int, dim_v: int) -> int:
+    """How many pieces the dQ and dK/dV kernels take each streamed block in (`_Piece`). A consumer thread holds its
+    accumulators (dQ: dim/2 float32 registers; dK and dV: dim/2 + dim_v/2) and a tile's S and dP (64 each for 128
+    rows) in the 232 it has. At head width 128 that spilled 20-590 B (ptxas, `bench/kernel_registers.py`), and 0-60
+    B in [64, 64] pieces. Folded q and k 128 wide over v 64 keep whole blocks: dK/dV spills 8-16 B there, which
+    should cost less than wgmma at N = 64 (see bench/RESULTS.md, item 13)."""
+    return 2 if dim + dim_v > 192 else 1
+
+
+def _in_pieces(piece_step, count: int):
+    """A `_walk` step that runs piece_step(i, carry, causal, piece) over `count` pieces of entry i's block, one
+    after another."""
+
+    def step(i, carry, causal):
+        for n in range(count):
+            carry = piece_step(i, carry, causal, _Piece(n * BLOCK // count, BLOCK // count))
+        return carry
+
+    return step
+
+
+def _kept(ops: _Ops, row_keys, key_start, st: _Static, keys_are_rows: bool, width: int = BLOCK):
+    """`dropout.keep` of a [64, width] tile (None without dropout): row_keys, the dropout keys of its queries (a
+    row-layout [64] vector, or a column-layout [width] one in the dK/dV kernel's transposed tiles, whose rows are
+    keys from key index `key_start`)."""
     if not st.dropout:
         return None
-    shape = (HALF, BLOCK)
+    shape = (HALF, width)
     query_axis, key_axis = (1, 0) if keys_are_rows else (0, 1)
     keys = lax.broadcast_in_dim(row_keys, shape, [query_axis])
     return dropout.keep(keys, ops.iota(shape, key_axis) + key_start, st.dropout_rate)
@@ -445,13 +498,13 @@ def _inverse_keep(st: _Static) -> float:
     return 1.0 / (1.0 - st.dropout_rate)
 
 
-def _minus_delta(load_delta, query_axis: int, st: _Static):
-    """The start of a tile's dP accumulator: -delta broadcast along the query axis (0, or 1 in the dK/dV kernel's
-    transposed tiles), so that the product leaves dP - delta and delta's vector does not live past it; with
-    dropout, which scales dP before delta comes off, zero (its shape), and delta is loaded later."""
+def _minus_delta(load_delta, query_axis: int, st: _Static, width: int = BLOCK):
+    """The start of a [64, width] tile's dP accumulator: -delta broadcast along the query axis (0, or 1 in the
+    dK/dV kernel's transposed tiles), so that the product leaves dP - delta and delta's vector does not live past
+    it; with dropout, which scales dP before delta comes off, zero (its shape), and delta is loaded later."""
     if st.dropout:
-        return (HALF, BLOCK)
-    return lax.broadcast_in_dim(-load_delta(), (HALF, BLOCK), [query_axis])
+        return (HALF, width)
+    return lax.broadcast_in_dim(-load_delta(), (HALF, width), [query_axis])
 
 
 def _keep_sign(p, kept):
@@ -589,26 +642,32 @@ class _KeyBlocks:
         _stream(count, self.stages, (self.k_free, self.tile_free, self.v_free), fetch)
 
     def logits(self, ops: _Ops, q_ref, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool,
-               u_rows=(), causal=False):
-        """A consumer's base-2 logits [64, 128] of key block kc (masked entries NEG) and the block's pair features
-        w (r column vectors; u_rows: its rows' u); frees the tile, ids and w, not K (the dQ kernel reads it
-        again)."""
+               u_rows=(), causal=False, piece=_Piece()):
+        """A consumer's base-2 logits [64, 128] of key block kc (or [64, width] of its keys `piece`; masked entries
+        NEG) and the piece's pair features w (r column vectors; u_rows: its rows' u); the last piece frees the
+        tile, ids and w, not K (the dQ kernel reads it again)."""
         plgpu = _plgpu()
-        plgpu.barrier_wait(self.k_ready.at[slot])
-        s = ops.mma(q_ref, self.k.at[slot], (HALF, BLOCK), transpose_b=True)
-        plgpu.barrier_wait(self.ids_ready.at[slot])
+        if piece.first:
+            plgpu.barrier_wait(self.k_ready.at[slot])
+        s = ops.mma(q_ref, piece.of(self.k.at[slot]), (HALF, piece.width), transpose_b=True)
+        if piece.first:
+            plgpu.barrier_wait(self.ids_ready.at[slot])
         if has_table:
-            plgpu.barrier_wait(self.tile_ready.at[slot])
-            s = _logits(ops, s, self.tile.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st)
+            if piece.first:
+                plgpu.barrier_wait(self.tile_ready.at[slot])
+            s = _logits(ops, s, self.tile.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st, piece.span)
         else:
             s = _logits(ops, s, None, None, None, st)
         w_cols = []
         if st.pair_rank:
-            plgpu.barrier_wait(self.w_ready[0].at[slot])
-            w_cols = [ops.load(self.w.at[slot, g], "cols") for g in range(st.pair_rank)]
+            if piece.first:
+                plgpu.barrier_wait(self.w_ready[0].at[slot])
+            w_cols = [ops.load(self.w.at[slot, g], "cols", rows=piece.span) for g in range(st.pair_rank)]
             s = _with_pair(s, u_rows, w_cols, False)
-        mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols"), row0, kc * BLOCK, st, False, causal)
-        plgpu.barrier_arrive(self.tile_free.at[slot])
+        mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols", rows=piece.span), row0,
+                          kc * BLOCK + piece.start, st, False, causal)
+        if piece.last:
+            plgpu.barrier_arrive(self.tile_free.at[slot])
         return _masked(s, mask), w_cols
 
 
@@ -749,25 +808,31 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
         q_ids, lse, delta = (ops.load(ref.at[wg], "rows") for ref in (qid_s, lse_s, delta_s))
         row_keys, u_rows = _load_query_extras(ops, extras, wg, st)
 
-        def step(i, carry, causal):
+        def step(i, carry, causal, piece):
             dq, du = carry
             slot = lax.rem(i, stream.stages)
             kc = vis_s[1 + i]
             s, w_cols = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table,
-                                      u_rows, causal)
+                                      u_rows, causal, piece)
             p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
-            plgpu.barrier_wait(stream.v_ready.at[slot])
-            dp = ops.mma(do_s.at[wg], stream.v.at[slot], _minus_delta(lambda: delta, 0, st), transpose_b=True)
-            plgpu.barrier_arrive(stream.v_free.at[slot])
-            ds = _score_gradient(_keep_sign(p, _kept(ops, row_keys, kc * BLOCK, st, False)), dp, lambda: delta, 0, st)
+            if piece.first:
+                plgpu.barrier_wait(stream.v_ready.at[slot])
+            dp = ops.mma(do_s.at[wg], piece.of(stream.v.at[slot]), _minus_delta(lambda: delta, 0, st, piece.width),
+                         transpose_b=True)
+            if piece.last:
+                plgpu.barrier_arrive(stream.v_free.at[slot])
+            kept = _kept(ops, row_keys, kc * BLOCK + piece.start, st, False, piece.width)
+            ds = _score_gradient(_keep_sign(p, kept), dp, lambda: delta, 0, st)
             du = tuple(d + jnp.sum(ds * lax.broadcast_in_dim(w, ds.shape, [1]), axis=1) for d, w in zip(du, w_cols))
-            dq = ops.mma(ds.astype(dtype), stream.k.at[slot], dq)
-            plgpu.barrier_arrive(stream.k_free.at[slot])
+            dq = ops.mma(ds.astype(dtype), piece.of(stream.k.at[slot]), dq)
+            if piece.last:
+                plgpu.barrier_arrive(stream.k_free.at[slot])
             return dq, du
 
         du0 = tuple(ops.full((HALF,), 0.0, "rows") for _ in range(st.pair_rank))
-        dq, du = _walk(vis_s, count, step, (ops.full((HALF, dim), 0.0, "wgmma"), du0),
-                       functools.partial(_keys_wholly_visible, row0, st), True, st)
+        dq, du = _walk(vis_s, count, _in_pieces(step, _pieces(dim, dim_v)),
+                       (ops.full((HALF, dim), 0.0, "wgmma"), du0), functools.partial(_keys_wholly_visible, row0, st),
+                       True, st)
         q_s[wg] = (dq * st.scale).astype(dtype)
         u_s = extras[1]
         for g, d in enumerate(du):  # u's buffer is free: du goes out through it
@@ -810,6 +875,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
              + _nbytes((2, st.pair_rank, HALF), jnp.float32)
              + 4 * visits.shape[-1] + _bases_bytes(bases))
     stages = _stages(per_stage, fixed, "dK/dV")
+    pieces = _pieces(dim, dim_v)
 
     def body(q_g, k_g, v_g, do_g, lse_g, delta_g, t_g, base_g, qid_g, kid_g, vis_g, rk_g, u_g, w_g, dk_g, dv_g,
              scratch):
@@ -833,43 +899,58 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
             k_ids = ops.load(kid_s.at[wg], "rows")
             w_rows = [ops.load(w_s.at[wg, g], "rows") for g in range(st.pair_rank)]
 
-            def step(i, carry, causal):
+            def step(i, carry, causal, piece):
                 dk, dv = carry
                 slot = lax.rem(i, stages)
                 qc = vis_s[1 + i]
-                plgpu.barrier_wait(lse_bar.at[slot])
+                if piece.first:
+                    plgpu.barrier_wait(lse_bar.at[slot])
                 # the product starts from -lse (in q.k units): lse's column vector dies before the tile is live
-                lse = ops.load(lse_s.at[slot], "cols") * (-1.0 / (st.scale * LOG2E))
-                plgpu.barrier_wait(q_bar.at[slot])
-                s = ops.mma(k_s.at[wg], q_s.at[slot], lax.broadcast_in_dim(lse, (HALF, BLOCK), [1]), transpose_b=True)
-                plgpu.barrier_wait(qid_bar.at[slot])
+                lse = ops.load(lse_s.at[slot], "cols", rows=piece.span) * (-1.0 / (st.scale * LOG2E))
+                if piece.first:
+                    plgpu.barrier_wait(q_bar.at[slot])
+                s = ops.mma(k_s.at[wg], piece.of(q_s.at[slot]), lax.broadcast_in_dim(lse, (HALF, piece.width), [1]),
+                            transpose_b=True)
+                if piece.first:
+                    plgpu.barrier_wait(qid_bar.at[slot])
                 if has_table:
-                    plgpu.barrier_wait(t_bar.at[slot])
-                    s = _logits(ops, s, t_s.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st)
+                    if piece.first:
+                        plgpu.barrier_wait(t_bar.at[slot])
+                    s = _logits(ops, s, t_s.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st, piece.span)
                 else:
                     s = _logits(ops, s, None, None, None, st)
                 if st.pair_rank:
-                    plgpu.barrier_wait(u_bar.at[slot])
-                    s = _with_pair(s, [ops.load(u_s.at[slot, g], "cols") for g in range(st.pair_rank)], w_rows, True)
-                mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols"), key0, qc * BLOCK, st, True, causal)
+                    if piece.first:
+                        plgpu.barrier_wait(u_bar.at[slot])
+                    s = _with_pair(s, [ops.load(u_s.at[slot, g], "cols", rows=piece.span)
+                                       for g in range(st.pair_rank)], w_rows, True)
+                mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols", rows=piece.span), key0,
+                                  qc * BLOCK + piece.start, st, True, causal)
                 p = jnp.exp2(_masked(s, mask))
                 if st.dropout:
-                    plgpu.barrier_wait(rk_bar.at[slot])
-                    p = _keep_sign(p, _kept(ops, ops.load(rk_s.at[slot], "cols"), key0, st, True))
-                plgpu.barrier_wait(do_bar.at[slot])
-                plgpu.barrier_wait(delta_bar.at[slot])
-                load_delta = functools.partial(ops.load, delta_s.at[slot], "cols")
-                dv = ops.mma(_kept_weights(p, st).astype(dtype), do_s.at[slot], dv)
-                dp = ops.mma(v_s.at[wg], do_s.at[slot], _minus_delta(load_delta, 1, st), transpose_b=True)
+                    if piece.first:
+                        plgpu.barrier_wait(rk_bar.at[slot])
+                    p = _keep_sign(p, _kept(ops, ops.load(rk_s.at[slot], "cols", rows=piece.span), key0, st, True,
+                                            piece.width))
+                if piece.first:
+                    plgpu.barrier_wait(do_bar.at[slot])
+                    plgpu.barrier_wait(delta_bar.at[slot])
+                load_delta = functools.partial(ops.load, delta_s.at[slot], "cols", rows=piece.span)
+                dv = ops.mma(_kept_weights(p, st).astype(dtype), piece.of(do_s.at[slot]), dv)
+                dp = ops.mma(v_s.at[wg], piece.of(do_s.at[slot]), _minus_delta(load_delta, 1, st, piece.width),
+                             transpose_b=True)
                 ds = _score_gradient(p, dp, load_delta, 1, st)
-                plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse, delta, row keys and u of the slot
-                plgpu.barrier_arrive(do_free.at[slot])
-                dk = ops.mma(ds.astype(dtype), q_s.at[slot], dk)
-                plgpu.barrier_arrive(q_free.at[slot])
+                if piece.last:
+                    plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse, delta, row keys and u of the slot
+                    plgpu.barrier_arrive(do_free.at[slot])
+                dk = ops.mma(ds.astype(dtype), piece.of(q_s.at[slot]), dk)
+                if piece.last:
+                    plgpu.barrier_arrive(q_free.at[slot])
                 return dk, dv
 
             carry = (ops.full((HALF, dim), 0.0, "wgmma"), ops.full((HALF, dim_v), 0.0, "wgmma"))
-            dk, dv = _walk(vis_s, count, step, carry, functools.partial(_queries_wholly_visible, key0, st), False, st)
+            dk, dv = _walk(vis_s, count, _in_pieces(step, pieces), carry,
+                           functools.partial(_queries_wholly_visible, key0, st), False, st)
             k_s[wg] = (dk * st.scale).astype(dtype)
             v_s[wg] = (dv * _inverse_keep(st)).astype(dtype)
             plgpu.commit_smem()

@@ -29,13 +29,15 @@ def bf16(*arrays):
 
 
 @pytest.mark.long
-def test_tisa_and_alibi_heads_padded_and_packed_with_segments():
+def test_tisa_and_alibi_heads_padded_and_packed_with_segments(monkeypatch):
     """A TISA head and an ALiBi head (whose table grows with the offset: the per-tile base keeps it exact) over
     three blocks a side (T = S = 300: every kernel refills a pipeline slot), two packed pieces per row with
     trailing padding, and a per-head segment table over three token types (a rank-2 pair term, in every kernel's
     tiles): out, dq, dk, dv and the parameter gradients of both mechanisms and of the segment table (through du
     from the dQ kernel). (T5, DIET-Rel and the attenuated offset form reach the kernels the same way, as an
-    [H|1, W] table.)"""
+    [H|1, W] table.) The dK/dV kernel takes each query block and the dQ kernel each key block in two pieces, as
+    at head width 128 (the table's tile, the ids, u and w read a piece at a time; du sums both pieces)."""
+    monkeypatch.setattr(mgpu, "_pieces", lambda *args: 2)
     length = 300
     (tisa, tisa_params), (alibi, alibi_params) = (mechanism(dict(kind=kind), length) for kind in ("tisa", "alibi"))
 
@@ -57,8 +59,11 @@ def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout(monkeypat
     0.3: tiles past the causal limit skipped, diagonal tiles masked inside, the table-gradient kernel summing both
     heads into each block diagonal, and every kernel dropping the weights the XLA path drops (the keep mask hashed
     from each tile's query rows and key indices: in the dK/dV kernel's transposed tiles too). The table gradient's
-    walk of each diagonal is cut into 3 CTAs, over 4 or 2 (head, tile) pairs: 2 + 2 + 0 and 1 + 1 + 0."""
+    walk of each diagonal is cut into 3 CTAs, over 4 or 2 (head, tile) pairs: 2 + 2 + 0 and 1 + 1 + 0. The dK/dV
+    and dQ kernels take each streamed block in two pieces, as at head width 128 (each piece hashes its own keep
+    mask)."""
     monkeypatch.setattr(mgpu, "_gradient_splits", lambda *args: 3)
+    monkeypatch.setattr(mgpu, "_pieces", lambda *args: 2)
     t, s, offset = 130, 300, 170
     q = bf16(random((1, t, HEADS, 16), 3))[0]
     k, v = bf16(random((1, s, HEADS, 16), 4), random((1, s, HEADS, 16), 5))
@@ -81,12 +86,15 @@ def test_causal_limit_in_the_tiles_only_rows_that_see_no_key(dtype):
                             dict(causal=True, q_offset=-100), rtol=RTOL)
 
 
-def test_no_table_causal_wide_qk_f16():
+@pytest.mark.parametrize("pieces", [1, 2])
+def test_no_table_causal_wide_qk_f16(monkeypatch, pieces):
     """No table, f16, q and k 80 channels wide (folded factors: padded to 128) over v of 48 (padded to 64), T = 200
     queries at positions 126.. over S = 330 keys, causal (computed in the kernels: no table carries it) and the
     padded keys, an explicit scale: out and dq, dk, dv of sum(out * g) against the einsum formula in float32.
     Every kernel's walk has tiles wholly inside the causal limit (no mask arithmetic) and tiles across it, and
-    some CTA walks only one kind (`_walk`); a tile one key past the limit is walked as one across it."""
+    some CTA walks only one kind (`_walk`); a tile one key past the limit is walked as one across it. Streamed
+    blocks whole, and in two pieces each masked on its own, as at head width 128 (`_pieces`)."""
+    monkeypatch.setattr(mgpu, "_pieces", lambda *args: pieces)
     q = random((1, 200, 1, 80), 10).astype(jnp.float16)
     k = random((1, 330, 1, 80), 11).astype(jnp.float16)
     v = random((1, 330, 1, 48), 12).astype(jnp.float16)
@@ -245,14 +253,16 @@ def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
 # --- what the compiled path is checked by on the CPU: its CUDA lowering --------------------------------------------
 
 @pytest.mark.parametrize("table,width,width_v,rate,rank,kernels", [
-    (True, 64, 64, 0.0, 0, 4), (False, 128, 64, 0.0, 0, 3), (True, 128, 128, 0.0, 0, 4), (True, 64, 64, 0.1, 1, 4)],
-    ids=["table", "no_table_wide", "table_wide", "table_dropout_pair"])
+    (True, 64, 64, 0.0, 0, 4), (False, 128, 64, 0.0, 0, 3), (True, 128, 128, 0.0, 0, 4), (True, 64, 64, 0.1, 1, 4),
+    (True, 128, 128, 0.1, 1, 4)], ids=["table", "no_table_wide", "table_wide", "table_dropout_pair", "wide_dropout_pair"])
 def test_lowers_for_cuda(table, width, width_v, rate, rank, kernels):
     """Lowering for CUDA from this host runs Mosaic GPU's layout inference and shared-memory accounting on every
     kernel (forward, dQ, dK/dV, and with a table the table gradient): they become mosaic_gpu custom calls. With
     dropout, the keep-mask hash (int32 multiply, xor, shifts) runs on the wgmma register layout; with a pair term
     (rank 1), its vectors are broadcast into the tiles and du is a row sum. Head width 128 with a table is where
-    the forward's two stages would exceed shared memory by Mosaic's own count (SMEM_HEADROOM)."""
+    the forward's two stages would exceed shared memory by Mosaic's own count (SMEM_HEADROOM). At head width 128
+    the dQ and dK/dV kernels take their streamed blocks in [64, 64] pieces (column slices of the tiles, and of the
+    ids, dropout keys and pair vectors, in the wgmma layouts)."""
     shape = jax.ShapeDtypeStruct((2, 384, 4, width), jnp.bfloat16)
     v_shape = jax.ShapeDtypeStruct((2, 384, 4, width_v), jnp.bfloat16)
     seg = jax.ShapeDtypeStruct((2, 384), jnp.int32)
