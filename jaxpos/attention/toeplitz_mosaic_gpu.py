@@ -3,7 +3,9 @@
 
 Every kernel runs one CTA of three warpgroups: two consumers that own 64 rows each of a 128-row block and issue
 wgmma, and a producer that streams the other side's 128-row blocks into shared memory by TMA, `STAGES` deep,
-through one mbarrier per buffer and slot (and a "free" barrier per slot that both consumers arrive on).
+through one mbarrier per buffer and slot (and a "free" barrier per slot that both consumers arrive on). In the
+forward the consumers take turns on the tensor cores (FlashAttention-3's ping-pong): one's softmax and table tile
+run while the other's products do.
 
 How the table enters. The kernels cannot gather, so the offset table `ext` [H'|1, T_pad + S_pad] (from
 `toeplitz_kernel._offset_table`) is laid out once per call as the tiles of its block diagonals: a (128-row,
@@ -132,15 +134,17 @@ class _Ops:
         self.interpret = interpret
         self.plgpu = None if interpret else _plgpu()
 
-    def mma(self, a, b_ref, acc, transpose_b=False):
+    def mma(self, a, b_ref, acc, transpose_b=False, issued=None):
         """acc + a [M, K] (registers or a shared-memory ref) @ b_ref [K, N] (or b_ref^T) -> float32 [M, N]; `acc`
         a float32 [M, N] in the wgmma layout, which the product accumulates into (no second [M, N] of registers,
-        no add), or the shape (M, N) to start from zero."""
+        no add), or the shape (M, N) to start from zero. `issued()` runs while the wgmma does (fresh only)."""
         fresh = isinstance(acc, tuple)
         if self.interpret:
             a_val = a if isinstance(a, jax.Array) else a[...]  # registers, or a ref's view
             b_val = b_ref[...]
             product = jnp.dot(a_val, b_val.T if transpose_b else b_val, preferred_element_type=jnp.float32)
+            if issued is not None:
+                issued()
             return product if fresh else acc + product
         plgpu = self.plgpu
 
@@ -151,6 +155,8 @@ class _Ops:
 
             def product(acc_ref):
                 accumulate(acc_ref)
+                if issued is not None:
+                    issued()
                 return acc_ref[...]
 
             return pl.run_scoped(product, plgpu.ACC(acc, jnp.float32))
@@ -642,14 +648,14 @@ class _KeyBlocks:
         _stream(count, self.stages, (self.k_free, self.tile_free, self.v_free), fetch)
 
     def logits(self, ops: _Ops, q_ref, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool,
-               u_rows=(), causal=False, piece=_Piece()):
+               u_rows=(), causal=False, piece=_Piece(), issued=None):
         """A consumer's base-2 logits [64, 128] of key block kc (or [64, width] of its keys `piece`; masked entries
         NEG) and the piece's pair features w (r column vectors; u_rows: its rows' u); the last piece frees the
-        tile, ids and w, not K (the dQ kernel reads it again)."""
+        tile, ids and w, not K (the dQ kernel reads it again). `issued()` runs while the product Q K^T does."""
         plgpu = _plgpu()
         if piece.first:
             plgpu.barrier_wait(self.k_ready.at[slot])
-        s = ops.mma(q_ref, piece.of(self.k.at[slot]), (HALF, piece.width), transpose_b=True)
+        s = ops.mma(q_ref, piece.of(self.k.at[slot]), (HALF, piece.width), transpose_b=True, issued=issued)
         if piece.first:
             plgpu.barrier_wait(self.ids_ready.at[slot])
         if has_table:
@@ -736,8 +742,16 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
     has_table = tiles is not None
 
     def consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s):
-        (q_s, o_s, lse_s, qid_s), extras, own_bar = own
+        (q_s, o_s, lse_s, qid_s, turn), extras, own_bar = own
         o_s = q_s if o_s is None else o_s  # Q's buffer is free at the end: the output goes out through it
+
+        def take_turns():
+            """FlashAttention-3's ping-pong: the consumers meet here after issuing Q K^T and before P V, so that
+            one's softmax runs while the other's products do (consumer 1 meets once before its walk, consumer 0
+            once after: both meet 2 * count + 1 times)."""
+            plgpu.barrier_arrive(turn)
+            plgpu.barrier_wait(turn)
+
         row0 = qc * BLOCK + wg * HALF
         rows = pl.ds(row0, HALF)
         _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["qseg"].at[b, rows], qid_s.at[wg])]
@@ -750,22 +764,29 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
             slot = lax.rem(i, stream.stages)
             kc = vis_s[1 + i]
             s, _ = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table, u_rows,
-                                 causal)
+                                 causal, issued=take_turns)
             plgpu.barrier_arrive(stream.k_free.at[slot])
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             # a row whose keys so far are all masked has m_new = NEG: subtracting 0 keeps its weights exp2(NEG) = 0
             m_sub = jnp.where(m_new > 0.5 * NEG, m_new, 0.0) if st.masked or st.causal else m_new
             p = jnp.exp2(s - lax.broadcast_in_dim(m_sub, s.shape, [0]))
             alpha = jnp.exp2(m - m_new)
-            kept = _kept(ops, row_keys, kc * BLOCK, st, False)  # l sums the weights before dropout
+            l = l * alpha + jnp.sum(p, axis=1)  # the weights before dropout
+            p = _dropped(p, _kept(ops, row_keys, kc * BLOCK, st, False)).astype(dtype)
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+            # the softmax done before the turn is handed over (jax's FlashAttention-3 orders it so, measured)
+            acc, l, m_new, p = lax.optimization_barrier((acc, l, m_new, p))
+            plgpu.barrier_arrive(turn)
             plgpu.barrier_wait(stream.v_ready.at[slot])
-            acc = ops.mma(_dropped(p, kept).astype(dtype), stream.v.at[slot],
-                          acc * lax.broadcast_in_dim(alpha, acc.shape, [0]))
+            plgpu.barrier_wait(turn)  # the other consumer's Q K^T is issued: the tensor cores are free for P V
+            acc = ops.mma(p, stream.v.at[slot], acc)
             plgpu.barrier_arrive(stream.v_free.at[slot])
-            return acc, m_new, l * alpha + jnp.sum(p, axis=1)
+            return acc, m_new, l
 
         carry = (ops.full((HALF, dim_v), 0.0, "wgmma"), ops.full((HALF,), NEG, "rows"), ops.full((HALF,), 0.0, "rows"))
+        pl.when(wg == 1)(take_turns)
         acc, m, l = _walk(vis_s, count, step, carry, functools.partial(_keys_wholly_visible, row0, st), True, st)
+        pl.when(wg == 0)(take_turns)
         seen = l > 0.0
         safe = jnp.where(seen, l, 1.0)
         norm = safe * (1.0 - st.dropout_rate) if st.dropout else safe  # dropout's 1 / (1 - rate)
@@ -777,7 +798,8 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
         plgpu.wait_smem_to_gmem(0)
 
     own_buffers = (_swizzled((2, HALF, dim), dtype), _swizzled((2, HALF, dim_v), dtype) if dim_v != dim else None,
-                   plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.int32))
+                   plgpu.SMEM((2, HALF), jnp.float32), plgpu.SMEM((2, HALF), jnp.int32),
+                   plgpu.Barrier(num_arrivals=2))
     own_bytes = (_nbytes((2, HALF, dim), dtype) + (_nbytes((2, HALF, dim_v), dtype) if dim_v != dim else 0)
                  + 2 * _nbytes((2, HALF), jnp.float32))
     out_type = (jax.ShapeDtypeStruct((batch, st.t_pad, heads, dim_v), dtype),
