@@ -30,10 +30,11 @@ in the tiles (it depends on the offset alone: NEG past it, `_diagonal_tiles`), s
 
 Inputs are bf16 or f16 (f32 accumulation); head widths are padded with zero channels to a multiple of 64 (q and k
 may be wider than v: folded low-rank factors). Wide heads leave no registers for a [64, 128] S and dP beside the
-accumulators, so the dQ and dK/dV consumers then take each streamed block in two [64, 64] pieces (`_Piece`). Attention dropout drops the weights `dropout.keep_mask` drops: each
-kernel hashes its tile's keep mask from the query rows' keys and the key indices (`_kept`), nothing stored. A pair
-term u_i . w_j of rank r (a per-head segment table, `bias.segment_pair_factors`) enters every tile from r vectors
-per query and per key (`_with_pair`); its gradient du = dS w is a row sum in the dQ kernel.
+accumulators, so the dQ and dK/dV consumers then take each streamed block in two [64, 64] pieces (`_Piece`).
+Attention dropout drops the weights `dropout.keep_mask` drops: each kernel hashes its tile's keep mask from the
+query rows' keys and the key indices (`_kept`), nothing stored. A pair term u_i . w_j of rank r (a per-head segment
+table, `bias.segment_pair_factors`) enters every tile from r vectors per query and per key (`_with_pair`); its
+gradient du = dS w is a row sum in the dQ kernel.
 
 Testing on a machine without a GPU: Pallas's Mosaic GPU interpreter runs these kernels thread by thread with
 simulated shared memory, TMA and barriers (and finds races), but has no rule for wgmma with a transposed or
@@ -774,7 +775,7 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
             l = l * alpha + jnp.sum(p, axis=1)  # the weights before dropout
             p = _dropped(p, _kept(ops, row_keys, kc * BLOCK, st, False)).astype(dtype)
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-            # the softmax done before the turn is handed over (jax's FlashAttention-3 orders it so, measured)
+            # the softmax finished before the turn is handed over: the order jax's FlashAttention-3 found fastest
             acc, l, m_new, p = lax.optimization_barrier((acc, l, m_new, p))
             plgpu.barrier_arrive(turn)
             plgpu.barrier_wait(stream.v_ready.at[slot])
