@@ -254,7 +254,8 @@ def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
 
 @pytest.mark.parametrize("table,width,width_v,rate,rank,kernels", [
     (True, 64, 64, 0.0, 0, 4), (False, 128, 64, 0.0, 0, 3), (True, 128, 128, 0.0, 0, 4), (True, 64, 64, 0.1, 1, 4),
-    (True, 128, 128, 0.1, 1, 4)], ids=["table", "no_table_wide", "table_wide", "table_dropout_pair", "wide_dropout_pair"])
+    (True, 128, 128, 0.1, 1, 4)],
+    ids=["table", "no_table_wide", "table_wide", "table_dropout_pair", "wide_dropout_pair"])
 def test_lowers_for_cuda(table, width, width_v, rate, rank, kernels):
     """Lowering for CUDA from this host runs Mosaic GPU's layout inference and shared-memory accounting on every
     kernel (forward, dQ, dK/dV, and with a table the table gradient): they become mosaic_gpu custom calls. With
