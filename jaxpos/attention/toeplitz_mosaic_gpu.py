@@ -138,7 +138,7 @@ class _Ops:
     def mma(self, a, b_ref, acc, transpose_b=False, issued=None):
         """acc + a [M, K] (registers or a shared-memory ref) @ b_ref [K, N] (or b_ref^T) -> float32 [M, N]; `acc`
         a float32 [M, N] in the wgmma layout, which the product accumulates into (no second [M, N] of registers,
-        no add), or the shape (M, N) to start from zero. `issued()` runs while the wgmma does (fresh only)."""
+        no add), or the shape (M, N) to start from zero. `issued()` runs while the wgmma does."""
         fresh = isinstance(acc, tuple)
         if self.interpret:
             a_val = a if isinstance(a, jax.Array) else a[...]  # registers, or a ref's view
@@ -151,13 +151,13 @@ class _Ops:
 
         def accumulate(acc_ref):
             plgpu.wgmma(acc_ref, a, plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref)
+            if issued is not None:
+                issued()
 
         if fresh:  # the first wgmma zeroes the accumulator
 
             def product(acc_ref):
                 accumulate(acc_ref)
-                if issued is not None:
-                    issued()
                 return acc_ref[...]
 
             return pl.run_scoped(product, plgpu.ACC(acc, jnp.float32))
@@ -435,13 +435,16 @@ class _Piece:
     start: int = 0
     width: int = BLOCK
 
-    @property
-    def first(self) -> bool:  # waits on the slot's barriers
-        return self.start == 0
+    def wait(self, barrier):
+        """Waits for a slot's buffer in the first piece only (a second wait would expect the barrier's next
+        phase)."""
+        if self.start == 0:
+            _plgpu().barrier_wait(barrier)
 
-    @property
-    def last(self) -> bool:  # frees the slot
-        return self.start + self.width == BLOCK
+    def free(self, barrier):
+        """Arrives on a slot's "free" barrier in the last piece only: the later pieces still read the slot."""
+        if self.start + self.width == BLOCK:
+            _plgpu().barrier_arrive(barrier)
 
     @property
     def span(self) -> tuple[int, int] | None:
@@ -653,28 +656,22 @@ class _KeyBlocks:
         """A consumer's base-2 logits [64, 128] of key block kc (or [64, width] of its keys `piece`; masked entries
         NEG) and the piece's pair features w (r column vectors; u_rows: its rows' u); the last piece frees the
         tile, ids and w, not K (the dQ kernel reads it again). `issued()` runs while the product Q K^T does."""
-        plgpu = _plgpu()
-        if piece.first:
-            plgpu.barrier_wait(self.k_ready.at[slot])
+        piece.wait(self.k_ready.at[slot])
         s = ops.mma(q_ref, piece.of(self.k.at[slot]), (HALF, piece.width), transpose_b=True, issued=issued)
-        if piece.first:
-            plgpu.barrier_wait(self.ids_ready.at[slot])
+        piece.wait(self.ids_ready.at[slot])
         if has_table:
-            if piece.first:
-                plgpu.barrier_wait(self.tile_ready.at[slot])
+            piece.wait(self.tile_ready.at[slot])
             s = _logits(ops, s, self.tile.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st, piece.span)
         else:
             s = _logits(ops, s, None, None, None, st)
         w_cols = []
         if st.pair_rank:
-            if piece.first:
-                plgpu.barrier_wait(self.w_ready[0].at[slot])
+            piece.wait(self.w_ready[0].at[slot])
             w_cols = [ops.load(self.w.at[slot, g], "cols", rows=piece.span) for g in range(st.pair_rank)]
             s = _with_pair(s, u_rows, w_cols, False)
         mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols", rows=piece.span), row0,
                           kc * BLOCK + piece.start, st, False, causal)
-        if piece.last:
-            plgpu.barrier_arrive(self.tile_free.at[slot])
+        piece.free(self.tile_free.at[slot])
         return _masked(s, mask), w_cols
 
 
@@ -838,18 +835,15 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
             s, w_cols = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table,
                                       u_rows, causal, piece)
             p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
-            if piece.first:
-                plgpu.barrier_wait(stream.v_ready.at[slot])
+            piece.wait(stream.v_ready.at[slot])
             dp = ops.mma(do_s.at[wg], piece.of(stream.v.at[slot]), _minus_delta(lambda: delta, 0, st, piece.width),
                          transpose_b=True)
-            if piece.last:
-                plgpu.barrier_arrive(stream.v_free.at[slot])
+            piece.free(stream.v_free.at[slot])
             kept = _kept(ops, row_keys, kc * BLOCK + piece.start, st, False, piece.width)
             ds = _score_gradient(_keep_sign(p, kept), dp, lambda: delta, 0, st)
             du = tuple(d + jnp.sum(ds * lax.broadcast_in_dim(w, ds.shape, [1]), axis=1) for d, w in zip(du, w_cols))
             dq = ops.mma(ds.astype(dtype), piece.of(stream.k.at[slot]), dq)
-            if piece.last:
-                plgpu.barrier_arrive(stream.k_free.at[slot])
+            piece.free(stream.k_free.at[slot])
             return dq, du
 
         du0 = tuple(ops.full((HALF,), 0.0, "rows") for _ in range(st.pair_rank))
@@ -926,49 +920,40 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
                 dk, dv = carry
                 slot = lax.rem(i, stages)
                 qc = vis_s[1 + i]
-                if piece.first:
-                    plgpu.barrier_wait(lse_bar.at[slot])
+                piece.wait(lse_bar.at[slot])
                 # the product starts from -lse (in q.k units): lse's column vector dies before the tile is live
                 lse = ops.load(lse_s.at[slot], "cols", rows=piece.span) * (-1.0 / (st.scale * LOG2E))
-                if piece.first:
-                    plgpu.barrier_wait(q_bar.at[slot])
+                piece.wait(q_bar.at[slot])
                 s = ops.mma(k_s.at[wg], piece.of(q_s.at[slot]), lax.broadcast_in_dim(lse, (HALF, piece.width), [1]),
                             transpose_b=True)
-                if piece.first:
-                    plgpu.barrier_wait(qid_bar.at[slot])
+                piece.wait(qid_bar.at[slot])
                 if has_table:
-                    if piece.first:
-                        plgpu.barrier_wait(t_bar.at[slot])
+                    piece.wait(t_bar.at[slot])
                     s = _logits(ops, s, t_s.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st, piece.span)
                 else:
                     s = _logits(ops, s, None, None, None, st)
                 if st.pair_rank:
-                    if piece.first:
-                        plgpu.barrier_wait(u_bar.at[slot])
+                    piece.wait(u_bar.at[slot])
                     s = _with_pair(s, [ops.load(u_s.at[slot, g], "cols", rows=piece.span)
                                        for g in range(st.pair_rank)], w_rows, True)
                 mask = _tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols", rows=piece.span), key0,
                                   qc * BLOCK + piece.start, st, True, causal)
                 p = jnp.exp2(_masked(s, mask))
                 if st.dropout:
-                    if piece.first:
-                        plgpu.barrier_wait(rk_bar.at[slot])
+                    piece.wait(rk_bar.at[slot])
                     p = _keep_sign(p, _kept(ops, ops.load(rk_s.at[slot], "cols", rows=piece.span), key0, st, True,
                                             piece.width))
-                if piece.first:
-                    plgpu.barrier_wait(do_bar.at[slot])
-                    plgpu.barrier_wait(delta_bar.at[slot])
+                piece.wait(do_bar.at[slot])
+                piece.wait(delta_bar.at[slot])
                 load_delta = functools.partial(ops.load, delta_s.at[slot], "cols", rows=piece.span)
                 dv = ops.mma(_kept_weights(p, st).astype(dtype), piece.of(do_s.at[slot]), dv)
                 dp = ops.mma(v_s.at[wg], piece.of(do_s.at[slot]), _minus_delta(load_delta, 1, st, piece.width),
                              transpose_b=True)
                 ds = _score_gradient(p, dp, load_delta, 1, st)
-                if piece.last:
-                    plgpu.barrier_arrive(t_free.at[slot])  # with the ids, lse, delta, row keys and u of the slot
-                    plgpu.barrier_arrive(do_free.at[slot])
+                piece.free(t_free.at[slot])  # with the ids, lse, delta, row keys and u of the slot
+                piece.free(do_free.at[slot])
                 dk = ops.mma(ds.astype(dtype), piece.of(q_s.at[slot]), dk)
-                if piece.last:
-                    plgpu.barrier_arrive(q_free.at[slot])
+                piece.free(q_free.at[slot])
                 return dk, dv
 
             carry = (ops.full((HALF, dim), 0.0, "wgmma"), ops.full((HALF, dim_v), 0.0, "wgmma"))
