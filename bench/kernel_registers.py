@@ -8,8 +8,9 @@ Each path of `bench/attention_bias.py` is lowered for CUDA (forward and backward
 the benchmark times), and each Mosaic GPU kernel in it is compiled by the CUDA plugin's own compiler
 (`MosaicGpuCompile`: Mosaic's passes, LLVM's NVPTX backend, then ptxas with `MOSAIC_GPU_DUMP_PTXAS`), one
 subprocess per kernel. The table gives what ptxas prints for the kernel: registers at launch (the consumers raise
-theirs to 232 with setmaxnreg), stack frame and spill bytes. A spill is local-memory traffic inside the loop
-that the tile's registers did not hold; none is the aim.
+theirs to 240 with setmaxnreg, the producer lowers its to 24), stack frame and spill bytes. Spill bytes count
+the whole kernel: a few scalars kept across the prologue or the producer's loop cost little, spills in the
+consumers' loop (values the tile's registers did not hold) cost most; none is the aim.
 
 Needs the CUDA plugin of the installed jax (`pip install jax-cuda13-plugin==<jax version>`, or the cuda12 one)
 and ptxas (`pip install nvidia-cuda-nvcc`, or `--cuda-root`). It runs without a GPU: the compiler asks the

@@ -63,6 +63,9 @@ BLOCK = 128  # rows of a CTA's own block (two consumers of HALF) and of each str
 HALF = 64  # rows per consumer warpgroup: the wgmma M
 LOG2E = math.log2(math.e)  # logits are kept in base 2 (exp2)
 NEG = -1e30  # finite logit of masked entries
+# registers per thread after setmaxnreg: a CTA's 3 x 128 threads launch with 168 (64512 of an SM's 65536), and the
+# TMA producer hands all but 24 to the two consumers (FlashAttention-3's split: 2 x 128 x 240 + 128 x 24 = 64512)
+CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory a Hopper CTA can have
 # what Mosaic adds to the buffers' bytes (barriers, each buffer's alignment): 5,024 B in the head width 128 forward
 SMEM_HEADROOM = 8 * 1024
@@ -141,16 +144,14 @@ class _Ops:
         no add), or the shape (M, N) to start from zero. `issued()` runs while the wgmma does."""
         fresh = isinstance(acc, tuple)
         if self.interpret:
-            a_val = a if isinstance(a, jax.Array) else a[...]  # registers, or a ref's view
-            b_val = b_ref[...]
-            product = jnp.dot(a_val, b_val.T if transpose_b else b_val, preferred_element_type=jnp.float32)
+            product = self._dot(a, b_ref, transpose_b)
             if issued is not None:
                 issued()
             return product if fresh else acc + product
         plgpu = self.plgpu
 
         def accumulate(acc_ref):
-            plgpu.wgmma(acc_ref, a, plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref)
+            self._wgmma(acc_ref, a, b_ref, transpose_b)
             if issued is not None:
                 issued()
 
@@ -162,6 +163,48 @@ class _Ops:
 
             return pl.run_scoped(product, plgpu.ACC(acc, jnp.float32))
         return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+
+    def products(self, starts, program, result_like=None):
+        """Products in flight together (FlashAttention-3's overlap of one product with the CUDA-core work on
+        another's result): accumulators from `starts` (float32 [M, N] in the wgmma layout, or the shape (M, N) for
+        zero); program(issue, read) issues acc[n] += a @ b_ref (or b_ref^T) by issue(n, a, b_ref, transpose_b=False),
+        reads acc[n] by read(n, pending) once at most `pending` products are in flight, and returns arrays shaped
+        like `result_like` (a pytree of jax.ShapeDtypeStruct; None: nothing). Returns the accumulators' final values
+        (every product done) and the program's result."""
+        starts = [self.full(s, 0.0, "wgmma") if isinstance(s, tuple) else s for s in starts]
+        if self.interpret:
+            accs = list(starts)
+
+            def issue(n, a, b_ref, transpose_b=False):
+                accs[n] = accs[n] + self._dot(a, b_ref, transpose_b)
+
+            result = program(issue, lambda n, pending: accs[n])
+            return accs, result
+        plgpu = self.plgpu
+
+        def body(refs):
+            acc_refs, result_ref = refs
+
+            def issue(n, a, b_ref, transpose_b=False):
+                self._wgmma(acc_refs[n], a, b_ref, transpose_b)
+
+            result = program(issue, lambda n, pending: plgpu.wgmma_accumulator_load(acc_refs[n], wait_n=pending))
+            for ref, value in zip(jax.tree.leaves(result_ref), jax.tree.leaves(result)):
+                ref[...] = value
+
+        result_start = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), result_like)
+        accs, result = pl.run_state(body)(([plgpu.ACC.init(s) for s in starts], result_start))
+        return accs, result
+
+    @staticmethod
+    def _dot(a, b_ref, transpose_b):
+        """The interpreter's product: float32 a @ b (or b^T); `a` registers or a ref."""
+        a_val = a if isinstance(a, jax.Array) else a[...]
+        b_val = b_ref[...]
+        return jnp.dot(a_val, b_val.T if transpose_b else b_val, preferred_element_type=jnp.float32)
+
+    def _wgmma(self, acc_ref, a, b_ref, transpose_b):
+        self.plgpu.wgmma(acc_ref, a, self.plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref)
 
     def load(self, ref, layout, rows=None, cols=None):
         """ref[...] (rows / cols: (start, size) of its first / second axis) in a register layout ("wgmma", "rows",
@@ -459,9 +502,10 @@ class _Piece:
 def _pieces(dim: int, dim_v: int) -> int:
     """How many pieces the dQ and dK/dV kernels take each streamed block in (`_Piece`). A consumer thread holds its
     accumulators (dQ: dim/2 float32 registers; dK and dV: dim/2 + dim_v/2) and a tile's S and dP (64 each for 128
-    rows) in the 232 it has. At head width 128 that spilled 20-590 B (ptxas, `bench/kernel_registers.py`), and 0-60
-    B in [64, 64] pieces. Folded q and k 128 wide over v 64 keep whole blocks: dK/dV spills 8-16 B there, which
-    should cost less than wgmma at N = 64 (see bench/RESULTS.md, item 13)."""
+    rows) in its CONSUMER_REGISTERS: 256 at head width 128, where whole blocks spilled 20-590 B (ptxas,
+    `bench/kernel_registers.py`) and [64, 64] pieces 0-60 B. Folded q and k 128 wide over v 64 keep whole blocks
+    (dK/dV: 0 B at 240 registers; causal 168 B), which should cost less than wgmma at N = 64 (bench/RESULTS.md,
+    item 13)."""
     return 2 if dim + dim_v > 192 else 1
 
 
@@ -651,28 +695,32 @@ class _KeyBlocks:
 
         _stream(count, self.stages, (self.k_free, self.tile_free, self.v_free), fetch)
 
-    def logits(self, ops: _Ops, q_ref, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool,
-               u_rows=(), causal=False, piece=_Piece(), issued=None):
+    def logits(self, ops: _Ops, product, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool,
+               u_rows=(), causal=False, piece=_Piece(), free_tile=True):
         """A consumer's base-2 logits [64, 128] of key block kc (or [64, width] of its keys `piece`; masked entries
-        NEG) and the piece's pair features w (r column vectors; u_rows: its rows' u); the last piece frees the
-        tile, ids and w, not K (the dQ kernel reads it again). `issued()` runs while the product Q K^T does."""
+        NEG; u_rows: its rows' pair vectors u) from product(k_ref), the float32 Q K^T of the slot's K (or its
+        piece). The last piece frees the tile, ids and w (unless not `free_tile`), not K (the dQ kernel reads it
+        again)."""
         piece.wait(self.k_ready.at[slot])
-        s = ops.mma(q_ref, piece.of(self.k.at[slot]), (HALF, piece.width), transpose_b=True, issued=issued)
+        s = product(piece.of(self.k.at[slot]))
         piece.wait(self.ids_ready.at[slot])
         if has_table:
             piece.wait(self.tile_ready.at[slot])
             s = _logits(ops, s, self.tile.at[slot], base_s[kc - qc + st.nq - 1], (wg * HALF, HALF), st, piece.span)
         else:
             s = _logits(ops, s, None, None, None, st)
-        w_cols = []
         if st.pair_rank:
             piece.wait(self.w_ready[0].at[slot])
-            w_cols = [ops.load(self.w.at[slot, g], "cols", rows=piece.span) for g in range(st.pair_rank)]
-            s = _with_pair(s, u_rows, w_cols, False)
+            s = _with_pair(s, u_rows, self.pair_keys(ops, slot, piece, st), False)
         mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols", rows=piece.span), row0,
                           kc * BLOCK + piece.start, st, False, causal)
-        piece.free(self.tile_free.at[slot])
-        return _masked(s, mask), w_cols
+        if free_tile:
+            piece.free(self.tile_free.at[slot])
+        return _masked(s, mask)
+
+    def pair_keys(self, ops: _Ops, slot, piece: _Piece, st: _Static):
+        """The pair term's key vectors w of the slot's keys (or its piece): r column-layout vectors."""
+        return [ops.load(self.w.at[slot, g], "cols", rows=piece.span) for g in range(st.pair_rank)]
 
 
 def _key_block_kernel(name, consumer, own_buffers, own_copies, own_bytes, out_type, gmem_order, q, k, v, tiles,
@@ -711,12 +759,12 @@ def _key_block_kernel(name, consumer, own_buffers, own_copies, own_bytes, out_ty
 
         @pl.when(wg < 2)
         def _():
-            ops.set_registers(232, "increase")
+            ops.set_registers(CONSUMER_REGISTERS, "increase")
             consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s)
 
         @pl.when(wg == 2)
         def _():
-            ops.set_registers(40, "decrease")
+            ops.set_registers(PRODUCER_REGISTERS, "decrease")
             stream.produce(refs["k"], refs["v"], refs["tiles"], refs["kseg"], refs["pair_w"], b, h, th, qc, vis_s,
                            count, st, has_table)
 
@@ -761,8 +809,11 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
             acc, m, l = carry
             slot = lax.rem(i, stream.stages)
             kc = vis_s[1 + i]
-            s, _ = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table, u_rows,
-                                 causal, issued=take_turns)
+
+            def product(k_ref):
+                return ops.mma(q_s.at[wg], k_ref, (HALF, BLOCK), transpose_b=True, issued=take_turns)
+
+            s = stream.logits(ops, product, slot, kc, qc, q_ids, row0, wg, base_s, st, has_table, u_rows, causal)
             plgpu.barrier_arrive(stream.k_free.at[slot])
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             # a row whose keys so far are all masked has m_new = NEG: subtracting 0 keeps its weights exp2(NEG) = 0
@@ -832,16 +883,29 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
             dq, du = carry
             slot = lax.rem(i, stream.stages)
             kc = vis_s[1 + i]
-            s, w_cols = stream.logits(ops, q_s.at[wg], slot, kc, qc, q_ids, row0, wg, base_s, st, has_table,
-                                      u_rows, causal, piece)
-            p = jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
-            piece.wait(stream.v_ready.at[slot])
-            dp = ops.mma(do_s.at[wg], piece.of(stream.v.at[slot]), _minus_delta(lambda: delta, 0, st, piece.width),
-                         transpose_b=True)
+
+            def weights(issue, read):
+                """P from S = Q K^T while dP = dO V^T runs (FlashAttention-3's backward)."""
+
+                def product(k_ref):
+                    issue(0, q_s.at[wg], k_ref, transpose_b=True)
+                    piece.wait(stream.v_ready.at[slot])
+                    issue(1, do_s.at[wg], piece.of(stream.v.at[slot]), transpose_b=True)
+                    return read(0, 1)
+
+                s = stream.logits(ops, product, slot, kc, qc, q_ids, row0, wg, base_s, st, has_table, u_rows, causal,
+                                  piece, free_tile=False)
+                return jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
+
+            (_, dp), p = ops.products([(HALF, piece.width), _minus_delta(lambda: delta, 0, st, piece.width)],
+                                      weights, jax.ShapeDtypeStruct((HALF, piece.width), jnp.float32))
             piece.free(stream.v_free.at[slot])
             kept = _kept(ops, row_keys, kc * BLOCK + piece.start, st, False, piece.width)
             ds = _score_gradient(_keep_sign(p, kept), dp, lambda: delta, 0, st)
-            du = tuple(d + jnp.sum(ds * lax.broadcast_in_dim(w, ds.shape, [1]), axis=1) for d, w in zip(du, w_cols))
+            # w read again here, not held across the products: a rank-r pair term's columns are up to 32r registers
+            du = tuple(d + jnp.sum(ds * lax.broadcast_in_dim(w, ds.shape, [1]), axis=1)
+                       for d, w in zip(du, stream.pair_keys(ops, slot, piece, st)))
+            piece.free(stream.tile_free.at[slot])  # with the ids and w
             dq = ops.mma(ds.astype(dtype), piece.of(stream.k.at[slot]), dq)
             piece.free(stream.k_free.at[slot])
             return dq, du
@@ -907,7 +971,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
 
         @pl.when(wg < 2)
         def _consumer():
-            ops.set_registers(232, "increase")
+            ops.set_registers(CONSUMER_REGISTERS, "increase")
             key0 = kc * BLOCK + wg * HALF
             keys = pl.ds(key0, HALF)
             _own_rows(wg, [(k_g.at[b, keys, h], k_s.at[wg]), (v_g.at[b, keys, h], v_s.at[wg]),
@@ -968,7 +1032,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
 
         @pl.when(wg == 2)
         def _producer():
-            ops.set_registers(40, "decrease")
+            ops.set_registers(PRODUCER_REGISTERS, "decrease")
 
             def fetch(i, slot):
                 qc = vis_s[1 + i]
@@ -1075,7 +1139,7 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
 
         @pl.when(wg < 2)
         def _consumer():
-            ops.set_registers(232, "increase")
+            ops.set_registers(CONSUMER_REGISTERS, "increase")
             base = base_s[d]
 
             def step(i, grad):
@@ -1122,7 +1186,7 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
 
         @pl.when(wg == 2)
         def _producer():
-            ops.set_registers(40, "decrease")
+            ops.set_registers(PRODUCER_REGISTERS, "decrease")
 
             def fetch(i, slot):
                 b, qc, h = tile_of(i)
