@@ -696,11 +696,10 @@ class _KeyBlocks:
         _stream(count, self.stages, (self.k_free, self.tile_free, self.v_free), fetch)
 
     def logits(self, ops: _Ops, product, slot, kc, qc, q_ids, row0, wg, base_s, st: _Static, has_table: bool,
-               u_rows=(), causal=False, piece=_Piece(), free_tile=True):
+               u_rows=(), causal=False, piece=_Piece()):
         """A consumer's base-2 logits [64, 128] of key block kc (or [64, width] of its keys `piece`; masked entries
         NEG; u_rows: its rows' pair vectors u) from product(k_ref), the float32 Q K^T of the slot's K (or its
-        piece). The last piece frees the tile, ids and w (unless not `free_tile`), not K (the dQ kernel reads it
-        again)."""
+        piece). The caller frees the slot (`k_free`, `tile_free` with the ids and w, `v_free`)."""
         piece.wait(self.k_ready.at[slot])
         s = product(piece.of(self.k.at[slot]))
         piece.wait(self.ids_ready.at[slot])
@@ -714,8 +713,6 @@ class _KeyBlocks:
             s = _with_pair(s, u_rows, self.pair_keys(ops, slot, piece, st), False)
         mask = _tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols", rows=piece.span), row0,
                           kc * BLOCK + piece.start, st, False, causal)
-        if free_tile:
-            piece.free(self.tile_free.at[slot])
         return _masked(s, mask)
 
     def pair_keys(self, ops: _Ops, slot, piece: _Piece, st: _Static):
@@ -814,6 +811,7 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
                 return ops.mma(q_s.at[wg], k_ref, (HALF, BLOCK), transpose_b=True, issued=take_turns)
 
             s = stream.logits(ops, product, slot, kc, qc, q_ids, row0, wg, base_s, st, has_table, u_rows, causal)
+            plgpu.barrier_arrive(stream.tile_free.at[slot])  # with the ids and w
             plgpu.barrier_arrive(stream.k_free.at[slot])
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             # a row whose keys so far are all masked has m_new = NEG: subtracting 0 keeps its weights exp2(NEG) = 0
@@ -894,7 +892,7 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
                     return read(0, 1)
 
                 s = stream.logits(ops, product, slot, kc, qc, q_ids, row0, wg, base_s, st, has_table, u_rows, causal,
-                                  piece, free_tile=False)
+                                  piece)
                 return jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
 
             (_, dp), p = ops.products([(HALF, piece.width), _minus_delta(lambda: delta, 0, st, piece.width)],
