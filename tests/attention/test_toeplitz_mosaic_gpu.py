@@ -5,8 +5,9 @@ shared memory, TMA copies and barriers, and a race detector that fails the call 
 (`JAX_PLATFORMS=cuda pytest tests/attention/test_toeplitz_mosaic_gpu.py`) the same tests run the compiled kernels.
 Inputs are bf16 (f16 once), so outputs and gradients are compared at bf16 tolerances: what would catch a wrong
 tile, base, mask or diagonal (errors of order one) but not bf16 rounding. Each call compiles four kernels in the
-interpreter (about 10 s) and costs about 0.4 s per pipeline step on jax 0.10, so the shapes are the smallest
-that still have three blocks a side (a pipeline slot refilled) where it matters.
+interpreter and simulates every pipeline step through host callbacks (tests/conftest.py keeps jax 0.10 from
+compiling each warpgroup's program anew), so the shapes are the smallest that still have three blocks a side (a
+pipeline slot refilled) where it matters.
 """
 
 import logging
