@@ -215,7 +215,12 @@ def main(argv=None):
                   num_stages=args.num_stages)
     default_dq = 128 if jax.default_backend() == "tpu" else 32
     rank = args.rank or args.head_dim
-    chosen = {name: p for name, p in paths(args.cpu_smoke, blocks, causal=args.causal).items()
+    available = paths(args.cpu_smoke, blocks, causal=args.causal)
+    unknown = sorted(set(args.paths.split(",")) - set(available))
+    if unknown:
+        parser.error(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(available)}")
+    # No-bias paths first, so that each row prints its ratio as soon as it is measured (a cut-off run keeps them).
+    chosen = {name: p for name, p in sorted(available.items(), key=lambda item: not item[1][1])
               if name in args.paths.split(",")}
     for spec in filter(None, args.kernel_configs.split(",")):
         bq, bk, bdq, warps, stages = map(int, spec.split("/"))
@@ -232,17 +237,16 @@ def main(argv=None):
         inputs = {"table": jnp.asarray(rng.normal(size=(args.heads, 2 * length - 1)), jnp.float32),
                   "factors": tuple(jnp.asarray(rng.normal(size=(args.heads, length, rank)) / 8, jnp.float32)
                                    for _ in range(2))}
-        results = {}
-        for name, (positional, _, loss) in chosen.items():
+        fastest = None
+        for name, (positional, no_bias, loss) in chosen.items():
             try:
-                results[name] = time_path(loss, inputs.get(positional), q, k, v, g.astype(jnp.float32),
-                                          args.warmup, args.runs)
+                value = time_path(loss, inputs.get(positional), q, k, v, g.astype(jnp.float32), args.warmup,
+                                  args.runs)
+                if no_bias:
+                    fastest = min(value, fastest or value)
             except Exception as error:  # one path failing (e.g. cuDNN shape limits) must not hide the others
                 first_line = (str(error).splitlines() or [""])[0]  # an assert may carry no message
-                results[name] = f"{type(error).__name__}: {first_line[:60]}"
-        no_bias = [results[n] for n, (_, nb, _) in chosen.items() if nb and isinstance(results[n], float)]
-        fastest = min(no_bias) if no_bias else None
-        for name, value in results.items():
+                value = f"{type(error).__name__}: {first_line[:60]}"
             block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq or default_dq
             mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim, rank,
                              args.causal) / 2**20

@@ -1,0 +1,79 @@
+"""bench/: the GPU runbook (bench/gpu_runs.sh) names only paths, mechanisms, implementations, peers and test files
+that exist and fits each stage into one device call; the benchmarks run end to end on the CPU at tiny shapes (a
+GPU session should spend its minutes measuring, not finding a broken flag)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import attention_bias
+from jaxpos.config.model import ATTENTION_IMPLS
+from jaxpos.positions import MECHANISMS
+from tests.test_launch import ROOT, dry_run
+
+STAGES = ("kernels", "train", "profile", "variants", "peers")
+CALL_S = 600  # one device call's limit; a stage's own limits must leave room for set-up
+
+
+def options(argv: list[str]) -> dict[str, str]:
+    return {a: b for a, b in zip(argv, argv[1:]) if a.startswith("--")}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_gpu_runbook_names_what_exists_and_fits_a_call(stage):
+    commands = dry_run("bench/gpu_runs.sh", stage)
+    assert all(argv[:3] == ["timeout", "-k", "10"] for argv in commands)
+    assert sum(int(argv[3]) for argv in commands) <= CALL_S - 30
+    known_paths = set(attention_bias.paths(True, {}))
+    for argv in commands:
+        command = argv[4:]
+        opts = options(command)
+        if "pytest" in command:
+            files = [a for a in command if a.startswith("tests/")]
+            assert files and all(os.path.exists(os.path.join(ROOT, f)) for f in files)
+        elif "bench/attention_bias.py" in command:
+            assert set(opts["--paths"].split(",")) <= known_paths
+        elif "bench/train_throughput.py" in command:
+            assert set(opts["--kinds"].split(",")) <= set(MECHANISMS)
+            assert set(opts["--impl"].split(",")) <= set(ATTENTION_IMPLS)
+            assert set(filter(None, opts["--peers"].split(","))) <= {"plain_jax", "huggingface"}
+        elif "bench.profile_step" in command:
+            assert opts["--kind"] in MECHANISMS and opts["--impl"] in ATTENTION_IMPLS
+        elif "bench/decode_throughput.py" in command:
+            assert set(opts["--kinds"].split(",")) <= set(MECHANISMS)
+        else:
+            pytest.fail(f"a command the test does not check: {command}")
+
+
+def test_gpu_runbook_refuses_an_unknown_stage():
+    proc = subprocess.run(["bash", "bench/gpu_runs.sh", "kernel"], capture_output=True, text=True, timeout=30,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_attention_benchmark_on_the_cpu(capsys):
+    """Every row measured and printed with its ratio, no-bias paths first whatever order --paths gives."""
+    attention_bias.main(["--cpu-smoke", "--paths", "pallas+table,cudnn+bias,cudnn"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[2] for row in rows] == ["cudnn", "cudnn+bias", "pallas+table"]
+    assert rows[0][4] == "1.00" and all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)
+
+
+def test_attention_benchmark_refuses_an_unknown_path(capsys):
+    with pytest.raises(SystemExit):
+        attention_bias.main(["--cpu-smoke", "--paths", "mgpu+tabel"])
+    assert "unknown path(s) mgpu+tabel" in capsys.readouterr().err
+
+
+def test_training_benchmark_on_the_cpu():
+    """jaxpos and the plain-JAX peer, each in its own process, at tiny shapes: a row with a step time for each."""
+    proc = subprocess.run([sys.executable, "bench/train_throughput.py", "--size", "tiny", "--shapes", "8x32",
+                           "--kinds", "tisa", "--steps", "2", "--peers", "plain_jax", "--impl", "xla"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line[:15].strip(): line[15:].split() for line in proc.stdout.splitlines()
+            if line.startswith(("jaxpos", "plain JAX"))}
+    assert set(rows) == {"jaxpos", "plain JAX"}, proc.stdout
+    assert all(row[1] == "8x32" and row[2] != "failed" and float(row[2]) > 0 for row in rows.values()), proc.stdout
