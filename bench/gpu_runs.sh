@@ -51,9 +51,9 @@ step() {
 }
 
 kernels() {
-  step 270 "compiled kernel tests (Mosaic GPU, Triton)" env JAX_PLATFORMS=cuda "$PY" -m pytest -x -q \
-    -p no:cacheprovider tests/attention/test_toeplitz_mosaic_gpu.py tests/attention/test_toeplitz_kernel.py \
-    -k "not tpu"
+  step 270 "compiled kernel tests (Mosaic GPU, Triton, model)" env JAX_PLATFORMS=cuda "$PY" -m pytest -q \
+    --maxfail=3 -p no:cacheprovider tests/attention/test_toeplitz_mosaic_gpu.py \
+    tests/attention/test_toeplitz_kernel.py tests/models/test_implementations.py -k "not tpu"
   step 290 "attention fwd+bwd, T 512/2048/8192 (target 2)" "$PY" bench/attention_bias.py --paths \
     cudnn,jax-fa3,cudnn+bias,pallas,pallas+table,mgpu,mgpu+table,mgpu+dropout,mgpu+segments,mgpu+folded
 }

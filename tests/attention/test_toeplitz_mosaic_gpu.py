@@ -304,6 +304,7 @@ def test_only_hopper_gpus_and_the_cpu_interpreter(monkeypatch):
         def __init__(self, capability):
             self.compute_capability = capability
 
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # the same checks when this suite runs on a GPU
     assert mgpu.unsupported(jnp.bfloat16) is None  # the CPU: the interpreter
     mesh = jax.sharding.AbstractMesh((2, 1), ("data", "tensor"))
     with jax.sharding.use_abstract_mesh(mesh):  # concurrent kernels on two devices: not in the interpreter
