@@ -215,13 +215,12 @@ def main(argv=None):
                   num_stages=args.num_stages)
     default_dq = 128 if jax.default_backend() == "tpu" else 32
     rank = args.rank or args.head_dim
-    available = paths(args.cpu_smoke, blocks, causal=args.causal)
-    unknown = sorted(set(args.paths.split(",")) - set(available))
+    available, wanted = paths(args.cpu_smoke, blocks, causal=args.causal), args.paths.split(",")
+    unknown = sorted(set(wanted) - set(available))
     if unknown:
         parser.error(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(available)}")
     # No-bias paths first, so that each row prints its ratio as soon as it is measured (a cut-off run keeps them).
-    chosen = {name: p for name, p in sorted(available.items(), key=lambda item: not item[1][1])
-              if name in args.paths.split(",")}
+    chosen = {name: p for name, p in sorted(available.items(), key=lambda item: not item[1][1]) if name in wanted}
     for spec in filter(None, args.kernel_configs.split(",")):
         bq, bk, bdq, warps, stages = map(int, spec.split("/"))
         tuned = dict(block_q=bq, block_k=bk, block_dq=bdq, num_warps=warps, num_stages=stages)
