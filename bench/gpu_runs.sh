@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# The pending GPU measurements of bench/RESULTS.md, as device calls of under 10 minutes each, in priority order.
+# The GPU measurements of bench/RESULTS.md, as stages of under 10 minutes each, in priority order.
 #
-#   bash bench/gpu_runs.sh wheels          # here, once: the packages the GPU image lacks, into .whl/ (git-ignored)
-#   bash bench/gpu_runs.sh kernels         # there (carry .whl): compiled kernel tests, then target 2's table
-#   bash bench/gpu_runs.sh train           # there: target 1 through cuDNN and the Hopper kernels
-#   bash bench/gpu_runs.sh profile         # there: kernel time by name (tisa: mosaic_gpu, cudnn); dropout recipe
-#   bash bench/gpu_runs.sh variants        # there: causal, head width 128, DIET-Abs rank 16 (items 11, 13, target 3)
-#   bash bench/gpu_runs.sh peers           # there: target 1's peers at both shapes, decoding (target 4)
+#   bash bench/gpu_runs.sh wheels          # once, with network: the packages a bare GPU image may lack, into .whl/
+#   bash bench/gpu_runs.sh recipes         # compiled Hopper-kernel tests, the recipes' MLM step per path, a profile
+#   bash bench/gpu_runs.sh attention       # attention fwd+bwd with and without a table, T 512/2048/8192
+#   bash bench/gpu_runs.sh variants        # causal, head width 128, DIET-Abs rank 16
+#   bash bench/gpu_runs.sh peers           # none beside its peers at both shapes; cached beam search
 #   DRY_RUN=1 bash bench/gpu_runs.sh STAGE # print a stage's commands (`+ argv`, as launch/) without running them
 #
 # Each command runs under its own time limit, so a hang (a barrier the compiled kernels never meet) costs that
-# limit, not the call; what it prints goes to $OUT/STAGE.log (or runs/gpu/STAGE.log without $OUT) and a summary
-# of exit codes and seconds ends the output. Device time is 30 minutes a session: kernels, train and profile fit.
+# limit, not the stage; what it prints goes to $OUT/STAGE.log (or runs/gpu/STAGE.log without $OUT) and a summary
+# of exit codes and seconds ends the output.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 # shellcheck source=launch/common.sh
@@ -50,46 +49,53 @@ step() {
   SUMMARY+=("$(printf '%-48s rc %3d  %4d s' "$title" "$rc" "$((SECONDS - start))")")
 }
 
-kernels() {
-  step 270 "compiled kernel tests (Mosaic GPU, Triton, model)" env JAX_PLATFORMS=cuda "$PY" -m pytest -q \
-    --maxfail=3 -p no:cacheprovider tests/attention/test_toeplitz_mosaic_gpu.py \
-    tests/attention/test_toeplitz_kernel.py tests/models/test_implementations.py -k "not tpu"
-  step 290 "attention fwd+bwd, T 512/2048/8192 (target 2)" "$PY" bench/attention_bias.py --paths \
+# Worker processes that compile at once: about 16 GiB of device memory each (BERT-base 32x512 through xla with
+# attention dropout peaks near 14), at most 6 (the host's 16 cores compile).
+compile_jobs() {
+  local mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  mib=${mib:-98304}
+  local jobs=$((mib / 16384))
+  echo $((jobs > 6 ? 6 : (jobs < 1 ? 1 : jobs)))
+}
+
+recipes() {
+  # xdist workers replace one that a hung kernel's per-test timeout ends, so one hang does not hide the rest
+  step 150 "compiled Mosaic GPU kernel tests" env JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    "$PY" -m pytest -q -n 4 --timeout 100 --timeout-method thread -p no:cacheprovider \
+    tests/attention/test_toeplitz_mosaic_gpu.py
+  step 315 "MLM step per mechanism and path, BERT-base 32x512 bf16" "$PY" bench/train_throughput.py \
+    --shapes 32x512 --kinds none,tisa,diet_abs,diet_rel,t5,alibi,absolute \
+    --paths cudnn@0,xla@0.1,mosaic_gpu@0.1,mosaic_gpu@0 --jobs "$(compile_jobs)" --steps 20 --repeat-first --peers plain_jax
+  step 75 "profile: tisa through xla with attention dropout 0.1" "$PY" -m bench.profile_step --kind tisa \
+    --impl xla --attention-dropout 0.1 --top 20
+}
+
+attention() {
+  step 290 "attention fwd+bwd, T 512/2048/8192" "$PY" bench/attention_bias.py --paths \
     cudnn,jax-fa3,cudnn+bias,pallas,pallas+table,mgpu,mgpu+table,mgpu+dropout,mgpu+segments,mgpu+folded
 }
 
-train() {
-  step 560 "MLM step, cuDNN vs Hopper kernels (target 1)" "$PY" bench/train_throughput.py --shapes 32x512 \
-    --kinds none,tisa,diet_rel,alibi --impl cudnn,mosaic_gpu --peers ''
-}
-
-profile() {
-  step 200 "profile: tisa through mosaic_gpu" "$PY" -m bench.profile_step --kind tisa --impl mosaic_gpu
-  step 160 "profile: tisa through cudnn" "$PY" -m bench.profile_step --kind tisa --impl cudnn
-  step 180 "MLM step with attention dropout 0.1 (recipes)" "$PY" bench/train_throughput.py --shapes 32x512 \
-    --kinds tisa --impl xla,pallas,mosaic_gpu --attention-dropout 0.1 --peers ''
-}
-
 variants() {
-  step 200 "attention, causal (item 11)" "$PY" bench/attention_bias.py --causal --lengths 512,2048 --paths \
+  step 200 "attention, causal" "$PY" bench/attention_bias.py --causal --lengths 512,2048 --paths \
     cudnn,cudnn+bias,mgpu,mgpu+table,mgpu+dropout
-  step 180 "attention, head width 128 (item 13)" "$PY" bench/attention_bias.py --head-dim 128 \
+  step 180 "attention, head width 128" "$PY" bench/attention_bias.py --head-dim 128 \
     --lengths 512,2048 --paths cudnn,jax-fa3,mgpu,mgpu+table,mgpu+segments
-  step 150 "attention, DIET-Abs rank 16 (target 3)" "$PY" bench/attention_bias.py --rank 16 --paths \
+  step 150 "attention, DIET-Abs rank 16" "$PY" bench/attention_bias.py --rank 16 --paths \
     cudnn,mgpu,cudnn+folded,mgpu+folded
 }
 
 peers() {
-  step 300 "MLM step, none and its peers, 2 shapes (target 1)" "$PY" bench/train_throughput.py \
+  step 300 "MLM step, none and its peers, 2 shapes" "$PY" bench/train_throughput.py \
     --shapes 32x512,256x128 --kinds none --impl cudnn --peers plain_jax,huggingface
-  step 240 "cached beam search per mechanism (target 4)" "$PY" bench/decode_throughput.py --batches 2 \
+  step 240 "cached beam search per mechanism" "$PY" bench/decode_throughput.py --batches 2 \
     --kinds none,tisa,diet_rel,t5,alibi,rope
 }
 
 case "$STAGE" in
   wheels) download_wheels; exit ;;
-  kernels|train|profile|variants|peers) ;;
-  *) die "usage: [DRY_RUN=1] bash bench/gpu_runs.sh wheels|kernels|train|profile|variants|peers" ;;
+  recipes|attention|variants|peers) ;;
+  *) die "usage: [DRY_RUN=1] bash bench/gpu_runs.sh wheels|recipes|attention|variants|peers" ;;
 esac
 
 if [ -n "${DRY_RUN:-}" ]; then "$STAGE"; exit 0; fi

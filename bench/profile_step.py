@@ -2,6 +2,7 @@
 by name (the table RESULTS.md quotes before and after each change).
 
     python -m bench.profile_step --kind none --shape 32x512 --steps 3 [--impl cudnn] [--top 25] [--out DIR]
+    python -m bench.profile_step --kind tisa --impl xla --attention-dropout 0.1   # a shipped recipe's step
 
 Kernel names come from the trace's device streams (the XLA fusion or library kernel that ran); times are per
 step. The trace stays in --out for TensorBoard or Perfetto.
@@ -49,6 +50,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--impl", default="cudnn")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--attention-dropout", type=float, default=0.0)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None, help="trace directory (default: a temporary one)")
     args = parser.parse_args()
@@ -56,7 +58,7 @@ def main():
     out = args.out or tempfile.mkdtemp(prefix="jaxpos_profile_")
     with tempfile.TemporaryDirectory() as workdir:
         trainer, state, batches = jaxpos_trainer(args.kind, args.size, batch, seq_len, args.dtype, args.impl,
-                                                 workdir)
+                                                 workdir, args.attention_dropout)
         for i in range(3):
             state, metrics = trainer.train_step(state, batches[i % 2])
         jax.block_until_ready(metrics)
@@ -70,7 +72,7 @@ def main():
         raise SystemExit(f"no perfetto_trace.json.gz under {out}")
     totals = kernel_times(traces[-1])
     total = sum(totals.values()) / args.steps / 1e3
-    print(f"{args.kind} {args.shape} impl={args.impl}: GPU kernel time {total:.1f} ms/step over {len(totals)} "
+    print(f"{args.kind} {args.shape} impl={args.impl} attention_dropout={args.attention_dropout}: GPU kernel time {total:.1f} ms/step over {len(totals)} "
           f"kernel names ({args.steps} steps; trace in {out})")
     print(f"{'ms/step':>8} {'share':>6}  kernel")
     for name, us in sorted(totals.items(), key=lambda kv: -kv[1])[:args.top]:

@@ -5,6 +5,8 @@
     python bench/train_throughput.py --kinds none,tisa,diet_rel --impl cudnn,pallas --peers ''   # both attention paths
     python bench/train_throughput.py --kinds none,tisa --impl xla,pallas --attention-dropout 0.1 --peers 
     python bench/train_throughput.py --size tiny --shapes 4x64 --kinds none,tisa --steps 3 --peers plain_jax  # CPU
+    python bench/train_throughput.py --shapes 32x512 --kinds none,tisa --paths cudnn@0,xla@0.1,mosaic_gpu@0.1 \
+        --jobs 6 --peers plain_jax        # the recipes as shipped and as they could be; six programs compiling at once
 
 Every system trains on the same synthetic batches (15% of positions masked to the [MASK] id, token type 0
 everywhere: the hot embedding rows of real data), bf16 compute with float32 parameters, dropout 0 (jaxpos:
@@ -13,17 +15,26 @@ Each system runs in its own process (so that one framework's memory pool cannot 
 model FLOPs of one step (6 x non-embedding parameters x tokens, 12 L T d per token for attention, and the MLM
 head and tied logits at the masked positions only: what masked-LM needs, the same count for every system)
 against the bf16 matmul rate measured in the same run (an 8192^3 product).
+
+A row is a mechanism through one path, `impl@attention_dropout`. With --jobs N, N processes build and compile
+their rows at once (compilation is host work) and take turns on the device: each holds an exclusive file lock
+(`exclusive_device`) from its first warm-up step to its last timed one, so no two rows' steps overlap. A
+process that compiles while another is timed can still run XLA's autotuning on the device; the table shows each
+row's fastest step beside the median, and --repeat-first measures the first row again at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -36,6 +47,7 @@ SIZES = {
 VOCAB = 30522
 MASK_ID = 4
 PAPER_KINDS = "none,absolute,tisa,diet_rel,diet_abs,t5,alibi,rope"
+DEVICE_LOCK_ENV = "JAXPOS_BENCH_DEVICE_LOCK"
 
 
 def synthetic_batch(batch: int, seq_len: int, vocab: int, rng: np.random.Generator) -> dict:
@@ -88,27 +100,67 @@ def jaxpos_trainer(kind: str, size: str, batch: int, seq_len: int, dtype: str, i
     return trainer, state, batches
 
 
-def time_jaxpos(kind, size, batch, seq_len, steps, dtype, impl, attention_dropout=0.0) -> dict:
+@contextlib.contextmanager
+def exclusive_device():
+    """Holds the device alone among this benchmark's worker processes (the lock file the parent names), if any."""
+    path = os.environ.get(DEVICE_LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def timed_steps(step, state, batches, steps: int) -> tuple[list[float], dict]:
+    """Three warm-up steps, then `steps` timed ones (seconds each) under `exclusive_device`; the last metrics."""
     import jax
 
+    with exclusive_device():
+        for i in range(3):
+            state, metrics = step(state, batches[i % 2])
+        jax.block_until_ready(metrics)
+        times = []
+        for i in range(steps):
+            start = time.perf_counter()
+            state, metrics = step(state, batches[i % 2])
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - start)
+    return times, metrics
+
+
+def time_jaxpos(kind, size, batch, seq_len, steps, dtype, impl, attention_dropout=0.0) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         trainer, state, batches = jaxpos_trainer(kind, size, batch, seq_len, dtype, impl, workdir,
                                                  attention_dropout)
         start = time.perf_counter()
-        for i in range(3):  # compile + warm-up
-            state, metrics = trainer.train_step(state, batches[i % 2])
-        jax.block_until_ready(metrics)
+        step = trainer.train_step.lower(state, batches[0]).compile()  # host work: outside the device lock
         compile_s = time.perf_counter() - start
-        times = []
-        for i in range(steps):
-            start = time.perf_counter()
-            state, metrics = trainer.train_step(state, batches[i % 2])
-            jax.block_until_ready(metrics)
-            times.append(time.perf_counter() - start)
+        times, metrics = timed_steps(step, state, batches, steps)
         trainer.close()
     ms = statistics.median(times) * 1e3
-    return dict(system="jaxpos", kind=kind, impl=impl, ms=ms, tokens_per_s=batch * seq_len / ms * 1e3,
-                loss=float(metrics["loss"]), compile_s=compile_s)
+    return dict(system="jaxpos", kind=kind, impl=impl, attention_dropout=attention_dropout, ms=ms,
+                ms_min=min(times) * 1e3, tokens_per_s=batch * seq_len / ms * 1e3, loss=float(metrics["loss"]),
+                compile_s=compile_s)
+
+
+def parse_rows(text: str) -> list[tuple[str, str, float]]:
+    """"kind:impl@rate,..." -> [(kind, impl, attention dropout)]."""
+    rows = []
+    for item in filter(None, text.split(",")):
+        kind, path = item.split(":")
+        impl, rate = parse_path(path)
+        rows.append((kind, impl, rate))
+    return rows
+
+
+def parse_path(path: str) -> tuple[str, float]:
+    """"impl@rate" (or "impl": no attention dropout) -> (impl, rate)."""
+    impl, _, rate = path.partition("@")
+    return impl, float(rate or 0.0)
 
 
 def matmul_ceiling() -> dict:
@@ -130,45 +182,42 @@ def matmul_ceiling() -> dict:
 
 
 def worker(args) -> None:
-    """One process: the ceiling, the jaxpos mechanisms, or one peer; prints JSON lines."""
+    """One process: the ceiling, a list of jaxpos rows, or one peer; prints a JSON line per result."""
     batch, seq_len = (int(x) for x in args.shape.split("x"))
     rng = np.random.default_rng(0)
-    if args.worker == "ceiling":
-        results = [matmul_ceiling()]
-    elif args.worker == "jaxpos":
-        for impl in args.impl.split(","):
-            for kind in args.kinds.split(","):
-                try:
-                    result = time_jaxpos(kind, args.size, batch, seq_len, args.steps, args.dtype, impl,
-                                         args.attention_dropout)
-                except Exception as err:  # noqa: BLE001 - one mechanism failing must not hide the others
-                    result = dict(system="jaxpos", kind=kind, impl=impl,
-                                  error=f"{type(err).__name__}: {str(err)[:120]}")
-                print(json.dumps(result), flush=True)
+    if args.worker == "jaxpos":
+        for kind, impl, rate in parse_rows(args.rows):
+            try:
+                result = time_jaxpos(kind, args.size, batch, seq_len, args.steps, args.dtype, impl, rate)
+            except Exception as err:  # noqa: BLE001 - one mechanism failing must not hide the others
+                result = dict(system="jaxpos", kind=kind, impl=impl, attention_dropout=rate,
+                              error=f"{type(err).__name__}: {str(err)[:160]}")
+            print(json.dumps(result), flush=True)
         return
-    elif args.worker == "plain_jax":
-        from bench.peers.plain_jax_bert import measure
-
+    if args.worker == "ceiling":
+        with exclusive_device():
+            result = matmul_ceiling()
+    elif args.worker in ("plain_jax", "huggingface"):
+        if args.worker == "plain_jax":
+            from bench.peers.plain_jax_bert import measure
+        else:
+            from bench.peers.hf_bert import measure
         data = [synthetic_batch(batch, seq_len, VOCAB, rng) for _ in range(2)]
-        results = [measure(batch, seq_len, args.steps, data, size=SIZES[args.size])]
-    elif args.worker == "huggingface":
-        from bench.peers.hf_bert import measure
-
-        data = [synthetic_batch(batch, seq_len, VOCAB, rng) for _ in range(2)]
-        results = [measure(batch, seq_len, args.steps, data, size=SIZES[args.size])]
+        with exclusive_device():  # a peer compiles inside its warm-up: the whole measurement holds the device
+            result = measure(batch, seq_len, args.steps, data, size=SIZES[args.size])
     else:
         raise ValueError(f"unknown worker {args.worker!r}")
-    for r in results:
-        print(json.dumps(r), flush=True)
+    print(json.dumps(result), flush=True)
 
 
-def run_worker(name: str, args, shape: str, extra: list[str] = (), on_result=None) -> list[dict]:
+def run_worker(name: str, args, shape: str, extra: list[str] = (), on_result=None, env: dict | None = None
+               ) -> list[dict]:
     """Runs one worker process; each JSON line it prints is a result, handed to on_result as it arrives."""
     command = [sys.executable, "-m", "bench.train_throughput", "--worker", name, "--shape", shape, "--size",
-               args.size, "--steps", str(args.steps), "--dtype", args.dtype, "--impl", args.impl,
-               "--attention-dropout", str(args.attention_dropout), *extra]
+               args.size, "--steps", str(args.steps), "--dtype", args.dtype, *extra]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     results = []
     with tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=root, env=env)
@@ -178,16 +227,35 @@ def run_worker(name: str, args, shape: str, extra: list[str] = (), on_result=Non
                 if on_result:
                     on_result(results[-1])
         proc.wait()
-        if proc.returncode != 0 and not results:
+        if proc.returncode != 0:
             stderr.seek(0)
             tail = (stderr.read().strip().splitlines() or ["?"])[-1]
-            results = [dict(system=name, error=f"exit {proc.returncode}: {tail[:160]}")]
+            failed = dict(system=name, error=f"exit {proc.returncode}: {tail[:160]}")
+            results.append(failed)
             if on_result:
-                on_result(results[-1])
+                on_result(failed)
     return results
 
 
-def main():
+def requested_rows(args) -> list[tuple[str, str, float]]:
+    """Every mechanism through every path, mechanism by mechanism in the order given (the first row: the
+    baseline of 'x base')."""
+    paths = args.paths.split(",") if args.paths else [f"{impl}@{args.attention_dropout}"
+                                                       for impl in args.impl.split(",")]
+    rows = [(kind, *parse_path(path)) for kind in args.kinds.split(",") for path in paths]
+    return rows + rows[:1] if args.repeat_first else rows
+
+
+def run_concurrently(jobs: list) -> None:
+    """Runs each zero-argument callable in its own thread and waits for all of them."""
+    threads = [threading.Thread(target=job) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="bert_base", choices=SIZES)
     parser.add_argument("--shapes", default="32x512,256x128", help="comma-separated BATCHxSEQ")
@@ -195,78 +263,130 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--impl", default="cudnn",
-                        help="attention_impl for jaxpos: xla, jax, cudnn, pallas or mosaic_gpu, or a comma list "
-                             "(each kind under each; 'x none' is against none under the first)")
-    parser.add_argument("--peers", default="plain_jax,huggingface", help="comma list, or '' for none")
+                        help="attention_impl for jaxpos (xla, jax, cudnn, pallas or mosaic_gpu) or a comma list, "
+                             "each with --attention-dropout; ignored with --paths")
     parser.add_argument("--attention-dropout", type=float, default=0.0,
-                        help="jaxpos only (BERT's recipe: 0.1; xla and pallas have it, cudnn does not)")
+                        help="jaxpos only (BERT's recipe: 0.1; xla, pallas and mosaic_gpu have it, cudnn not)")
+    parser.add_argument("--paths", default="",
+                        help="comma list of impl@attention_dropout, e.g. cudnn@0,xla@0.1: every mechanism "
+                             "through each")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="jaxpos worker processes compiling at once (they take turns on the device)")
+    parser.add_argument("--repeat-first", action="store_true",
+                        help="measure the first row again at the end (the run's noise on one program)")
+    parser.add_argument("--peers", default="plain_jax,huggingface", help="comma list, or '' for none")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    from jaxpos.config.model import ATTENTION_IMPLS
-    unknown = set(args.impl.split(",")) - set(ATTENTION_IMPLS)
-    if unknown:
-        parser.error(f"--impl: unknown attention_impl {sorted(unknown)}; choose from {', '.join(ATTENTION_IMPLS)}")
+    parser.add_argument("--rows", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
+    from jaxpos.config.model import ATTENTION_IMPLS
+    rows = requested_rows(args)
+    unknown = {impl for _, impl, _ in rows} - set(ATTENTION_IMPLS)
+    if unknown:
+        parser.error(f"unknown attention_impl {sorted(unknown)}; choose from {', '.join(ATTENTION_IMPLS)}")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
 
-    ceiling = run_worker("ceiling", args, "1x1")[0]  # a failed worker returns its error instead
-    print(f"device: {ceiling.get('device')}  jax {ceiling.get('jax')}  bf16 matmul ceiling "
-          f"{ceiling.get('tflops', float('nan')):.0f} TFLOP/s  size={args.size} attention_impl={args.impl}  "
-          f"attention_dropout={args.attention_dropout}  "
-          f"median of {args.steps} steps", flush=True)
-    print_header()
-    for shape in args.shapes.split(","):
-        batch, seq_len = (int(x) for x in shape.split("x"))
-        flops = model_flops(args.size, batch, seq_len)
-        results: list[dict] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {DEVICE_LOCK_ENV: os.path.join(scratch, "device.lock"),
+               # each process takes device memory as it needs it, not 75% of it up front
+               "XLA_PYTHON_CLIENT_PREALLOCATE": "false"} if args.jobs > 1 else {}
+        ceiling = run_worker("ceiling", args, "1x1", env=env)[0]  # a failed worker returns its error instead
+        print(f"device: {ceiling.get('device')}  jax {ceiling.get('jax')}  bf16 matmul ceiling "
+              f"{ceiling.get('tflops', float('nan')):.0f} TFLOP/s  size={args.size}  median of {args.steps} "
+              f"steps, {args.jobs} compiling at once  {time.strftime('%Y-%m-%d')}", flush=True)
+        print_header()
+        for shape in args.shapes.split(","):
+            measure_shape(args, shape, rows, env, ceiling.get("tflops"))
 
-        def show(result):
+
+def measure_shape(args, shape: str, rows: list, env: dict, ceiling_tflops) -> None:
+    """Every row and peer at one shape, printed as each is measured, then the table in row order."""
+    batch, seq_len = (int(x) for x in shape.split("x"))
+    flops = model_flops(args.size, batch, seq_len)
+    results: list[dict] = []
+    printing = threading.Lock()
+
+    def show(result):
+        with printing:
             results.append(result)
-            print_rows(shape, flops, [result], results, ceiling.get("tflops"))
+            print_rows(shape, flops, [result], results, ceiling_tflops)
 
-        run_worker("jaxpos", args, shape, ["--kinds", args.kinds], on_result=show)
-        for peer in filter(None, args.peers.split(",")):
-            run_worker(peer, args, shape, on_result=show)
-        summary(shape, results)
+    def rows_of(job):
+        text = ",".join(f"{kind}:{impl}@{rate}" for kind, impl, rate in rows[job::args.jobs])
+        return lambda: run_worker("jaxpos", args, shape, ["--rows", text], on_result=show, env=env)
+
+    peers = [lambda peer=peer: run_worker(peer, args, shape, on_result=show, env=env)
+             for peer in filter(None, args.peers.split(","))]
+    run_concurrently([rows_of(job) for job in range(min(args.jobs, len(rows)))] + peers)
+    if len(rows) > 1 or peers:
+        print(f"\n{shape}, in row order:", flush=True)
+        print_header()
+        order = {row: i for i, row in reversed(list(enumerate(rows)))}
+        ranked = sorted(results, key=lambda r: order.get(row_key(r), len(order)))
+        print_rows(shape, flops, ranked, results, ceiling_tflops)
+    summary(shape, results)
+
+
+def row_key(result: dict) -> tuple:
+    return result.get("kind"), result.get("impl"), result.get("attention_dropout", 0.0)
+
+
+def path_name(result: dict) -> str:
+    rate = result.get("attention_dropout", 0.0)
+    return f"{result['impl']}@{rate:g}" if "impl" in result else result.get("attention", "")
+
+
+def baseline(results: list[dict]) -> dict | None:
+    """The first measured jaxpos `none` row without attention dropout (the 'x base' of every row)."""
+    return next((r for r in results if r.get("kind") == "none" and "ms" in r
+                 and not r.get("attention_dropout")), None)
 
 
 def summary(shape: str, results: list[dict]) -> None:
-    """One line per shape: jaxpos none against each peer, and the mechanisms' spread around none."""
-    first_impl = next((r["impl"] for r in results if "impl" in r), None)
-    timed = {(r.get("system"), r.get("kind", "-") + ("" if r.get("impl", first_impl) == first_impl
-                                                     else f" ({r['impl']})")): r["tokens_per_s"]
-             for r in results if "ms" in r}
-    none = timed.get(("jaxpos", "none"))
-    if not none:
+    """Per shape: jaxpos none against each peer, and each mechanism's fastest path with and without attention
+    dropout as a multiple of the baseline's step."""
+    base = baseline(results)
+    if base is None:
         return
-    peers = [f"{name} {tps / 1e3:.0f}k (jaxpos none at {none / tps:.2f}x)" for (name, _), tps in timed.items()
-             if name != "jaxpos"]
-    worst = max(((none / tps, kind) for (name, kind), tps in timed.items() if name == "jaxpos"), default=None)
-    parts = [f"jaxpos none {none / 1e3:.0f}k tokens/s", *peers]
-    if worst:
-        parts.append(f"slowest mechanism {worst[1]} x{worst[0]:.2f} step time of none")
-    print(f"{shape}: " + "; ".join(parts), flush=True)
+    peers = [f"{r['system']} {r['tokens_per_s'] / 1e3:.0f}k (jaxpos none at {r['ms'] / base['ms']:.2f}x its "
+             "step time)" for r in results if r.get("system") != "jaxpos" and "ms" in r]
+    print(f"{shape}: jaxpos none ({path_name(base)}) {base['tokens_per_s'] / 1e3:.0f}k tokens/s"
+          + "".join(f"; {p}" for p in peers), flush=True)
+    fastest: dict[tuple, dict] = {}
+    for r in results:
+        if r.get("system") == "jaxpos" and "ms" in r:
+            key = (r["kind"], bool(r.get("attention_dropout")))
+            if key not in fastest or r["ms"] < fastest[key]["ms"]:
+                fastest[key] = r
+    for (kind, dropout), r in fastest.items():
+        print(f"  fastest {kind:<10} {'with' if dropout else 'without'} attention dropout: {path_name(r):<16} "
+              f"{r['ms'] / base['ms']:.2f}x base", flush=True)
 
 
 def print_header() -> None:
-    print(f"{'system':<14} {'mechanism':<10} {'shape':>8} {'step ms':>8} {'tokens/s':>10} {'x none':>7} "
-          f"{'MFU':>6}  note", flush=True)
+    print(f"{'system':<11} {'mechanism':<10} {'path':<16} {'shape':>7} {'step ms':>8} {'min ms':>7} "
+          f"{'tokens/s':>10} {'x base':>7} {'MFU':>6}  note", flush=True)
 
 
 def print_rows(shape: str, flops: float, rows: list[dict], context: list[dict], ceiling_tflops) -> None:
-    """Rows of the table; 'x none' is the step time over jaxpos none's (context: every result of the shape)."""
-    none = next((r["ms"] for r in context if r.get("kind") == "none" and "ms" in r), None)
+    """Rows of the table; 'x base' is the step time over the baseline's (`baseline` of context: every result of
+    the shape so far)."""
+    base = baseline(context)
     for r in rows:
         name, kind = r.get("system", "?"), r.get("kind", "-")
+        path = path_name(r) if "impl" in r else ""
         if "ms" not in r:
-            print(f"{name:<14} {kind:<10} {shape:>8} {'failed':>8}  {r.get('error', '')}", flush=True)
+            print(f"{name:<11} {kind:<10} {path:<16} {shape:>7} {'failed':>8}  {r.get('error', '')}", flush=True)
             continue
-        vs_none = f"{r['ms'] / none:.2f}" if none else "-"
+        vs_base = f"{r['ms'] / base['ms']:.2f}" if base else "-"
         mfu = f"{flops / (r['ms'] * 1e-3) / (ceiling_tflops * 1e12):.1%}" if ceiling_tflops else "-"
-        note = f"{r['impl']}, compile {r['compile_s']:.0f}s" if "compile_s" in r else r.get("attention", "")
-        print(f"{name:<14} {kind:<10} {shape:>8} {r['ms']:8.1f} {r['tokens_per_s']:10,.0f} {vs_none:>7} "
-              f"{mfu:>6}  {note}", flush=True)
+        fastest = f"{r['ms_min']:7.1f}" if "ms_min" in r else f"{'':>7}"
+        note = f"compile {r['compile_s']:.0f}s" if "compile_s" in r else r.get("attention", "")
+        print(f"{name:<11} {kind:<10} {path:<16} {shape:>7} {r['ms']:8.1f} {fastest} {r['tokens_per_s']:10,.0f} "
+              f"{vs_base:>7} {mfu:>6}  {note}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """bench/: the GPU runbook (bench/gpu_runs.sh) names only paths, mechanisms, implementations, peers and test files
-that exist and fits each stage into one device call; the benchmarks run end to end on the CPU at tiny shapes (a
-GPU session should spend its minutes measuring, not finding a broken flag)."""
+that exist and fits each stage into ten minutes; the benchmarks run end to end on the CPU at tiny shapes (GPU
+minutes go to measuring, not to finding a broken flag)."""
 
 import os
 import subprocess
@@ -13,8 +13,8 @@ from jaxpos.config.model import ATTENTION_IMPLS
 from jaxpos.positions import MECHANISMS
 from tests.test_launch import ROOT, dry_run
 
-STAGES = ("kernels", "train", "profile", "variants", "peers")
-CALL_S = 600  # one device call's limit; a stage's own limits must leave room for set-up
+STAGES = ("recipes", "attention", "variants", "peers")
+STAGE_S = 600  # a stage's commands' limits together, with room for set-up
 
 
 def options(argv: list[str]) -> dict[str, str]:
@@ -25,7 +25,7 @@ def options(argv: list[str]) -> dict[str, str]:
 def test_gpu_runbook_names_what_exists_and_fits_a_call(stage):
     commands = dry_run("bench/gpu_runs.sh", stage)
     assert all(argv[:3] == ["timeout", "-k", "10"] for argv in commands)
-    assert sum(int(argv[3]) for argv in commands) <= CALL_S - 30
+    assert sum(int(argv[3]) for argv in commands) <= STAGE_S - 30
     known_paths = set(attention_bias.paths(True, {}))
     for argv in commands:
         command = argv[4:]
@@ -37,7 +37,8 @@ def test_gpu_runbook_names_what_exists_and_fits_a_call(stage):
             assert set(opts["--paths"].split(",")) <= known_paths
         elif "bench/train_throughput.py" in command:
             assert set(opts["--kinds"].split(",")) <= set(MECHANISMS)
-            assert set(opts["--impl"].split(",")) <= set(ATTENTION_IMPLS)
+            paths = opts["--paths"].split(",") if "--paths" in opts else opts["--impl"].split(",")
+            assert {path.partition("@")[0] for path in paths} <= set(ATTENTION_IMPLS)
             assert set(filter(None, opts["--peers"].split(","))) <= {"plain_jax", "huggingface"}
         elif "bench.profile_step" in command:
             assert opts["--kind"] in MECHANISMS and opts["--impl"] in ATTENTION_IMPLS
@@ -48,7 +49,7 @@ def test_gpu_runbook_names_what_exists_and_fits_a_call(stage):
 
 
 def test_gpu_runbook_refuses_an_unknown_stage():
-    proc = subprocess.run(["bash", "bench/gpu_runs.sh", "kernel"], capture_output=True, text=True, timeout=30,
+    proc = subprocess.run(["bash", "bench/gpu_runs.sh", "recipe"], capture_output=True, text=True, timeout=30,
                           cwd=ROOT)
     assert proc.returncode == 2 and "usage" in proc.stderr
 
@@ -67,13 +68,36 @@ def test_attention_benchmark_refuses_an_unknown_path(capsys):
     assert "unknown path(s) mgpu+tabel" in capsys.readouterr().err
 
 
+def table_rows(stdout: str) -> list[list[str]]:
+    return [line.split() for line in stdout.splitlines() if line.startswith(("jaxpos ", "plain JAX"))]
+
+
 def test_training_benchmark_on_the_cpu():
     """jaxpos and the plain-JAX peer, each in its own process, at tiny shapes: a row with a step time for each."""
     proc = subprocess.run([sys.executable, "bench/train_throughput.py", "--size", "tiny", "--shapes", "8x32",
                            "--kinds", "tisa", "--steps", "2", "--peers", "plain_jax", "--impl", "xla"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = {line[:15].strip(): line[15:].split() for line in proc.stdout.splitlines()
-            if line.startswith(("jaxpos", "plain JAX"))}
-    assert set(rows) == {"jaxpos", "plain JAX"}, proc.stdout
-    assert all(row[1] == "8x32" and row[2] != "failed" and float(row[2]) > 0 for row in rows.values()), proc.stdout
+    rows = table_rows(proc.stdout.split("in row order:")[0])  # as measured
+    jaxpos = [row for row in rows if row[0] == "jaxpos"]
+    peer = [row for row in rows if row[0] == "plain"]
+    assert len(jaxpos) == 1 and len(peer) == 1, proc.stdout
+    assert jaxpos[0][1:4] == ["tisa", "xla@0", "8x32"] and float(jaxpos[0][4]) > 0, proc.stdout
+    assert peer[0][3] == "8x32" and float(peer[0][4]) > 0, proc.stdout
+
+
+def test_training_benchmark_paths_in_concurrent_workers():
+    """Two workers compiling at once, taking turns on the device: every mechanism through every path (and the
+    first row again) is measured once, the table in row order follows, and the first row is the baseline."""
+    proc = subprocess.run([sys.executable, "bench/train_throughput.py", "--size", "tiny", "--shapes", "8x32",
+                           "--kinds", "none,diet_abs", "--paths", "xla@0,xla@0.1", "--steps", "2", "--jobs", "2",
+                           "--repeat-first", "--peers", ""],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = table_rows(proc.stdout)
+    assert len(rows) == 10, proc.stdout  # five as measured, five in row order
+    ordered = [(row[1], row[2]) for row in rows[5:]]
+    assert ordered == [("none", "xla@0"), ("none", "xla@0"), ("none", "xla@0.1"), ("diet_abs", "xla@0"),
+                       ("diet_abs", "xla@0.1")], proc.stdout
+    assert all(row[4] != "failed" and float(row[4]) >= float(row[5]) > 0 for row in rows), proc.stdout
+    assert "fastest diet_abs   with attention dropout: xla@0.1" in proc.stdout

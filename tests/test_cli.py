@@ -26,7 +26,7 @@ def _error_lines(capsys) -> list[str]:
     (["--config.train.batch_size=0"], "train.batch_size=0 must be an integer >= 1"),
     (["--config.data.mask_prob=1.5"], "data.mask_prob=1.5 must be in (0, 1]"),
     (["--config.model.attention_impl=cudnn", "--config.model.attention_dropout=0.1"],
-     "attention dropout needs attention_impl='xla', 'pallas' or 'mosaic_gpu', not 'cudnn'"),
+     "attention dropout needs attention_impl='auto', 'xla', 'pallas' or 'mosaic_gpu', not 'cudnn'"),
     (["--config", WMT_TINY, "--config.decode.beam_size=0"], "decode.beam_size=0 must be an integer >= 1"),
     (["--config.data.eval_fraction=1.5"], "data.eval_fraction=1.5 must be in [0, 1)"),
     (["--config", WMT_TINY, "--config.data.max_pairs=-1"], "data.max_pairs=-1 must be an integer >= 0"),

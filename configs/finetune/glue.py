@@ -14,4 +14,6 @@ from jaxpos.config.defaults import finetune_config
 
 
 def get_config():
-    return finetune_config()
+    config = finetune_config()
+    config.model.dtype = "bfloat16"  # float32 parameters; bf16 compute on accelerators (the CPU emulates it)
+    return config

@@ -13,7 +13,7 @@ from jaxpos.config.defaults import mlm_config
 def get_config():
     config = mlm_config()
     config.model.update(d_model=768, num_layers=12, num_heads=12, mlp_dim=3072, max_length=512, dropout=0.1,
-                        attention_dropout=0.1)
+                        attention_dropout=0.1, dtype="bfloat16")
     config.model.position.kind = "attenuated"
     config.model.position.attenuated.update(form="matrix", sharing="head")
     config.data.update(seq_len=512, vocab_size=30522)

@@ -10,7 +10,8 @@ and chooses how to apply them:
   folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
   per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla";
 - "mosaic_gpu": the same path on the Hopper kernels of `toeplitz_mosaic_gpu` (wgmma, TMA; bf16/f16, attention
-  dropout and per-head segment tables included).
+  dropout and per-head segment tables included);
+- "auto" (the default): per call, the fastest measured path that can run it (`auto.choose`), logged once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from jaxpos.attention import dropout
+from jaxpos.attention import auto, dropout
 from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, over_attended_keys,
                                   position_logits, segment_logits, segment_pair_factors)
 from jaxpos.sharding import HEADS, per_shard
@@ -74,6 +75,9 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
     `dropout_rate`) drops the same weights on "xla", "pallas" and "mosaic_gpu" (`dropout.keep_mask`); "jax" and
     "cudnn" have none.
     """
+    if implementation == "auto":
+        implementation = _auto_implementation(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position,
+                                               q_segment_ids, kv_segment_ids, causal, dropout_rng, dropout_rate)
     if implementation in ("pallas", "mosaic_gpu"):
         blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position, q_segment_ids,
                                   kv_segment_ids, causal)
@@ -240,11 +244,11 @@ def _additive_terms(bias, q_pos, k_pos, q_types, k_types, *, include_factors, dt
 _NOTED: set[str] = set()
 
 
-def _note_once(message: str) -> None:
-    """Logs a fallback note once per distinct message (attend runs once per layer and trace)."""
+def _note_once(message: str, level: int = logging.WARNING) -> None:
+    """Logs a note once per distinct message (attend runs once per layer and trace)."""
     if message not in _NOTED:
         _NOTED.add(message)
-        logging.getLogger(__name__).warning(message)
+        logging.getLogger(__name__).log(level, message)
 
 
 def _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position, q_segment_ids, kv_segment_ids,
@@ -268,10 +272,38 @@ def _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position, q_segment
 
 
 def _pallas_fallback(bias, q, k, content, position, dropout_rng, dropout_rate) -> str:
-    """cuDNN on GPUs where jax.nn.dot_product_attention can express the call (bf16/fp16 inputs, no Shaw terms,
-    no dropout, even lengths: cuDNN trains with a bias only then), else the XLA reference."""
-    cudnn_ok = (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and content and position
-                and bias.rel_keys is None and bias.rel_values is None
-                and not (dropout_rng is not None and dropout_rate > 0.0)
-                and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0)
-    return "cudnn" if cudnn_ok else "xla"
+    """cuDNN where it can express the call (`_cudnn_can`) and there is no attention dropout, else the XLA
+    reference."""
+    dropping = dropout_rng is not None and dropout_rate > 0.0
+    return "cudnn" if _cudnn_can(bias, q, k, content, position) and not dropping else "xla"
+
+
+def _cudnn_can(bias, q, k, content, position) -> bool:
+    """Whether jax.nn.dot_product_attention's cuDNN path can train this call: a GPU, bf16/fp16 inputs, no Shaw
+    terms, even lengths (cuDNN trains with a bias only then)."""
+    return (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and content and position
+            and bias.rel_keys is None and bias.rel_values is None and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0)
+
+
+def _auto_implementation(q, k, bias, q_pos, k_pos, mask, content, position, q_segment_ids, kv_segment_ids, causal,
+                         dropout_rng, dropout_rate) -> str:
+    """attention_impl="auto" for this call (`auto.choose` on its facts); the choice is logged once."""
+    if not position or any(x is not None for x in (bias.dense, bias.rel_keys, bias.rel_values)):
+        form = "other"
+    elif bias.table is not None:
+        form = "table"
+    elif bias.factors is not None or bias.segment_table is not None:
+        form = "factors"  # per-head segment tables reach both fast paths as folded factors or a pair term
+    else:
+        form = "none"
+    platform = jax.default_backend()
+    hopper = platform == "gpu" and all(str(getattr(d, "compute_capability", "")).startswith("9")
+                                       for d in jax.devices())
+    kernel_can = _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position, q_segment_ids, kv_segment_ids,
+                                 causal) is None
+    impl, why = auto.choose(platform=platform, hopper=hopper,
+                            low_precision=q.dtype in (jnp.bfloat16, jnp.float16), form=form,
+                            dropout=dropout_rng is not None and dropout_rate > 0.0,
+                            cudnn_can=_cudnn_can(bias, q, k, content, position), kernel_can=kernel_can)
+    _note_once(f"attention_impl='auto' chose {impl!r}: {why}", level=logging.INFO)
+    return impl

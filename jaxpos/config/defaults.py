@@ -130,9 +130,9 @@ def finetune_config() -> ml_collections.ConfigDict:
 
     config = ml_collections.ConfigDict()
     config.task = "finetune"
-    # Overrides of the pretrained model's config; its architecture comes from --init. On GPUs, e.g.
-    # --config.model.attention_impl=pallas --config.model.dtype=bfloat16 (cudnn has no attention dropout).
-    config.model = ml_collections.ConfigDict(dict(dropout=0.1, attention_dropout=0.1, attention_impl="xla",
+    # Overrides of the pretrained model's config; its architecture comes from --init. On accelerators,
+    # --config.model.dtype=bfloat16 (configs/finetune/glue.py); "auto" picks the attention path per call.
+    config.model = ml_collections.ConfigDict(dict(dropout=0.1, attention_dropout=0.1, attention_impl="auto",
                                                   dtype="float32"))
     config.data = default_finetune_data_config()
     config.train = train_block(

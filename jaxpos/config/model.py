@@ -22,7 +22,7 @@ SEGMENT_MODES = ("input", "per_head", "none")
 SHARING_MODES = ("none", "head", "layer")
 ATTENUATED_FORMS = ("fixed", "matrix", "offset", "abs_offset")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: exact analysis (needs jax_enable_x64)
-ATTENTION_IMPLS = ("xla", "jax", "cudnn", "pallas", "mosaic_gpu")
+ATTENTION_IMPLS = ("auto", "xla", "jax", "cudnn", "pallas", "mosaic_gpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,10 +167,11 @@ class ModelConfig:
     causal: bool = False  # causal self-attention in the encoder stack (decoder-only use)
     tie_embeddings: bool = True  # MLM head / decoder output shares the input embedding matrix
     cross_attention_position: bool = False  # relative/positional bias in encoder-decoder attention too
-    # xla (einsum reference) | jax (jax.nn.dot_product_attention) | cudnn | pallas (the Toeplitz-table kernel,
+    # auto (per call, the fastest measured path that can run it: jaxpos/attention/auto.py) | xla (einsum
+    # reference) | jax (jax.nn.dot_product_attention) | cudnn | pallas (the Toeplitz-table kernel,
     # jaxpos/attention/toeplitz_kernel.py; falls back to cudnn/xla for terms it cannot take) | mosaic_gpu (its
     # Hopper kernels, toeplitz_mosaic_gpu.py, bf16/f16; other GPUs and CPU meshes take the pallas kernel)
-    attention_impl: str = "xla"
+    attention_impl: str = "auto"
     dtype: str = "float32"  # compute dtype; parameters stay param_dtype
     param_dtype: str = "float32"
     init_std: float = 0.02
@@ -219,7 +220,7 @@ class ModelConfig:
 def check_training(cfg: ModelConfig) -> None:
     """Errors for a model block that evaluates but cannot train (checked before a training run reads data)."""
     if cfg.attention_dropout > 0.0 and cfg.attention_impl in ("jax", "cudnn"):
-        raise ValueError(f"attention dropout needs attention_impl='xla', 'pallas' or 'mosaic_gpu', not "
+        raise ValueError(f"attention dropout needs attention_impl='auto', 'xla', 'pallas' or 'mosaic_gpu', not "
                          f"{cfg.attention_impl!r}; or set model.attention_dropout=0")
 
 

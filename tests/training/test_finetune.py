@@ -297,7 +297,8 @@ def test_clear_errors(mlm_run, glue_dir, tmp_path):
     with pytest.raises(ValueError, match=r"train.batch_size=0 must be an integer >= 1"):
         finetune_cli(fresh + ["--config.train.batch_size=0"])
     assert not (tmp_path / "fresh").exists()  # refused before the workdir is made
-    with pytest.raises(ValueError, match="attention dropout needs attention_impl='xla', 'pallas' or 'mosaic_gpu', not 'cudnn'"):
+    with pytest.raises(ValueError, match="attention dropout needs attention_impl='auto', 'xla', 'pallas' or "
+                                         "'mosaic_gpu', not 'cudnn'"):
         finetune_cli(base + ["--init", mlm_run, "--config.model.attention_impl=cudnn",
                              "--config.model.attention_dropout=0.1"])
     config = finetune_config()
