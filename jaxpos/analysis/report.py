@@ -364,8 +364,9 @@ def _rank(ctx: _Context) -> dict:
     # rank-one term, so their rank can fall one short. Windows go one at a time (no padding, nothing masked).
     logits = np.concatenate([np.asarray(attention_logits(cfg, ctx.params, row[None]), np.float64) for row in rows],
                             axis=1)  # [L, B, H, T, T]
-    logit_rank = rank.numerical_rank(logits)  # [L, B, H]; computed in float32, hence rank.RTOL
-    result = dict(length=length, windows=len(rows), head_dim=cfg.head_dim, rtol=rank.RTOL,
+    rtol = rank.default_rtol(logits.shape)  # the logits were computed in float32: float32's eps, not float64's
+    logit_rank = rank.numerical_rank(logits, rtol)  # [L, B, H]
+    result = dict(length=length, windows=len(rows), head_dim=cfg.head_dim, rtol=rtol,
                   logit_rank=logit_rank.mean(axis=1), logit_rank_mean=float(logit_rank.mean()),
                   logit_rank_max=int(logit_rank.max()))
     terms = {"input": (_input_positional_logits(ctx, length), "input positions (P W_Q)(P W_K)^T, layer 1"),
@@ -374,7 +375,7 @@ def _rank(ctx: _Context) -> dict:
     for key, (matrices, label) in terms.items():
         if matrices is None:
             continue
-        ranks = rank.numerical_rank(matrices)  # [L', H]
+        ranks = rank.numerical_rank(matrices, rtol)  # [L', H], T x T as the logits
         result[f"positional_{key}"] = dict(form=label, rank=ranks, toeplitz_r2=toeplitz.toeplitz_r2(matrices))
         plotted = (np.asarray(ranks, float), label)
     if plotted is None:
@@ -417,7 +418,7 @@ def _effective_attention(ctx: _Context) -> dict:
     problem = value_path_problem(cfg)
     if problem is not None:
         raise Skip(problem)
-    per_length, ranks, example, lengths = [], [], None, []
+    per_length, ranks, example, lengths, tolerances = [], [], None, [], []
     for length in tqdm(_usable_lengths(ctx, opts.lengths), desc="effective attention", leave=False):
         rows = token_windows(ctx.model, ctx.sentences, length, opts.windows)
         if len(rows) == 0:
@@ -426,11 +427,13 @@ def _effective_attention(ctx: _Context) -> dict:
         for row in rows:  # one window at a time: the value maps are [L, 1, H, T, d]
             weights, states = _run(ctx, row[None])
             maps = value_output_maps(cfg, ctx.params, states)
-            effective = effective_attention.effective_attention(weights, maps, rank.RTOL)
+            rtol = rank.default_rtol(maps.shape)  # computed in float32: float32's eps at this T
+            effective = effective_attention.effective_attention(weights, maps, rtol)
             correlations.append(effective_attention.attention_correlation(weights, effective)[:, 0])  # [L, H]
-            window_ranks.append(rank.numerical_rank(maps, rank.RTOL)[:, 0])  # the rank the projection kept
+            window_ranks.append(rank.numerical_rank(maps, rtol)[:, 0])  # the rank the projection kept
             example = (weights[-1, 0, 0], effective[-1, 0, 0], length, window_ranks[-1][-1, 0])
         lengths.append(length)
+        tolerances.append(rtol)
         per_length.append(np.stack(correlations))  # [W, L, H]
         ranks.append(np.stack(window_ranks))  # [W, L, H]
     if not lengths:
@@ -441,10 +444,10 @@ def _effective_attention(ctx: _Context) -> dict:
                                        ctx.figure("effective_attention.png"),
                                        f"layer {cfg.num_layers}, head 1, T = {length}, rank {example_rank} of {length}")
     found = ", ".join(f"T={n}: rank {r.min()}" + (f"-{r.max()}" if r.max() > r.min() else "") + f" of {n}"
-                      for n, r in zip(lengths, ranks))
+                      + f" (tolerance {tol:.3g})" for n, r, tol in zip(lengths, ranks, tolerances))
     return dict(lengths=lengths, windows=[len(c) for c in per_length], head_dim=cfg.head_dim,
-                rtol=rank.RTOL, value_map_rank=[r.mean(axis=0) for r in ranks],  # [L, H] per length
-                rank_summary=f"tolerance {rank.RTOL:g} x the largest singular value of T; {found}",
+                rtol=tolerances, value_map_rank=[r.mean(axis=0) for r in ranks],  # [L, H] per length
+                rank_summary=f"rank tolerance max(T, d) x float32 eps x the largest singular value of T; {found}",
                 correlation=[float(np.nanmean(c)) for c in per_length], correlation_by_layer=by_layer,
                 correlation_by_head=[np.nanmean(c, axis=0) for c in per_length], figure="effective_attention.png")
 
