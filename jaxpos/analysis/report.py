@@ -1,6 +1,6 @@
 """`jaxpos analyze`: every diagnostic of the papers that applies to a model, in one report.json plus figures.
 
-Diagnostics (REFERENCE.md, "Analyses"), each recorded under its name in the report, or as
+Diagnostics (docs/conventions.md, "Analyses"), each recorded under its name in the report, or as
 {"skipped": reason} when it does not apply to the model:
 
   position_gram        P = E_P E_P^T of input position tables and its Toeplitz R^2 (TISA App. B)

@@ -1,5 +1,5 @@
-"""Effective attention: the REFERENCE vector, A_eff T = A T, identity when T has full row rank, the
-correlation, and a tiny jaxpos encoder end to end."""
+"""Effective attention: the test vector of docs/conventions.md, A_eff T = A T, identity when T has full row rank,
+the correlation, and a tiny jaxpos encoder end to end."""
 
 import flax.linen as nn
 import jax
