@@ -30,12 +30,12 @@ import time
 from typing import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from jaxpos.analysis import attribution, effective_attention, locality, rank, tisa_fit, toeplitz
 from jaxpos.analysis.loading import AnalyzedModel
 from jaxpos.analysis.taps import (attention_logits, has_learned_input_positions, input_position_embedding,
                                  value_path_problem)
+from jaxpos.progress import Progress, progress
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[
                    origin=dict(model.info)),
         sentences=dict(count=len(kept), tokens=int(sum(len(s) for s in kept))),
         options=dataclasses.asdict(opts), skipped={}, seconds={})
-    bar = tqdm(names, desc="analyze", unit="diagnostic")
+    bar = Progress(names, desc="analyze", unit="diagnostic")
     for name in bar:
         bar.set_postfix_str(name)
         start = time.perf_counter()
@@ -419,7 +419,8 @@ def _effective_attention(ctx: _Context) -> dict:
     if problem is not None:
         raise Skip(problem)
     per_length, ranks, example, lengths, tolerances = [], [], None, [], []
-    for length in tqdm(_usable_lengths(ctx, opts.lengths), desc="effective attention", leave=False):
+    lengths_to_run = _usable_lengths(ctx, opts.lengths)
+    for length in progress(lengths_to_run, desc="effective attention", unit="length", leave=False):
         rows = token_windows(ctx.model, ctx.sentences, length, opts.windows)
         if len(rows) == 0:
             continue
@@ -460,8 +461,8 @@ def _identifiability(ctx: _Context) -> dict:
     opts = ctx.options
     hidden, sentence_ids = [], []
     batches = _sentence_batches(ctx.sentences)
-    for index, (ids, segs, real) in enumerate(tqdm(batches, desc="encode sentences", leave=False,
-                                                   total=math.ceil(len(ctx.sentences) / SENTENCE_BATCH))):
+    for index, (ids, segs, real) in enumerate(progress(batches, desc="encode sentences", unit="batch", leave=False,
+                                                       total=math.ceil(len(ctx.sentences) / SENTENCE_BATCH))):
         _, states = _run(ctx, ids, segs)  # [L+1, B, T, d]
         tokens = segs[:real].astype(bool)
         hidden.append(states[:, :real][:, tokens])
@@ -470,7 +471,7 @@ def _identifiability(ctx: _Context) -> dict:
     sentence_ids = np.concatenate(sentence_ids)
     inputs = hidden[0]  # x_i: what the first layer receives (token + position + type embeddings, normalised)
     rates = {}
-    for kind in tqdm(opts.probe_kinds, desc="probes", leave=False):
+    for kind in progress(opts.probe_kinds, desc="probes", unit="probe", leave=False):
         extra = {} if kind == "naive" else dict(learning_rate=opts.probe_learning_rate,
                                                 patience=opts.probe_patience, max_epochs=opts.probe_epochs)
         rates[kind] = identifiability_by_layer(hidden, inputs, sentence_ids, kind=kind, seed=opts.seed, **extra)
@@ -491,7 +492,7 @@ def _attribution(ctx: _Context) -> dict:
     table = np.asarray(ctx.params["token_embed"]["embedding"])
     layers = list(range(1, cfg.num_layers + 1))  # hidden states after each layer (0 would be the embeddings)
     summaries = []
-    for row in tqdm(rows, desc="attribution", leave=False):
+    for row in progress(rows, desc="attribution", unit="window", leave=False):
         contributions = attribution.token_contributions(cfg, ctx.params, table[row], layers=layers)  # [L, T, T]
         summaries.append({k: np.asarray(v, np.float64) for k, v in
                           attribution.attribution_summary(contributions).items()})

@@ -174,6 +174,18 @@ def make_hf_folder(path, texts, vocab_size=300):
     return vocabulary
 
 
+def test_analyze_into_a_log_prints_no_redraws(tmp_path, spm_model, capsys):
+    from jaxpos.cli import main
+
+    save_run(tmp_path / "run", spm_model, dict(kind="absolute"))
+    main(["analyze", "--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--quick",
+          "--max-sentences", "12", "--lengths", "8", "--only", "rank,attribution"])
+    captured = capsys.readouterr()  # pytest's capture is not a terminal, as `> log 2>&1`
+    assert "attention logit rank" in captured.out
+    for text in (captured.out, captured.err):
+        assert "\r" not in text and "\x1b" not in text, repr(text)
+
+
 def test_hf_folder_through_the_cli(tmp_path, texts):
     from jaxpos.cli import main
 
