@@ -131,7 +131,8 @@ def summary(report: dict) -> str:
                      f"{get('identical_word', 'symmetry'):.3f}")
     if get("rank", "logit_rank_mean") is not None:
         lines.append(f"  attention logit rank (T={get('rank', 'length')}, D={get('rank', 'head_dim')}): mean "
-                     f"{get('rank', 'logit_rank_mean'):.1f}, max {get('rank', 'logit_rank_max')}")
+                     f"{get('rank', 'logit_rank_mean'):.1f}, max {get('rank', 'logit_rank_max')} "
+                     f"(tolerance {get('rank', 'rtol'):.3g} x the largest singular value)")
     if get("decomposition", "importance") is not None:
         last = get("decomposition", "importance")[-1]
         lines.append(f"  Muppet importance at the last layer (i h f c): {fmt(last)}")

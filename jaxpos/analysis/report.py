@@ -1,6 +1,6 @@
 """`jaxpos analyze`: every diagnostic of the papers that applies to a model, in one report.json plus figures.
 
-Diagnostics (REFERENCE.md, "Analyses"), each recorded under its name in the report, or as
+Diagnostics (docs/conventions.md, "Analyses"), each recorded under its name in the report, or as
 {"skipped": reason} when it does not apply to the model:
 
   position_gram        P = E_P E_P^T of input position tables and its Toeplitz R^2 (TISA App. B)
@@ -30,12 +30,12 @@ import time
 from typing import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from jaxpos.analysis import attribution, effective_attention, locality, rank, tisa_fit, toeplitz
 from jaxpos.analysis.loading import AnalyzedModel
 from jaxpos.analysis.taps import (attention_logits, has_learned_input_positions, input_position_embedding,
                                  value_path_problem)
+from jaxpos.progress import Progress, progress
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[
                    origin=dict(model.info)),
         sentences=dict(count=len(kept), tokens=int(sum(len(s) for s in kept))),
         options=dataclasses.asdict(opts), skipped={}, seconds={})
-    bar = tqdm(names, desc="analyze", unit="diagnostic")
+    bar = Progress(names, desc="analyze", unit="diagnostic")
     for name in bar:
         bar.set_postfix_str(name)
         start = time.perf_counter()
@@ -364,8 +364,9 @@ def _rank(ctx: _Context) -> dict:
     # rank-one term, so their rank can fall one short. Windows go one at a time (no padding, nothing masked).
     logits = np.concatenate([np.asarray(attention_logits(cfg, ctx.params, row[None]), np.float64) for row in rows],
                             axis=1)  # [L, B, H, T, T]
-    logit_rank = rank.numerical_rank(logits)  # [L, B, H]; computed in float32, hence rank.RTOL
-    result = dict(length=length, windows=len(rows), head_dim=cfg.head_dim, rtol=rank.RTOL,
+    rtol = rank.default_rtol(logits.shape)  # the logits were computed in float32: float32's eps, not float64's
+    logit_rank = rank.numerical_rank(logits, rtol)  # [L, B, H]
+    result = dict(length=length, windows=len(rows), head_dim=cfg.head_dim, rtol=rtol,
                   logit_rank=logit_rank.mean(axis=1), logit_rank_mean=float(logit_rank.mean()),
                   logit_rank_max=int(logit_rank.max()))
     terms = {"input": (_input_positional_logits(ctx, length), "input positions (P W_Q)(P W_K)^T, layer 1"),
@@ -374,7 +375,7 @@ def _rank(ctx: _Context) -> dict:
     for key, (matrices, label) in terms.items():
         if matrices is None:
             continue
-        ranks = rank.numerical_rank(matrices)  # [L', H]
+        ranks = rank.numerical_rank(matrices, rtol)  # [L', H], T x T as the logits
         result[f"positional_{key}"] = dict(form=label, rank=ranks, toeplitz_r2=toeplitz.toeplitz_r2(matrices))
         plotted = (np.asarray(ranks, float), label)
     if plotted is None:
@@ -417,8 +418,9 @@ def _effective_attention(ctx: _Context) -> dict:
     problem = value_path_problem(cfg)
     if problem is not None:
         raise Skip(problem)
-    per_length, ranks, example, lengths = [], [], None, []
-    for length in tqdm(_usable_lengths(ctx, opts.lengths), desc="effective attention", leave=False):
+    per_length, ranks, example, lengths, tolerances = [], [], None, [], []
+    lengths_to_run = _usable_lengths(ctx, opts.lengths)
+    for length in progress(lengths_to_run, desc="effective attention", unit="length", leave=False):
         rows = token_windows(ctx.model, ctx.sentences, length, opts.windows)
         if len(rows) == 0:
             continue
@@ -426,11 +428,13 @@ def _effective_attention(ctx: _Context) -> dict:
         for row in rows:  # one window at a time: the value maps are [L, 1, H, T, d]
             weights, states = _run(ctx, row[None])
             maps = value_output_maps(cfg, ctx.params, states)
-            effective = effective_attention.effective_attention(weights, maps, rank.RTOL)
+            rtol = rank.default_rtol(maps.shape)  # computed in float32: float32's eps at this T
+            effective = effective_attention.effective_attention(weights, maps, rtol)
             correlations.append(effective_attention.attention_correlation(weights, effective)[:, 0])  # [L, H]
-            window_ranks.append(rank.numerical_rank(maps, rank.RTOL)[:, 0])  # the rank the projection kept
+            window_ranks.append(rank.numerical_rank(maps, rtol)[:, 0])  # the rank the projection kept
             example = (weights[-1, 0, 0], effective[-1, 0, 0], length, window_ranks[-1][-1, 0])
         lengths.append(length)
+        tolerances.append(rtol)
         per_length.append(np.stack(correlations))  # [W, L, H]
         ranks.append(np.stack(window_ranks))  # [W, L, H]
     if not lengths:
@@ -441,10 +445,10 @@ def _effective_attention(ctx: _Context) -> dict:
                                        ctx.figure("effective_attention.png"),
                                        f"layer {cfg.num_layers}, head 1, T = {length}, rank {example_rank} of {length}")
     found = ", ".join(f"T={n}: rank {r.min()}" + (f"-{r.max()}" if r.max() > r.min() else "") + f" of {n}"
-                      for n, r in zip(lengths, ranks))
+                      + f" (tolerance {tol:.3g})" for n, r, tol in zip(lengths, ranks, tolerances))
     return dict(lengths=lengths, windows=[len(c) for c in per_length], head_dim=cfg.head_dim,
-                rtol=rank.RTOL, value_map_rank=[r.mean(axis=0) for r in ranks],  # [L, H] per length
-                rank_summary=f"tolerance {rank.RTOL:g} x the largest singular value of T; {found}",
+                rtol=tolerances, value_map_rank=[r.mean(axis=0) for r in ranks],  # [L, H] per length
+                rank_summary=f"rank tolerance max(T, d) x float32 eps x the largest singular value of T; {found}",
                 correlation=[float(np.nanmean(c)) for c in per_length], correlation_by_layer=by_layer,
                 correlation_by_head=[np.nanmean(c, axis=0) for c in per_length], figure="effective_attention.png")
 
@@ -457,8 +461,8 @@ def _identifiability(ctx: _Context) -> dict:
     opts = ctx.options
     hidden, sentence_ids = [], []
     batches = _sentence_batches(ctx.sentences)
-    for index, (ids, segs, real) in enumerate(tqdm(batches, desc="encode sentences", leave=False,
-                                                   total=math.ceil(len(ctx.sentences) / SENTENCE_BATCH))):
+    for index, (ids, segs, real) in enumerate(progress(batches, desc="encode sentences", unit="batch", leave=False,
+                                                       total=math.ceil(len(ctx.sentences) / SENTENCE_BATCH))):
         _, states = _run(ctx, ids, segs)  # [L+1, B, T, d]
         tokens = segs[:real].astype(bool)
         hidden.append(states[:, :real][:, tokens])
@@ -467,7 +471,7 @@ def _identifiability(ctx: _Context) -> dict:
     sentence_ids = np.concatenate(sentence_ids)
     inputs = hidden[0]  # x_i: what the first layer receives (token + position + type embeddings, normalised)
     rates = {}
-    for kind in tqdm(opts.probe_kinds, desc="probes", leave=False):
+    for kind in progress(opts.probe_kinds, desc="probes", unit="probe", leave=False):
         extra = {} if kind == "naive" else dict(learning_rate=opts.probe_learning_rate,
                                                 patience=opts.probe_patience, max_epochs=opts.probe_epochs)
         rates[kind] = identifiability_by_layer(hidden, inputs, sentence_ids, kind=kind, seed=opts.seed, **extra)
@@ -488,7 +492,7 @@ def _attribution(ctx: _Context) -> dict:
     table = np.asarray(ctx.params["token_embed"]["embedding"])
     layers = list(range(1, cfg.num_layers + 1))  # hidden states after each layer (0 would be the embeddings)
     summaries = []
-    for row in tqdm(rows, desc="attribution", leave=False):
+    for row in progress(rows, desc="attribution", unit="window", leave=False):
         contributions = attribution.token_contributions(cfg, ctx.params, table[row], layers=layers)  # [L, T, T]
         summaries.append({k: np.asarray(v, np.float64) for k, v in
                           attribution.attribution_summary(contributions).items()})

@@ -110,9 +110,9 @@ class Translator:
         scores = np.zeros(len(inputs), np.float32)
         starts = range(0, len(inputs), size)
         if progress:
-            from tqdm.auto import tqdm
+            from jaxpos.progress import progress as show_progress
 
-            starts = tqdm(starts, desc="decoding", unit="batch", leave=False)
+            starts = show_progress(starts, desc="decoding", unit="batch", leave=False)
         for start in starts:
             chunk = inputs[start:start + size]
             padded = np.zeros((size, inputs.shape[1]), np.int32)

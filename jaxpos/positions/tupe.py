@@ -1,7 +1,7 @@
 """TUPE (Ke et al.): untied positional correlation per head and layer, from absolute positions.
 
 alpha_ij = (x_i W_Q)(x_j W_K)^T / sqrt(2D) + (p_i U_Q)(p_j U_K)^T / sqrt(2D): the TUPE paper scales both terms
-by 1/sqrt(2D) (REFERENCE.md), to keep the sum at the variance of one term; so the content term carries
+by 1/sqrt(2D) (docs/conventions.md), to keep the sum at the variance of one term; so the content term carries
 `content_scale` = 1/sqrt(2) on top of the usual 1/sqrt(D). With `position.tupe.untie_cls`, the positional logits of
 [CLS] (position 0 of each sequence) are reset: row 0 (from [CLS], [CLS]->[CLS] included) to theta_1, column 0 of
 the other rows (to [CLS]) to theta_2, as Ke et al.'s reset_theta; one pair per head and layer, like U_Q, U_K.

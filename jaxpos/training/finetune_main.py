@@ -23,6 +23,7 @@ from jaxpos.config.checks import check_number
 from jaxpos.config.defaults import FINETUNE_ZERO_DEFAULTS, check_train_block
 from jaxpos.config.model import check_training
 from jaxpos.data.classification import task_spec
+from jaxpos.evaluation.protocol import best_of
 from jaxpos.models import BertForSequenceClassification
 from jaxpos.training.finetune import ClassificationTask, example_losses, predictions_from_logits
 from jaxpos.training.loop import Trainer, with_activation_sharding
@@ -235,6 +236,12 @@ def _resolve_model(config, pretrained: Pretrained) -> ModelConfig:
     return cfg
 
 
+def best_evaluation(history: list[dict], split: str, metric: str) -> dict | None:
+    """The evaluation with the highest `metric` on `split` (the earliest of equals), under the protocol's NaN
+    policy: a diverged (NaN) evaluation never beats a number. None for no evaluation."""
+    return best_of(sorted(history, key=lambda e: e["step"]), lambda e: e[split][metric]) if history else None
+
+
 def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bool = True) -> dict:
     """Fine-tunes the encoder at INIT on config.data.task (resuming from WORKDIR's checkpoints); evaluates on the
     dev split(s) every train.eval_every steps. Returns the report (also WORKDIR/report.json)."""
@@ -302,7 +309,7 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
 
     history = [evals[s] for s in sorted(evals)]
     main = spec.metrics[0]
-    best = max(history, key=lambda e: e[main_split][main]) if history else None
+    best = best_evaluation(history, main_split, main)
     report = dict(task=spec.name, step=int(jax.device_get(result.state.step)), train=result.final_metrics,
                   dev=history[-1] if history else None, best=best, main_metric=main, main_split=main_split,
                   chance=chance, position=cfg.position.kind, init=pretrained.info)

@@ -31,7 +31,7 @@ from jaxpos.training.state import TrainState, init_state
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
+    """The loss, the gradient norm or the updated state became NaN or infinite; the last good checkpoint is kept."""
 
 
 class Task(Protocol):
@@ -77,8 +77,15 @@ def train_step(state: TrainState, batch: dict, *, task: Task, tx: optax.Gradient
     grads = jax.tree.map(lambda g: g / weight, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(task.summarize(sums), grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
+    metrics = dict(task.summarize(sums), grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
+                   state_finite=all_finite((params, opt_state)))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def all_finite(tree) -> jax.Array:
+    """1.0 when every floating-point leaf of `tree` is finite, else 0.0: a scalar computed on device."""
+    flags = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack(flags).all().astype(jnp.float32) if flags else jnp.float32(1.0)
 
 
 def eval_sums(params, batch, *, task: Task) -> dict:
@@ -231,13 +238,21 @@ class Trainer:
         tick = time.perf_counter()
 
         def read(metrics, step):
-            """Host copy of a step's metrics; stops the run on NaN (the metrics are read one step late)."""
+            """Host copy of a step's metrics; stops the run when the loss, the gradient norm or the updated state
+            is not finite (the metrics are read one step late, and always before the state is checkpointed)."""
             host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            state_finite = host.pop("state_finite") == 1.0
+            if math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"]) and state_finite:
+                return host
             if not math.isfinite(host["loss"]):
-                last = self.checkpointer.steps()
-                raise TrainingDiverged(f"loss is {host['loss']} at step {step}; stopping. The last good "
-                                       f"checkpoint is step {last[-1] if last else None} in {self.workdir}")
-            return host
+                what = f"loss is {host['loss']}"
+            elif not math.isfinite(host["grad_norm"]):
+                what = f"gradient norm is {host['grad_norm']}"
+            else:
+                what = "the updated parameters or optimizer state are not finite"
+            saved = self.checkpointer.steps()  # only states read finite here are ever saved
+            last = f"The last good checkpoint is step {saved[-1]}" if saved else "There is no checkpoint"
+            raise TrainingDiverged(f"{what} at step {step}; stopping. {last} in {self.workdir}")
 
         try:
             for step in range(start, tcfg.num_steps):
@@ -270,7 +285,7 @@ class Trainer:
                         writer.scalars(done, extra, prefix="eval")
                         eval_metrics.update(extra)
                 if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop["signal"]:
-                    if pending is not None:  # never checkpoint a state whose loss was not finite
+                    if pending is not None:  # never checkpoint a state not known to be finite
                         window.append(read(*pending))
                         pending = None
                     self.checkpointer.save(done, state, data.get_state(), self.model_config)

@@ -9,7 +9,8 @@ import tempfile
 import time
 
 from etils import epath
-from tqdm.auto import tqdm
+
+from jaxpos.progress import Progress
 
 
 class MetricWriter:
@@ -34,10 +35,10 @@ class MetricWriter:
                 self.local_dir = tempfile.mkdtemp(prefix="jaxpos_tensorboard_")
             self.writer = SummaryWriter(self.local_dir)
         self.total_steps, self.start_step = total_steps, start_step
-        self.live_bar = enabled and sys.stdout.isatty()
-        self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
-                        file=sys.stdout, disable=not self.live_bar, mininterval=1.0)
-        self.started = time.time()
+        # No plain progress lines: without a live bar each logged line carries the ETA instead.
+        self.bar = Progress(desc="train", total=total_steps, initial=start_step, unit="step", stream=sys.stdout,
+                            enabled=enabled, plain_every_s=None, dynamic_ncols=True, mininterval=1.0)
+        self.live_bar = self.bar.live
 
     def advance(self, steps: int = 1) -> None:
         self.bar.update(steps)
@@ -54,13 +55,13 @@ class MetricWriter:
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
             where = f"{prefix} step {step}"
             if prefix == "train" and not self.live_bar:  # no bar to show progress: say it in the line
-                where += f"/{self.total_steps} eta {self._eta(step)}"
+                where += f"/{self.total_steps} eta {self.bar.eta(step)}"
             self.write(f"[{where}] {shown}")
 
     def write(self, line: str) -> None:
         """Prints a line above the bar (plainly once the bar is closed or absent)."""
         if self.enabled:
-            tqdm.write(line, file=sys.stdout)
+            self.bar.write(line)
 
     def postfix(self, **values) -> None:
         self.bar.set_postfix({k: _fmt(v) for k, v in values.items()}, refresh=False)
@@ -87,14 +88,6 @@ class MetricWriter:
                 self.sync()
                 shutil.rmtree(self.local_dir, ignore_errors=True)
                 self.writer = None
-
-    def _eta(self, step: int) -> str:
-        done = step - self.start_step
-        if done <= 0:
-            return "?"
-        remaining = (time.time() - self.started) / done * (self.total_steps - step)
-        minutes, seconds = divmod(int(remaining), 60)
-        return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
 
 def _fmt(v) -> str:

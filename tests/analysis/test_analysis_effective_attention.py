@@ -1,5 +1,5 @@
-"""Effective attention: the REFERENCE vector, A_eff T = A T, identity when T has full row rank, the
-correlation, and a tiny jaxpos encoder end to end."""
+"""Effective attention: the test vector of docs/conventions.md, A_eff T = A T, identity when T has full row rank,
+the correlation, and a tiny jaxpos encoder end to end."""
 
 import flax.linen as nn
 import jax
@@ -41,8 +41,8 @@ def test_random_low_rank_maps():
         np.testing.assert_allclose(eff[idx], a[idx] - a[idx] @ null @ null.T, atol=1e-10)
     # Nothing is left of the null-space part: A_eff N = 0, and the change lies in the null space.
     assert np.abs(eff - a).max() > 1e-2
-    # The default tolerance (1e-4 of the largest singular value) treats a tiny extra direction as null; a
-    # tolerance below it keeps the direction.
+    # The default tolerance (max(T, d) x float32 eps of the largest singular value) treats a tiny extra direction
+    # as null; a tolerance below it keeps the direction.
     t_eps = t[0, 0] + 1e-7 * rng.normal(size=(seq, d))
     assert left_null_space(t_eps).shape[1] == seq - rank
     assert left_null_space(t_eps, rtol=1e-12).shape[1] == seq - d

@@ -1,5 +1,5 @@
-"""Locality and symmetry (Chen et al.): the REFERENCE test vectors, a brute-force double loop, the attenuated
-encoding sweep, and bad inputs."""
+"""Locality and symmetry (Chen et al.): the test vectors of docs/conventions.md, a brute-force double loop, the
+attenuated encoding sweep, and bad inputs."""
 
 import numpy as np
 import pytest

@@ -67,3 +67,15 @@ def test_decode_config_rejects_unknown_fields():
     assert decode_config({"beam_size": 10}).beam_size == 10
     with pytest.raises(ValueError, match="unknown config field decode.beams"):
         decode_config({"beams": 10})
+
+
+def test_decoding_progress_in_a_log_has_no_redraws(parts, capsys):
+    cfg, params, inputs, _ = parts
+    dcfg = DecodeConfig(beam_size=2, alpha=0.6, max_length_b=W, target_width=W, batch_size=1)
+    translator = Translator(cfg, params, None, dcfg, inputs.shape[1])
+    quiet = translator.translate_ids(inputs)
+    capsys.readouterr()
+    np.testing.assert_array_equal(translator.translate_ids(inputs, progress=True), quiet)
+    captured = capsys.readouterr()  # pytest's capture is not a terminal, as a redirected log
+    for text in (captured.out, captured.err):
+        assert "\r" not in text and "\x1b" not in text, repr(text)

@@ -1,4 +1,4 @@
-"""REFERENCE.md test vectors and direct formulas for the position-only functions."""
+"""The test vectors of docs/conventions.md and direct formulas for the position-only functions."""
 
 import math
 

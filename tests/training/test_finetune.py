@@ -112,6 +112,51 @@ def test_protocol_takes_the_max_over_checkpoints_then_the_median_over_seeds():
     assert "| tisa | mrpc | dev accuracy | 0.8450 | 5e-05 |" in table
 
 
+def test_protocol_counts_a_diverged_evaluation_as_the_worst_score_in_any_order():
+    import itertools
+    import math
+
+    from jaxpos.evaluation.protocol import run_score, summarize
+
+    nan = float("nan")
+    for order in itertools.permutations([nan, 0.5, 0.25, nan]):
+        evals = [{"step": 10 * (i + 1), "dev": {"pearson": v}} for i, v in enumerate(order)]
+        assert run_score(evals, "dev", "pearson") == 0.5
+    assert math.isnan(run_score([{"dev": {"pearson": nan}}] * 2, "dev", "pearson"))  # every evaluation diverged
+    # The best learning rate does not depend on the order of the rates or of the seeds.
+    maxima = {2e-5: {0: 0.7, 1: nan, 2: 0.9}, 3e-5: {0: 0.75, 1: 0.76, 2: 0.6}, 5e-5: {0: nan, 1: nan, 2: 0.99}}
+    for lr_order in itertools.permutations(maxima):
+        for seed_order in itertools.permutations(range(3)):
+            result = summarize({lr: {s: maxima[lr][s] for s in seed_order} for lr in lr_order})
+            assert result["best_lr"] == 3e-5 and result["score"] == pytest.approx(0.75)
+            assert result["per_lr"][2e-5]["median"] == pytest.approx(0.7)  # the NaN seed ranks lowest
+            assert math.isnan(result["per_lr"][5e-5]["median"])  # two of three seeds diverged
+    assert summarize({2e-5: {0: nan}, 1e-5: {0: nan}})["best_lr"] == 1e-5  # all diverged: the smallest rate
+
+
+def test_median_and_best_evaluation_rank_nan_lowest_in_any_order():
+    import itertools
+    import math
+
+    from jaxpos.evaluation.protocol import median_score
+    from jaxpos.training.finetune_main import best_evaluation
+
+    nan = float("nan")
+    # The median equals numpy's with NaN replaced by -inf (and is NaN where that one is -inf).
+    for values in ([nan, 0.8, 0.6], [nan, nan, 0.9], [nan, 0.7, 0.9, 0.8], [nan, 0.9], [0.3, 0.9], [nan]):
+        reference = np.median(np.where(np.isnan(values), -np.inf, values))
+        for order in itertools.permutations(values):
+            got = median_score(list(order))
+            assert (math.isnan(got) and reference == -np.inf) or got == pytest.approx(reference), (order, got)
+    for order in itertools.permutations([nan, 0.5, 0.25, nan]):
+        evals = [{"step": 10 * (i + 1), "dev": {"pearson": v}} for i, v in enumerate(order)]
+        best = best_evaluation(evals, "dev", "pearson")
+        assert best["dev"]["pearson"] == 0.5 and best_evaluation(evals[::-1], "dev", "pearson") is best
+    tied = [{"step": 20, "dev": {"accuracy": 0.5}}, {"step": 10, "dev": {"accuracy": 0.5}}]
+    assert best_evaluation(tied, "dev", "accuracy")["step"] == 10  # the earliest of equals
+    assert best_evaluation([], "dev", "accuracy") is None
+
+
 def test_word_order_drop_is_original_minus_variant_accuracy():
     from jaxpos.data.classification import Example
     from jaxpos.evaluation.probes import variant_names, word_order_drops

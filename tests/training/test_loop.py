@@ -1,4 +1,5 @@
-"""The shared training loop: kill-and-resume equality, NaN stop, corrupt-checkpoint fallback, accumulation."""
+"""The shared training loop: kill-and-resume equality, NaN stop (never checkpointing a non-finite state),
+corrupt-checkpoint fallback, accumulation."""
 
 import os
 import signal
@@ -7,10 +8,14 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from jaxpos.training.loop import TrainingDiverged
+from jaxpos.training import loop
+from jaxpos.training.loop import TrainingDiverged, all_finite
+from jaxpos.training.optim import make_optimizer
 from tests.training import synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -87,3 +92,39 @@ def test_gradient_accumulation_matches_one_large_batch(tmp_path):
         trainer.close()
     for a, b in zip(leaves(results[0].state), leaves(results[1].state)):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+def poisoned_at(inner: optax.GradientTransformation, poisoned_count: int) -> optax.GradientTransformation:
+    """`inner`, except that its update number `poisoned_count` (from 0) is infinite."""
+
+    def init(params):
+        return inner.init(params), jnp.zeros([], jnp.int32)
+
+    def update(updates, state, params=None):
+        inner_state, count = state
+        updates, inner_state = inner.update(updates, inner_state, params)
+        scale = jnp.where(count == poisoned_count, jnp.inf, 1.0)
+        return jax.tree.map(lambda u: u * scale, updates), (inner_state, count + 1)
+
+    return optax.GradientTransformation(init, update)
+
+
+def test_an_update_that_is_not_finite_is_never_checkpointed(tmp_path, monkeypatch):
+    # The 10th update (a checkpoint step) makes the parameters infinite while its loss, computed before the
+    # update, is finite: step 10 must not be saved, and the stop must name step 5 as the last good checkpoint.
+    monkeypatch.setattr(loop, "make_optimizer", lambda tcfg: poisoned_at(make_optimizer(tcfg), 9))
+    with pytest.raises(TrainingDiverged, match="parameters or optimizer state are not finite at step 10.*"
+                                               "last good checkpoint is step 5"):
+        synthetic.run(str(tmp_path), 20, checkpoint_every=5)
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [5]
+    restored = synthetic.run(str(tmp_path), 5, checkpoint_every=5)  # resumes from step 5, trains nothing
+    assert restored.resumed_from == 5
+    assert all(np.isfinite(leaf).all() for leaf in leaves(restored.state))
+
+
+def test_all_finite_flags_any_non_finite_floating_leaf():
+    tree = {"a": np.ones((2, 3), np.float32), "b": np.arange(3), "c": np.zeros(4, np.float32)}
+    assert float(all_finite(tree)) == 1.0
+    for value in (np.nan, np.inf, -np.inf):
+        tree["c"][1] = value
+        assert float(all_finite(tree)) == 0.0
