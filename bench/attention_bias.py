@@ -1,5 +1,5 @@
 """Attention forward+backward with and without a positional bias (a Toeplitz table, or DIET-Abs low-rank factors):
-median ms, ratio to the fastest no-bias path, and the bias memory (issue targets 2 and 3).
+median ms, ratio to the fastest no-bias path, and the bias memory (targets 2 and 3 of bench/RESULTS.md).
 
     python bench/attention_bias.py                  # GPU: T = 512, 2048, 8192 with B*T = 16k, H = 12, D = 64, bf16
     python bench/attention_bias.py --runs 50 --lengths 512,2048

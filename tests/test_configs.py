@@ -42,7 +42,7 @@ def test_overrides_are_typed_and_checked():
         model_config(apply_overrides(config, ["--config.model.position.kind=rotary"]).model)
 
 
-@pytest.mark.parametrize("max_distance", [8, 6])  # NaN everywhere | buckets of the other direction (the issue)
+@pytest.mark.parametrize("max_distance", [8, 6])  # NaN everywhere | buckets of the other direction
 def test_t5_max_distance_at_or_below_the_exact_buckets_is_refused(max_distance):
     encoder = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16)
     t5 = dict(kind="t5", t5=dict(num_buckets=32, max_distance=max_distance))

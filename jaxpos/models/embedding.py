@@ -2,7 +2,7 @@
 
 Flax's `nn.Embed` casts the whole table to the compute dtype before the look-up, so its gradient is a bf16
 scatter-add; on GPUs that serialises on hot rows (the token type shared by every position, [MASK], [CLS]) and
-took 113 ms of a 145 ms BERT-base step on an H100 (issue 10). Here the look-up reads the float32 table and casts
+took 113 ms of a 145 ms BERT-base step on an H100 (bench/RESULTS.md). Here the look-up reads the float32 table and casts
 the rows it gathered, so the backward is a float32 scatter-add (native atomics), and a table of a few rows (token
 types) is read by a one-hot contraction, whose backward is a reduction rather than a scatter.
 """
