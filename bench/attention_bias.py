@@ -48,7 +48,7 @@ from jaxpos.attention import PositionalBias, attend
 from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors
 from jaxpos.attention.core import fold_factors
 from jaxpos.attention.masks import attention_mask
-from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+from jaxpos.attention.kernels import toeplitz_attention
 
 
 def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: bool = False):
@@ -149,14 +149,14 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
     if name == "xla+table":
         return heads * length * length * 4  # [H, T, T] float32 expansion
     if name in ("pallas+table", "pallas+dropout", "pallas+segments"):  # dropout: one int32 key per query row
-        from jaxpos.attention.toeplitz_kernel import _dq_group
+        from jaxpos.attention.kernels.pallas import _dq_group
 
         group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
         rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
     if name in ("mgpu+table", "mgpu+dropout", "mgpu+segments"):
         # per block diagonal a 128 x 128 tile: bf16, bf16 transposed, and float32 gradients (one per split)
-        from jaxpos.attention import toeplitz_mosaic_gpu as mgpu
+        from jaxpos.attention.kernels import mosaic_gpu as mgpu
 
         padded = -(-length // 128) * 128
         tiles = heads * (2 * padded // 128 - 1) * 128 * 128

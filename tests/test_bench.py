@@ -87,17 +87,15 @@ def test_training_benchmark_on_the_cpu():
 
 
 def test_training_benchmark_paths_in_concurrent_workers():
-    """Two workers compiling at once, taking turns on the device: every mechanism through every path (and the
-    first row again) is measured once, the table in row order follows, and the first row is the baseline."""
+    """Two workers compiling at once, taking turns on the device: every path (and the first row again) is measured
+    once, the table in row order follows, and the summary names each case's fastest path."""
     proc = subprocess.run([sys.executable, "bench/train_throughput.py", "--size", "tiny", "--shapes", "8x32",
-                           "--kinds", "none,diet_abs", "--paths", "xla@0,xla@0.1", "--steps", "2", "--jobs", "2",
+                           "--kinds", "none", "--paths", "xla@0,xla@0.1", "--steps", "2", "--jobs", "2",
                            "--repeat-first", "--peers", ""],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table_rows(proc.stdout)
-    assert len(rows) == 10, proc.stdout  # five as measured, five in row order
-    ordered = [(row[1], row[2]) for row in rows[5:]]
-    assert ordered == [("none", "xla@0"), ("none", "xla@0"), ("none", "xla@0.1"), ("diet_abs", "xla@0"),
-                       ("diet_abs", "xla@0.1")], proc.stdout
+    assert len(rows) == 6, proc.stdout  # three as measured, three in row order
+    assert [(row[1], row[2]) for row in rows[3:]] == [("none", "xla@0"), ("none", "xla@0"), ("none", "xla@0.1")]
     assert all(row[4] != "failed" and float(row[4]) >= float(row[5]) > 0 for row in rows), proc.stdout
-    assert "fastest diet_abs   with attention dropout: xla@0.1" in proc.stdout
+    assert "fastest none       with attention dropout: xla@0.1" in proc.stdout

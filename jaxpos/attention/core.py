@@ -6,10 +6,10 @@ and chooses how to apply them:
 - "jax" / "cudnn": `jax.nn.dot_product_attention`, with position-only terms materialised once to [1, H, T, S]
   and low-rank factors and per-head segment tables (as u_i . w_j) folded into q and k, whose width is padded to
   a multiple of 8 (cuDNN's rule). Query-dependent Shaw terms and the analysis switches need "xla";
-- "pallas": `toeplitz_kernel.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
+- "pallas": `kernels.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
   folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
   per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla";
-- "mosaic_gpu": the same path on the Hopper kernels of `toeplitz_mosaic_gpu` (wgmma, TMA; bf16/f16, attention
+- "mosaic_gpu": the same path on the Hopper kernels of `kernels.mosaic_gpu` (wgmma, TMA; bf16/f16, attention
   dropout and per-head segment tables included);
 - "auto" (the default): per call, the fastest measured path that can run it (`auto.choose`), logged once.
 """
@@ -181,7 +181,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
                      dropout_rng, dropout_rate, mosaic_gpu=False):
     """attend's "pallas" / "mosaic_gpu" path: the Toeplitz kernel on each device's shard of the batch and heads
     (`per_shard`); a per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
-    from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+    from jaxpos.attention.kernels import toeplitz_attention
     scale = bias.content_scale * q.shape[-1] ** -0.5
     if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
         q, k = fold_factors(q, k, at_pieces(bias).factors, scale)
@@ -190,7 +190,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
     pair_u, pair_w = _segment_pairs(bias, q_types, k_types) or (None, None)
     backend = None  # the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
     if mosaic_gpu:
-        from jaxpos.attention.toeplitz_mosaic_gpu import unsupported
+        from jaxpos.attention.kernels.mosaic_gpu import unsupported
         reason = unsupported(q.dtype)
         if reason is None:
             backend = "mosaic_gpu"

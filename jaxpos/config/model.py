@@ -169,8 +169,8 @@ class ModelConfig:
     cross_attention_position: bool = False  # relative/positional bias in encoder-decoder attention too
     # auto (per call, the fastest measured path that can run it: jaxpos/attention/auto.py) | xla (einsum
     # reference) | jax (jax.nn.dot_product_attention) | cudnn | pallas (the Toeplitz-table kernel,
-    # jaxpos/attention/toeplitz_kernel.py; falls back to cudnn/xla for terms it cannot take) | mosaic_gpu (its
-    # Hopper kernels, toeplitz_mosaic_gpu.py, bf16/f16; other GPUs and CPU meshes take the pallas kernel)
+    # jaxpos/attention/kernels/pallas.py; falls back to cudnn/xla for terms it cannot take) | mosaic_gpu (its
+    # Hopper kernels, kernels/mosaic_gpu.py, bf16/f16; other GPUs and CPU meshes take the pallas kernel)
     attention_impl: str = "auto"
     dtype: str = "float32"  # compute dtype; parameters stay param_dtype
     param_dtype: str = "float32"

@@ -16,7 +16,7 @@ import pytest
 
 from jaxpos.attention import PositionalBias, attend, attention_mask, dropout
 from jaxpos.attention.bias import segment_pair_factors
-from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.positions import make_position
 from tests.helpers import tiny_config
 
@@ -183,7 +183,7 @@ def test_grouped_query_blocks_give_the_same_gradients(group, packed, rate):
 def test_table_gradient_rows_grow_linearly():
     """The automatic group keeps the table-gradient rows within twice q's size (2*T*D floats per batch and head),
     with one query block per program up to T = S = 2048 (the measured configurations); a group must divide."""
-    from jaxpos.attention.toeplitz_kernel import _dq_group
+    from jaxpos.attention.kernels.pallas import _dq_group
 
     b, dim = 32, 64
     assert [_dq_group(t, t, b, dim) for t in (512, 2048, 8192, 32768)] == [1, 1, 4, 16]

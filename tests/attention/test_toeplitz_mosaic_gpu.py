@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention import toeplitz_mosaic_gpu as mgpu
-from jaxpos.attention.toeplitz_kernel import toeplitz_attention
+from jaxpos.attention.kernels import mosaic_gpu as mgpu
+from jaxpos.attention.kernels import toeplitz_attention
 from tests.attention.test_toeplitz_kernel import (DROPOUT_RNG, HEADS, check_against_reference, mechanism, random,
                                                   with_dropout)
 

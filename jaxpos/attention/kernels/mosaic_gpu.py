@@ -1,5 +1,5 @@
 """Toeplitz attention on Hopper GPUs: Mosaic GPU kernels (wgmma, TMA, warp specialisation) for
-`toeplitz_kernel.toeplitz_attention(..., backend="mosaic_gpu")`.
+`api.toeplitz_attention(..., backend="mosaic_gpu")`.
 
 Every kernel runs one CTA of three warpgroups: two consumers that own 64 rows each of a 128-row block and issue
 wgmma, and a producer that streams the other side's 128-row blocks into shared memory by TMA, `STAGES` deep,
@@ -8,7 +8,7 @@ forward the consumers take turns on the tensor cores (FlashAttention-3's ping-po
 run while the other's products do.
 
 How the table enters. The kernels cannot gather, so the offset table `ext` [H'|1, T_pad + S_pad] (from
-`toeplitz_kernel._offset_table`) is laid out once per call as the tiles of its block diagonals: a (128-row,
+`api._offset_table`) is laid out once per call as the tiles of its block diagonals: a (128-row,
 128-column) tile of block diagonal d = key block - query block + nq - 1 reads ext[d*128 + 127 + c - r], so tile d
 serves every tile on its diagonal, for every batch row (`_diagonal_tiles`). A tile is stored as bf16 residuals
 around its own main-diagonal value (an f32 scalar per tile, read from shared memory): the entries that carry
@@ -1288,7 +1288,7 @@ def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool
     """The Mosaic GPU kernels on padded inputs -> out [B, T_pad, H, Dv_pad].
 
     q [B, T_pad, H, D], k [B, S_pad, H, D], v [B, S_pad, H, Dv] in bf16/f16 with T_pad, S_pad multiples of 128
-    and D, Dv multiples of 64; ext [H'|1, T_pad + S_pad] float32 (`toeplitz_kernel._offset_table`) or None;
+    and D, Dv multiples of 64; ext [H'|1, T_pad + S_pad] float32 (`api._offset_table`) or None;
     qseg [B, T_pad], kseg [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`; `masked`: the
     ids can hide a key, else they are not read); with `dropout_rate`, row_keys [B, H, T_pad] int32, the queries'
     `dropout.row_keys`; a pair term u_i . w_j (per-head segment tables) as pair_u [B, H, r, T_pad] and pair_w
