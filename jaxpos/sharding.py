@@ -140,6 +140,22 @@ def logical_sharding(boxed_tree, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
     return fitted
 
 
+def placement(boxed_tree, on: Mesh | jax.sharding.Sharding | jax.Device):
+    """Shardings for a tree of logically partitioned values (params from `init` or its `jax.eval_shape`): on a
+    (data, fsdp, tensor) Mesh each where the rule table puts it (as training places it), or every leaf with one
+    jax.sharding.Sharding or on one jax.Device."""
+    if isinstance(on, Mesh):
+        if tuple(on.axis_names) != MESH_AXES:
+            raise ValueError(f"mesh axes {tuple(on.axis_names)}; jaxpos places parameters on a mesh with axes "
+                             f"{MESH_AXES} (jaxpos.sharding.make_mesh)")
+        return logical_sharding(boxed_tree, on)
+    if isinstance(on, jax.Device):
+        on = jax.sharding.SingleDeviceSharding(on)
+    if isinstance(on, jax.sharding.Sharding):
+        return jax.tree.map(lambda _: on, nn.unbox(boxed_tree))
+    raise ValueError(f"{on!r}: give a jax.sharding.Mesh, a jax.sharding.Sharding or a jax.Device")
+
+
 def batch_sharding(mesh: Mesh, rules=LOGICAL_AXIS_RULES) -> NamedSharding:
     """Sharding of [B, ...] input arrays: the batch axis split over data and fsdp."""
     return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), rules))

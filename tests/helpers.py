@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from unittest import mock
+
 from jaxpos.config import model_config
 
 TINY = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16,
@@ -36,3 +40,47 @@ def tiny_config(position: dict, **overrides):
     values = dict(TINY, position=position)
     values.update(overrides)
     return model_config(values)
+
+
+def train_tiny_mlm(workdir: str, checkpoint_every: int = 2) -> str:
+    """A tiny TISA masked-LM run of two steps, as `jaxpos train` leaves it (its tokenizer trained on the embedded
+    corpus); returns the workdir."""
+    from jaxpos.config.defaults import mlm_config
+    from jaxpos.training.mlm_main import train_mlm
+
+    config = mlm_config()
+    config.model.update(d_model=32, num_layers=1, num_heads=4, mlp_dim=48, max_length=32)
+    config.model.position.kind = "tisa"
+    config.data.update(seq_len=32, vocab_size=300, max_documents=20, tokenizer_max_sentences=2000)
+    config.train.update(num_steps=2, batch_size=8, log_every=1, eval_every=2, eval_batches=1,
+                        checkpoint_every=checkpoint_every)
+    train_mlm(config, workdir)
+    return workdir
+
+
+@contextlib.contextmanager
+def fake_gcs(root):
+    """gs://BUCKET/PATH is ROOT/BUCKET/PATH in the block, for etils.epath (`epath.testing.mock_epath`) and for the
+    two routes by which orbax reaches a bucket without etils: the storage client it asks whether the bucket has a
+    hierarchical namespace (before listing checkpoint steps; a plain bucket here) and tensorstore's gcs driver,
+    which reads and writes the arrays (a file driver on the same folder here). Local paths stay as they are."""
+    from etils.epath import testing as epath_testing
+    from orbax.checkpoint._src.path import gcs_utils
+
+    root = str(root)
+
+    def local(path):
+        path = os.fspath(path)
+        return os.path.join(root, path[len("gs://"):]) if path.startswith("gs://") else path
+
+    def remote(path):
+        return "gs://" + os.path.relpath(path, root) if path.startswith(root + os.sep) else path
+
+    one = lambda fn, path, *args, **kwargs: fn(local(path), *args, **kwargs)  # noqa: E731
+    two = lambda fn, path, dst, *args, **kwargs: fn(local(path), local(dst), *args, **kwargs)  # noqa: E731
+    with epath_testing.mock_epath(
+            open=one, exists=one, isdir=one, listdir=one, makedirs=one, mkdir=one, remove=one, rmtree=one, stat=one,
+            walk=one, copy=two, rename=two, replace=two, glob=lambda fn, path: [remote(p) for p in fn(local(path))]), \
+            mock.patch.object(gcs_utils, "is_hierarchical_namespace_enabled", lambda path: False), \
+            mock.patch.object(gcs_utils, "get_kvstore_for_gcs", lambda path: {"driver": "file", "path": local(path)}):
+        yield

@@ -82,9 +82,9 @@ def run_analyze(args, overrides=()) -> dict:
     only = [n.strip() for n in args.only.split(",")] if args.only else None
     if args.checkpoints:
         from jaxpos.analysis.over_training import analyze_over_training, select_steps
-        from jaxpos.training.checkpoint import saved_steps
+        from jaxpos.run import Run
 
-        steps = select_steps(args.checkpoints, saved_steps(args.workdir))
+        steps = select_steps(args.checkpoints, Run.open(args.workdir, "mlm").steps())
         result = analyze_over_training(model, out, sentences=sentences, steps=steps, only=only, **settings)
         print(over_training_summary(result))
         print(f"wrote {os.path.join(out, 'over_training.json')} and step_<N>/ for steps "

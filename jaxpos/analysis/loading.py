@@ -47,45 +47,25 @@ def _for_analysis(cfg: ModelConfig) -> ModelConfig:
 # --- jaxpos runs -------------------------------------------------------------------------------------------------
 
 def load_run(workdir: str) -> AnalyzedModel:
-    """The encoder of a jaxpos masked-LM run (`jaxpos train --workdir DIR`): the typed config from
-    WORKDIR/config.json, the parameters of the newest checkpoint that restores (parameters only, onto the CPU;
-    nothing in the workdir is written), and the run's SentencePiece tokenizer."""
+    """The encoder of a jaxpos masked-LM run (`jaxpos train --workdir DIR`, local or a URL): the typed config
+    from WORKDIR/config.json, the parameters of the newest checkpoint that restores (parameters only, onto the
+    CPU; nothing in the workdir is written), and the run's SentencePiece tokenizer."""
     import jax
-    import jax.numpy as jnp
 
-    from jaxpos.config import model_config
-    from jaxpos.config.files import load_run_config
-    from jaxpos.data.tokenizer import CLS_ID, SEP_ID, load_tokenizer
-    from jaxpos.models import BertForMaskedLM
-    from jaxpos.training.checkpoint import restore_run_params
+    from jaxpos.data.tokenizer import CLS_ID, SEP_ID
+    from jaxpos.run import Run
 
-    config = load_run_config(workdir, "mlm")
-    config_path = os.path.join(workdir, "config.json")
-    try:
-        cfg = model_config(config["model"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{config_path}: its model block is not a jaxpos model config: {err}") from err
+    run = Run.open(workdir, "mlm")
+    cfg = run.model_config
     if cfg.num_decoder_layers:
-        raise ValueError(f"{config_path}: an encoder-decoder (num_decoder_layers={cfg.num_decoder_layers}); "
+        raise ValueError(f"{run.config_path}: an encoder-decoder (num_decoder_layers={cfg.num_decoder_layers}); "
                          "`jaxpos analyze` reads BERT-style encoders")
-
-    seq_len = config.get("data", {}).get("seq_len", cfg.max_length)
-    ids = jnp.zeros((1, min(seq_len, cfg.max_length)), jnp.int32)
-    step, params = restore_run_params(workdir, BertForMaskedLM(cfg), (ids,))
+    step, params = run.params()
     params = jax.tree.map(np.asarray, params["bert"])  # the encoder; the MLM head is not analysed
-
-    data = config.get("data", {})
-    tokenizer_path = data.get("tokenizer_path") or os.path.join(workdir, "spm_mlm.model")
-    if not os.path.isfile(tokenizer_path):
-        raise FileNotFoundError(f"the run's SentencePiece model {tokenizer_path} is missing")
-    tokenizer = load_tokenizer(tokenizer_path)
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise ValueError(f"{tokenizer_path} has {tokenizer.vocab_size} pieces but the model in {config_path} "
-                         f"has vocab_size={cfg.vocab_size}")
+    tokenizer = run.tokenizer()
     vocabulary = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-    name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
-    return AnalyzedModel(name, workdir, _for_analysis(cfg), params, vocabulary, tokenizer.encode, CLS_ID, SEP_ID,
-                         info=dict(kind="jaxpos run", step=int(step), tokenizer=tokenizer_path))
+    return AnalyzedModel(run.name, workdir, _for_analysis(cfg), params, vocabulary, tokenizer.encode, CLS_ID, SEP_ID,
+                         info=dict(kind="jaxpos run", step=step, tokenizer=tokenizer.path))
 
 
 # --- Hugging Face folders ----------------------------------------------------------------------------------------

@@ -44,16 +44,13 @@ def load_run_at(model: AnalyzedModel, step: int) -> AnalyzedModel:
     CPU, the workdir only read): the same restore as `load_run`'s newest checkpoint, limited to that step."""
     import jax
 
-    from jaxpos.training.checkpoint import read_run_params
+    from jaxpos.run import Run
 
     if model.info.get("step") == step:
         return model
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    abstract = {"bert": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                                     model.params)}
-    restored = read_run_params(model.source, abstract, step)
-    params = jax.tree.map(np.asarray, restored[1]["bert"])
-    return dataclasses.replace(model, params=params, info=dict(model.info, step=int(step)))
+    step, params = Run.open(model.source, "mlm").params(step)
+    params = jax.tree.map(np.asarray, params["bert"])
+    return dataclasses.replace(model, params=params, info=dict(model.info, step=step))
 
 
 def _section(report: dict, name: str) -> dict | None:
@@ -95,10 +92,11 @@ def analyze_over_training(newest: AnalyzedModel, out_dir: str, *, sentences: Seq
     those of `analyze`."""
     if newest.info.get("kind") != "jaxpos run":
         raise ValueError(f"{newest.source} is not a jaxpos run: analysis over training reads its checkpoints")
-    workdir = newest.source
-    from jaxpos.training.checkpoint import saved_steps
+    from jaxpos.run import Run
 
-    available = saved_steps(workdir)
+    workdir = newest.source
+    run = Run.open(workdir, "mlm")
+    available = run.steps()
     steps = list(available if steps is None else steps)
     missing = [s for s in steps if s not in available]
     if not steps or missing:
@@ -114,7 +112,7 @@ def analyze_over_training(newest: AnalyzedModel, out_dir: str, *, sentences: Seq
     per_step = [headline(reports[s]) for s in sorted(reports)]
     series = {name: [h[name] for h in per_step] for name in per_step[0]}
     cfg = newest.cfg
-    result = dict(model=dict(name=newest.name, source=os.path.abspath(workdir), position=cfg.position.kind,
+    result = dict(model=dict(name=newest.name, source=run.location, position=cfg.position.kind,
                              head_dim=cfg.head_dim, num_layers=cfg.num_layers),
                   steps=sorted(reports), series=series, reports={str(s): p for s, p in paths.items()},
                   figure="over_training.png" if options.get("figures", True) else None)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import flax.linen as nn
 import jax
@@ -38,8 +37,9 @@ from etils import epath
 from jaxpos.checkpoints.huggingface import (_ACTIVATIONS, CONFIG_FIELDS, ENCODER_PREFIX, MLM_HEAD_PREFIX,
                                             encoder_layout, mlm_head_layout, to_hf)
 from jaxpos.config import ModelConfig, model_config
-from jaxpos.sharding import MESH_AXES, logical_sharding
-from jaxpos.training.checkpoint import abstract_like, checkpoint_path, restore_run_params
+from jaxpos.run import Run, run_model
+from jaxpos.sharding import placement
+from jaxpos.training.checkpoint import abstract_like, checkpoint_path
 
 FORMAT = "jaxpos-export"
 FORMATS = ("orbax", "huggingface")
@@ -48,47 +48,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 _HF_ACTIVATION = {jaxpos: hf for hf, jaxpos in reversed(_ACTIVATIONS.items())}
 
 
-# --- a run's model and parameters ----------------------------------------------------------------------------------
-
-def run_model(task: str, cfg: ModelConfig, num_labels: int | None = None) -> tuple[nn.Module, tuple]:
-    """The flax module of a run of `task` (mlm | translation | finetune) and its init inputs (ids [1, n], n =
-    cfg.max_length: parameter shapes depend on the config only)."""
-    from jaxpos.models import BertForMaskedLM, BertForSequenceClassification, EncoderDecoder
-
-    ids = jnp.zeros((1, cfg.max_length), jnp.int32)
-    if task == "mlm":
-        return BertForMaskedLM(cfg), (ids,)
-    if task == "translation":
-        return EncoderDecoder(cfg), (ids, ids)
-    if task == "finetune":
-        return BertForSequenceClassification(cfg, num_labels), (ids,)
-    raise ValueError(f"unknown task {task!r}; jaxpos exports mlm, translation and finetune runs")
-
-
-def _read_run(workdir: str) -> tuple[dict, str, ModelConfig, int | None]:
-    """(the run's config.json, task, typed model config, num_labels of a fine-tuned run) of a workdir."""
-    from jaxpos.config.files import load_json_config, load_run_config
-
-    path = os.path.join(workdir, "config.json")
-    task = load_json_config(path).get("task", "mlm") if os.path.isfile(path) else "mlm"
-    config = load_run_config(workdir, task)  # names a missing workdir or config.json itself
-    try:
-        cfg = model_config(config["model"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path}: its model block is not a jaxpos model config: {err}") from err
-    num_labels = None
-    if task == "finetune":
-        from jaxpos.data.classification import task_spec
-
-        num_labels = task_spec(config["data"]["task"]).num_labels
-    return config.to_dict(), task, cfg, num_labels
-
-
-def _restore(workdir: str, module: nn.Module, init_args: tuple, step: int | None) -> tuple[int, dict]:
-    """(step, parameters as numpy) of the newest restorable checkpoint, or of `step`; parameters only, read-only."""
-    step, params = restore_run_params(workdir, module, init_args, step=step)
-    return int(step), jax.tree.map(np.asarray, params)
-
+# --- parameters and folders -----------------------------------------------------------------------------------------
 
 def _cast_dtype(dtype, to: str | None):
     """Floating leaves take `to`; integer leaves (and everything when `to` is None) keep their dtype."""
@@ -98,16 +58,6 @@ def _cast_dtype(dtype, to: str | None):
 def cast_params(params, dtype: str | None):
     """The parameter tree with its floating leaves in `dtype` (numpy arrays; None keeps them as they are)."""
     return jax.tree.map(lambda x: np.asarray(x).astype(_cast_dtype(x.dtype, dtype)), params)
-
-
-def _tokenizer_file(workdir: str, config: dict) -> epath.Path | None:
-    """The run's SentencePiece model (its own, a shared one, or a fine-tuned run's encoder's), if it has one."""
-    candidates = [config.get("data", {}).get("tokenizer_path"), config.get("init", {}).get("tokenizer"),
-                  *(os.path.join(workdir, f"spm_{task}.model") for task in ("mlm", "translation"))]
-    for path in filter(None, candidates):
-        if epath.Path(path).is_file():
-            return epath.Path(path)
-    return None
 
 
 def _check_new(out: str) -> epath.Path:
@@ -129,18 +79,18 @@ def export_run(workdir: str, out: str, *, format: str = "orbax", dtype: str | No
         raise ValueError(f"--format {format!r}; choose one of {', '.join(FORMATS)}")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    config, task, cfg, num_labels = _read_run(workdir)
+    run = Run.open(workdir)
+    config, task, cfg, num_labels = run.config.to_dict(), run.task, run.model_config, run.num_labels
     if format == "huggingface":
         if task != "mlm":
             raise ValueError(f"{workdir} is a {task!r} run; the Hugging Face format holds masked-LM runs "
                              "(BertForMaskedLM / AlbertForMaskedLM); use --format orbax")
         hf_config(cfg)  # refuse what transformers cannot express before reading any checkpoint
     folder = _check_new(out)
-    module, init_args = run_model(task, cfg, num_labels)
-    step, params = _restore(workdir, module, init_args, step)
+    step, params = run.params(step)
     params = cast_params(params, dtype)
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tokenizer_file(workdir, config)
+    tokenizer = run.tokenizer_file if run.tokenizer_file is not None and run.tokenizer_file.is_file() else None
     if tokenizer is not None:  # inference needs the vocabulary; the file is small
         (folder / tokenizer.name).write_bytes(tokenizer.read_bytes())
     if format == "huggingface":
@@ -148,7 +98,7 @@ def export_run(workdir: str, out: str, *, format: str = "orbax", dtype: str | No
     else:
         (folder / "run_config.json").write_text(json.dumps(config, indent=2))
         save_export(folder, cfg, params, task=task, num_labels=num_labels, step=step,
-                    source=str(checkpoint_path(workdir)), tokenizer=tokenizer.name if tokenizer else None)
+                    source=run.location, tokenizer=tokenizer.name if tokenizer else None)
     return dict(out=str(folder), format=format, task=task, step=step, dtype=dtype or cfg.param_dtype)
 
 
@@ -198,17 +148,7 @@ def load_export(path: str, mesh: jax.sharding.Mesh | jax.sharding.Sharding | Non
     boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, _cast_dtype(x.dtype, meta.get("dtype"))),
                             nn.unbox(boxed))
-    if mesh is None:
-        mesh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    if isinstance(mesh, jax.sharding.Mesh):
-        if tuple(mesh.axis_names) != MESH_AXES:
-            raise ValueError(f"mesh axes {tuple(mesh.axis_names)}; load_export places parameters on a mesh with "
-                             f"axes {MESH_AXES} (jaxpos.sharding.make_mesh)")
-        shardings = logical_sharding(boxed, mesh)
-    elif isinstance(mesh, jax.sharding.Sharding):
-        shardings = jax.tree.map(lambda _: mesh, abstract)
-    else:
-        raise ValueError(f"mesh={mesh!r}; give a jax.sharding.Mesh, a jax.sharding.Sharding or None")
+    shardings = placement(boxed, jax.devices()[0] if mesh is None else mesh)
     with ocp.StandardCheckpointer() as checkpointer:
         params = checkpointer.restore(checkpoint_path(path) / "params", abstract_like(abstract, shardings))
     return cfg, params

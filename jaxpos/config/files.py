@@ -86,9 +86,9 @@ def write_run_file(workdir: str, name: str, text: str) -> str:
     return str(path)
 
 
-def load_run_config(workdir: str, task: str) -> ml_collections.ConfigDict:
+def load_run_config(workdir: str, task: str | None = None) -> ml_collections.ConfigDict:
     """WORKDIR/config.json of a `jaxpos train` run (local or a URL), checked to be a run of `task`
-    (mlm | translation | finetune)."""
+    (mlm | translation | finetune; None: any)."""
     from etils import epath
 
     folder = epath.Path(workdir)
@@ -98,6 +98,8 @@ def load_run_config(workdir: str, task: str) -> ml_collections.ConfigDict:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: is {workdir!r} the workdir of a `jaxpos train` run?")
     config = load_json_config(os.fspath(path))
-    if config.get("task", "mlm") != task or "model" not in config:
+    if task is None and "model" not in config:
+        raise ValueError(f"{path} has no model block: it is not the config of a jaxpos run")
+    if task is not None and (config.get("task", "mlm") != task or "model" not in config):
         raise ValueError(f"{path}: a {config.get('task', 'mlm')!r} run; this command reads {task!r} runs")
     return config

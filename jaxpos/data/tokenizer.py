@@ -31,6 +31,8 @@ MLM_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TRANSLATION_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
 NUM_MLM_SPECIAL = len(MLM_SPECIAL_TOKENS)
+# The tokenizer a run trains and caches in its workdir, WORKDIR/<name>.model (with .vocab and .json), by task.
+RUN_TOKENIZER_NAMES = {"mlm": "spm_mlm", "translation": "spm_translation"}
 
 _NATIVE_PIECES = {"[PAD]": "pad", "[UNK]": "unk", "[BOS]": "bos", "[EOS]": "eos"}  # SentencePiece's own roles
 
@@ -175,7 +177,7 @@ def train_tokenizer_file(sample: list[str], settings: dict, model_prefix: str) -
 
 
 def load_or_train_tokenizer(workdir: str, sentences: Iterable[str], vocab_size: int, *,
-                            model_path: str | None = None, name: str = "spm_mlm",
+                            model_path: str | None = None, name: str = RUN_TOKENIZER_NAMES["mlm"],
                             special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS, model_type: str = "unigram",
                             max_sentences: int = 300_000, seed: int = 0, process_index: int | None = None,
                             process_count: int | None = None, wait_s: float = 3600.0) -> tuple[Tokenizer, bool]:

@@ -26,7 +26,7 @@ import numpy as np
 from jaxpos.config.checks import check_count
 from jaxpos.data.order import ShuffledBatches, host_slice
 from jaxpos.data.parallel import SPLITS, ParallelText, TranslationStats, load_parallel
-from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
+from jaxpos.data.tokenizer import RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = (TRANSLATION_SPECIAL_TOKENS.index(t) for t in ("[PAD]", "[UNK]", "[BOS]", "[EOS]"))
 _ORDER_PACKING, _ORDER_EPOCH = 0, 1  # independent RNG streams
@@ -271,9 +271,9 @@ def build_translation_data(config: ml_collections.ConfigDict, batch_size: int, w
     train = splits["train"]
     sentences = (sentence for pair in zip(train.sources, train.targets) for sentence in pair)
     tokenizer, trained = load_or_train_tokenizer(
-        workdir, sentences, config.vocab_size, model_path=config.tokenizer_path or None, name="spm_translation",
-        special_tokens=TRANSLATION_SPECIAL_TOKENS, model_type=config.tokenizer_model_type,
-        max_sentences=config.tokenizer_max_sentences, seed=config.seed)
+        workdir, sentences, config.vocab_size, model_path=config.tokenizer_path or None,
+        name=RUN_TOKENIZER_NAMES["translation"], special_tokens=TRANSLATION_SPECIAL_TOKENS,
+        model_type=config.tokenizer_model_type, max_sentences=config.tokenizer_max_sentences, seed=config.seed)
     sources, targets = encode_pairs(train, tokenizer, config.max_length, stats["train"])
     if not sources:
         raise ValueError(f"every training pair has a side longer than data.max_length={config.max_length} tokens")

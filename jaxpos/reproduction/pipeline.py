@@ -116,19 +116,17 @@ def mlm_word_order_probe(workdir: str, model, sentences: list[str], seq_len: int
     probe-word-order` perturbs them, MASK_SHARE of each one's pieces masked at positions drawn from (seed,
     sentence index) only, so every variant of a sentence is masked alike."""
     import jax
-    import jax.numpy as jnp
 
     from jaxpos.data.classification import Example
     from jaxpos.data.tokenizer import MLM_SPECIAL_TOKENS
     from jaxpos.evaluation.probes import word_order_drops
     from jaxpos.models import BertForMaskedLM
-    from jaxpos.training.checkpoint import restore_run_params
+    from jaxpos.run import Run
     from jaxpos.training.mlm import MaskedLMTask
 
     mask_id = MLM_SPECIAL_TOKENS.index("[MASK]")
-    cfg = model.cfg
-    task = MaskedLMTask(BertForMaskedLM(cfg), seq_len)
-    _, params = restore_run_params(workdir, task.model, (jnp.zeros((1, seq_len), jnp.int32),))
+    task = MaskedLMTask(BertForMaskedLM(model.cfg), seq_len)
+    _, params = Run.open(workdir, "mlm").params()
     sums_fn = jax.jit(lambda p, b: task.loss(p, b, None, False)[1])
 
     def accuracy(examples) -> float:

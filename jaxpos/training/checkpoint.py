@@ -165,20 +165,6 @@ def abstract_like(tree, shardings):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def restore_run_params(workdir: str, model, init_args: tuple, device: jax.Device | None = None,
-                       step: int | None = None):
-    """(step, params) of the newest restorable checkpoint in WORKDIR/checkpoints (or of `step`), parameters only
-    (no optimiser state), onto one device (default: the first CPU). `model.init(rng, *init_args)` gives the tree's
-    shapes. The workdir is only read. Raises FileNotFoundError when there is no checkpoint, ValueError when none
-    (or not `step`) restores."""
-    import flax.linen as nn
-
-    sharding = jax.sharding.SingleDeviceSharding(device or jax.devices("cpu")[0])
-    abstract = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *init_args)))["params"]
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
-    return read_run_params(workdir, abstract, step)
-
-
 def saved_steps(workdir: str) -> list[int]:
     """The steps of WORKDIR/checkpoints (finished orbax checkpoints are folders named by their step), sorted, from
     the listing alone (local or a URL). Raises FileNotFoundError when there is none."""

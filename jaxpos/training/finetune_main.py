@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxpos.config import ModelConfig, model_config
+from jaxpos.config import ModelConfig
 from jaxpos.config.checks import check_number
 from jaxpos.config.defaults import FINETUNE_ZERO_DEFAULTS, check_train_block
 from jaxpos.config.model import check_training
@@ -43,16 +43,17 @@ class Pretrained:
 
 
 def init_kind(path: str) -> str:
-    """'jaxpos' for a `jaxpos train` masked-LM workdir, 'huggingface' for a BERT/ALBERT folder; else a clear error."""
-    if not os.path.isdir(path):
+    """'jaxpos' for a `jaxpos train` masked-LM workdir (local or a URL), 'huggingface' for a BERT/ALBERT folder;
+    else a clear error."""
+    from etils import epath
+
+    from jaxpos.config.files import load_json_config
+
+    if not epath.Path(path).is_dir():
         raise FileNotFoundError(f"--init {path!r} does not exist")
-    config_path = os.path.join(path, "config.json")
-    if os.path.isfile(config_path):
-        with open(config_path) as f:
-            try:
-                config = json.load(f)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{config_path} is not valid JSON: {err}") from err
+    config_path = epath.Path(path) / "config.json"
+    if config_path.is_file():
+        config = load_json_config(os.fspath(config_path))
         if "model_type" in config:
             return "huggingface"
         if "model" in config and config.get("task", "mlm") == "mlm":
@@ -65,25 +66,22 @@ def init_kind(path: str) -> str:
 
 
 def load_pretrained(path: str, weights: bool = True) -> Pretrained:
-    """The encoder (and pooler, where there is one) and tokenizer of a jaxpos run or a Hugging Face folder.
-    With weights=False only the config and tokenizer are read (for `evaluate`, whose weights are its own)."""
+    """The encoder (and pooler, where there is one) and tokenizer of a jaxpos run (local or a URL) or a Hugging
+    Face folder. With weights=False only the config and tokenizer are read (for `evaluate`, whose weights are its
+    own)."""
     from jaxpos.data.classification import hf_tokenizer, jaxpos_tokenizer
 
     kind = init_kind(path)
     if kind == "jaxpos":
-        from jaxpos.config.files import load_run_config
+        from jaxpos.run import Run
 
-        config = load_run_config(path, "mlm")
-        cfg = model_config(config["model"])
-        tokenizer_path = config.get("data", {}).get("tokenizer_path") or os.path.join(path, "spm_mlm.model")
-        info = dict(kind=kind, path=os.path.abspath(path), tokenizer=tokenizer_path)
+        run = Run.open(path, "mlm")
+        info = dict(kind=kind, path=run.location, tokenizer=os.fspath(run.tokenizer_file))
         encoder = None
-        if weights:
-            from jaxpos.analysis.loading import load_run
-
-            loaded = load_run(path)  # newest restorable checkpoint, parameters only, workdir untouched
-            encoder, info["step"] = loaded.params, loaded.info["step"]
-        return Pretrained(cfg, encoder, None, jaxpos_tokenizer(tokenizer_path), info)
+        if weights:  # the newest restorable checkpoint, parameters only, the workdir untouched
+            info["step"], params = run.params()
+            encoder = jax.tree.map(np.asarray, params["bert"])
+        return Pretrained(run.model_config, encoder, None, jaxpos_tokenizer(run.tokenizer()), info)
 
     from jaxpos.checkpoints import huggingface as hf
 
@@ -351,21 +349,22 @@ class FinetunedRun:
 def load_finetuned(workdir: str, overrides: Iterable[str] = ()) -> FinetunedRun:
     """A fine-tuned run's newest restorable checkpoint (parameters only, onto the CPU), its config and tokenizer.
     `overrides` (--config.data.*) may point the data somewhere else, e.g. another glue_dir."""
-    from jaxpos.config.files import apply_overrides, load_run_config
-    from jaxpos.training.checkpoint import restore_run_params
+    from etils import epath
 
-    config = apply_overrides(load_run_config(workdir, "finetune"), list(overrides))
+    from jaxpos.run import Run
+
+    run = Run.open(workdir, "finetune", overrides)
+    config = run.config
     spec = task_spec(config.data.task)
-    cfg = model_config(config.model)
     init = config.get("init", {})
-    if not init.get("path") or not os.path.isdir(init["path"]):
-        raise FileNotFoundError(f"{workdir}/config.json: the pretrained model {init.get('path')!r} (needed for its "
+    if not init.get("path") or not epath.Path(init["path"]).is_dir():
+        raise FileNotFoundError(f"{run.config_path}: the pretrained model {init.get('path')!r} (needed for its "
                                 "tokenizer) is gone")
     pretrained = load_pretrained(init["path"], weights=False)
-    task = ClassificationTask(BertForSequenceClassification(cfg, spec.num_labels), config.data.max_length)
-    args, kwargs = task.init_inputs()
-    step, params = restore_run_params(workdir, task.model, args)
-    return FinetunedRun(config, spec, task, params, pretrained.tokenizer, int(step))
+    task = ClassificationTask(BertForSequenceClassification(run.model_config, spec.num_labels),
+                              config.data.max_length)
+    step, params = run.params()
+    return FinetunedRun(config, spec, task, params, pretrained.tokenizer, step)
 
 
 def evaluate(workdir: str, split: str | None = None, overrides: Iterable[str] = ()) -> dict:

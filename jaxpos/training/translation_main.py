@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import jax
@@ -95,25 +94,15 @@ def train_translation(config, workdir: str):
 
 def load_translator(workdir: str, overrides: list[str] = ()):
     """(Translator with the newest restorable checkpoint's parameters, the run's config, checkpoint step) of a
-    translation workdir; reads no training data."""
-    import jax.numpy as jnp
+    translation workdir (local or a URL); reads no training data."""
+    from jaxpos.run import Run
 
-    from jaxpos.config.files import apply_overrides, load_run_config
-    from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, load_tokenizer
-    from jaxpos.training.checkpoint import restore_run_params
-
-    config = apply_overrides(load_run_config(workdir, "translation"), list(overrides))
-    tokenizer_path = config.data.tokenizer_path or os.fspath(epath.Path(workdir) / "spm_translation.model")
-    if not epath.Path(tokenizer_path).is_file():
-        raise FileNotFoundError(f"the run's SentencePiece model {tokenizer_path} is missing")
-    tokenizer = load_tokenizer(tokenizer_path, TRANSLATION_SPECIAL_TOKENS)
-    cfg = model_config(config.model)
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise ValueError(f"{tokenizer_path} has {tokenizer.vocab_size} pieces but the model in {workdir}/config.json "
-                         f"has vocab_size={cfg.vocab_size}")
-    ids = jnp.ones((1, config.data.max_length), jnp.int32)
-    step, params = restore_run_params(workdir, EncoderDecoder(cfg), (ids, ids), jax.devices()[0])
-    translator = Translator(cfg, params, tokenizer, decode_config(config.decode), config.data.eval_max_length)
+    run = Run.open(workdir, "translation", overrides)
+    tokenizer = run.tokenizer()
+    step, params = run.params(on=jax.devices()[0])
+    config = run.config
+    translator = Translator(run.model_config, params, tokenizer, decode_config(config.decode),
+                            config.data.eval_max_length)
     return translator, config, step
 
 

@@ -1,38 +1,17 @@
 """URLs wherever a path goes (data globs, tokenizer files, TensorBoard events, workdir files): a fake gs:// behind
 etils.epath's own interface (`epath.testing.mock_epath`), kept in a local folder, so nothing leaves the machine."""
 
-import contextlib
 import os
 import struct
 
 import pytest
 from etils import epath
-from etils.epath import testing as epath_testing
 
 from jaxpos.data import DataStats, default_data_config, embedded_documents, load_tokenizer, split_sentences
 from jaxpos.data.corpus import expand_globs, text_file_documents
 from jaxpos.data.pipeline import build_mlm_data
 from jaxpos.data.tokenizer import load_or_train_tokenizer, train_sentencepiece
-
-
-@contextlib.contextmanager
-def fake_gcs(root):
-    """gs://BUCKET/PATH is ROOT/BUCKET/PATH for every epath call in the block; local paths stay as they are."""
-    root = str(root)
-
-    def local(path):
-        path = os.fspath(path)
-        return os.path.join(root, path[len("gs://"):]) if path.startswith("gs://") else path
-
-    def remote(path):
-        return "gs://" + os.path.relpath(path, root) if path.startswith(root + os.sep) else path
-
-    one = lambda fn, path, *args, **kwargs: fn(local(path), *args, **kwargs)  # noqa: E731
-    two = lambda fn, path, dst, *args, **kwargs: fn(local(path), local(dst), *args, **kwargs)  # noqa: E731
-    with epath_testing.mock_epath(
-            open=one, exists=one, isdir=one, listdir=one, makedirs=one, mkdir=one, remove=one, rmtree=one, stat=one,
-            walk=one, copy=two, rename=two, replace=two, glob=lambda fn, path: [remote(p) for p in fn(local(path))]):
-        yield
+from tests.helpers import fake_gcs
 
 
 def event_scalars(data: bytes) -> list[tuple[str, int, float]]:

@@ -1,6 +1,6 @@
 """Checkpoint directories: local paths are made absolute as before; URLs (gs://, s3://) reach orbax unchanged,
-as etils.epath paths. Only the pass-through is tested offline: orbax writes gs:// arrays through tensorstore's
-GCS driver, which no local fake stands in for."""
+as etils.epath paths. Only the pass-through is tested here; tests/test_run.py restores runs from a fake gs://
+bucket (tests/helpers.py's `fake_gcs`, which also stands in for orbax's own routes to a bucket)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pytest
 
 from jaxpos.models import BertEncoder, BertForSequenceClassification
 from jaxpos.training.finetune import ClassificationTask
-from tests.helpers import tiny_config
+from tests.helpers import tiny_config, train_tiny_mlm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -237,17 +237,7 @@ def glue_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mlm_run(tmp_path_factory):
     """A tiny TISA masked-LM run of two steps, as `jaxpos train` leaves it."""
-    from jaxpos.config.defaults import mlm_config
-    from jaxpos.training.mlm_main import train_mlm
-
-    workdir = str(tmp_path_factory.mktemp("mlm"))
-    config = mlm_config()
-    config.model.update(d_model=32, num_layers=1, num_heads=4, mlp_dim=48, max_length=32)
-    config.model.position.kind = "tisa"
-    config.data.update(seq_len=32, vocab_size=300, max_documents=20, tokenizer_max_sentences=2000)
-    config.train.update(num_steps=2, batch_size=8, log_every=1, eval_every=2, eval_batches=1, checkpoint_every=2)
-    train_mlm(config, workdir)
-    return workdir
+    return train_tiny_mlm(str(tmp_path_factory.mktemp("mlm")))
 
 
 FT = os.path.join(ROOT, "configs", "finetune", "glue.py")
