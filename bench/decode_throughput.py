@@ -24,7 +24,8 @@ import numpy as np
 
 from jaxpos.config import model_config
 from jaxpos.data.translation import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from jaxpos.decoding.translate import Translator, decode_config
+from jaxpos.decoding.translate import Translator
+from jaxpos.config.decode import decode_config
 from jaxpos.models import EncoderDecoder
 
 KINDS = "none,absolute,sinusoidal,tisa,diet_rel,diet_abs,t5,alibi,rope,shaw"

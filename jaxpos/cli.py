@@ -29,7 +29,7 @@ def _train(args, overrides):
     check_training(model_config(config.model))  # refuse a bad model or train block before any data is read
     check_train_block(config.train)
     if "decode" in config:  # translation: the beam search's settings too
-        from jaxpos.decoding.translate import decode_config
+        from jaxpos.config.decode import decode_config
 
         decode_config(config.decode)
     if config.task == "mlm":

@@ -7,6 +7,8 @@ import dataclasses
 import ml_collections
 
 from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.data import default_data_config, default_finetune_data_config, default_translation_data_config
+from jaxpos.config.decode import DecodeConfig
 from jaxpos.config.model import ModelConfig
 
 
@@ -76,8 +78,6 @@ def mesh_block(**overrides) -> ml_collections.ConfigDict:
 
 def mlm_config() -> ml_collections.ConfigDict:
     """Masked-LM pretraining defaults: BERT-base model, AdamW, the embedded corpus."""
-    from jaxpos.data import default_data_config
-
     config = ml_collections.ConfigDict()
     config.task = "mlm"
     config.model = model_block()
@@ -88,9 +88,7 @@ def mlm_config() -> ml_collections.ConfigDict:
 
 
 def decode_block(**overrides) -> ml_collections.ConfigDict:
-    """`config.decode`: beam search for translation (see jaxpos/decoding/translate.py)."""
-    from jaxpos.decoding.translate import DecodeConfig
-
+    """`config.decode`: beam search for translation (see jaxpos/config/decode.py)."""
     block = ml_collections.ConfigDict(dataclasses.asdict(DecodeConfig()))
     block.update(overrides)
     return block
@@ -99,8 +97,6 @@ def decode_block(**overrides) -> ml_collections.ConfigDict:
 def translation_config() -> ml_collections.ConfigDict:
     """Encoder-decoder translation defaults: Vaswani base, Adam with inverse-square-root warmup, label smoothing
     0.1, the offline Bible corpus (de -> en); BLEU on dev during training and on test at the end."""
-    from jaxpos.data.translation import default_translation_data_config
-
     config = ml_collections.ConfigDict()
     config.task = "translation"
     config.model = model_block(
@@ -126,8 +122,6 @@ FINETUNE_ZERO_DEFAULTS = ("num_steps", "eval_every", "checkpoint_every")
 def finetune_config() -> ml_collections.ConfigDict:
     """Fine-tuning defaults (BERT's GLUE recipe): AdamW at 2e-5, batch 32, 3 epochs, 10% warmup then linear decay,
     dropout 0.1, sequences of 128 tokens; dev scores at every evaluation. The architecture comes from --init."""
-    from jaxpos.data.classification import default_finetune_data_config
-
     config = ml_collections.ConfigDict()
     config.task = "finetune"
     # Overrides of the pretrained model's config; its architecture comes from --init. On accelerators,

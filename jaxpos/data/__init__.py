@@ -2,8 +2,7 @@
 
 from jaxpos.data.corpus import DataStats, embedded_documents, load_documents, split_blocks
 from jaxpos.data.mlm import PackedExamples, hash_uniform, mask_batch, pack_documents, split_sentences, unigram_entropy
-from jaxpos.data.pipeline import (MLMData, MLMTrainIterator, build_examples, build_mlm_data, default_data_config,
-                                  eval_batches)
+from jaxpos.data.pipeline import MLMData, MLMTrainIterator, build_examples, build_mlm_data, eval_batches
 from jaxpos.data.tokenizer import (CLS_ID, MASK_ID, MLM_SPECIAL_TOKENS, PAD_ID, SEP_ID,
                                    TRANSLATION_SPECIAL_TOKENS, UNK_ID, Tokenizer, load_or_train_tokenizer,
                                    load_tokenizer, train_sentencepiece)
@@ -11,7 +10,7 @@ from jaxpos.data.tokenizer import (CLS_ID, MASK_ID, MLM_SPECIAL_TOKENS, PAD_ID, 
 __all__ = [
     "CLS_ID", "DataStats", "MASK_ID", "MLMData", "MLMTrainIterator", "MLM_SPECIAL_TOKENS", "PAD_ID",
     "PackedExamples", "SEP_ID", "TRANSLATION_SPECIAL_TOKENS", "Tokenizer", "UNK_ID", "build_examples",
-    "build_mlm_data", "default_data_config", "embedded_documents", "eval_batches", "load_documents",
+    "build_mlm_data", "embedded_documents", "eval_batches", "load_documents",
     "hash_uniform", "load_or_train_tokenizer", "load_tokenizer", "mask_batch", "pack_documents", "split_blocks",
     "split_sentences", "train_sentencepiece", "unigram_entropy",
 ]

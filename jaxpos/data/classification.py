@@ -31,9 +31,9 @@ import warnings
 import zlib
 from typing import Callable, Iterator, Protocol, Sequence
 
-import ml_collections
 import numpy as np
 
+from jaxpos.data.wordpiece import WordPiece, lower_case_setting, read_vocab
 from jaxpos.data.order import ShuffledBatches, host_slice
 
 _ORDER, _SUBSAMPLE = 3, 4  # RNG streams (the MLM pipeline uses 0..2)
@@ -91,25 +91,6 @@ class Example:
     text_a: str
     text_b: str | None
     label: float  # class index as a float, or the regression score; NaN = unlabelled
-
-
-def default_finetune_data_config() -> ml_collections.ConfigDict:
-    """`config.data` for fine-tuning (the batch size is `config.train.batch_size`)."""
-    return ml_collections.ConfigDict(dict(
-        task="word_order",  # cola sst2 mrpc qqp stsb mnli qnli rte wnli snli word_order
-        source="offline",  # offline (word_order from the embedded corpus) | glue_dir | tfds
-        glue_dir="",  # source=glue_dir: the GLUE root holding CoLA/, SST-2/, MRPC/, ... (and SNLI/)
-        tfds_name="",  # source=tfds: "" = glue/<task> (snli for snli); prepared as array_record in data_dir
-        data_dir="",  # source=tfds: TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
-        max_length=128,  # tokens per row, [CLS] and [SEP]s included; longer inputs are cut longest-first
-        seed=0,  # training order, the max_train_examples subsample and the offline task's sentences
-        max_train_examples=0,  # train on a seeded random subset of this many examples (0 = all)
-        offline_train_examples=0,  # source=offline: examples per split (0 = every usable sentence, x3)
-        offline_dev_examples=0,
-        offline_test_examples=0,
-        offline_windows=(2, 3, 4, 5),  # source=offline: local shuffles use one of these window sizes
-        offline_min_distance=5,  # source=offline: words a global swap exchanges are at least this far apart
-    ))
 
 
 # --------------------------------------------------------------------------------------------- local GLUE files
@@ -366,16 +347,14 @@ def jaxpos_tokenizer(tokenizer) -> TokenizerAdapter:
 def hf_tokenizer(folder: str) -> TokenizerAdapter:
     """The tokenizer of a local Hugging Face BERT/ALBERT folder: WordPiece from vocab.txt (ids of [CLS], [SEP],
     [PAD] from it), or ALBERT's spiece.model ([CLS], [SEP], <pad>); lower-casing as tokenizer_config.json says."""
-    from jaxpos.analysis.loading import WordPiece, _lower_case, _read_vocab
-
     model_type = "bert"
     if os.path.isfile(os.path.join(folder, "config.json")):
         with open(os.path.join(folder, "config.json")) as f:
             model_type = json.load(f).get("model_type", "bert")
-    lower = _lower_case(folder, model_type)
+    lower = lower_case_setting(folder, model_type)
     vocab_path, spiece_path = os.path.join(folder, "vocab.txt"), os.path.join(folder, "spiece.model")
     if os.path.isfile(vocab_path):
-        vocabulary = _read_vocab(vocab_path)
+        vocabulary = read_vocab(vocab_path)
         index = {piece: i for i, piece in enumerate(vocabulary)}
         missing = [t for t in ("[CLS]", "[SEP]", "[PAD]") if t not in index]
         if missing:

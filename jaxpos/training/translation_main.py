@@ -13,7 +13,8 @@ from jaxpos.config.model import check_packing
 from jaxpos.config.files import write_run_file
 from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import corpus_bleu
-from jaxpos.decoding.translate import Translator, decode_config, read_sentences
+from jaxpos.decoding.translate import Translator, read_sentences
+from jaxpos.config.decode import decode_config
 from jaxpos.models import EncoderDecoder
 from jaxpos.training.loop import Trainer
 from jaxpos.training.translation import TranslationTask

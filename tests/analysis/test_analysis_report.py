@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.analysis.loading import WordPiece, load_hf, load_run
+from jaxpos.analysis.loading import load_hf, load_run
+from jaxpos.data.wordpiece import WordPiece
 from jaxpos.analysis.report import analyze, corpus_sentences, token_windows
 from jaxpos.config import model_config
 from jaxpos.config.defaults import mlm_config

@@ -7,9 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from jaxpos.data.classification import (TASKS, ClassificationTrainIterator, Example, ExampleStats,
-                                        TokenizerAdapter, default_finetune_data_config, encode_examples, eval_batches, hf_tokenizer,
-                                        jaxpos_tokenizer, load_examples, truncate_longest_first)
+from jaxpos.data.classification import (TASKS, ClassificationTrainIterator, Example, ExampleStats, TokenizerAdapter,
+                                        encode_examples, eval_batches, hf_tokenizer, jaxpos_tokenizer, load_examples,
+                                        truncate_longest_first)
+from jaxpos.config.data import default_finetune_data_config
 
 MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
                "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from jaxpos.data import DataStats, default_data_config, embedded_documents, load_documents
+from jaxpos.data import DataStats, embedded_documents, load_documents
+from jaxpos.config.data import default_data_config
 from jaxpos.data.corpus import is_eval_document, text_file_documents
 
 

@@ -7,7 +7,8 @@ import struct
 import pytest
 from etils import epath
 
-from jaxpos.data import DataStats, default_data_config, embedded_documents, load_tokenizer, split_sentences
+from jaxpos.data import DataStats, embedded_documents, load_tokenizer, split_sentences
+from jaxpos.config.data import default_data_config
 from jaxpos.data.corpus import expand_globs, text_file_documents
 from jaxpos.data.pipeline import build_mlm_data
 from jaxpos.data.tokenizer import load_or_train_tokenizer, train_sentencepiece

@@ -6,8 +6,8 @@ import types
 import numpy as np
 import pytest
 
-from jaxpos.data import (CLS_ID, MASK_ID, PAD_ID, SEP_ID, MLMTrainIterator, PackedExamples, build_mlm_data,
-                         default_data_config, eval_batches)
+from jaxpos.data import CLS_ID, MASK_ID, PAD_ID, SEP_ID, MLMTrainIterator, PackedExamples, build_mlm_data, eval_batches
+from jaxpos.config.data import default_data_config
 
 KEYS = ("input_ids", "targets", "mask_weights", "segment_ids", "positions", "token_types")
 

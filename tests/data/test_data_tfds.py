@@ -6,7 +6,8 @@ import pytest
 pytest.importorskip("array_record", reason="TFDS data sources need the array_record package")
 tfds = pytest.importorskip("tensorflow_datasets")
 
-from jaxpos.data import DataStats, build_mlm_data, default_data_config, load_documents  # noqa: E402
+from jaxpos.data import DataStats, build_mlm_data, load_documents  # noqa: E402
+from jaxpos.config.data import default_data_config
 from jaxpos.data.corpus import tfds_documents  # noqa: E402
 
 TEXTS = [f"Document number {i} talks about topic {i % 3}.\nIt has a second line about it." for i in range(40)]

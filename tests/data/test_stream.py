@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from jaxpos.cli import main
-from jaxpos.data import DataStats, default_data_config, embedded_documents, load_tokenizer, split_sentences
+from jaxpos.data import DataStats, embedded_documents, load_tokenizer, split_sentences
+from jaxpos.config.data import default_data_config
 from jaxpos.data.corpus import file_documents, is_eval_document
 from jaxpos.data.mlm import encode_documents, pack_documents
 from jaxpos.data.pipeline import build_mlm_data, eval_batches

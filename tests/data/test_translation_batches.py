@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from jaxpos.data.translation import (EOS_ID, PAD_ID, EvalSet, PackedPairs, TranslationTrainIterator,
-                                     build_translation_data, default_translation_data_config, detokenize,
-                                     eval_batches, pack_pairs)
+                                     build_translation_data, detokenize, eval_batches, pack_pairs)
+from jaxpos.config.data import default_translation_data_config
 
 
 def arrays(*lists):

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from jaxpos.data.parallel import TranslationStats, parallel_file_pairs, read_lines
-from jaxpos.data.translation import EOS_ID, build_translation_data, default_translation_data_config
+from jaxpos.data.translation import EOS_ID, build_translation_data
+from jaxpos.config.data import default_translation_data_config
 
 
 def write(path, text, encoding="utf-8"):

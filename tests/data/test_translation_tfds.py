@@ -6,7 +6,8 @@ pytest.importorskip("array_record", reason="TFDS data sources need the array_rec
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from jaxpos.data.parallel import TranslationStats, tfds_pairs  # noqa: E402
-from jaxpos.data.translation import build_translation_data, default_translation_data_config  # noqa: E402
+from jaxpos.data.translation import build_translation_data  # noqa: E402
+from jaxpos.config.data import default_translation_data_config
 
 GERMAN = ["ein Haus", "zwei Häuser", "ein roter Hund", "der Hund schläft", "die Katze", "drei Katzen"]
 ENGLISH = ["a house", "two houses", "a red dog", "the dog sleeps", "the cat", "three cats"]

@@ -5,7 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from jaxpos.data.classification import Example, default_finetune_data_config, load_examples
+from jaxpos.data.classification import Example, load_examples
+from jaxpos.config.data import default_finetune_data_config
 from jaxpos.data.word_order import (STOP_WORDS, can_shuffle, global_swap, is_content_word, local_shuffle,
                                     offline_word_order_examples, perturb_examples, split_sentence_pools)
 

@@ -9,7 +9,8 @@ import pytest
 
 from jaxpos.data.translation import EOS_ID
 from jaxpos.decoding import length_penalty
-from jaxpos.decoding.translate import DecodeConfig, Translator, decode_config
+from jaxpos.decoding.translate import Translator
+from jaxpos.config.decode import DecodeConfig, decode_config
 from jaxpos.models import EncoderDecoder
 from tests.helpers import tiny_config
 
