@@ -8,13 +8,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxpos.config import POSITION_KINDS, model_config
+from jaxpos.config import MECHANISMS, model_config
 from jaxpos.models import BertForMaskedLM
 
 
 def smoke_table(seq_len: int = 64, batch: int = 4) -> str:
     rows = [f"{'mechanism':<12} {'params':>9} {'loss':>8} {'grad norm':>10} {'compile s':>9} {'step ms':>8}"]
-    for kind in POSITION_KINDS:
+    for kind in MECHANISMS:
         cfg = model_config(dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, mlp_dim=128,
                                 max_length=seq_len, position=dict(kind=kind)))
         model = BertForMaskedLM(cfg)

@@ -6,34 +6,28 @@ import contextlib
 import os
 from unittest import mock
 
-from jaxpos.config import model_config
+from jaxpos.config import MECHANISMS, model_config
 
 TINY = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16,
             dropout=0.0, attention_dropout=0.0)
 
-# Every mechanism, plus the variants the issue names, as (id, position block).
-VARIANTS = [
-    ("none", dict(kind="none")),
-    ("absolute", dict(kind="absolute")),
-    ("sinusoidal", dict(kind="sinusoidal")),
-    ("tisa", dict(kind="tisa")),
-    ("tisa_input", dict(kind="tisa", tisa=dict(input_positions=True))),
-    ("tisa_head_shared", dict(kind="tisa", tisa=dict(sharing="head"))),
-    ("diet_rel", dict(kind="diet_rel")),
-    ("diet_rel_layer_shared_clipped", dict(kind="diet_rel", diet_rel=dict(sharing="layer", max_distance=5))),
-    ("diet_abs", dict(kind="diet_abs")),
-    ("diet_abs_unfolded_none", dict(kind="diet_abs", diet_abs=dict(fold=False, sharing="none", rank=6))),
-    ("t5", dict(kind="t5")),
-    ("shaw", dict(kind="shaw", shaw=dict(clip=3))),
-    ("tupe", dict(kind="tupe")),
-    ("rope", dict(kind="rope")),
-    ("alibi", dict(kind="alibi")),
-    ("attenuated", dict(kind="attenuated")),
-    ("attenuated_matrix", dict(kind="attenuated", attenuated=dict(form="matrix", sharing="head"))),
-    ("attenuated_offset", dict(kind="attenuated", attenuated=dict(form="offset"))),
-    ("attenuated_abs_offset", dict(kind="attenuated", attenuated=dict(form="abs_offset"))),
-    ("diet_rel_per_head_segments", dict(kind="diet_rel", segment="per_head")),
-]
+# The options of each kind's own variant (named after the kind) where they differ from the defaults.
+KIND_OPTIONS = {
+    "shaw": dict(shaw=dict(clip=3)),  # a clip that 16-token rows reach
+}
+# The variants beside each kind's own, as options of that kind: {kind: {id: options}}.
+KIND_VARIANTS = {
+    "tisa": {"tisa_input": dict(tisa=dict(input_positions=True)), "tisa_head_shared": dict(tisa=dict(sharing="head"))},
+    "diet_rel": {"diet_rel_layer_shared_clipped": dict(diet_rel=dict(sharing="layer", max_distance=5)),
+                 "diet_rel_per_head_segments": dict(segment="per_head")},
+    "diet_abs": {"diet_abs_unfolded_none": dict(diet_abs=dict(fold=False, sharing="none", rank=6))},
+    "attenuated": {"attenuated_matrix": dict(attenuated=dict(form="matrix", sharing="head")),
+                   "attenuated_offset": dict(attenuated=dict(form="offset")),
+                   "attenuated_abs_offset": dict(attenuated=dict(form="abs_offset"))},
+}
+# Every registered mechanism, each followed by its variants, as (id, position block).
+VARIANTS = [(name, dict(kind=kind, **options)) for kind in MECHANISMS
+            for name, options in {kind: KIND_OPTIONS.get(kind, {}), **KIND_VARIANTS.get(kind, {})}.items()]
 
 
 def tiny_config(position: dict, **overrides):

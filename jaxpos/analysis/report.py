@@ -323,9 +323,10 @@ def bias_logits(cfg, params, length: int) -> np.ndarray | None:
     import jax.numpy as jnp
 
     from jaxpos.attention.bias import position_logits
-    from jaxpos.positions import INPUT_ONLY, make_position
+    from jaxpos.positions import MECHANISMS, make_position
 
-    if cfg.position.kind in INPUT_ONLY + ("rope", "shaw"):
+    mechanism = MECHANISMS[cfg.position.kind]
+    if mechanism.input_only or mechanism.no_position_only_term:
         return None
     positions = jnp.arange(length, dtype=jnp.int32)
     module = make_position(cfg, cfg.num_layers, cfg.causal)

@@ -11,11 +11,8 @@ import typing
 from typing import Any, Mapping
 
 from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.mechanisms import MECHANISMS
 
-POSITION_KINDS = (
-    "none", "absolute", "sinusoidal", "tisa", "diet_rel", "diet_abs",
-    "t5", "shaw", "tupe", "rope", "alibi", "attenuated",
-)
 SEGMENT_MODES = ("input", "per_head", "none")
 # none: a set per head and layer | head: one set per layer, shared by that layer's heads |
 # layer: one set per head, shared by all layers of the stack
@@ -116,8 +113,8 @@ class PositionConfig:
     attenuated: AttenuatedConfig = AttenuatedConfig()
 
     def __post_init__(self):
-        if self.kind not in POSITION_KINDS:
-            raise ValueError(f"unknown position mechanism {self.kind!r}; choose one of {', '.join(POSITION_KINDS)}")
+        if self.kind not in MECHANISMS:
+            raise ValueError(f"unknown position mechanism {self.kind!r}; choose one of {', '.join(MECHANISMS)}")
         if self.segment not in SEGMENT_MODES:
             raise ValueError(f"unknown segment mode {self.segment!r}; choose one of {SEGMENT_MODES}")
         if self.content_only and self.position_only:
@@ -206,15 +203,9 @@ class ModelConfig:
             check_number(name, getattr(self, name), 0.0, 1.0)
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
-        if self.position.kind == "rope" and self.head_dim % 2:
-            raise ValueError(f"RoPE rotates channel pairs: it needs an even head dimension, got d_model / "
-                             f"num_heads = {self.d_model} / {self.num_heads} = {self.head_dim}")
-        if self.position.kind == "t5":  # check every stack the model builds: (name, bidirectional)
-            stacks = [("stack", not self.causal)]
-            if self.num_decoder_layers:  # encoder-decoder: a bidirectional encoder and a causal decoder
-                stacks = [("encoder", True), ("decoder", False)]
-            for stack, bidirectional in stacks:
-                self.position.t5.check(bidirectional, stack)
+        check = MECHANISMS[self.position.kind].check
+        if check is not None:
+            check(self)
 
 
 def check_training(cfg: ModelConfig) -> None:
@@ -254,6 +245,11 @@ def model_config(cfg: Mapping[str, Any] | ModelConfig) -> ModelConfig:
     if hasattr(cfg, "to_dict"):
         cfg = cfg.to_dict()
     return _build(ModelConfig, cfg, "model.")
+
+
+def position_config(values: Mapping[str, Any]) -> PositionConfig:
+    """PositionConfig from a (nested) dict such as a `model.position` block; fields it leaves out keep defaults."""
+    return _build(PositionConfig, values, "model.position.")
 
 
 def position_defaults() -> dict:

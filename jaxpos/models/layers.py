@@ -12,7 +12,7 @@ from jaxpos.attention.layer import MultiHeadAttention, dense
 from jaxpos.attention.masks import attention_mask
 from jaxpos.config import ModelConfig
 from jaxpos.config.model import check_packing
-from jaxpos.positions import INPUT_ONLY, NO_POSITION_ONLY_TERM, SegmentAttention, make_position
+from jaxpos.positions import MECHANISMS, SegmentAttention, make_position
 from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
 
 
@@ -128,12 +128,13 @@ class TransformerStack(nn.Module):
     def __call__(self, x, *, segment_ids=None, token_types=None, input_positions=None, encoded=None,
                  encoded_segment_ids=None, encoded_positions=None, deterministic: bool = True):
         cfg = self.cfg
-        if cfg.position.position_only and cfg.position.kind in INPUT_ONLY:
+        mechanism = MECHANISMS[cfg.position.kind]
+        if cfg.position.position_only and mechanism.input_only:
             raise ValueError(f"position_only needs a positional logit term; {cfg.position.kind!r} adds "
                              "positions at the input only")
-        if cfg.position.position_only and cfg.position.kind in NO_POSITION_ONLY_TERM:
+        if cfg.position.position_only and mechanism.no_position_only_term:
             raise ValueError(f"position_only is not defined for {cfg.position.kind!r}: "
-                             f"{NO_POSITION_ONLY_TERM[cfg.position.kind]}")
+                             f"{mechanism.no_position_only_term}")
         position = make_position(cfg, self.num_layers, self.causal)
         q_pos, k_pos = self.positions(x.shape[1])
         position_embedding = position.embed(q_pos if input_positions is None or self.decode else input_positions)

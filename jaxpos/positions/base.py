@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias
 from jaxpos.config import ModelConfig
+from jaxpos.config.mechanisms import inductive_summary
 
 
 class LengthError(ValueError):
@@ -21,8 +22,8 @@ def check_length(kind: str, length: int, max_length: int, hint: str = "") -> Non
     if length > max_length:
         raise LengthError(
             f"position mechanism {kind!r} has learned parameters for {max_length} positions "
-            f"(model.max_length) but got a sequence of length {length}{hint}; inductive mechanisms "
-            "(tisa, t5, alibi, rope, sinusoidal, fixed attenuated) work at any length")
+            f"(model.max_length) but got a sequence of length {length}{hint}; inductive mechanisms work at any "
+            f"length: {inductive_summary()}")
 
 
 def sharing_shape(sharing: str, num_layers: int, num_heads: int) -> tuple[int, int]:

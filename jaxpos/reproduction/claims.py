@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jaxpos.reproduction.runs import MECHANISMS
+from jaxpos.reproduction.runs import RUN_MECHANISMS
 
 HOLDS, CONTRADICTED, INCONCLUSIVE = "holds", "contradicted", "inconclusive"
 VERDICTS = (HOLDS, CONTRADICTED, INCONCLUSIVE)
@@ -171,7 +171,7 @@ def _present(table: dict, names: Sequence[str]) -> list[str]:
 
 
 def _label(m: str) -> str:
-    return MECHANISMS[m].label if m in MECHANISMS else m
+    return RUN_MECHANISMS[m].label if m in RUN_MECHANISMS else m
 
 
 def _claim(id_: str, paper: str, reference: str, claim: str, parts: list[dict], measured: dict,
@@ -320,7 +320,7 @@ def diet_step_time(table: dict) -> dict:
 # --- Chen et al. ---------------------------------------------------------------------------------------------------
 
 def _learned(table: dict) -> list[str]:
-    return [m for m in table if m in MECHANISMS and MECHANISMS[m].learned]
+    return [m for m in table if m in RUN_MECHANISMS and RUN_MECHANISMS[m].learned]
 
 
 def chen_rise(table: dict) -> dict:

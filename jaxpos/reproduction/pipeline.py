@@ -22,7 +22,7 @@ import traceback
 import numpy as np
 
 from jaxpos.reproduction import runs
-from jaxpos.reproduction.runs import MECHANISMS, RESULT_FILE, load_plan, profile_of, repo_config, run_dir
+from jaxpos.reproduction.runs import RESULT_FILE, RUN_MECHANISMS, load_plan, profile_of, repo_config, run_dir
 
 OVER_TRAINING = ("position_gram", "identical_word", "rank", "decomposition")  # at every checkpoint
 FINAL_ONLY = ("effective_attention", "identifiability")  # at the last checkpoint
@@ -44,7 +44,7 @@ def pretrain_config(plan: dict, mechanism: str, seed: int, steps: int):
     profile = profile_of(plan)
     config = load_config(repo_config("configs/mlm/tiny.py"))
     config.model.update(profile.model)
-    for key, value in MECHANISMS[mechanism].position.items():
+    for key, value in RUN_MECHANISMS[mechanism].position.items():
         if isinstance(value, dict):
             config.model.position[key].update(value)
         else:

@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxpos.analysis.report import _jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.reproduction import claims as C
-from jaxpos.reproduction.runs import MECHANISMS, load_plan, profile_of, read_result
+from jaxpos.reproduction.runs import RUN_MECHANISMS, load_plan, profile_of, read_result
 
 REPORT_FILE, NUMBERS_FILE, FIGURES = "REPRODUCTION.md", "numbers.json", "figures"
 # Per-mechanism numbers of the mechanisms table: (key, column title, getter).
@@ -68,9 +68,9 @@ def summary_table(claims: list[dict]) -> str:
 
 def mechanisms_table(numbers: dict) -> str:
     rows = [["mechanism", "seeds"] + [title for _, title, _ in COLUMNS]]
-    for m in (m for m in MECHANISMS if m in numbers):
+    for m in (m for m in RUN_MECHANISMS if m in numbers):
         n = max(s["n"] for s in numbers[m].values())
-        rows.append([f"{MECHANISMS[m].label} (`{m}`)", str(n)]
+        rows.append([f"{RUN_MECHANISMS[m].label} (`{m}`)", str(n)]
                     + [_cell(numbers[m][key], 4 if key == "word_order_accuracy" else 3) for key, _, _ in COLUMNS])
     return markdown_table(rows)
 
@@ -98,7 +98,7 @@ def figures(out: str, table: dict, numbers: dict) -> dict:
 
     folder = os.path.join(out, FIGURES)
     os.makedirs(folder, exist_ok=True)
-    names = [m for m in MECHANISMS if m in table]
+    names = [m for m in RUN_MECHANISMS if m in table]
     paths = {}
 
     chance = C.stats([r["finetune"]["chance"] for runs in table.values() for r in runs])["mean"]
@@ -113,7 +113,7 @@ def figures(out: str, table: dict, numbers: dict) -> dict:
     for ax, series, title in zip(axes, ("toeplitz_r2", "locality", "symmetry"),
                                  ("Toeplitz $R^2$ of $E_P E_P^T$", "identical-word locality (learned)",
                                   "identical-word symmetry (learned)")):
-        for m in (names if series == "toeplitz_r2" else [m for m in names if MECHANISMS[m].learned]):
+        for m in (names if series == "toeplitz_r2" else [m for m in names if RUN_MECHANISMS[m].learned]):
             curves = [r["over_training"]["series"][series] for r in table[m]]
             if not curves or any(v is None for c in curves for v in c):
                 continue

@@ -25,40 +25,44 @@ import sys
 import time
 from typing import Sequence
 
+from jaxpos.config import MECHANISMS, position_config
+
 PLAN_FILE = "plan.json"
 RESULT_FILE = "result.json"
 
 
 @dataclasses.dataclass(frozen=True)
-class Mechanism:
+class RunMechanism:
+    """A mechanism as the reproduction runs it: a registry kind under some options."""
+
     name: str
     label: str  # as the report names it
     position: dict  # the model.position block (kind and options)
     learned: bool  # has learned positional parameters (Chen's "learned encodings")
 
 
-MECHANISMS = {m.name: m for m in (
-    Mechanism("none", "none (bag of words)", dict(kind="none"), False),
-    Mechanism("absolute", "absolute, learned (BERT)", dict(kind="absolute"), True),
-    Mechanism("sinusoidal", "absolute, sinusoidal", dict(kind="sinusoidal"), False),
-    Mechanism("tisa", "TISA", dict(kind="tisa"), True),
-    Mechanism("tisa_input", "TISA + input positions", dict(kind="tisa", tisa=dict(input_positions=True)), True),
-    Mechanism("diet_rel", "DIET-Rel", dict(kind="diet_rel", diet_rel=dict(sharing="none")), True),
-    Mechanism("diet_rel_layer", "DIET-Rel, shared by layer", dict(kind="diet_rel", diet_rel=dict(sharing="layer")),
-              True),
-    Mechanism("diet_abs", "DIET-Abs, shared by layer", dict(kind="diet_abs", diet_abs=dict(sharing="layer")), True),
-    Mechanism("diet_abs_unshared", "DIET-Abs, unshared", dict(kind="diet_abs", diet_abs=dict(sharing="none")), True),
-    Mechanism("diet_abs_segments", "DIET-Abs, shared by layer, per-head segments",
-              dict(kind="diet_abs", diet_abs=dict(sharing="layer"), segment="per_head"), True),
-    Mechanism("t5", "T5 buckets", dict(kind="t5"), True),
-    Mechanism("shaw", "Shaw et al.", dict(kind="shaw"), True),
-    Mechanism("tupe", "TUPE", dict(kind="tupe"), True),
-    Mechanism("rope", "RoPE", dict(kind="rope"), False),
-    Mechanism("alibi", "ALiBi", dict(kind="alibi"), False),
-    Mechanism("attenuated", "attenuated, fixed", dict(kind="attenuated"), False),
-    Mechanism("attenuated_learned", "attenuated, learnable (n x n per head)",
-              dict(kind="attenuated", attenuated=dict(form="matrix")), True),
-)}
+def run_mechanism(name: str, position: dict, label: str | None = None) -> RunMechanism:
+    """The run `name` of the position block `position`; `learned` from the registry, and its label unless given."""
+    mechanism = MECHANISMS[position["kind"]]
+    return RunMechanism(name, label or mechanism.label, position, mechanism.is_learned(position_config(position)))
+
+
+# The runs of a kind beside its own (named after the kind, with the registry's label and default options):
+# (name, label, options).
+RUN_VARIANTS = {
+    "tisa": [("tisa_input", "TISA + input positions", dict(tisa=dict(input_positions=True)))],
+    "diet_rel": [("diet_rel_layer", "DIET-Rel, shared by layer", dict(diet_rel=dict(sharing="layer")))],
+    "diet_abs": [("diet_abs_unshared", "DIET-Abs, unshared", dict(diet_abs=dict(sharing="none"))),
+                 ("diet_abs_segments", "DIET-Abs, shared by layer, per-head segments",
+                  dict(diet_abs=dict(sharing="layer"), segment="per_head"))],
+    "attenuated": [("attenuated_learned", "attenuated, learnable (n x n per head)",
+                    dict(attenuated=dict(form="matrix")))],
+}
+
+# Every registered mechanism, each followed by its variants.
+RUN_MECHANISMS = {run.name: run for kind in MECHANISMS for run in (
+    run_mechanism(kind, dict(kind=kind)),
+    *(run_mechanism(name, dict(kind=kind, **options), label) for name, label, options in RUN_VARIANTS.get(kind, ())))}
 
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
@@ -98,7 +102,7 @@ PROFILES = {
     # configs/mlm/tiny.py (d=128, L=2, H=4, D=32) on 64-token rows: the logit-rank and effective-attention
     # claims need T > D, and the sequences are as long as the word-order task's.
     "tiny": Profile(
-        "tiny", tuple(MECHANISMS),
+        "tiny", tuple(RUN_MECHANISMS),
         model=dict(max_length=64),
         data=dict(seq_len=64, vocab_size=4000),
         train=dict(batch_size=16, max_predictions=16),
@@ -249,9 +253,9 @@ def make_plan(profile: Profile, seeds: int, budget_minutes: float, workers: int,
     if workers < 1:
         raise ValueError(f"--workers {workers}: need at least one")
     names = list(mechanisms or profile.mechanisms)
-    unknown = [m for m in names if m not in MECHANISMS]
+    unknown = [m for m in names if m not in RUN_MECHANISMS]
     if unknown or not names:
-        raise ValueError(f"unknown mechanisms {unknown}; choose from {', '.join(MECHANISMS)}")
+        raise ValueError(f"unknown mechanisms {unknown}; choose from {', '.join(RUN_MECHANISMS)}")
     runs = {run_name(m, s): dict(mechanism=m, seed=s) for s in range(seeds) for m in names}  # seed-major order
     if not profile.xla_flags and budget_minutes * 60 * workers / len(runs) < profile.fast_compile_below_s:
         profile = dataclasses.replace(profile, xla_flags=FAST_COMPILE)

@@ -17,16 +17,22 @@ import pytest
 from jaxpos.attention import PositionalBias, attend, attention_mask, dropout
 from jaxpos.attention.bias import segment_pair_factors
 from jaxpos.attention.kernels import toeplitz_attention
+from jaxpos.config import MECHANISMS
 from jaxpos.positions import make_position
-from tests.helpers import tiny_config
+from tests.helpers import VARIANTS, tiny_config
 
-MECHANISMS = {  # every mechanism whose bias is a Toeplitz table
-    "tisa": dict(kind="tisa"),
-    "diet_rel": dict(kind="diet_rel"),
-    "t5": dict(kind="t5"),
-    "alibi": dict(kind="alibi"),
-    "attenuated_offset": dict(kind="attenuated", attenuated=dict(form="offset")),
-}
+
+def table_mechanisms() -> dict[str, dict]:
+    """{id: position block} of each kind's first variant whose bias is a Toeplitz table (the registry's kernel
+    form)."""
+    first = {}
+    for name, position in VARIANTS:
+        if MECHANISMS[position["kind"]].kernel_form_for(tiny_config(position).position) == "table":
+            first.setdefault(position["kind"], (name, position))
+    return dict(first.values())
+
+
+TABLE_MECHANISMS = table_mechanisms()
 HEADS, D = 2, 16
 DROPOUT_RNG = jax.random.PRNGKey(17)
 
@@ -122,10 +128,10 @@ def mechanism(kind_block, length):
 
 
 def test_every_mechanism_with_padding_and_packing():
-    """The five mechanisms side by side as heads (one kernel compile), odd length 37 with block 16, two packed
-    pieces and trailing padding: out, dq, dk, dv and each mechanism's parameter gradients."""
+    """The Toeplitz-table mechanisms side by side as heads (one kernel compile), odd length 37 with block 16, two
+    packed pieces and trailing padding: out, dq, dk, dv and each mechanism's parameter gradients."""
     length, batch = 37, 2
-    built = {name: mechanism(block, length) for name, block in MECHANISMS.items()}
+    built = {name: mechanism(block, length) for name, block in TABLE_MECHANISMS.items()}
     heads = HEADS * len(built)
 
     def build_table(params):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxpos.attention.bias import position_logits
-from jaxpos.config import model_config
+from jaxpos.config import MECHANISMS, model_config
 from jaxpos.models import BertForMaskedLM
 from jaxpos.positions import LengthError, make_position
 from jaxpos.positions.alibi import alibi_slopes
@@ -160,9 +160,6 @@ def test_parameter_counts_match_the_papers():
     assert count(dict(kind="alibi")) == 0 and count(dict(kind="rope")) == 0
 
 
-PARAMETER_FREE = ("none", "sinusoidal", "rope", "alibi", "attenuated")
-
-
 @pytest.mark.parametrize("name,position", VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_gradients_reach_every_positional_parameter(name, position):
     cfg = tiny_config(position)
@@ -177,8 +174,10 @@ def test_gradients_reach_every_positional_parameter(name, position):
 
     grads = flax.traverse_util.flatten_dict(jax.grad(loss)(params), sep="/")
     positional = {k: g for k, g in grads.items() if "/position/" in k or "/segments/" in k}
-    if name not in PARAMETER_FREE:
+    if MECHANISMS[position["kind"]].is_learned(cfg.position):
         assert positional, f"{name} has no positional parameters"
+    else:  # the registry says it has none
+        assert not any("/position/" in k for k in positional), f"{name} has positional parameters"
     for key, g in positional.items():
         assert np.all(np.isfinite(g)), key
         assert np.abs(g).max() > 0, f"no gradient reaches {key}"
@@ -188,15 +187,22 @@ def test_gradients_reach_every_positional_parameter(name, position):
                 assert np.all(np.abs(g) > 0), key
 
 
-NOT_INDUCTIVE = [dict(kind="absolute"), dict(kind="diet_abs"), dict(kind="diet_rel"), dict(kind="tupe"),
-                 dict(kind="attenuated", attenuated=dict(form="matrix")),
-                 dict(kind="tisa", tisa=dict(input_positions=True))]
-INDUCTIVE = [dict(kind="tisa"), dict(kind="t5"), dict(kind="alibi"), dict(kind="rope"), dict(kind="sinusoidal"),
-             dict(kind="attenuated"), dict(kind="diet_rel", diet_rel=dict(max_distance=4)), dict(kind="shaw")]
+# Every variant and three more option sets, split by the registry's inductive trait.
+LENGTH_CASES = VARIANTS + [("attenuated_matrix_unshared", dict(kind="attenuated", attenuated=dict(form="matrix"))),
+                           ("diet_rel_clipped_4", dict(kind="diet_rel", diet_rel=dict(max_distance=4))),
+                           ("shaw_default_clip", dict(kind="shaw"))]
 
 
-@pytest.mark.parametrize("position", NOT_INDUCTIVE, ids=lambda p: p["kind"])
-def test_longer_than_the_table_is_a_clear_error(position):
+def inductive(position: dict) -> bool:
+    return MECHANISMS[position["kind"]].is_inductive(tiny_config(position).position)
+
+
+INDUCTIVE = [case for case in LENGTH_CASES if inductive(case[1])]
+NOT_INDUCTIVE = [case for case in LENGTH_CASES if not inductive(case[1])]
+
+
+@pytest.mark.parametrize("name,position", NOT_INDUCTIVE, ids=[case[0] for case in NOT_INDUCTIVE])
+def test_longer_than_the_table_is_a_clear_error(name, position):
     cfg = tiny_config(position)
     model = BertForMaskedLM(cfg)
     ids = jnp.ones((1, cfg.max_length), jnp.int32)
@@ -205,8 +211,8 @@ def test_longer_than_the_table_is_a_clear_error(position):
         model.apply(variables, jnp.ones((1, 20), jnp.int32))
 
 
-@pytest.mark.parametrize("position", INDUCTIVE, ids=lambda p: p["kind"])
-def test_inductive_mechanisms_run_past_the_configured_length(position):
+@pytest.mark.parametrize("name,position", INDUCTIVE, ids=[case[0] for case in INDUCTIVE])
+def test_inductive_mechanisms_run_past_the_configured_length(name, position):
     cfg = tiny_config(position)
     model = BertForMaskedLM(cfg)
     variables = model.init(jax.random.PRNGKey(0), jnp.ones((1, cfg.max_length), jnp.int32))
@@ -396,8 +402,8 @@ def test_content_only_rope_drops_the_rotation():
     assert np.abs(rotated - want).max() > 0.1  # the check has teeth: with positions the outputs differ
 
 
-@pytest.mark.parametrize("kind", ["rope", "shaw"])
-def test_position_only_is_refused_where_position_lives_inside_q_dot_k(kind):
+@pytest.mark.parametrize("kind", [k for k, m in MECHANISMS.items() if m.no_position_only_term or m.input_only])
+def test_position_only_is_refused_where_position_lives_inside_q_dot_k_or_at_the_input(kind):
     cfg = tiny_config(dict(kind=kind, position_only=True))
     with pytest.raises(ValueError, match=f"position_only .*{kind}"):
         BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))
