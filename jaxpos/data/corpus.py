@@ -1,8 +1,9 @@
-"""Text sources for pretraining: the embedded default corpus, local text files, TFDS datasets.
+"""Text sources for pretraining: the embedded default corpus, local text files, TFDS datasets, Bible editions.
 
 Each source yields documents (strings) in a fixed order. Bad data is counted in a `DataStats`, never fatal:
 whitespace-only documents are skipped, bytes that are not UTF-8 become spaces. The held-out split is a pure
-function of the document's position in its source (see `is_eval_document`), so it never depends on timing.
+function of the document's position in its source (see `is_eval_document`), so it never depends on timing; for
+the Bible, of its chapter (`is_held_out_chapter`), so that no edition of a held-out chapter is trained on.
 Paths and globs may be local or URLs that etils.epath reads (gs://, s3://, ...).
 """
 
@@ -200,23 +201,44 @@ def source_documents(config, stats: DataStats) -> Iterator[str]:
     elif config.source == "tfds":
         yield from tfds_documents(config.tfds_name, config.tfds_split, config.data_dir, config.text_field,
                                   config.max_documents)
+    elif config.source == "bible":
+        yield from (text for _, _, text in bible_documents(config))
     else:
-        raise ValueError(f"data.source={config.source!r}; choose 'embedded', 'text' or 'tfds'")
+        raise ValueError(f"data.source={config.source!r}; choose 'embedded', 'text', 'tfds' or 'bible'")
+
+
+def bible_documents(config) -> Iterator[tuple[int, int, str]]:
+    """(book, chapter, text) of source=bible: a document per chapter per edition of data.bible_editions."""
+    from jaxpos.data.bible import chapter_documents
+
+    return chapter_documents(tuple(config.bible_editions))
+
+
+def documents_and_held_out(config, stats: DataStats) -> Iterator[tuple[str, bool]]:
+    """(document, whether it is held out) of `source_documents`, in its order (see `load_documents`)."""
+    if config.source == "bible":
+        from jaxpos.data.bible import is_held_out_chapter
+
+        for book, chapter, text in bible_documents(config):
+            yield text, is_held_out_chapter(book, chapter, config.eval_fraction)
+        return
+    held_by_split = config.source == "tfds" and config.tfds_eval_split  # a split of its own
+    for index, document in enumerate(source_documents(config, stats)):
+        yield document, not held_by_split and is_eval_document(index, config.eval_fraction)
 
 
 def load_documents(config, train_stats: DataStats, eval_stats: DataStats) -> tuple[list[str], list[str]]:
     """(train documents, held-out documents) of `config` (a `default_data_config()` block).
 
-    The held-out documents are `data.tfds_eval_split` for TFDS when it is set, else the documents that
-    `is_eval_document` picks with `data.eval_fraction`. Reads at most `data.max_documents` (0 = all) documents
-    of the source (per split). Whitespace-only documents are skipped and counted in their split's stats.
+    The held-out documents are `data.tfds_eval_split` for TFDS when it is set; for the Bible, every edition of
+    the chapters `is_held_out_chapter` picks with `data.eval_fraction`; else the documents that `is_eval_document`
+    picks with it. Reads at most `data.max_documents` (0 = all) documents of the source (per split).
+    Whitespace-only documents are skipped and counted in their split's stats.
     """
     train, held_out = [], []
-    for index, document in enumerate(source_documents(config, train_stats)):
+    for index, (document, held) in enumerate(documents_and_held_out(config, train_stats)):
         if config.max_documents and index >= config.max_documents:
             break
-        held = not (config.source == "tfds" and config.tfds_eval_split) and is_eval_document(
-            index, config.eval_fraction)
         if not document.strip():
             (eval_stats if held else train_stats).skipped_empty += 1
         else:

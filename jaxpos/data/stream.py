@@ -79,8 +79,8 @@ def list_shards(config) -> list[Shard]:
         return [Shard(path) for path in expand_globs(config.paths)]
     if config.source == "tfds":
         return tfds_shards(config.tfds_name, config.tfds_split, config.data_dir)
-    raise ValueError(f"data.streaming=True reads data.source='text' or 'tfds', not {config.source!r} (the embedded "
-                     "corpus fits in memory: set data.streaming=False)")
+    fits = " (that corpus fits in memory: set data.streaming=False)" if config.source in ("embedded", "bible") else ""
+    raise ValueError(f"data.streaming=True reads data.source='text' or 'tfds', not {config.source!r}{fits}")
 
 
 def host_process(process_index: int | None, process_count: int | None) -> tuple[int, int]:

@@ -9,7 +9,8 @@ swap the agent and the patient of a sentence ("Shuffle-SR": the meaning changes)
           than any local window of at most 5 words can move a word, so the two kinds never overlap.
 Words are whitespace-separated tokens. A content word has at least 3 letters once the punctuation around it is
 stripped, and is not in `STOP_WORDS` (articles, pronouns, prepositions, conjunctions, auxiliaries and a few
-quantifiers and adverbs, compared in lower case).
+quantifiers and adverbs, compared in lower case). `perturb_examples` applies either kind to one sentence of each
+example of any task (Chen et al.'s probe: evaluation/probes.py; on the Bible paraphrase task: data/paraphrase.py).
 
 The offline task (`offline_word_order_examples`, TaskSpec "word_order"): single sentences labelled 0 original,
 1 locally shuffled, 2 globally swapped, from the embedded corpus (CPython's documentation) split into sentences
@@ -100,22 +101,34 @@ def global_swap(words: Sequence[str], rng: np.random.Generator, min_distance: in
     return words
 
 
-def perturb_examples(examples: Sequence[Example], kind: str, window: int, seed: int, *,
-                     min_distance: int = 5, drop_unchanged: bool = False) -> list[Example]:
-    """Variants of `examples` whose text_a is perturbed by `kind` ("local" with `window`, or "global"; the
-    window is ignored there); text_b and labels are kept. Example i's draw depends on (seed, kind, window, i)
-    only. An example no perturbation can change is kept as it is, or left out with `drop_unchanged`."""
+def perturb_examples(examples: Sequence[Example], kind: str, window: int, seed: int, *, min_distance: int = 5,
+                     drop_unchanged: bool = False, sides: Sequence[str] = ("a",),
+                     label: float | None = None) -> list[Example]:
+    """Variants of `examples` with one sentence perturbed by `kind` ("local" with `window`, or "global"; the window
+    is ignored there): the first of `sides` ("a": text_a, "b": text_b) that the perturbation can change (Chen et
+    al. try the premise, then the hypothesis); the other sentence is kept. A perturbed example keeps its label, or
+    takes `label`. Example i's draw depends on (seed, kind, window, i) only. An example no perturbation can change
+    is kept as it is, or left out with `drop_unchanged`."""
     if kind not in _KINDS:
         raise ValueError(f"kind={kind!r}; choose 'local' or 'global'")
+    if not sides or not set(sides) <= {"a", "b"}:
+        raise ValueError(f"sides={tuple(sides)!r}; choose sentences among 'a' and 'b'")
     out = []
     for i, example in enumerate(examples):
         rng = np.random.default_rng([seed, _KINDS[kind], window if kind == "local" else 0, i])
-        words = example.text_a.split()
-        new = local_shuffle(words, window, rng) if kind == "local" else global_swap(words, rng, min_distance)
-        if new != words:
-            out.append(Example(" ".join(new), example.text_b, example.label))
-        elif not drop_unchanged:
-            out.append(example)
+        texts = {"a": example.text_a, "b": example.text_b}
+        for side in sides:
+            if texts[side] is None:
+                continue
+            words = texts[side].split()
+            new = local_shuffle(words, window, rng) if kind == "local" else global_swap(words, rng, min_distance)
+            if new != words:  # neither draws from `rng` when it cannot change the sentence
+                texts[side] = " ".join(new)
+                out.append(Example(texts["a"], texts["b"], example.label if label is None else label))
+                break
+        else:
+            if not drop_unchanged:
+                out.append(example)
     return out
 
 

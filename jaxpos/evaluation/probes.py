@@ -1,5 +1,6 @@
 """Word-order probes (Chen et al. 2021, section 5, Table 3): a fine-tuned model's accuracy on variants of a dev set
-whose first sentences have local swaps (window x = 2..5) or global swaps, and the drop from the original.
+whose first sentences have local swaps (window x = 2..5) or global swaps, and the drop from the original; on a
+paraphrase task, the share of globally swapped paraphrases still called paraphrases (`swapped_paraphrase_share`).
 
 A model that ignores word order loses nothing; the larger the drop, the more the task accuracy rests on order.
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Callable, Sequence
+
+import numpy as np
 
 WINDOWS = (2, 3, 4, 5)
 
@@ -30,6 +33,18 @@ def word_order_drops(accuracy: Callable[[list], float], examples: list, windows:
         value = float(accuracy(perturb_examples(examples, kind, window, seed)))
         variants[name] = dict(accuracy=value, drop=original - value)
     return dict(original=original, variants=variants)
+
+
+def swapped_paraphrase_share(predictions) -> float:
+    """Chen et al.'s global-swap probe on a paraphrase task: the share of globally swapped paraphrase pairs (the
+    "global" set of `jaxpos.data.paraphrase.probe_sets`) that the model still calls paraphrases (class 1).
+    `predictions`: [N] class ids, or [N, 2] logits or probabilities. 1 for a model blind to the swap."""
+    predictions = np.asarray(predictions)
+    if predictions.ndim == 2:
+        predictions = predictions.argmax(-1)
+    if predictions.ndim != 1 or not len(predictions):
+        raise ValueError(f"predictions of shape {predictions.shape}: give [N] class ids or [N, 2] logits, N > 0")
+    return float(np.mean(predictions == 1))
 
 
 def markdown(result: dict) -> str:

