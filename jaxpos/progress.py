@@ -3,7 +3,9 @@
 A bar redraws itself with carriage returns and cursor movements, which pile up in a log file; so the bar is drawn
 only when the stream is a terminal. Elsewhere `Progress` prints an occasional plain line (count, elapsed time, ETA)
 at most every `plain_every_s` seconds, never a '\\r' or an escape code, or nothing at all when the caller prints its
-own lines (training's logged steps carry their ETA).
+own lines (training's logged steps carry their ETA). `status` prints the one-off plain lines of long work (what
+starts, what was read, where results went); with the bars, the library's only console output (jaxpos.cli prints
+the rest).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ def is_terminal(stream) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
         return False
+
+
+def status(line: str, stream: TextIO | None = None) -> None:
+    """Prints one plain line about long work on `stream` (default: sys.stdout at the time of the call), flushed."""
+    print(line, file=sys.stdout if stream is None else stream, flush=True)
 
 
 def clock(seconds: float) -> str:
@@ -86,7 +93,7 @@ class Progress:
         if self.bar is not None:
             tqdm.write(line, file=self.stream)
         else:
-            print(line, file=self.stream, flush=True)
+            status(line, self.stream)
 
     def eta(self, done: int | None = None) -> str:
         """Time left at the pace so far, from `done` (default: the count) out of the total; '?' when unknown."""

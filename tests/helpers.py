@@ -40,7 +40,7 @@ def train_tiny_mlm(workdir: str, checkpoint_every: int = 2) -> str:
     """A tiny TISA masked-LM run of two steps, as `jaxpos train` leaves it (its tokenizer trained on the embedded
     corpus); returns the workdir."""
     from jaxpos.config.defaults import mlm_config
-    from jaxpos.training.mlm_main import train_mlm
+    from jaxpos.workflows.mlm import train_mlm
 
     config = mlm_config()
     config.model.update(d_model=32, num_layers=1, num_heads=4, mlp_dim=48, max_length=32)

@@ -166,8 +166,8 @@ def test_runs_at_a_url_read_as_local_ones(mlm_run, translation_run, bucket):
 def test_analyze_finetune_export_and_translate_read_a_url(mlm_run, translation_run, bucket, tmp_path):
     from jaxpos.analysis.loading import load_run
     from jaxpos.checkpoints import export_run, load_export, read_export_config
-    from jaxpos.training.finetune_main import load_pretrained
-    from jaxpos.training.translation_main import load_translator
+    from jaxpos.workflows.finetune import load_pretrained
+    from jaxpos.workflows.translation import load_translator
 
     local_model, local_encoder = load_run(mlm_run), load_pretrained(mlm_run)
     local_translator, _, _ = load_translator(translation_run)

@@ -245,9 +245,3 @@ def save_huggingface(out, cfg: ModelConfig, params: dict) -> None:
     (folder / "model.safetensors").write_bytes(save(tensors, metadata={"format": "pt"}))
     (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True))
 
-
-def export_main(args) -> None:
-    """`jaxpos export`: prints one line saying what was written."""
-    done = export_run(args.workdir, args.out, format=args.format, dtype=args.dtype, step=args.step)
-    print(f"exported step {done['step']} of {args.workdir} ({done['task']}, {done['dtype']}) as {done['format']} "
-          f"to {done['out']}")

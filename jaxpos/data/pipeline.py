@@ -212,30 +212,3 @@ def train_tokenizer(config, out: str) -> Tokenizer:
                                           special_tokens=MLM_SPECIAL_TOKENS, model_type=config.tokenizer_model_type,
                                           max_sentences=config.tokenizer_max_sentences, seed=config.seed)
     return train_tokenizer_file(sample, settings, prefix)
-
-
-def tokenizer_main(config_spec: str, out: str, overrides: list[str]) -> Tokenizer:
-    """`jaxpos tokenizer --config CFG --out OUT`: trains the tokenizer a run of CFG would train (masked-LM or
-    translation) once, so that every process of a multi-process run reads it (data.tokenizer_path=OUT.model)."""
-    from jaxpos.config.files import apply_overrides, load_config
-
-    config = apply_overrides(load_config(config_spec), overrides)
-    dcfg = config.data
-    if config.task == "mlm":
-        tokenizer = train_tokenizer(dcfg, out)
-    elif config.task == "translation":
-        from jaxpos.data.parallel import SPLITS, TranslationStats, load_parallel
-        from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS
-
-        train = load_parallel(dcfg, {s: TranslationStats() for s in SPLITS}, splits_wanted=("train",))["train"]
-        sample, settings = tokenizer_settings(
-            (sentence for pair in zip(train.sources, train.targets) for sentence in pair), dcfg.vocab_size,
-            special_tokens=TRANSLATION_SPECIAL_TOKENS, model_type=dcfg.tokenizer_model_type,
-            max_sentences=dcfg.tokenizer_max_sentences, seed=dcfg.seed)
-        tokenizer = train_tokenizer_file(sample, settings, out[:-len(".model")] if out.endswith(".model") else out)
-    else:
-        raise ValueError(f"{config_spec} is a {config.task!r} config; `jaxpos tokenizer` trains the tokenizer of a "
-                         "masked-LM or translation config (fine-tuning reuses the pretrained model's)")
-    print(f"wrote {tokenizer.path} ({tokenizer.vocab_size} pieces); train with "
-          f"--config.data.tokenizer_path={tokenizer.path}")
-    return tokenizer

@@ -7,8 +7,6 @@ A model that ignores word order loses nothing; the larger the drop, the more the
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Callable, Sequence
 
 import numpy as np
@@ -48,39 +46,10 @@ def swapped_paraphrase_share(predictions) -> float:
 
 
 def markdown(result: dict) -> str:
+    """A table of the accuracy on the original and on every variant, and each variant's drop."""
     names = list(result["variants"])
     lines = ["| | original | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|",
              f"| accuracy | {result['original']:.4f} | "
              + " | ".join(f"{result['variants'][n]['accuracy']:.4f}" for n in names) + " |",
              "| drop | | " + " | ".join(f"{result['variants'][n]['drop']:+.4f}" for n in names) + " |"]
     return "\n".join(lines) + "\n"
-
-
-def probe_run(workdir: str, split: str | None = None, windows: Sequence[int] = WINDOWS, seed: int = 0,
-              overrides: Sequence[str] = ()) -> dict:
-    """The probe on a fine-tuned classification run's split (default: its first dev split); writes
-    WORKDIR/word_order_probe.json and .md."""
-    from jaxpos.data.classification import load_examples
-    from jaxpos.training.finetune_main import load_finetuned
-
-    run = load_finetuned(workdir, overrides)
-    if run.spec.num_labels == 1 or "accuracy" not in run.spec.metrics:
-        raise ValueError(f"the word-order probe measures accuracy; task {run.spec.name!r} has "
-                         f"{', '.join(run.spec.metrics)}")
-    if run.spec.name == "word_order":
-        raise ValueError("the word_order task's labels are about word order, so perturbing its sentences changes "
-                         "their labels; probe a task such as mrpc, rte or snli")
-    split = split or run.spec.dev_splits[0]
-    examples = load_examples(run.config.data, split)
-    result = word_order_drops(lambda ex: run.evaluate(ex)["accuracy"], examples, windows, seed)
-    result.update(task=run.spec.name, split=split, examples=len(examples), step=run.step, seed=seed,
-                  position=run.config.model.position.kind)
-    path = os.path.join(workdir, "word_order_probe")
-    with open(path + ".json", "w") as f:
-        json.dump(result, f, indent=2)
-    table = markdown(result)
-    with open(path + ".md", "w") as f:
-        f.write(table)
-    print(f"word-order probe: {run.spec.name} {split}, {len(examples)} examples, step {run.step}, position "
-          f"{result['position']}\n{table}wrote {path}.json")
-    return result

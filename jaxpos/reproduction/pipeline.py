@@ -21,6 +21,7 @@ import traceback
 
 import numpy as np
 
+from jaxpos.progress import status
 from jaxpos.reproduction import runs
 from jaxpos.reproduction.runs import RESULT_FILE, RUN_MECHANISMS, load_plan, profile_of, repo_config, run_dir
 
@@ -214,8 +215,8 @@ def execute_runs(out: str, names: list[str]) -> int:
     import jax
 
     import jaxpos.analysis.over_training  # noqa: F401 - the stages' imports and the backend count as start-up
-    import jaxpos.training.finetune_main  # noqa: F401
-    import jaxpos.training.mlm_main  # noqa: F401
+    import jaxpos.workflows.finetune  # noqa: F401
+    import jaxpos.workflows.mlm  # noqa: F401
 
     jax.devices()
     started = os.environ.get(runs.STARTED_ENV)
@@ -224,20 +225,20 @@ def execute_runs(out: str, names: list[str]) -> int:
     for name in names:
         if runs.read_result(out, name) is not None or not runs.claim(out, name):
             continue
-        print(f"{time.strftime('%H:%M:%S')} {name}", flush=True)
+        status(f"{time.strftime('%H:%M:%S')} {name}")
         try:
             with _output_to(os.path.join(run_dir(out, name), runs.LOG_FILE)):
                 execute_run(out, name, startup_s=startup)
             startup = None
         except RunInterrupted as stop:
-            print(f"stopped: {stop}", flush=True)
+            status(f"stopped: {stop}")
             break
         except Exception as error:  # noqa: BLE001 - recorded; the other runs go on
             failures += 1
             runs.mark_failed(out, name, f"{type(error).__name__}: {error}".splitlines()[0])
             with open(os.path.join(run_dir(out, name), runs.LOG_FILE), "a") as f:
                 traceback.print_exc(file=f)
-            print(f"failed: {error}", flush=True)
+            status(f"failed: {error}")
     return failures
 
 
@@ -245,13 +246,13 @@ def execute_run(out: str, name: str, startup_s: float | None = None) -> dict:
     """Runs NAME of the plan in OUT (or one of its calibration runs) and writes OUT/runs/NAME/result.json.
     Each stage resumes: a finished pretraining or fine-tuning is not repeated. `startup_s`: the worker's
     start-up before this run (its first), recorded for the budget."""
-    from jaxpos.analysis.cli import analysis_texts
     from jaxpos.analysis.loading import load_run
     from jaxpos.analysis.over_training import analyze_over_training
     from jaxpos.analysis.report import analyze, corpus_sentences
     from jaxpos.data.word_order import split_sentence_pools
-    from jaxpos.training.finetune_main import finetune
-    from jaxpos.training.mlm_main import train_mlm
+    from jaxpos.workflows.analyze import analysis_texts
+    from jaxpos.workflows.finetune import finetune
+    from jaxpos.workflows.mlm import train_mlm
 
     wall = time.perf_counter()
     plan = load_plan(out)
@@ -336,5 +337,5 @@ def execute_run(out: str, name: str, startup_s: float | None = None) -> dict:
     with open(tmp, "w") as f:
         json.dump(result, f, indent=1, allow_nan=False)
     os.replace(tmp, os.path.join(folder, RESULT_FILE))
-    print(f"wrote {os.path.join(folder, RESULT_FILE)} ({timing['wall_s']:.0f} s)")
+    status(f"wrote {os.path.join(folder, RESULT_FILE)} ({timing['wall_s']:.0f} s)")
     return result

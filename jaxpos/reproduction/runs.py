@@ -26,6 +26,7 @@ import time
 from typing import Sequence
 
 from jaxpos.config import MECHANISMS, position_config
+from jaxpos.progress import status
 
 PLAN_FILE = "plan.json"
 RESULT_FILE = "result.json"
@@ -389,7 +390,7 @@ def worker_env(out: str, slot: int, gpu_count: int) -> dict:
     return env
 
 
-def execute(out: str, names: Sequence[str], workers: int, *, log=print) -> dict[str, float]:
+def execute(out: str, names: Sequence[str], workers: int, *, log=status) -> dict[str, float]:
     """Runs `names` on `workers` worker processes, each pinned to its own core (CPU) or GPU; a run's output goes
     to runs/NAME/run.log, a worker's own to workers/K.log. Finished runs (result.json) are skipped. Returns the
     wall seconds of each run executed (its own, without the worker's start-up); raises RuntimeError naming the

@@ -17,6 +17,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from jaxpos.progress import status
+
 log = logging.getLogger(__name__)
 
 
@@ -103,7 +105,7 @@ class Checkpointer:
                           f"{str(err).splitlines()[0][:200] if str(err) else ''}); moved it to {aside} and " \
                           "falling back to the previous one"
                 log.warning(message)
-                print(f"WARNING: {message}", flush=True)
+                status(f"WARNING: {message}")
                 failures.append(step)
                 continue
             return step, restored["state"], restored["data"]

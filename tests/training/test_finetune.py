@@ -139,7 +139,7 @@ def test_median_and_best_evaluation_rank_nan_lowest_in_any_order():
     import math
 
     from jaxpos.evaluation.protocol import median_score
-    from jaxpos.training.finetune_main import best_evaluation
+    from jaxpos.workflows.finetune import best_evaluation
 
     nan = float("nan")
     # The median equals numpy's with NaN replaced by -inf (and is NaN where that one is -inf).
@@ -185,7 +185,7 @@ def finetune_cli(argv):
     """The `finetune`, `evaluate`, `finetune-sweep` and `probe-word-order` subcommands, errors raised as is."""
     import argparse
 
-    from jaxpos.training.finetune_cli import add_finetune_parser
+    from jaxpos.cli.finetune import add_finetune_parser
 
     parser = argparse.ArgumentParser()
     add_finetune_parser(parser.add_subparsers(dest="command", required=True))
@@ -317,7 +317,7 @@ def test_sweep_reports_the_median_over_seeds_of_the_max_over_checkpoints(mlm_run
 def test_clear_errors(mlm_run, glue_dir, tmp_path):
     from jaxpos.config.defaults import finetune_config
     from jaxpos.data.classification import TASKS, jaxpos_tokenizer
-    from jaxpos.training.finetune_main import load_encoded
+    from jaxpos.workflows.finetune import load_encoded
 
     base = ["finetune", "--config", FT, "--workdir", str(tmp_path / "w")]
     with pytest.raises(ValueError, match="neither a jaxpos masked-LM run .* nor a Hugging Face"):
@@ -348,7 +348,7 @@ def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from jaxpos.config.defaults import finetune_config
-    from jaxpos.training.finetune_main import FinetuneTrainer, load_pretrained
+    from jaxpos.workflows.finetune import FinetuneTrainer, load_pretrained
 
     folder = str(tmp_path / "bert")
     os.makedirs(folder)

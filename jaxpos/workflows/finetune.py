@@ -1,5 +1,6 @@
-"""`jaxpos finetune` and `jaxpos evaluate`: a classification or regression head on a pretrained encoder (a jaxpos
-masked-LM run or a Hugging Face BERT/ALBERT folder), trained by the shared loop with dev scores at every evaluation.
+"""Fine-tuning as `jaxpos finetune` runs it, and `jaxpos evaluate`: a classification or regression head on a
+pretrained encoder (a jaxpos masked-LM run or a Hugging Face BERT/ALBERT folder), trained by the shared loop with dev
+scores at every evaluation.
 
 A fine-tuned workdir holds config.json (the full model config and where the encoder came from), checkpoints/,
 tensorboard/, evals.json (the dev scores of every evaluation, for the maximum over checkpoints) and report.json.
@@ -25,6 +26,7 @@ from jaxpos.config.model import check_training
 from jaxpos.data.classification import task_spec
 from jaxpos.evaluation.protocol import best_of
 from jaxpos.models import BertForSequenceClassification
+from jaxpos.progress import status
 from jaxpos.training.finetune import ClassificationTask, example_losses, predictions_from_logits
 from jaxpos.training.loop import Trainer, with_activation_sharding
 
@@ -216,8 +218,14 @@ def read_evals(workdir: str) -> list[dict]:
         return json.load(f)["evals"]
 
 
-def _format(values: dict) -> str:
+def format_scores(values: dict) -> str:
+    """`metric=value ...` with four decimals."""
     return " ".join(f"{k}={v:.4f}" for k, v in values.items())
+
+
+def chance_note(chance: dict | None, metric: str) -> str:
+    """The note ' (chance: METRIC VALUE, majority class)' after a score, or '' for regression."""
+    return f" (chance: {metric} {chance[metric]:.4f}, majority class)" if chance else ""
 
 
 # --- the commands ------------------------------------------------------------------------------------------------
@@ -252,10 +260,10 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
     pretrained = load_pretrained(init)
     cfg = _resolve_model(config, pretrained)
     kind = "regression" if spec.num_labels == 1 else f"{spec.num_labels} classes"
-    print(f"jaxpos: fine-tuning on {spec.name} ({kind}, {'sentence pairs' if spec.pair else 'single sentences'}), "
-          f"encoder from {init} "
-          f"({pretrained.info['kind']}, position={cfg.position.kind}, segments={cfg.position.segment}), "
-          f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}", flush=True)
+    status(f"jaxpos: fine-tuning on {spec.name} ({kind}, {'sentence pairs' if spec.pair else 'single sentences'}), "
+           f"encoder from {init} "
+           f"({pretrained.info['kind']}, position={cfg.position.kind}, segments={cfg.position.segment}), "
+           f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}")
 
     from jaxpos.data.classification import ClassificationTrainIterator, eval_batches
 
@@ -267,10 +275,9 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
     tcfg.eval_every = tcfg.eval_every or min(steps_per_epoch, tcfg.num_steps)
     tcfg.checkpoint_every = tcfg.checkpoint_every or tcfg.eval_every
     eval_batch_size = tcfg.get("eval_batch_size") or tcfg.batch_size
-    print(f"data ({dcfg.source}): {len(train.labels)} train examples ({train.truncated} cut to {dcfg.max_length} "
-          "tokens), " + ", ".join(f"{len(e.labels)} {s}" for s, e in dev.items())
-          + f"; {tcfg.num_steps} steps of {tcfg.batch_size} ({tcfg.num_steps / steps_per_epoch:.2f} epochs)",
-          flush=True)
+    status(f"data ({dcfg.source}): {len(train.labels)} train examples ({train.truncated} cut to {dcfg.max_length} "
+           "tokens), " + ", ".join(f"{len(e.labels)} {s}" for s, e in dev.items())
+           + f"; {tcfg.num_steps} steps of {tcfg.batch_size} ({tcfg.num_steps / steps_per_epoch:.2f} epochs)")
 
     main_split = spec.dev_splits[0]
     chance = chance_scores(spec, dev[main_split].labels)
@@ -314,11 +321,10 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
     _write_json(os.path.join(workdir, REPORT_FILE), report)
     if history:
         last = history[-1][main_split]
-        chance_text = f" (chance: {main} {chance[main]:.4f}, majority class)" if chance else ""
-        print(f"{main_split} at step {history[-1]['step']}: {_format(last)}{chance_text}; best {main} "
-              f"{best[main_split][main]:.4f} at step {best['step']}", flush=True)
-    print(f"checkpoints: {os.path.join(workdir, 'checkpoints')}  TensorBoard: {os.path.join(workdir, 'tensorboard')}"
-          f"  scores: {evals_path}")
+        status(f"{main_split} at step {history[-1]['step']}: {format_scores(last)}{chance_note(chance, main)}; best "
+               f"{main} {best[main_split][main]:.4f} at step {best['step']}")
+    status(f"checkpoints: {os.path.join(workdir, 'checkpoints')}  TensorBoard: {os.path.join(workdir, 'tensorboard')}"
+           f"  scores: {evals_path}")
     return report
 
 
@@ -367,14 +373,26 @@ def load_finetuned(workdir: str, overrides: Iterable[str] = ()) -> FinetunedRun:
     return FinetunedRun(config, spec, task, params, pretrained.tokenizer, step)
 
 
-def evaluate(workdir: str, split: str | None = None, overrides: Iterable[str] = ()) -> dict:
+@dataclasses.dataclass
+class Evaluation:
+    task: str
+    split: str
+    step: int  # the checkpoint evaluated
+    examples: int
+    scores: dict  # the task's metrics and the mean loss
+    chance: dict | None  # the scores of predicting the majority class (None for regression)
+    main_metric: str
+
+    def as_dict(self) -> dict:
+        """The scores with step, split, examples and chance beside them."""
+        return dict(self.scores, step=self.step, split=self.split, examples=self.examples, chance=self.chance)
+
+
+def evaluate(workdir: str, split: str | None = None, overrides: Iterable[str] = ()) -> Evaluation:
     """Scores of a fine-tuned run's newest checkpoint on a labelled split (default: the task's first dev split)."""
     run = load_finetuned(workdir, overrides)
     split = split or run.spec.dev_splits[0]
     _, encoded = load_encoded(run.config.data, split, run.tokenizer, run.spec)
     result = run.evaluate_encoded(encoded)
-    chance = chance_scores(run.spec, encoded.labels)
-    main = run.spec.metrics[0]
-    chance_text = f" (chance: {main} {chance[main]:.4f}, majority class)" if chance else ""
-    print(f"{run.spec.name} {split} ({len(encoded.labels)} examples, step {run.step}): {_format(result)}{chance_text}")
-    return dict(result, step=run.step, split=split, examples=len(encoded.labels), chance=chance)
+    return Evaluation(run.spec.name, split, run.step, len(encoded.labels), result,
+                      chance_scores(run.spec, encoded.labels), run.spec.metrics[0])

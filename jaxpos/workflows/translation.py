@@ -1,9 +1,10 @@
-"""`jaxpos train` for translation configs, and the `translate` / `eval-bleu` commands on a trained workdir."""
+"""Translation as `jaxpos train` runs it, and what `translate` and `eval-bleu` do with a trained workdir."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sys
+from typing import Iterable
 
 import jax
 from etils import epath
@@ -12,10 +13,11 @@ from jaxpos.config import model_config
 from jaxpos.config.model import check_packing
 from jaxpos.config.files import write_run_file
 from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
-from jaxpos.decoding.bleu import corpus_bleu
-from jaxpos.decoding.translate import Translator, read_sentences
 from jaxpos.config.decode import decode_config
+from jaxpos.decoding.bleu import BleuResult, corpus_bleu
+from jaxpos.decoding.translate import Translator, read_sentences
 from jaxpos.models import EncoderDecoder
+from jaxpos.progress import status
 from jaxpos.training.loop import Trainer
 from jaxpos.training.translation import TranslationTask
 
@@ -51,10 +53,10 @@ def train_translation(config, workdir: str):
     then test BLEU with beam search against the copy-the-source baseline. Returns the report dict."""
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     tcfg = config.train
-    print(f"jaxpos: translation, position={config.model.position.kind}, devices={jax.device_count()}x"
-          f"{jax.devices()[0].device_kind}, workdir={workdir}", flush=True)
+    status(f"jaxpos: translation, position={config.model.position.kind}, devices={jax.device_count()}x"
+           f"{jax.devices()[0].device_kind}, workdir={workdir}")
     data, cfg, task = _setup(config, workdir)
-    print(data.summary(), flush=True)
+    status(data.summary())
     if jax.process_index() == 0:
         write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
     dcfg = decode_config(config.decode)
@@ -62,7 +64,7 @@ def train_translation(config, workdir: str):
 
     has_dev = len(data.dev) > 0
     if not has_dev:
-        print("no dev split: training without dev loss or dev BLEU", flush=True)
+        status("no dev split: training without dev loss or dev BLEU")
 
     def bleu_hook(step, state):
         if not has_dev or not tcfg.bleu_every or step % tcfg.bleu_every:
@@ -86,8 +88,8 @@ def train_translation(config, workdir: str):
                       copy_source_bleu=copy.score, test_sentences=len(data.test))
         if jax.process_index() == 0:
             write_run_file(workdir, "test_translations.txt", "".join(h + "\n" for h in hypotheses))
-        print(f"test SacreBLEU {bleu.score:.2f} ({bleu.details}; {bleu.signature}) on {len(data.test)} "
-              f"sentences; copying the source scores {copy.score:.2f}", flush=True)
+        status(f"test SacreBLEU {bleu.score:.2f} ({bleu.details}; {bleu.signature}) on {len(data.test)} "
+               f"sentences; copying the source scores {copy.score:.2f}")
     if jax.process_index() == 0:
         write_run_file(workdir, "report.json", json.dumps(report, indent=2))
     return report
@@ -107,29 +109,36 @@ def load_translator(workdir: str, overrides: list[str] = ()):
     return translator, config, step
 
 
-def translate_main(workdir: str, input_path: str | None, output_path: str | None, overrides=()) -> None:
-    """Translates the lines of `input_path` (stdin if None) into `output_path` (stdout if None), line by line."""
+@dataclasses.dataclass
+class Translations:
+    lines: list[str]  # one translation per input line ("" for an empty one)
+    cut: int  # input lines longer than `max_source_tokens`, cut to it
+    max_source_tokens: int
+    step: int  # the checkpoint that translated them
+
+
+def translate(workdir: str, lines: Iterable[str], overrides=(), progress: bool = False) -> Translations:
+    """Translates `lines` (read once the checkpoint is loaded, e.g. a file or stdin) with the newest restorable
+    checkpoint of a translation workdir; `progress` shows decoding progress."""
     translator, _, step = load_translator(workdir, overrides)
-    if input_path:
-        with open(input_path, encoding="utf-8") as f:
-            sentences = read_sentences(f)
-    else:
-        sentences = read_sentences(sys.stdin)
-    outputs, cut = translator.translate(sentences, progress=output_path is not None)
-    if cut:
-        print(f"warning: {cut} line(s) are longer than {translator.source_width - 1} tokens and were cut",
-              file=sys.stderr)
-    out = open(output_path, "w", encoding="utf-8") if output_path else sys.stdout
-    try:
-        out.writelines(line + "\n" for line in outputs)
-    finally:
-        if output_path:
-            out.close()
-    print(f"translated {len(sentences)} line(s) with the step-{step} checkpoint of {workdir}", file=sys.stderr)
+    outputs, cut = translator.translate(read_sentences(lines), progress=progress)
+    return Translations(outputs, cut, translator.source_width - 1, step)
 
 
-def eval_bleu_main(workdir: str, split: str = "test", max_sentences: int = 0, overrides=()) -> float:
-    """Decodes a held-out split of the run's data and prints SacreBLEU with its signature."""
+@dataclasses.dataclass
+class BleuScore:
+    split: str
+    sentences: int  # decoded (the split's first ones)
+    step: int
+    beam_size: int
+    alpha: float
+    bleu: BleuResult
+    copy_source: float  # SacreBLEU of the sources themselves as translations
+
+
+def eval_bleu(workdir: str, split: str = "test", max_sentences: int = 0, overrides=()) -> BleuScore:
+    """SacreBLEU (with its signature) of the newest checkpoint's beam search on a held-out split of the run's data
+    (its first `max_sentences`; 0 = all), and of copying the source."""
     translator, config, step = load_translator(workdir, overrides)
     eval_set, _ = load_eval_set(config.data, split, translator.tokenizer)
     if not len(eval_set):
@@ -137,7 +146,4 @@ def eval_bleu_main(workdir: str, split: str = "test", max_sentences: int = 0, ov
     bleu, hypotheses = translator.evaluate(eval_set, max_sentences, progress=True)
     count = len(hypotheses)
     copy = corpus_bleu(eval_set.sources[:count], eval_set.references[:count])
-    print(f"{split} ({count} sentences, step {step}, beam {translator.dcfg.beam_size}, alpha "
-          f"{translator.dcfg.alpha}): SacreBLEU {bleu.score:.2f}\n{bleu.details}\nsignature: {bleu.signature}\n"
-          f"copying the source: {copy.score:.2f}")
-    return bleu.score
+    return BleuScore(split, count, step, translator.dcfg.beam_size, translator.dcfg.alpha, bleu, copy.score)

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import os
 
-QUICK = dict(num_probe_words=12, probe_length=32, max_sentences=60, lengths=(8, 16, 32), windows=2,
-             probe_epochs=15, probe_patience=5, probe_learning_rate=3e-3, decomposition_sentences=8,
-             attribution_windows=1, attribution_length=16)
-
 
 def add_analyze_parser(subparsers) -> None:
     """Registers the `analyze` subcommand on an argparse subparsers object."""
@@ -35,65 +31,28 @@ def add_analyze_parser(subparsers) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="small budgets everywhere (few words, short lengths, probes of a few epochs): "
                              "a minute on a CPU for a small model")
-    parser.set_defaults(run=run_analyze)
+    parser.set_defaults(run=_analyze)
 
 
-def analysis_texts(path: str | None) -> list[str]:
-    """Documents to draw sentences from: a text file's blank-line blocks, or the embedded corpus with the
-    documents a run holds out (never trained on) first."""
-    from jaxpos.data.corpus import embedded_documents, is_eval_document, split_blocks
-
-    if path:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"--text {path!r} does not exist")
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [b for b in split_blocks(f.read()) if b]
-    documents = embedded_documents()
-    held_out = [d for i, d in enumerate(documents) if is_eval_document(i, 0.05)]
-    return held_out + [d for i, d in enumerate(documents) if not is_eval_document(i, 0.05)]
-
-
-def run_analyze(args, overrides=()) -> dict:
-    from jaxpos.analysis.loading import load_hf, load_run
-    from jaxpos.analysis.report import analyze, corpus_sentences
+def _analyze(args, overrides):
+    from jaxpos.workflows.analyze import analyze_model
 
     if overrides:
         raise ValueError(f"`jaxpos analyze` takes no --config overrides (got {' '.join(overrides)}); the model's "
                          "own config is used")
-    if args.checkpoints and not args.workdir:
-        raise ValueError("--checkpoints needs --workdir (a Hugging Face folder has one set of weights)")
-    model = load_run(args.workdir) if args.workdir else load_hf(args.hf)
-    out = args.out or (os.path.join(args.workdir, "analysis") if args.workdir else f"analysis_{model.name}")
-    settings = dict(QUICK) if args.quick else {}
-    for key, value in (("num_probe_words", args.probe_words), ("probe_length", args.probe_length),
-                       ("max_sentences", args.max_sentences)):
-        if value is not None:
-            settings[key] = value
-    if args.lengths:
-        settings["lengths"] = tuple(int(n) for n in args.lengths.split(",") if n.strip())
-    max_sentences = settings.pop("max_sentences", 400)
-    sentences = []
-    if model.tokenize is not None:
-        sentences = corpus_sentences(model, analysis_texts(args.text), max_sentences)
-    else:
-        print(f"{model.source} has no vocabulary file: the sentence-level diagnostics will be skipped")
-    print(f"jaxpos analyze: {model.name} ({model.cfg.position.kind}, L={model.cfg.num_layers}, "
-          f"H={model.cfg.num_heads}, d={model.cfg.d_model}), {len(sentences)} sentences -> {out}", flush=True)
+    lengths = tuple(int(n) for n in args.lengths.split(",") if n.strip()) if args.lengths else None
     only = [n.strip() for n in args.only.split(",")] if args.only else None
-    if args.checkpoints:
-        from jaxpos.analysis.over_training import analyze_over_training, select_steps
-        from jaxpos.run import Run
-
-        steps = select_steps(args.checkpoints, Run.open(args.workdir, "mlm").steps())
-        result = analyze_over_training(model, out, sentences=sentences, steps=steps, only=only, **settings)
-        print(over_training_summary(result))
-        print(f"wrote {os.path.join(out, 'over_training.json')} and step_<N>/ for steps "
-              f"{', '.join(map(str, steps))}")
-        return result
-    report = analyze(model, out, sentences=sentences, only=only, **settings)
-    print(summary(report))
-    print(f"wrote {os.path.join(out, 'report.json')}")
-    return report
+    done = analyze_model(args.workdir, args.hf, args.out, text=args.text, quick=args.quick,
+                         max_sentences=args.max_sentences, probe_words=args.probe_words,
+                         probe_length=args.probe_length, lengths=lengths, only=only, checkpoints=args.checkpoints)
+    if done.steps is not None:
+        print(over_training_summary(done.report))
+        print(f"wrote {os.path.join(done.out, 'over_training.json')} and step_<N>/ for steps "
+              f"{', '.join(map(str, done.steps))}")
+    else:
+        print(summary(done.report))
+        print(f"wrote {os.path.join(done.out, 'report.json')}")
+    return done
 
 
 def over_training_summary(result: dict) -> str:

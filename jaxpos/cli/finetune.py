@@ -3,6 +3,8 @@ pretrained encoder, the papers' seeds x learning-rates protocol, and word-order 
 
 from __future__ import annotations
 
+import os
+
 
 def add_finetune_parser(subparsers) -> None:
     """Registers the fine-tuning subcommands on an argparse subparsers object."""
@@ -47,7 +49,7 @@ def add_finetune_parser(subparsers) -> None:
 
 def _finetune(args, overrides):
     from jaxpos.config.files import apply_overrides, load_config
-    from jaxpos.training.finetune_main import finetune
+    from jaxpos.workflows.finetune import finetune
 
     config = apply_overrides(load_config(args.config), overrides)
     if config.get("task") != "finetune":
@@ -65,9 +67,12 @@ def _data_overrides(overrides, command: str) -> list[str]:
 
 
 def _evaluate(args, overrides):
-    from jaxpos.training.finetune_main import evaluate
+    from jaxpos.workflows.finetune import chance_note, evaluate, format_scores
 
-    return evaluate(args.workdir, args.split, _data_overrides(overrides, "evaluate"))
+    done = evaluate(args.workdir, args.split, _data_overrides(overrides, "evaluate"))
+    print(f"{done.task} {done.split} ({done.examples} examples, step {done.step}): {format_scores(done.scores)}"
+          f"{chance_note(done.chance, done.main_metric)}")
+    return done.as_dict()
 
 
 def _numbers(text: str, kind, flag: str) -> list:
@@ -78,9 +83,8 @@ def _numbers(text: str, kind, flag: str) -> list:
 
 
 def _sweep(args, overrides):
-    import os
-
-    from jaxpos.evaluation.protocol import markdown, sweep
+    from jaxpos.evaluation.protocol import markdown
+    from jaxpos.workflows.sweep import sweep
 
     inits = {}
     for item in args.init:
@@ -96,7 +100,12 @@ def _sweep(args, overrides):
 
 
 def _probe(args, overrides):
-    from jaxpos.evaluation.probes import probe_run
+    from jaxpos.evaluation.probes import markdown
+    from jaxpos.workflows.probes import PROBE_FILE, probe_word_order
 
-    return probe_run(args.workdir, args.split, _numbers(args.windows, int, "--windows"), args.seed,
-              _data_overrides(overrides, "probe-word-order"))
+    result = probe_word_order(args.workdir, args.split, _numbers(args.windows, int, "--windows"), args.seed,
+                              _data_overrides(overrides, "probe-word-order"))
+    print(f"word-order probe: {result['task']} {result['split']}, {result['examples']} examples, step "
+          f"{result['step']}, position {result['position']}\n{markdown(result)}wrote "
+          f"{os.path.join(args.workdir, PROBE_FILE)}.json")
+    return result

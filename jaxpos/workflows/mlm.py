@@ -1,4 +1,4 @@
-"""`jaxpos train` for masked-LM configs: data, model, the shared loop, and the end-of-run report."""
+"""Masked-LM pretraining as `jaxpos train` runs it: data, model, the shared loop, the end-of-run report and figure."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from jaxpos.config.model import check_packing
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.config.files import write_run_file
 from jaxpos.models import BertForMaskedLM
+from jaxpos.progress import status
 from jaxpos.training.loop import Trainer
 from jaxpos.training.mlm import MaskedLMTask
 
@@ -26,23 +27,23 @@ def train_mlm(config, workdir: str):
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     dcfg, tcfg = config.data, config.train
     main_process = jax.process_index() == 0  # files of the run are written once
-    print(f"jaxpos: masked-LM pretraining, position={config.model.position.kind}, "
-          f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}", flush=True)
+    status(f"jaxpos: masked-LM pretraining, position={config.model.position.kind}, "
+           f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}")
     data = build_mlm_data(dcfg, tcfg.batch_size, workdir, eval_rows=tcfg.eval_batches * tcfg.batch_size)
     streaming = dcfg.get("streaming", False)
     if streaming:
-        print(f"data ({dcfg.source}): {data.train.describe()}; held-out examples={len(data.eval_examples)}")
+        status(f"data ({dcfg.source}): {data.train.describe()}; held-out examples={len(data.eval_examples)}")
     else:
-        print(f"data ({dcfg.source}): {data.stats.summary()}; held-out examples={len(data.eval_examples)}")
-    print(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
+        status(f"data ({dcfg.source}): {data.stats.summary()}; held-out examples={len(data.eval_examples)}")
+    status(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
     if config.model.vocab_size != data.tokenizer.vocab_size:
         config.model.vocab_size = data.tokenizer.vocab_size  # the embedding table follows the tokenizer
     if config.model.max_length < dcfg.seq_len:
         raise ValueError(f"model.max_length={config.model.max_length} is shorter than data.seq_len={dcfg.seq_len}")
     if main_process:
         write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
-    print(f"baseline: unigram entropy of the {'held-out rows' if streaming else 'corpus'} = "
-          f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)", flush=True)
+    status(f"baseline: unigram entropy of the {'held-out rows' if streaming else 'corpus'} = "
+           f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)")
 
     cfg = model_config(config.model)
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
@@ -61,9 +62,9 @@ def train_mlm(config, workdir: str):
         write_run_file(workdir, "report.json", json.dumps(report, indent=2))
     train_loss, eval_loss = result.final_metrics.get("loss"), result.eval_metrics.get("loss")
     if train_loss is not None:
-        print(f"final: train loss {train_loss:.3f}, eval loss {eval_loss:.3f}, eval accuracy "
-              f"{result.eval_metrics.get('accuracy', float('nan')):.3f}, vs unigram entropy "
-              f"{data.unigram_entropy:.3f}")
+        status(f"final: train loss {train_loss:.3f}, eval loss {eval_loss:.3f}, eval accuracy "
+               f"{result.eval_metrics.get('accuracy', float('nan')):.3f}, vs unigram entropy "
+               f"{data.unigram_entropy:.3f}")
     if cfg.position.kind == "tisa" and main_process:
         from jaxpos.analysis.plots import plot_tisa_scores
 
@@ -74,6 +75,6 @@ def train_mlm(config, workdir: str):
                                      os.path.join(scratch, "tisa_scores.png"))
             path = epath.Path(workdir) / "tisa_scores.png"
             path.write_bytes(epath.Path(local).read_bytes())
-        print(f"wrote {path}")
-    print(f"checkpoints: {epath.Path(workdir) / 'checkpoints'}  TensorBoard: {epath.Path(workdir) / 'tensorboard'}")
+        status(f"wrote {path}")
+    status(f"checkpoints: {epath.Path(workdir) / 'checkpoints'}  TensorBoard: {epath.Path(workdir) / 'tensorboard'}")
     return result

@@ -1,0 +1,46 @@
+"""`jaxpos train` (masked-LM and translation configs) and `jaxpos tokenizer` (a config's tokenizer, trained once)."""
+
+from __future__ import annotations
+
+
+def add_train_parser(subparsers) -> None:
+    """Registers the `train` subcommand on an argparse subparsers object."""
+    train = subparsers.add_parser("train", help="train from a config; resumes from the workdir's latest checkpoint",
+                                  epilog="Override any config field with --config.a.b=value, e.g. "
+                                         "--config.model.position.kind=diet_rel")
+    train.add_argument("--config", required=True, help="config file, e.g. configs/mlm/tiny.py (or file.py:arg)")
+    train.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, tokenizer, figures")
+    train.add_argument("--distributed", action="store_true",
+                       help="call jax.distributed.initialize() first (multi-host TPU pods and SLURM jobs)")
+    train.set_defaults(run=_train)
+
+
+def add_tokenizer_parser(subparsers) -> None:
+    """Registers the `tokenizer` subcommand on an argparse subparsers object."""
+    tokenizer = subparsers.add_parser(
+        "tokenizer", help="train a config's SentencePiece model once (before a multi-process run); then pass "
+                          "--config.data.tokenizer_path=OUT.model")
+    tokenizer.add_argument("--config", required=True, help="the training config, e.g. configs/mlm/diet.py")
+    tokenizer.add_argument("--out", required=True, help="writes OUT.model, OUT.vocab, OUT.json (local or gs://...)")
+    tokenizer.set_defaults(run=_tokenizer)
+
+
+def _train(args, overrides):
+    from jaxpos.config.files import apply_overrides, load_config
+    from jaxpos.workflows.train import train
+
+    if args.distributed:  # multi-host: coordinator and process ids come from the TPU / SLURM environment
+        import jax
+
+        jax.distributed.initialize()
+    return train(apply_overrides(load_config(args.config), overrides), args.workdir, args.config)
+
+
+def _tokenizer(args, overrides):
+    from jaxpos.config.files import apply_overrides, load_config
+    from jaxpos.workflows.tokenizer import train_config_tokenizer
+
+    tokenizer = train_config_tokenizer(apply_overrides(load_config(args.config), overrides), args.out, args.config)
+    print(f"wrote {tokenizer.path} ({tokenizer.vocab_size} pieces); train with "
+          f"--config.data.tokenizer_path={tokenizer.path}")
+    return tokenizer

@@ -1,0 +1,119 @@
+"""The command line is the only layer that parses arguments or writes to the console: below jaxpos/cli/, no module
+imports argparse or registers arguments on a parser, calls or passes `print`, or writes to sys.stdout / sys.stderr;
+progress lines go through jaxpos.progress, whose `status` is the one print allowed."""
+
+import ast
+import os
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jaxpos")
+CLI = os.path.join(PACKAGE, "cli")
+ALLOWED = {("progress.py", "status", "print")}  # the plain line under every bar and status message
+PARSER_METHODS = {"add_subparsers", "add_parser", "add_argument", "add_mutually_exclusive_group", "parse_args",
+                  "parse_known_args"}
+
+
+class ConsoleUse(ast.NodeVisitor):
+    """Collects (function, what, line) for each argparse import or parser method call, use of `print` and
+    sys.stdout/stderr write."""
+
+    def __init__(self):
+        self.functions, self.found = [], []
+
+    def _note(self, what: str, node: ast.AST) -> None:
+        self.found.append((self.functions[-1] if self.functions else "", what, node.lineno))
+
+    def _function(self, node) -> None:
+        self.functions.append(node.name)
+        self.generic_visit(node)
+        self.functions.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _function
+
+    def visit_Import(self, node: ast.Import) -> None:
+        if any(alias.name.split(".")[0] == "argparse" for alias in node.names):
+            self._note("import argparse", node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if (node.module or "").split(".")[0] == "argparse":
+            self._note("import argparse", node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if isinstance(node.func, ast.Attribute) and node.func.attr in PARSER_METHODS:
+            self._note(f".{node.func.attr}()", node)
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id == "print":  # a call, or print handed on as a callback
+            self._note("print", node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        target = node.value
+        if (node.attr in ("write", "writelines") and isinstance(target, ast.Attribute)
+                and target.attr in ("stdout", "stderr") and isinstance(target.value, ast.Name)
+                and target.value.id == "sys"):
+            self._note(f"sys.{target.attr}.{node.attr}", node)
+        self.generic_visit(node)
+
+
+def console_uses(path: str) -> list[tuple[str, str, int]]:
+    with open(path, encoding="utf-8") as f:
+        visitor = ConsoleUse()
+        visitor.visit(ast.parse(f.read(), path))
+    return visitor.found
+
+
+def test_only_the_command_line_parses_arguments_or_prints():
+    offences = []
+    for root, _, files in os.walk(PACKAGE):
+        if os.path.commonpath([root, CLI]) == CLI:
+            continue
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            relative = os.path.relpath(path, PACKAGE)
+            offences += [f"jaxpos/{relative}:{line} {what} (in {function or 'the module'})"
+                         for function, what, line in console_uses(path)
+                         if (relative, function, what) not in ALLOWED]
+    assert not offences, "\n".join(offences)
+
+
+def test_the_scan_sees_what_it_forbids(tmp_path):
+    source = tmp_path / "sample.py"
+    source.write_text("import argparse\nfrom argparse import Namespace\nimport sys\n\n\ndef report(log=print):\n"
+                      "    print('x')\n    sys.stdout.write('y')\n    sys.stderr.writelines(['z'])\n\n\n"
+                      "def register(subparsers):\n    subparsers.add_parser('go').add_argument('--x')\n")
+    assert console_uses(str(source)) == [("", "import argparse", 1), ("", "import argparse", 2),
+                                         ("report", "print", 6), ("report", "print", 7),
+                                         ("report", "sys.stdout.write", 8), ("report", "sys.stderr.writelines", 9),
+                                         ("register", ".add_argument()", 13), ("register", ".add_parser()", 13)]
+
+
+def imported_modules(path: str) -> set[str]:
+    """The jaxpos modules a file imports, at any depth (function-level imports included)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update([node.module] + [f"{node.module}.{alias.name}" for alias in node.names])
+    return {n for n in names if n.split(".")[0] == "jaxpos"}
+
+
+def test_the_command_line_and_the_workflows_are_imported_only_from_above():
+    """jaxpos.cli is the top; jaxpos.workflows sits below it and jaxpos.reproduction only."""
+    above = {"cli": ("cli",), "workflows": ("cli", "workflows", "reproduction")}
+    offences = []
+    for root, _, files in os.walk(PACKAGE):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            top = os.path.relpath(path, PACKAGE).split(os.sep)[0].removesuffix(".py")
+            for module in sorted(imported_modules(path)):
+                parts = module.split(".")
+                if len(parts) > 1 and parts[1] in above and top not in above[parts[1]]:
+                    offences.append(f"{os.path.relpath(path, PACKAGE)} imports {module}")
+    assert not offences, "\n".join(offences)
