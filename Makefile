@@ -29,9 +29,11 @@ demo: $(VENV)/.installed
 
 # Two workers: the suite is dominated by single-threaded XLA compiles.
 test: $(VENV)/.installed-test
+	$(BIN)/lint-imports
 	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -x -q -n 2 -m "not slow" --durations=15
 
 test-all: $(VENV)/.installed-test
+	$(BIN)/lint-imports
 	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -x -q -n 2
 
 clean:

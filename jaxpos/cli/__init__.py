@@ -18,7 +18,7 @@ from jaxpos.cli.translate import add_translate_parsers
 
 
 def _smoke(args, overrides):
-    from jaxpos.smoke import smoke_table
+    from jaxpos.workflows.smoke import smoke_table
 
     print(smoke_table(seq_len=args.seq_len))
 
