@@ -11,7 +11,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("launch/common.sh", "launch/local.sh", "launch/tpu_pod.sh", "launch/slurm.sbatch", "bench/gpu_runs.sh")
+SCRIPTS = ("launch/common.sh", "launch/local.sh", "launch/tpu_pod.sh", "launch/slurm.sbatch", "launch/reproduce.sbatch",
+           "bench/gpu_runs.sh")
 TRICKY = "--config.data.paths=['/data/my corpus/*.txt']"  # spaces, quotes and a glob survive every layer
 
 

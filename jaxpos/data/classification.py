@@ -323,7 +323,8 @@ def offline_examples(data_cfg, split: str) -> list[Example]:
         return bible_paraphrase_examples(split, num_examples=num_examples, seed=data_cfg.seed,
                                          editions=tuple(data_cfg.bible_editions),
                                          dev_fraction=data_cfg.bible_dev_fraction,
-                                         test_fraction=data_cfg.bible_test_fraction)
+                                         test_fraction=data_cfg.bible_test_fraction,
+                                         books=tuple(data_cfg.get("bible_books", ())))
     raise ValueError(f"task {data_cfg.task!r} is not built offline")
 
 

@@ -181,6 +181,19 @@ def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: 
     return MLMData(tokenizer, iterator, held_out, stats, eval_stats, unigram_entropy(train.tokens), trained)
 
 
+def held_out_rows(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> PackedExamples:
+    """The held-out rows [N, seq_len] that `build_mlm_data` evaluates on, packed with `tokenizer`, without
+    tokenizing the training split (an in-memory source)."""
+    check_mlm_data_block(config)
+    if config.get("streaming", False):
+        raise ValueError("held_out_rows reads an in-memory source; with data.streaming use build_mlm_data")
+    stats, eval_stats = DataStats(), DataStats()
+    train_documents, eval_documents = load_documents(config, stats, eval_stats)
+    if not eval_documents:
+        raise _empty_held_out(config, f"{len(train_documents)} training documents")
+    return build_examples(eval_documents, tokenizer, config.seq_len, eval_stats, config.newline_ends_sentence)
+
+
 def _build_streaming(config, batch_size: int, workdir: str, process_index, process_count,
                      eval_rows: int) -> MLMData:
     shards = list_shards(config)

@@ -1,9 +1,10 @@
 """`jaxpos reproduce`: a small-scale reproduction of the five papers' central claims, with seeds and verdicts.
 
-runs      the run matrix (mechanisms x seeds), profiles, the budget split (steps per run from a quick timing) and
-          the scheduler (one process per run, spread over the host's cores or GPUs)
-pipeline  one run: pretrain, fine-tune on the offline word-order task, word-order probe, analyses over training
-claims    one function per claim: measured numbers -> a verdict (holds / contradicted / inconclusive)
-report    REPRODUCTION.md, its figures and numbers.json
-cli       the `jaxpos reproduce` command
+runs       the fixed recipes (profiles), the run matrix (mechanism x seed, each with the stages its claims need),
+           the configs of a run, and the process pool that executes runs (one per core, or several per GPU)
+pipeline   one run: pretrain, the learning curve, fine-tune on the paraphrase task, Chen et al.'s probe, analyses
+stats      paired tests over seeds, Holm's correction, the verdict rule
+claims     the claims (what each needs, the paper's figure, a judge per claim) and their verdicts
+report     REPRODUCTION.md, its figures and numbers.json
+reproduce  the command from plan to report; a SLURM array task's single run
 """

@@ -1,119 +1,99 @@
-"""The papers' claims as functions: the numbers the runs measured -> a verdict.
+"""The papers' claims as functions of the runs' numbers, each with the paper's own figure, and their verdicts.
 
-A verdict is "holds", "contradicted" or "inconclusive" (at this scale), with the reason in words. The rules:
-  * a comparison (two groups of runs, a trend between checkpoints, a value against a constant) needs two or more
-    seeds; its spread is the sample standard deviation over seeds (per-seed values of a pooled statistic where a
-    claim is about several mechanisms). If mean +- std of one side overlaps the other side's (or a difference's
-    interval contains 0), the difference is within the seeds' spread: inconclusive, whatever its sign;
-  * a bound that every run must satisfy (the decomposition is exact, an input-position model's logit rank is at
-    most D) is checked on each run, with any number of seeds: all satisfy -> holds, none -> contradicted;
-  * a claim made of several parts holds when every part holds and is contradicted when any part is.
-`table` everywhere is {mechanism: [result.json of each seed]} (jaxpos.reproduction.pipeline).
+A claim is made of parts of two kinds:
+  * a comparison: per-seed values of two sides paired by seed (runs with the same seed share data order and
+    masking; a one-sided quantity such as a change over training is paired with 0), the direction the paper
+    claims, and the mechanisms it is about. It is tested only when each of those mechanisms uses positions by the
+    end of pretraining (`training_status`: its held-out MLM loss below the bag-of-words model's, paired by seed,
+    95% interval excluding 0); otherwise it is "inconclusive: not trained far enough", with the step at which the
+    curves part where they do. Every tested comparison of the report gets a paired t test
+    (`stats.paired_difference`, two-sided), their p-values are Holm-corrected together (`stats.holm`) and
+    `stats.verdict` decides: holds or contradicted when the adjusted p <= alpha, else inconclusive with the
+    difference these seeds could have detected;
+  * a bound every run must satisfy (the decomposition is exact, input positions keep the logit rank <= D), checked
+    run by run with any number of seeds: all satisfy -> holds, none -> contradicted.
+A claim holds when every part holds and is contradicted when any part is. `table` everywhere is {mechanism:
+[result.json of each seed]} (jaxpos.reproduction.pipeline). PAPER_FIGURES holds each claim's figure from its paper.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import dataclasses
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpos.reproduction.runs import RUN_MECHANISMS
+from jaxpos.reproduction import stats
+from jaxpos.reproduction.runs import BAG_OF_WORDS, RUN_MECHANISMS, STAGES
+from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE
 
-HOLDS, CONTRADICTED, INCONCLUSIVE = "holds", "contradicted", "inconclusive"
 VERDICTS = (HOLDS, CONTRADICTED, INCONCLUSIVE)
+ALPHA = 0.05  # family-wise error rate of the report's comparisons (Holm), and the level of the training check
 EXACT_TOLERANCE = 1e-4  # max |sum of the Muppet terms - hidden state| in float32 analyses
 RECOVERABLE = 0.5  # "token identity is recoverable": the linear probe identifies most tokens
+CALLED_PARAPHRASE = 0.5  # "the swap goes unnoticed": most swapped paraphrases are still called paraphrases
+NOT_TRAINED = "not trained far enough"  # the reason of a comparison whose mechanisms do not use positions yet
 
 
-# --- statistics and verdict rules --------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class PaperFigure:
+    """What a paper reports for a claim: where (table or figure) and the value."""
 
-def stats(values: Sequence[float]) -> dict:
-    """{"mean", "std" (sample, ddof=1; None for one value), "n", "values"} of finite values."""
-    xs = [float(v) for v in values if v is not None and np.isfinite(v)]
-    if not xs:
-        return dict(mean=None, std=None, n=0, values=[])
-    return dict(mean=float(np.mean(xs)), std=float(np.std(xs, ddof=1)) if len(xs) > 1 else None, n=len(xs),
-                values=xs)
+    paper: str
+    source: str  # "Table 2", "Fig. 3a", ...
+    value: str  # the figure, as the paper gives it
 
 
-def fmt(s: dict, digits: int = 3) -> str:
-    """'mean ± std (n=k)' of a stats dict."""
-    if not s or s["n"] == 0:
-        return "not measured"
-    if s["std"] is None:
-        return f"{s['mean']:.{digits}g} (n=1)"
-    return f"{s['mean']:.{digits}g} ± {s['std']:.{digits}g} (n={s['n']})"
-
-
-def verdict(value: str, reason: str, kind: str = "comparison") -> dict:
-    """{"verdict", "reason", "kind"}: kind 'comparison' (needs seeds), 'bound' (run by run) or 'claim' (parts)."""
-    if value not in VERDICTS:
-        raise ValueError(f"verdict {value!r}; choose from {VERDICTS}")
-    return dict(verdict=value, reason=reason, kind=kind)
-
-
-def compare(a: Sequence[float], b: Sequence[float], expect: str, what_a: str, what_b: str) -> dict:
-    """Verdict on "a is greater (expect='greater') / less (expect='less') than b", per-seed values of each."""
-    if expect not in ("greater", "less"):
-        raise ValueError(f"expect={expect!r}; choose 'greater' or 'less'")
-    sa, sb = stats(a), stats(b)
-    if sa["n"] == 0 or sb["n"] == 0:
-        return verdict(INCONCLUSIVE, f"not measured: {what_a if sa['n'] == 0 else what_b} has no runs here")
-    said = f"{what_a} {fmt(sa)} vs {what_b} {fmt(sb)}"
-    if sa["n"] < 2 or sb["n"] < 2:
-        return verdict(INCONCLUSIVE, f"{said}: one seed gives no spread to judge a difference by")
-    if sa["mean"] - sa["std"] <= sb["mean"] + sb["std"] and sb["mean"] - sb["std"] <= sa["mean"] + sa["std"]:
-        return verdict(INCONCLUSIVE, f"{said}: the difference {sa['mean'] - sb['mean']:+.3g} is within the seeds' "
-                                     "spread (mean ± std overlap)")
-    greater = sa["mean"] > sb["mean"]
-    if greater == (expect == "greater"):
-        return verdict(HOLDS, f"{said}: {what_a} is {'higher' if greater else 'lower'} beyond the seeds' spread")
-    return verdict(CONTRADICTED, f"{said}: {what_a} is {'higher' if greater else 'lower'} beyond the seeds' spread, "
-                                 f"against the claim")
-
-
-def sign(values: Sequence[float], expect: str, what: str) -> dict:
-    """Verdict on "the per-seed values are positive (expect='positive') / negative", e.g. differences between
-    the last and the first checkpoint, or a value less a constant."""
-    if expect not in ("positive", "negative"):
-        raise ValueError(f"expect={expect!r}; choose 'positive' or 'negative'")
-    s = stats(values)
-    if s["n"] == 0:
-        return verdict(INCONCLUSIVE, f"not measured: no run gives {what}")
-    said = f"{what} {fmt(s)}"
-    if s["n"] < 2:
-        return verdict(INCONCLUSIVE, f"{said}: one seed gives no spread to judge it by")
-    if s["mean"] - s["std"] <= 0 <= s["mean"] + s["std"]:
-        return verdict(INCONCLUSIVE, f"{said}: 0 is within the seeds' spread (mean ± std)")
-    positive = s["mean"] > 0
-    if positive == (expect == "positive"):
-        return verdict(HOLDS, f"{said}: {'above' if positive else 'below'} 0 beyond the seeds' spread")
-    return verdict(CONTRADICTED, f"{said}: {'above' if positive else 'below'} 0 beyond the seeds' spread, against "
-                                 "the claim")
-
-
-def bound(values: Sequence[float], check: Callable[[float], bool], what: str, rule: str) -> dict:
-    """Verdict on "every run satisfies `check`" (`rule` says it in words, e.g. '<= D = 32')."""
-    xs = [v for v in values if v is not None]
-    if not xs:
-        return verdict(INCONCLUSIVE, f"not measured: no run gives {what}", "bound")
-    ok = [bool(check(v)) for v in xs]
-    shown = ", ".join(f"{v:.3g}" for v in xs[:12]) + (" ..." if len(xs) > 12 else "")
-    if all(ok):
-        return verdict(HOLDS, f"{what} {rule} in all {len(xs)} runs ({shown})", "bound")
-    if not any(ok):
-        return verdict(CONTRADICTED, f"{what} is not {rule} in any of the {len(xs)} runs ({shown})", "bound")
-    return verdict(INCONCLUSIVE, f"{what} is {rule} in {sum(ok)} of {len(xs)} runs ({shown})", "bound")
-
-
-def all_of(parts: Sequence[dict]) -> dict:
-    """A claim of several parts: contradicted if any part is, holds if all do, else inconclusive."""
-    values = [p["verdict"] for p in parts]
-    if CONTRADICTED in values:
-        return verdict(CONTRADICTED, "a part is contradicted", "claim")
-    if values and all(v == HOLDS for v in values):
-        return verdict(HOLDS, "every part holds", "claim")
-    return verdict(INCONCLUSIVE, "not every part is decided", "claim")
+# Every claim's figure in its paper (papers: TISA = Wennberg & Henter; DIET = Chen, Tsai, Bhojanapalli et al.;
+# Chen et al. = Locality and Symmetry of Positional Encodings; Muppet = Mickus et al.; Identifiability = Brunner
+# et al.). Values are quoted from the text or tables; a figure whose values are only plotted is described.
+PAPER_FIGURES = {
+    "tisa_toeplitz": PaperFigure("TISA", "Fig. 2 (and Figs. 1, 4-5)",
+                                 "the Toeplitz R² of P = E_P E_Pᵀ rises from ALBERT v1 to v2 (longer training) at "
+                                 "every model size (arrows; values plotted only)"),
+    "tisa_local": PaperFigure("TISA", "Fig. 3 (and Fig. 7)",
+                              "the scoring functions of ALBERT base v2's heads peak at offsets within a few tokens "
+                              "(the previous or next token, a few to either side; plotted only)"),
+    "tisa_parameters": PaperFigure("TISA", "Tables 2, 3(a)",
+                                   "TISA adds 3SHL = 2,160 positional parameters against 393,216 of BERT's input "
+                                   "positions; added to ALBERT base v2 (S = 5), GLUE dev +0.4 points on average "
+                                   "(e.g. MNLI 83.8 → 84.8)"),
+    "diet_per_head": PaperFigure("DIET", "Tables 2, 8",
+                                 "GLUE dev average: input positions 84.8; DIET-Rel (per-head positions, input "
+                                 "segments) 84.9; DIET-Abs (d_p = 64, input segments) 85.0"),
+    "diet_rank": PaperFigure("DIET", "Fig. 2, Theorem 1",
+                             "input positions: rank(A) <= d_h = 64 in BERT-base's first layer; DIET-Abs reaches "
+                             "d_p + d_h"),
+    "diet_sharing": PaperFigure("DIET", "Table 9",
+                                "GLUE dev average: DIET-Rel 85.2 unshared → 85.0 shared by layer; DIET-Abs "
+                                "(d_p = 64) 85.0 unshared → 85.2 shared by layer"),
+    "diet_segments": PaperFigure("DIET", "Table 8",
+                                 "GLUE dev average, input → per-head segments: DIET-Rel 84.9 → 85.2; DIET-Abs "
+                                 "(d_p = 64) 85.0 → 85.0 (+0.05% in the text)"),
+    "diet_step_time": PaperFigure("DIET", "Table 1 (§3.3)",
+                                  "training step time against BERT on TPU v2: Shaw et al. +13% (BERT-base), +24% "
+                                  "(BERT-small); DIET-Rel and DIET-Abs +0%"),
+    "chen_rise": PaperFigure("Chen et al.", "Fig. 2, Table 3",
+                             "learned encodings move from their initial values to local, symmetric ones during "
+                             "pretraining; after it BERT has locality 0.162 and symmetry 0.879"),
+    "chen_correlation": PaperFigure("Chen et al.", "Fig. 3",
+                                    "MR accuracy rises steadily with locality (symmetry fixed at 1); with locality "
+                                    "in [0.15, 0.3], accuracy rises with symmetry above 0.65 (plotted only)"),
+    "chen_swaps": PaperFigure("Chen et al.", "Table 3",
+                              "BERT on SNLI: Shuffle-3/4/5 Δ −0.4 / −0.6 / −0.3 points from 89.8; Shuffle-SR Δ −63.9 "
+                              "(accuracy 25.9%: three in four swapped pairs still judged entailed)"),
+    "muppet_exact": PaperFigure("Muppet", "eq. 1–6",
+                                "e = i + h + f + c exactly; the terms sum to the output within ±1e-7 per component"),
+    "muppet_depth": PaperFigure("Muppet", "Fig. 3a",
+                                "BERT base: the input term i dominates the first layers and falls to μ = 0.045 at "
+                                "the last; f at 0.4 or above across most layers; h never above 0.3 on average"),
+    "identifiability_effective": PaperFigure("Identifiability", "Fig. 1c",
+                                             "Pearson r(raw, effective attention) = 1 below d_v = 64 tokens, then "
+                                             "decreasing with the sequence length"),
+    "identifiability_tokens": PaperFigure("Identifiability", "Fig. 2a",
+                                          "tokens are identifiable in BERT's first layers; from layer 3 the rate "
+                                          "falls, and at layer 12 almost 20% are not (MLP probe)"),
+}
 
 
 # --- reading the runs --------------------------------------------------------------------------------------------
@@ -132,189 +112,211 @@ def _get(result: dict, path: str):
     return node
 
 
-def per_seed(table: dict, mechanism: str, value: Callable[[dict], float | None]) -> list[float]:
-    """The value of each seed's run of `mechanism` (runs where it is None are left out)."""
-    return [v for v in (value(r) for r in table.get(mechanism, [])) if v is not None]
-
-
-def pooled(table: dict, mechanisms: Sequence[str], value: Callable[[dict], float | None]) -> list[float]:
-    """Per seed, the mean of `value` over the runs of `mechanisms` with that seed."""
-    by_seed: dict[int, list[float]] = {}
-    for m in mechanisms:
-        for r in table.get(m, []):
-            v = value(r)
-            if v is not None:
-                by_seed.setdefault(r["seed"], []).append(v)
-    return [float(np.mean(by_seed[s])) for s in sorted(by_seed)]
-
-
-def first_last(series: str, index: int = -1) -> Callable[[dict], float | None]:
-    """The change of an over-training series from the first to the last checkpoint."""
-    def change(r):
-        values = _get(r, f"over_training.series.{series}")
-        if not values or values[0] is None or values[index] is None or len(values) < 2:
-            return None
-        return values[index] - values[0]
-    return change
-
-
 def field(path: str) -> Callable[[dict], float | None]:
     return lambda r: _get(r, path)
 
 
-def accuracy(r):  # the DIET protocol's per-run score: the maximum dev accuracy over evaluations
+def accuracy(r):  # DIET's protocol: the maximum dev accuracy over evaluations
     return _get(r, "finetune.best")
 
 
-def _present(table: dict, names: Sequence[str]) -> list[str]:
-    return [m for m in names if table.get(m)]
+def by_seed(table: dict, mechanism: str, value: Callable[[dict], float | None]) -> dict[int, float | None]:
+    """{seed: value of that seed's run of `mechanism`} (None where the run does not give it)."""
+    return {r["seed"]: value(r) for r in table.get(mechanism, [])}
 
 
-def _label(m: str) -> str:
+def pooled(table: dict, mechanisms: Sequence[str], value: Callable[[dict], float | None]) -> dict[int, float]:
+    """Per seed, the mean of `value` over the runs of `mechanisms` with that seed."""
+    values: dict[int, list[float]] = {}
+    for m in mechanisms:
+        for seed, v in by_seed(table, m, value).items():
+            if v is not None:
+                values.setdefault(seed, []).append(v)
+    return {seed: float(np.mean(v)) for seed, v in sorted(values.items())}
+
+
+def describe(values) -> dict:
+    """{"mean", "sd" (ddof=1; None for one value), "n", "values"} of the finite values of a list or {seed: value}."""
+    values = values.values() if isinstance(values, Mapping) else values
+    xs = [float(v) for v in values if v is not None and np.isfinite(v)]
+    if not xs:
+        return dict(mean=None, sd=None, n=0, values=[])
+    return dict(mean=float(np.mean(xs)), sd=float(np.std(xs, ddof=1)) if len(xs) > 1 else None, n=len(xs),
+                values=xs)
+
+
+def fmt(s: dict, digits: int = 3) -> str:
+    """'mean ± sd (n=k)' of a `describe` dict."""
+    if not s or s["n"] == 0:
+        return "not measured"
+    if s["sd"] is None:
+        return f"{s['mean']:.{digits}g} (n=1)"
+    return f"{s['mean']:.{digits}g} ± {s['sd']:.{digits}g} (n={s['n']})"
+
+
+def first_last(series: str) -> Callable[[dict], float | None]:
+    """The change of an over-training series from the first to the last analysed checkpoint."""
+    def change(r):
+        values = _get(r, f"over_training.series.{series}")
+        if not values or len(values) < 2 or values[0] is None or values[-1] is None:
+            return None
+        return values[-1] - values[0]
+    return change
+
+
+def label(m: str) -> str:
     return RUN_MECHANISMS[m].label if m in RUN_MECHANISMS else m
 
 
-def _claim(id_: str, paper: str, reference: str, claim: str, parts: list[dict], measured: dict,
-           caveat: str | None = None) -> dict:
-    overall = all_of(parts)
-    return dict(id=id_, paper=paper, reference=reference, claim=claim, parts=parts, measured=measured,
-                caveat=caveat, verdict=overall["verdict"], reason=overall["reason"])
+# --- the parts of a claim ------------------------------------------------------------------------------------------
+
+def comparison(what: str, a: Mapping[int, float | None], b: Mapping[int, float | None] | None, expected_sign: int,
+               about: Sequence[str]) -> dict:
+    """A comparison part: a - b > 0 (expected_sign = +1) or < 0 (-1), per seed; b = None compares a with 0. It is
+    tested only when every mechanism of `about` uses positions ((): always)."""
+    seeds = sorted(set(a) | set(b or {}))
+    return dict(kind="comparison", what=what, seeds=seeds, a=[a.get(s) for s in seeds],
+                b=[(b or {}).get(s, None) if b is not None else 0.0 for s in seeds], expected_sign=expected_sign,
+                about=list(about))
 
 
-def _part(what: str, result: dict) -> dict:
-    return dict(what=what, **result)
+def bound(values: Sequence[float | None], check: Callable[[float], bool], what: str, rule: str) -> dict:
+    """A bound part, decided here: every run satisfies `check` (`rule` says it in words, e.g. '<= D = 32')."""
+    xs = [v for v in values if v is not None]
+    part = dict(kind="bound", what=f"{what} {rule}")
+    if not xs:
+        return dict(part, verdict=INCONCLUSIVE, reason=f"not measured: no run gives {what}")
+    ok = [bool(check(v)) for v in xs]
+    shown = ", ".join(f"{v:.3g}" for v in xs[:12]) + (" ..." if len(xs) > 12 else "")
+    if all(ok):
+        return dict(part, verdict=HOLDS, reason=f"{what} {rule} in all {len(xs)} runs ({shown})")
+    if not any(ok):
+        return dict(part, verdict=CONTRADICTED, reason=f"{what} is not {rule} in any of the {len(xs)} runs ({shown})")
+    return dict(part, verdict=INCONCLUSIVE, reason=f"{what} is {rule} in {sum(ok)} of {len(xs)} runs ({shown})")
+
+
+def all_of(parts: Sequence[dict]) -> tuple[str, str]:
+    """A claim of several parts: contradicted if any part is, holds if all do, else inconclusive."""
+    values = [p["verdict"] for p in parts]
+    if CONTRADICTED in values:
+        return CONTRADICTED, "a part is contradicted"
+    if values and all(v == HOLDS for v in values):
+        return HOLDS, "every part holds"
+    if any(p.get("why") == NOT_TRAINED for p in parts):
+        return INCONCLUSIVE, f"{NOT_TRAINED} for a part"
+    return INCONCLUSIVE, "not every part is decided"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One claim of a paper: what it says, the runs it reads (mechanisms, and the stages of `runs.STAGES` each
+    needs) and `judge`, (table, trained mechanisms) -> (parts, measured numbers)."""
+
+    id: str
+    paper: str
+    reference: str
+    statement: str
+    mechanisms: tuple[str, ...] | str  # names, or "all" / "learned" of the profile's mechanisms
+    stages: tuple[str, ...]
+    judge: Callable[[dict, set], tuple[list[dict], dict]]
+    caveat: str | None = None
+    gated: bool = True  # has a comparison judged only once its mechanisms use positions (read off the curves)
+
+    def runs_needed(self, mechanisms: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """{mechanism: stages} this claim reads of the available `mechanisms`."""
+        if self.mechanisms == "all":
+            chosen = [m for m in mechanisms if m != BAG_OF_WORDS]
+        elif self.mechanisms == "learned":
+            chosen = [m for m in mechanisms if RUN_MECHANISMS[m].learned]
+        else:
+            chosen = [m for m in self.mechanisms if m in mechanisms]
+        return {m: self.stages for m in chosen}
+
+    @property
+    def figure(self) -> PaperFigure:
+        return PAPER_FIGURES[self.id]
 
 
 # --- TISA --------------------------------------------------------------------------------------------------------
 
-def tisa_toeplitz(table: dict) -> dict:
-    """TISA Fig. 1-2: the learned absolute P = E_P E_P^T grows more Toeplitz during training."""
-    diffs = per_seed(table, "absolute", first_last("toeplitz_r2"))
-    first = per_seed(table, "absolute", field("over_training.series.toeplitz_r2.0"))
-    last = per_seed(table, "absolute", field("over_training.series.toeplitz_r2.-1"))
-    part = _part("Toeplitz R² of P (absolute), last − first checkpoint", sign(diffs, "positive", "ΔR²"))
-    return _claim("tisa_toeplitz", "TISA", "Fig. 1–2",
-                  "The Gram matrix P = E_P E_Pᵀ of learned absolute position embeddings becomes more Toeplitz "
-                  "(translation-invariant) during training.", [part],
-                  dict(first_checkpoint=stats(first), last_checkpoint=stats(last), change=stats(diffs)),
-                  caveat="The first analysed checkpoint is the first one saved (a quarter of the steps), not the "
-                         "initialisation.")
+def _tisa_toeplitz(table, trained):
+    change = by_seed(table, "absolute", first_last("toeplitz_r2"))
+    parts = [comparison("Toeplitz R² of P (absolute), last − first analysed checkpoint", change, None, 1,
+                        ["absolute"])]
+    return parts, dict(first=describe(by_seed(table, "absolute", field("over_training.series.toeplitz_r2.0"))),
+                       last=describe(by_seed(table, "absolute", field("over_training.series.toeplitz_r2.-1"))),
+                       change=describe(change))
 
 
-def tisa_local(table: dict) -> dict:
-    """TISA Fig. 3: the learned TISA scoring functions are mostly local."""
-    above = per_seed(table, "tisa", lambda r: None if not r.get("positional_attention") else
-                     r["positional_attention"]["locality"] - r["positional_attention"]["uniform_locality"])
-    loc = per_seed(table, "tisa", field("positional_attention.locality"))
-    uniform = per_seed(table, "tisa", field("positional_attention.uniform_locality"))
-    part = _part("locality of TISA's position-only attention softmax_j f(j − i) minus a uniform matrix's",
-                 sign(above, "positive", "locality − uniform"))
-    return _claim("tisa_local", "TISA", "Fig. 3",
-                  "TISA's learned positional scoring functions are local: attention from position alone concentrates "
-                  "on nearby offsets.", [part],
-                  dict(locality=stats(loc), uniform_locality=stats(uniform), excess=stats(above)))
+def _tisa_local(table, trained):
+    def excess(r):
+        pa = r.get("positional_attention")
+        return None if not pa else pa["locality"] - pa["uniform_locality"]
+    parts = [comparison("locality of TISA's position-only attention softmax_j f(j − i) − a uniform matrix's",
+                        by_seed(table, "tisa", excess), None, 1, ["tisa"])]
+    return parts, dict(locality=describe(by_seed(table, "tisa", field("positional_attention.locality"))),
+                       uniform=describe(by_seed(table, "tisa", field("positional_attention.uniform_locality"))))
 
 
-def tisa_parameters(table: dict) -> dict:
-    """TISA Table 2-3: TISA without input positions matches or beats absolute positions with far fewer
-    positional parameters."""
-    acc_t, acc_a = per_seed(table, "tisa", accuracy), per_seed(table, "absolute", accuracy)
-    loss_t = per_seed(table, "tisa", field("pretrain.eval_loss"))
-    loss_a = per_seed(table, "absolute", field("pretrain.eval_loss"))
-    params_t = per_seed(table, "tisa", field("params.positional"))
-    params_a = per_seed(table, "absolute", field("params.positional"))
-    parts = [_part("word-order dev accuracy, TISA vs absolute",
-                   compare(acc_t, acc_a, "greater", "TISA", "absolute")),
-             _part("positional parameters, TISA < absolute",
-                   bound([t / a for t, a in zip(params_t, params_a)] if params_a else [], lambda x: x < 1,
-                         "TISA's / absolute's positional parameters", "< 1"))]
-    return _claim("tisa_parameters", "TISA", "Tables 2–3",
-                  "TISA without input position embeddings matches or beats learned absolute positions downstream, "
-                  "with a small fraction of the positional parameters.", parts,
-                  dict(accuracy=dict(tisa=stats(acc_t), absolute=stats(acc_a)),
-                       mlm_eval_loss=dict(tisa=stats(loss_t), absolute=stats(loss_a)),
-                       positional_parameters=dict(tisa=stats(params_t), absolute=stats(params_a))),
-                  caveat="\"Matches\" cannot be told from \"slightly worse\" within the seeds' spread, so an "
-                         "overlap is inconclusive rather than a match.")
+def _tisa_parameters(table, trained):
+    params = {m: by_seed(table, m, field("params.positional")) for m in ("tisa", "tisa_input", "absolute")}
+    ratios = [t / a for s, t in params["tisa"].items() if (a := params["absolute"].get(s)) and t is not None]
+    parts = [comparison("paraphrase dev accuracy, TISA + input positions − input positions alone",
+                        by_seed(table, "tisa_input", accuracy), by_seed(table, "absolute", accuracy), 1,
+                        ["tisa_input", "absolute"]),
+             bound(ratios, lambda x: x < 1, "TISA's / input positions' positional parameters", "< 1")]
+    return parts, dict(accuracy={m: describe(by_seed(table, m, accuracy)) for m in params},
+                       positional_parameters={m: describe(v) for m, v in params.items()})
 
 
 # --- DIET --------------------------------------------------------------------------------------------------------
 
-def diet_per_head(table: dict) -> dict:
-    """DIET Table 2: per-head positional attention beats absolute positions added at the input."""
-    base = per_seed(table, "absolute", accuracy)
-    parts, measured = [], dict(absolute=stats(base))
-    for m in ("diet_rel", "diet_abs"):
-        acc = per_seed(table, m, accuracy)
-        measured[m] = stats(acc)
-        parts.append(_part(f"word-order dev accuracy, {_label(m)} vs absolute",
-                           compare(acc, base, "greater", _label(m), "absolute")))
-    return _claim("diet_per_head", "DIET", "Table 2",
-                  "Per-head positional attention (DIET-Rel, DIET-Abs) beats absolute position embeddings added at "
-                  "the input on downstream tasks.", parts, dict(accuracy=measured))
+def _diet_per_head(table, trained):
+    base = by_seed(table, "absolute", accuracy)
+    parts = [comparison(f"paraphrase dev accuracy, {label(m)} − input positions", by_seed(table, m, accuracy), base,
+                        1, [m, "absolute"]) for m in ("diet_rel", "diet_abs")]
+    return parts, dict(accuracy={m: describe(by_seed(table, m, accuracy)) for m in ("absolute", "diet_rel",
+                                                                                  "diet_abs")})
 
 
-def diet_rank(table: dict) -> dict:
-    """DIET Fig. 2 (Theorem 1): input absolute positions keep every head's attention logits at rank <= D;
-    per-head positional biases lift them above D."""
+def _diet_rank(table, trained):
     def excess(r):  # the run's largest logit rank relative to its head dim
-        rank = _get(r, "final.rank.logit_rank_max")
+        rank = _get(r, "last.rank.logit_rank_max")
         return None if rank is None else rank - r["head_dim"]
 
+    ape = [v for m in ("absolute", "sinusoidal") for v in by_seed(table, m, excess).values()]
+    biased = [v for m in ("diet_rel", "diet_abs") for v in by_seed(table, m, excess).values()]
+    parts = [bound(ape, lambda x: x <= 0, "input positions: largest logit rank − D", "<= 0"),
+             bound(biased, lambda x: x > 0, "DIET-Rel / DIET-Abs: largest logit rank − D", "> 0")]
     head_dim = next((r["head_dim"] for runs in table.values() for r in runs), None)
-    length = next((_get(r, "final.rank.length") for runs in table.values() for r in runs), None)
-    ape = [v for m in _present(table, ("absolute", "sinusoidal")) for v in per_seed(table, m, excess)]
-    biased = [v for m in _present(table, ("diet_rel", "diet_abs")) for v in per_seed(table, m, excess)]
-    parts = [_part("input absolute positions: largest logit rank − D <= 0",
-                   bound(ape, lambda x: x <= 0, "largest logit rank − D", "<= 0")),
-             _part("DIET-Rel / DIET-Abs: largest logit rank − D > 0",
-                   bound(biased, lambda x: x > 0, "largest logit rank − D", "> 0"))]
-    measured = {m: stats(per_seed(table, m, field("final.rank.logit_rank_max")))
-                for m in _present(table, ("absolute", "sinusoidal", "diet_rel", "diet_abs", "tisa", "t5"))}
-    return _claim("diet_rank", "DIET", "Fig. 2, Theorem 1",
-                  "With position embeddings added at the input, each head's attention logit matrix has rank at most "
-                  "the head dimension D; per-head positional attention exceeds it.", parts,
-                  dict(head_dim=head_dim, length=length, logit_rank_max=measured),
-                  caveat=f"Ranks are numerical ranks of T = {length} windows of held-out text at the last checkpoint "
-                         "(largest over layers, heads and windows).")
+    length = next((_get(r, "last.rank.length") for runs in table.values() for r in runs
+                   if _get(r, "last.rank.length")), None)
+    return parts, dict(head_dim=head_dim, length=length, logit_rank_max={
+        m: describe(by_seed(table, m, field("last.rank.logit_rank_max")))
+        for m in ("absolute", "sinusoidal", "diet_rel", "diet_abs") if table.get(m)})
 
 
-def diet_sharing(table: dict) -> dict:
-    """DIET Table 9: layer-wise sharing helps DIET-Abs and hurts DIET-Rel."""
-    acc = {m: per_seed(table, m, accuracy) for m in ("diet_abs", "diet_abs_unshared", "diet_rel", "diet_rel_layer")}
-    parts = [_part("DIET-Abs: shared by layer vs unshared",
-                   compare(acc["diet_abs"], acc["diet_abs_unshared"], "greater", "shared", "unshared")),
-             _part("DIET-Rel: shared by layer vs unshared",
-                   compare(acc["diet_rel_layer"], acc["diet_rel"], "less", "shared", "unshared"))]
-    return _claim("diet_sharing", "DIET", "Table 9",
-                  "Sharing the positional attention across layers improves DIET-Abs and hurts DIET-Rel.", parts,
-                  dict(accuracy={m: stats(v) for m, v in acc.items()}))
+def _diet_sharing(table, trained):
+    acc = {m: by_seed(table, m, accuracy) for m in ("diet_abs", "diet_abs_unshared", "diet_rel", "diet_rel_layer")}
+    parts = [comparison("paraphrase dev accuracy, DIET-Abs shared by layer − unshared", acc["diet_abs"],
+                        acc["diet_abs_unshared"], 1, ["diet_abs", "diet_abs_unshared"]),
+             comparison("paraphrase dev accuracy, DIET-Rel shared by layer − unshared", acc["diet_rel_layer"],
+                        acc["diet_rel"], -1, ["diet_rel_layer", "diet_rel"])]
+    return parts, dict(accuracy={m: describe(v) for m, v in acc.items()})
 
 
-def diet_segments(table: dict) -> dict:
-    """DIET Table 8: per-head segment attention beats input segment embeddings."""
-    a, b = per_seed(table, "diet_abs_segments", accuracy), per_seed(table, "diet_abs", accuracy)
-    part = _part("DIET-Abs (shared by layer): per-head vs input segments",
-                 compare(a, b, "greater", "per-head segments", "input segments"))
-    return _claim("diet_segments", "DIET", "Table 8",
-                  "Moving segment information from input embeddings to per-head segment attention improves DIET.",
-                  [part], dict(accuracy=dict(per_head=stats(a), input=stats(b))),
-                  caveat="The offline word-order task has one sentence per example and pretraining has no sentence "
-                         "pairs, so both models see a single segment: differences here are not about segments.")
+def _diet_segments(table, trained):
+    a, b = by_seed(table, "diet_abs_segments", accuracy), by_seed(table, "diet_abs", accuracy)
+    parts = [comparison("paraphrase dev accuracy, DIET-Abs (shared by layer): per-head − input segments", a, b, 1,
+                        ["diet_abs_segments", "diet_abs"])]
+    return parts, dict(accuracy=dict(per_head=describe(a), input=describe(b)))
 
 
-def diet_step_time(table: dict) -> dict:
-    """DIET section 3.3: per-head positional biases cost little step time; Shaw et al.'s relative vectors cost
-    more (+13% training on TPU v2 against +0% for DIET)."""
-    time_of = {m: per_seed(table, m, field("pretrain.step_time_s")) for m in table}
-    parts = [_part(f"step time, Shaw et al. vs {_label(m)}",
-                   compare(time_of.get("shaw", []), time_of.get(m, []), "greater", "Shaw", _label(m)))
+def _diet_step_time(table, trained):
+    step = {m: by_seed(table, m, field("pretrain.step_time_s")) for m in ("shaw", "diet_rel", "diet_abs")}
+    parts = [comparison(f"pretraining step time (s), Shaw et al. − {label(m)}", step["shaw"], step[m], 1, [])
              for m in ("diet_rel", "diet_abs")]
-    return _claim("diet_step_time", "DIET", "§3.3",
-                  "Per-head positional attention adds little to the training step; Shaw et al.'s relative position "
-                  "vectors cost more.", parts, dict(step_time_s={m: stats(v) for m, v in sorted(time_of.items())}),
-                  caveat="Step times were measured on the machine below while other runs shared it, with the XLA "
-                         "attention path (the Pallas kernel needs a GPU); they rank costs at this size only.")
+    return parts, dict(step_time_s={m: describe(v) for m, v in step.items()})
 
 
 # --- Chen et al. ---------------------------------------------------------------------------------------------------
@@ -323,21 +325,21 @@ def _learned(table: dict) -> list[str]:
     return [m for m in table if m in RUN_MECHANISMS and RUN_MECHANISMS[m].learned]
 
 
-def chen_rise(table: dict) -> dict:
-    """Chen et al. Fig. 2: locality and symmetry of learned positional encodings rise during training."""
-    learned = _learned(table)
-    parts, measured = [], {}
+def _pool_of(candidates: Sequence[str], trained: set) -> list[str]:
+    """The candidates that use positions; all of them where none does (the part is then not tested)."""
+    return [m for m in candidates if m in trained] or list(candidates)
+
+
+def _chen_rise(table, trained):
+    pool = _pool_of(_learned(table), trained)
+    parts, measured = [], dict(mechanisms=pool)
     for name in ("locality", "symmetry"):
-        change = pooled(table, learned, first_last(name))
-        measured[name] = dict(pooled_change=stats(change),
-                              per_mechanism={m: stats(per_seed(table, m, first_last(name))) for m in learned})
-        parts.append(_part(f"identical-word {name}, last − first checkpoint, mean over learned mechanisms",
-                           sign(change, "positive", f"Δ{name}")))
-    return _claim("chen_rise", "Chen et al.", "Fig. 2",
-                  "The locality and symmetry of learned positional encodings rise during pretraining.", parts,
-                  dict(mechanisms=learned, **measured),
-                  caveat="Changes run from the first saved checkpoint (a quarter of the steps) to the last; the "
-                         "per-seed statistic is the mean change over the learned mechanisms.")
+        change = pooled(table, pool, first_last(name))
+        measured[name] = dict(pooled_change=describe(change),
+                              per_mechanism={m: describe(by_seed(table, m, first_last(name))) for m in pool})
+        parts.append(comparison(f"identical-word {name}, last − first analysed checkpoint, mean over the learned "
+                                "mechanisms that use positions", change, None, 1, pool))
+    return parts, measured
 
 
 def rank_correlation(x: Sequence[float], y: Sequence[float]) -> float | None:
@@ -360,98 +362,77 @@ def rank_correlation(x: Sequence[float], y: Sequence[float]) -> float | None:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def chen_correlation(table: dict) -> dict:
-    """Chen et al. Fig. 3: locality and symmetry correlate with downstream scores."""
-    seeds = sorted({r["seed"] for runs in table.values() for r in runs})
-    parts, measured = [], {}
+def _chen_correlation(table, trained):
+    pool = _pool_of([m for m in table if m != BAG_OF_WORDS], trained)
+    seeds = sorted({r["seed"] for m in pool for r in table[m]})
+    parts, measured = [], dict(mechanisms=pool)
     for name in ("locality", "symmetry"):
-        per_seed_r, constant = [], 0
+        rho = {}
         for s in seeds:
-            pairs = [(_get(r, f"over_training.series.{name}.-1"), accuracy(r)) for runs in table.values()
-                     for r in runs if r["seed"] == s]
+            pairs = [(_get(r, f"last.headline.{name}"), accuracy(r)) for m in pool for r in table[m]
+                     if r["seed"] == s]
             pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
-            rho = rank_correlation([a for a, _ in pairs], [b for _, b in pairs])
-            if rho is not None:
-                per_seed_r.append(rho)
-            elif len(pairs) >= 3:
-                constant += 1
-        measured[name] = stats(per_seed_r)
-        what = f"Spearman ρ across mechanisms of final {name} and word-order accuracy"
-        if not per_seed_r and constant:
-            parts.append(_part(what, verdict(INCONCLUSIVE, f"ρ is undefined: in every seed all mechanisms have the "
-                                                           f"same word-order accuracy or {name}")))
-        else:
-            parts.append(_part(what, sign(per_seed_r, "positive", "ρ")))
-    return _claim("chen_correlation", "Chen et al.", "Fig. 3",
-                  "Models whose positional attention is more local and more symmetric score higher downstream.",
-                  parts, dict(mechanisms=len(table), spearman=measured))
+            rho[s] = rank_correlation([a for a, _ in pairs], [b for _, b in pairs])
+        measured[name] = dict(describe(rho), undefined_seeds=[s for s, v in rho.items() if v is None])
+        parts.append(comparison(f"Spearman ρ across mechanisms of final {name} and paraphrase accuracy", rho, None,
+                                1, pool))
+    return parts, measured
 
 
-def chen_swaps(table: dict) -> dict:
-    """Chen et al. Table 3: local swaps barely move accuracy, global swaps do."""
-    aware = [m for m in table if m != "none"]
-    local = pooled(table, aware, field("probe.local_drop"))
-    glob = pooled(table, aware, field("probe.global_drop"))
-    parts = [_part("global swap: accuracy drop > 0", sign(glob, "positive", "global-swap drop")),
-             _part("local swaps move accuracy less than the global swap",
-                   compare(local, glob, "less", "local-swap drop", "global-swap drop"))]
-    return _claim("chen_swaps", "Chen et al.", "Table 3",
-                  "Models are robust to local word swaps but fail on global swaps (of semantic roles).", parts,
-                  dict(mechanisms=aware, local_drop=stats(local), global_drop=stats(glob),
-                       per_mechanism={m: dict(local=stats(per_seed(table, m, field("probe.local_drop"))),
-                                              global_=stats(per_seed(table, m, field("probe.global_drop"))))
-                                      for m in aware}),
-                  caveat="A stand-in: no offline task keeps its labels under reordering, so the score is masked-token "
-                         "accuracy on the word-order task's test sentences; 'local' shuffles every window of x = 2..5 "
-                         "words (stronger than Chen's one constituent), 'global' swaps two content words >= 5 apart "
-                         "(not semantic roles). Drops are averaged over the order-aware mechanisms (all but 'none').")
+def _chen_swaps(table, trained):
+    pool = _pool_of([m for m in ("absolute", "diet_rel", "tisa") if table.get(m)], trained)
+
+    def gap(r):  # accuracy lost to the global swap less accuracy lost to local shuffles
+        probe = r.get("probe")
+        if not probe:
+            return None
+        global_drop = probe["original"] - (1.0 - probe["swapped_paraphrase_share"])
+        return global_drop - probe["local_drop"]
+
+    share = pooled(table, pool, field("probe.swapped_paraphrase_share"))
+    parts = [comparison(f"share of globally swapped paraphrases still called paraphrases − {CALLED_PARAPHRASE}",
+                        {s: v - CALLED_PARAPHRASE for s, v in share.items()}, None, 1, pool),
+             comparison("accuracy drop under the global swap − under local shuffles (mean over x = 2..5)",
+                        pooled(table, pool, gap), None, 1, pool)]
+    measured = dict(mechanisms=pool, swapped_paraphrase_share=describe(share),
+                    paraphrase_share=describe(pooled(table, pool, field("probe.paraphrase_share"))),
+                    local_drop=describe(pooled(table, pool, field("probe.local_drop"))),
+                    original=describe(pooled(table, pool, field("probe.original"))))
+    return parts, measured
 
 
 # --- Muppet ------------------------------------------------------------------------------------------------------
 
-def muppet_exact(table: dict) -> dict:
-    """Muppet eq. 1-6: the terms i + h + f + c add up to the encoder's output."""
-    errors = [v for runs in table.values() for v in (
-        _get(r, "final.decomposition.max_reconstruction_error") for r in runs) if v is not None]
-    part = _part(f"max |i + h + f + c − e| <= {EXACT_TOLERANCE:g}",
-                 bound(errors, lambda x: x <= EXACT_TOLERANCE, "largest reconstruction error",
-                       f"<= {EXACT_TOLERANCE:g}"))
-    return _claim("muppet_exact", "Muppet", "eq. 1–6",
-                  "Each output vector of a post-LN encoder is exactly the sum of an input term, an attention term, "
-                  "a feed-forward term and a bias/normalisation term.", [part],
-                  dict(max_error=stats(errors)))
+def _muppet_exact(table, trained):
+    errors = [v for runs in table.values() for v in (_get(r, "last.decomposition.max_reconstruction_error")
+                                                      for r in runs) if v is not None]
+    parts = [bound(errors, lambda x: x <= EXACT_TOLERANCE, "largest |i + h + f + c − e|", f"<= {EXACT_TOLERANCE:g}")]
+    return parts, dict(max_error=describe(errors))
 
 
 def _importance_change(term: int) -> Callable[[dict], float | None]:
     """mu of a term at the last layer minus at the first layer (rows 0 = embeddings, 1..L = layers)."""
     def change(r):
-        importance = _get(r, "final.decomposition.importance")
+        importance = _get(r, "last.decomposition.importance")
         if not importance or len(importance) < 3:
             return None
         return importance[-1][term] - importance[1][term]
     return change
 
 
-def muppet_depth(table: dict) -> dict:
-    """Muppet Fig. 3: the input term's importance falls with depth, the attention and feed-forward terms'
-    rise."""
+def _muppet_depth(table, trained):
     parts, measured = [], {}
-    for term, name, expect in ((0, "i (input)", "negative"), (1, "h (attention)", "positive"),
-                               (2, "f (feed-forward)", "positive")):
-        change = per_seed(table, "absolute", _importance_change(term))
-        measured[name] = stats(change)
-        parts.append(_part(f"μ of {name}, last layer − layer 1 (absolute)", sign(change, expect, f"Δμ {name}")))
-    importance = per_seed(table, "absolute", field("final.decomposition.importance"))
-    return _claim("muppet_depth", "Muppet", "Fig. 3",
-                  "Across layers, the importance of the input-embedding term falls while the attention and "
-                  "feed-forward terms gain.", parts,
-                  dict(change=measured, importance_mean=np.mean(importance, axis=0).tolist() if importance else None))
+    for term, name, sign in ((0, "i (input)", -1), (1, "h (attention)", 1), (2, "f (feed-forward)", 1)):
+        change = by_seed(table, "absolute", _importance_change(term))
+        measured[name] = describe(change)
+        parts.append(comparison(f"μ of {name}, last layer − layer 1 (absolute)", change, None, sign, ["absolute"]))
+    importance = [v for v in by_seed(table, "absolute", field("last.decomposition.importance")).values() if v]
+    return parts, dict(change=measured, importance_mean=np.mean(importance, axis=0).tolist() if importance else None)
 
 
 # --- identifiability ---------------------------------------------------------------------------------------------
 
-def identifiability_effective(table: dict) -> dict:
-    """Brunner et al. Fig. 1c: raw and effective attention stop agreeing once T exceeds the head dimension."""
+def _identifiability_effective(table, trained):
     def change(r):
         lengths, corr = _get(r, "final.effective_attention.lengths"), _get(r, "final.effective_attention.correlation")
         if not lengths:
@@ -460,41 +441,238 @@ def identifiability_effective(table: dict) -> dict:
         above = [c for n, c in zip(lengths, corr) if n > r["head_dim"] and c is not None]
         return above[-1] - below[-1] if below and above else None
 
-    diffs = per_seed(table, "absolute", change)
-    part = _part("Pearson r(raw, effective) at the longest T > D minus at the longest T <= D (absolute)",
-                 sign(diffs, "negative", "Δr"))
-    curves = per_seed(table, "absolute", field("final.effective_attention.correlation"))
-    return _claim("identifiability_effective", "Identifiability", "Fig. 1c",
-                  "Once the sequence is longer than the head dimension, attention weights are not identifiable: "
-                  "effective attention departs from raw attention.", [part],
-                  dict(change=stats(diffs),
+    diffs = by_seed(table, "absolute", change)
+    parts = [comparison("Pearson r(raw, effective) at the longest T > D − at the longest T <= D (absolute)", diffs,
+                        None, -1, ["absolute"])]
+    curves = [v for v in by_seed(table, "absolute", field("final.effective_attention.correlation")).values() if v]
+    return parts, dict(change=describe(diffs),
                        lengths=next((_get(r, "final.effective_attention.lengths") for r in table.get("absolute", [])),
                                     None),
-                       correlation_mean=np.mean(curves, axis=0).tolist() if curves else None))
+                       correlation_mean=np.mean(curves, axis=0).tolist() if curves else None)
 
 
-def identifiability_tokens(table: dict) -> dict:
-    """Brunner et al. Fig. 3: token identity is recoverable from early layers, less so deeper."""
-    first = per_seed(table, "absolute", field("final.identifiability.rates.linear.1"))
-    fall = per_seed(table, "absolute", lambda r: None if not _get(r, "final.identifiability.rates.linear") else
-                    r["final"]["identifiability"]["rates"]["linear"][-1] - r["final"]["identifiability"]["rates"][
-                        "linear"][1])
-    parts = [_part(f"linear-probe identifiability at layer 1 − {RECOVERABLE} (most tokens identified)",
-                   sign([v - RECOVERABLE for v in first], "positive", f"rate − {RECOVERABLE}")),
-             _part("identifiability at the last layer − layer 1", sign(fall, "negative", "Δrate"))]
-    rates = per_seed(table, "absolute", field("final.identifiability.rates.linear"))
-    return _claim("identifiability_tokens", "Identifiability", "Fig. 3",
-                  "Token identity can be recovered from hidden states of early layers, and less so with depth.", parts,
-                  dict(layer1=stats(first), change=stats(fall),
-                       rates_mean=np.mean(rates, axis=0).tolist() if rates else None))
+def _identifiability_tokens(table, trained):
+    def rate(index):
+        return field(f"final.identifiability.rates.linear.{index}")
+
+    first = by_seed(table, "absolute", rate(1))
+    last = by_seed(table, "absolute", rate(-1))
+    parts = [comparison(f"linear-probe identifiability at layer 1 − {RECOVERABLE} (most tokens identified)",
+                        {s: None if v is None else v - RECOVERABLE for s, v in first.items()}, None, 1, ["absolute"]),
+             comparison("identifiability at the last layer − layer 1", last, first, -1, ["absolute"])]
+    rates = [v for v in by_seed(table, "absolute", field("final.identifiability.rates.linear")).values() if v]
+    return parts, dict(layer1=describe(first), last=describe(last),
+                       rates_mean=np.mean(rates, axis=0).tolist() if rates else None)
 
 
-CLAIMS = (tisa_toeplitz, tisa_local, tisa_parameters, diet_per_head, diet_rank, diet_sharing, diet_segments,
-          diet_step_time, chen_rise, chen_correlation, chen_swaps, muppet_exact, muppet_depth,
-          identifiability_effective, identifiability_tokens)
+CLAIMS = (
+    Claim("tisa_toeplitz", "TISA", "Fig. 1–2",
+          "The Gram matrix P = E_P E_Pᵀ of learned absolute position embeddings becomes more Toeplitz "
+          "(translation-invariant) during training.", ("absolute",), ("over_training",), _tisa_toeplitz,
+          "The first analysed checkpoint is the first one saved, not the initialisation."),
+    Claim("tisa_local", "TISA", "Fig. 3",
+          "TISA's learned positional scoring functions are local: attention from position alone concentrates on "
+          "nearby offsets.", ("tisa",), (), _tisa_local),
+    Claim("tisa_parameters", "TISA", "Tables 2–3",
+          "Adding TISA's few positional parameters to a model with input position embeddings improves it "
+          "downstream.", ("tisa", "tisa_input", "absolute"), ("finetune",), _tisa_parameters,
+          "The paper adds TISA to a pretrained ALBERT and fine-tunes; here both models are pretrained from scratch."),
+    Claim("diet_per_head", "DIET", "Table 2",
+          "Per-head positional attention (DIET-Rel, DIET-Abs) beats absolute position embeddings added at the "
+          "input on downstream tasks.", ("absolute", "diet_rel", "diet_abs"), ("finetune",), _diet_per_head),
+    Claim("diet_rank", "DIET", "Fig. 2, Theorem 1",
+          "With position embeddings added at the input, each head's attention logit matrix has rank at most the "
+          "head dimension D; per-head positional attention exceeds it.",
+          ("absolute", "sinusoidal", "diet_rel", "diet_abs"), ("last",), _diet_rank,
+          "Ranks are numerical ranks of held-out windows at the last checkpoint (largest over layers, heads and "
+          "windows).", gated=False),
+    Claim("diet_sharing", "DIET", "Table 9",
+          "Sharing the positional attention across layers improves DIET-Abs and hurts DIET-Rel.",
+          ("diet_abs", "diet_abs_unshared", "diet_rel", "diet_rel_layer"), ("finetune",), _diet_sharing),
+    Claim("diet_segments", "DIET", "Table 8",
+          "Moving segment information from input embeddings to per-head segment attention improves DIET on a "
+          "sentence-pair task.", ("diet_abs_segments", "diet_abs"), ("finetune",), _diet_segments,
+          "Pretraining has no sentence pairs: the segment tables are learned in fine-tuning on the paraphrase "
+          "pairs."),
+    Claim("diet_step_time", "DIET", "§3.3",
+          "Per-head positional attention adds little to the training step; Shaw et al.'s relative position vectors "
+          "cost more.", ("shaw", "diet_rel", "diet_abs"), (), _diet_step_time,
+          "Step times are measured with the XLA attention path, one run per core or GPU share while others run; "
+          "they rank costs at this size only.", gated=False),
+    Claim("chen_rise", "Chen et al.", "Fig. 2",
+          "The locality and symmetry of learned positional encodings rise during pretraining.", "learned",
+          ("over_training",), _chen_rise,
+          "Changes run from the first analysed checkpoint to the last; the per-seed value is the mean change over "
+          "the learned mechanisms that use positions."),
+    Claim("chen_correlation", "Chen et al.", "Fig. 3",
+          "Models whose positional attention is more local and more symmetric score higher downstream.", "all",
+          ("finetune", "last"), _chen_correlation,
+          "Across the mechanisms that use positions, per seed; the paper varies handcrafted encodings instead. ρ "
+          "is undefined (no value) in a seed where every mechanism has the same accuracy or the same locality."),
+    Claim("chen_swaps", "Chen et al.", "Table 3",
+          "Models are robust to local word shuffles but fail on global swaps: a swap that changes the meaning "
+          "mostly goes unnoticed.", ("absolute", "diet_rel", "tisa"), ("finetune", "probe"), _chen_swaps,
+          "On the paraphrase task, as the paper runs it on SNLI: local shuffles inside windows of x = 2..5 words of "
+          "sentence A keep the label; two content words >= 5 apart swapped in one sentence of a paraphrase pair "
+          "make it a non-paraphrase (the paper swaps agent and patient). Pooled over the mechanisms that use "
+          "positions."),
+    Claim("muppet_exact", "Muppet", "eq. 1–6",
+          "Each output vector of a post-LN encoder is exactly the sum of an input term, an attention term, a "
+          "feed-forward term and a bias/normalisation term.", ("absolute", "tisa", "diet_rel", "diet_abs"),
+          ("last",), _muppet_exact, gated=False),
+    Claim("muppet_depth", "Muppet", "Fig. 3",
+          "Across layers, the importance of the input-embedding term falls while the attention and feed-forward "
+          "terms gain.", ("absolute",), ("last",), _muppet_depth),
+    Claim("identifiability_effective", "Identifiability", "Fig. 1c",
+          "Once the sequence is longer than the head dimension, attention weights are not identifiable: effective "
+          "attention departs from raw attention.", ("absolute",), ("final",), _identifiability_effective),
+    Claim("identifiability_tokens", "Identifiability", "Fig. 2a",
+          "Token identity can be recovered from hidden states of early layers, and less so with depth.",
+          ("absolute",), ("final",), _identifiability_tokens),
+)
+CLAIMS_BY_ID = {c.id: c for c in CLAIMS}
 PAPERS = ("TISA", "DIET", "Chen et al.", "Muppet", "Identifiability")
+STAGE_IMPLIES = {"probe": ("finetune",), "over_training": ("last",)}  # a stage and what it needs done first
 
 
-def evaluate_claims(table: dict) -> list[dict]:
-    """Every claim's record (id, paper, reference, claim, parts, measured, verdict, reason, caveat)."""
-    return [claim(table) for claim in CLAIMS]
+def select_claims(ids: Sequence[str] | None = None) -> list[Claim]:
+    """The claims of `ids` (all when None), in the report's order; ValueError for an unknown id."""
+    if ids is None:
+        return list(CLAIMS)
+    unknown = [i for i in ids if i not in CLAIMS_BY_ID]
+    if unknown or not ids:
+        raise ValueError(f"unknown claims {unknown}; choose from {', '.join(CLAIMS_BY_ID)}")
+    return [c for c in CLAIMS if c.id in ids]
+
+
+def runs_needed(claims: Sequence[Claim], mechanisms: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """{mechanism: stages} that `claims` read of `mechanisms`, plus the bag-of-words runs (pretraining only) that
+    the learning curves are judged against where a claim's comparisons wait for them."""
+    needs: dict[str, set] = {}
+    for claim in claims:
+        chosen = claim.runs_needed(mechanisms)
+        for m, stages in chosen.items():
+            needs.setdefault(m, set()).update(stages)
+        if chosen and claim.gated:
+            needs.setdefault(BAG_OF_WORDS, set())
+    for stages in needs.values():
+        for stage, implied in STAGE_IMPLIES.items():
+            if stage in stages:
+                stages.update(implied)
+    return {m: tuple(s for s in STAGES if s in needs[m]) for m in RUN_MECHANISMS if m in needs}
+
+
+# --- is a mechanism trained? ---------------------------------------------------------------------------------------
+
+def training_status(table: dict, alpha: float = ALPHA) -> dict[str, dict]:
+    """For each mechanism but the bag-of-words model: does its held-out MLM loss lie below the bag-of-words
+    model's (paired by seed, two-sided (1 - alpha) interval of none − mechanism above 0), at each curve step?
+    {mechanism: {"trained": bool | None (None: cannot tell), "parted_at": first step from which it stays below,
+    or None, "last_step", "difference" (the test at the last step, or None), "reason"}}."""
+    base = {r["seed"]: {p["step"]: p["loss"] for p in r.get("curve", [])} for r in table.get(BAG_OF_WORDS, [])}
+    status = {}
+    for m, results in table.items():
+        if m == BAG_OF_WORDS:
+            continue
+        curves = {r["seed"]: {p["step"]: p["loss"] for p in r.get("curve", [])} for r in results}
+        steps = sorted({s for c in curves.values() for s in c})
+        seeds = sorted(set(curves) & set(base))
+        if not base or len(seeds) < 2 or not steps:
+            why = ("cannot be compared: no bag-of-words runs" if not base else
+                   f"cannot be compared with bag of words: {len(seeds)} seed(s) with both curves, a paired test "
+                   "needs 2")
+            status[m] = dict(trained=None, parted_at=None, last_step=steps[-1] if steps else None, difference=None,
+                             below=[], reason=why)
+            continue
+        below, tests = [], {}
+        for step in steps:
+            a = [base[s].get(step) for s in seeds]
+            b = [curves[s].get(step) for s in seeds]
+            try:
+                tests[step] = stats.paired_difference(a, b, alpha=alpha)
+            except ValueError:
+                tests[step] = None
+            below.append(tests[step] is not None and tests[step].ci_low > 0)
+        parted_at = None
+        for k in range(len(steps) - 1, -1, -1):  # the start of the final run of steps where it stays below
+            if not below[k]:
+                break
+            parted_at = steps[k]
+        last = tests[steps[-1]]
+        said = "" if last is None else (f" (held-out loss {last.mean:+.3g} below it, 95% CI {last.ci_low:+.3g} to "
+                                        f"{last.ci_high:+.3g})")
+        if below[-1]:
+            reason = f"parts from bag of words at step {parted_at}{said}"
+        else:
+            reason = f"has not parted from bag of words by step {steps[-1]}{said}"
+        status[m] = dict(trained=bool(below[-1]), parted_at=parted_at, last_step=steps[-1],
+                         difference=None if last is None else _test_dict(last), below=below, reason=reason)
+    return status
+
+
+def _test_dict(result: stats.PairedDifference) -> dict:
+    return dict(n=result.n, dropped=result.dropped, mean=result.mean, sd=result.sd, ci_low=result.ci_low,
+                ci_high=result.ci_high, t=result.t, p=result.p, mdd=result.mdd)
+
+
+# --- verdicts ----------------------------------------------------------------------------------------------------
+
+def _not_trained_reason(about: Sequence[str], training: dict) -> str | None:
+    """Why a comparison about `about` cannot be tested yet, or None when every mechanism uses positions."""
+    late = [m for m in about if not (training.get(m) or {}).get("trained")]
+    if not late:
+        return None
+    said = [f"{label(m)} has no runs here" if m not in training else f"{label(m)} {training[m]['reason']}"
+            for m in late]
+    return f"{NOT_TRAINED}: " + "; ".join(said)
+
+
+def _direction(mean: float | None, expected_sign: int) -> str | None:
+    if mean is None or mean == 0:
+        return None
+    return "agrees" if np.sign(mean) == expected_sign else "disagrees"
+
+
+def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: float = ALPHA) -> dict:
+    """Every claim's record (id, paper, reference, claim, figure, parts, measured, verdict, reason, caveat), the
+    training status of each mechanism, and `comparisons`: the tested comparisons with their Holm-adjusted
+    p-values. Deterministic in `table`."""
+    claims = CLAIMS if claims is None else claims
+    training = training_status(table, alpha)
+    trained = {m for m, info in training.items() if info["trained"]}
+    records = []
+    tested = []  # (record index, part index, PairedDifference)
+    for claim in claims:
+        parts, measured = claim.judge(table, trained)
+        for index, part in enumerate(parts):
+            if part["kind"] != "comparison":
+                continue
+            pairs = [(a, b) for a, b in zip(part["a"], part["b"]) if a is not None and b is not None]
+            part["measured_mean"] = float(np.mean([a - b for a, b in pairs])) if pairs else None
+            part["direction"] = _direction(part["measured_mean"], part["expected_sign"])
+            late = _not_trained_reason(part["about"], training)
+            if not pairs:
+                part.update(verdict=INCONCLUSIVE, why="not measured",
+                            reason="not measured: no seed gives a value"
+                                   + (f" ({', '.join(map(label, part['about']))})" if part["about"] else ""))
+            elif late:
+                part.update(verdict=INCONCLUSIVE, why=NOT_TRAINED, reason=late)
+            elif len(pairs) < 2:
+                part.update(verdict=INCONCLUSIVE, why="one seed",
+                            reason=f"one seed ({part['measured_mean']:+.3g}) gives no spread to judge it by")
+            else:
+                tested.append((len(records), index, stats.paired_difference(part["a"], part["b"], alpha=alpha)))
+        records.append(dict(id=claim.id, paper=claim.paper, reference=claim.reference, claim=claim.statement,
+                            figure=dataclasses.asdict(claim.figure), parts=parts, measured=measured,
+                            caveat=claim.caveat))
+    adjusted, _ = stats.holm([t.p for _, _, t in tested], alpha)
+    comparisons = []
+    for (r, k, result), p_holm in zip(tested, adjusted):
+        part = records[r]["parts"][k]
+        value, reason = stats.verdict(result, float(p_holm), alpha, part["expected_sign"])
+        why = "decided" if value != INCONCLUSIVE else "not detected"
+        part.update(verdict=value, why=why, reason=reason, test=dict(_test_dict(result), p_holm=float(p_holm)))
+        comparisons.append(dict(claim=records[r]["id"], part=part["what"], verdict=value, **part["test"]))
+    for record in records:
+        record["verdict"], record["reason"] = all_of(record["parts"])
+    return dict(claims=records, training=training, comparisons=comparisons, alpha=alpha, family=len(tested))

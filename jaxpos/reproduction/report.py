@@ -8,9 +8,10 @@ import time
 
 import numpy as np
 
+from jaxpos.analysis.plots import _save, plt  # plots chooses matplotlib's file-only backend
 from jaxpos.analysis.report import _jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.reproduction import claims as C
-from jaxpos.reproduction.runs import RUN_MECHANISMS, load_plan, profile_of, read_result
+from jaxpos.reproduction.runs import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
 
 REPORT_FILE, NUMBERS_FILE, FIGURES = "REPRODUCTION.md", "numbers.json", "figures"
 # Per-mechanism numbers of the mechanisms table: (key, column title, getter).
@@ -18,11 +19,11 @@ COLUMNS = (
     ("positional_parameters", "positional params", C.field("params.positional")),
     ("step_time_ms", "step time (ms)", lambda r: None if r["pretrain"]["step_time_s"] is None
      else 1000 * r["pretrain"]["step_time_s"]),
-    ("mlm_eval_loss", "MLM eval loss", C.field("pretrain.eval_loss")),
-    ("word_order_accuracy", "word-order dev acc. (max over evals)", C.accuracy),
-    ("locality", "locality", C.field("over_training.series.locality.-1")),
-    ("symmetry", "symmetry", C.field("over_training.series.symmetry.-1")),
-    ("logit_rank_max", "largest logit rank", C.field("final.rank.logit_rank_max")),
+    ("mlm_eval_loss", "held-out MLM loss", lambda r: r["curve"][-1]["loss"] if r.get("curve") else None),
+    ("paraphrase_accuracy", "paraphrase dev acc. (max over evals)", C.accuracy),
+    ("locality", "locality", C.field("last.headline.locality")),
+    ("symmetry", "symmetry", C.field("last.headline.symmetry")),
+    ("logit_rank_max", "largest logit rank", C.field("last.rank.logit_rank_max")),
 )
 
 
@@ -37,20 +38,38 @@ def results_table(out: str, plan: dict) -> dict:
 
 
 def mechanism_numbers(table: dict) -> dict:
-    """{mechanism: {column key: stats over seeds}}."""
-    return {m: {key: C.stats(C.per_seed(table, m, get)) for key, _, get in COLUMNS} for m in table}
+    """{mechanism: {column key: mean, sd over seeds}}."""
+    return {m: {key: C.describe([get(r) for r in table[m]]) for key, _, get in COLUMNS} for m in table}
+
+
+def curves(table: dict) -> dict:
+    """{mechanism: {"steps": [K], "loss": [[seeds] per step]}} of the learning curves."""
+    out = {}
+    for m, results in table.items():
+        steps = sorted({p["step"] for r in results for p in r.get("curve", [])})
+        losses = [[next((p["loss"] for p in r.get("curve", []) if p["step"] == s), None) for r in results]
+                  for s in steps]
+        out[m] = dict(steps=steps, loss=losses)
+    return out
 
 
 def _cell(s: dict, digits: int = 3) -> str:
     if s["n"] == 0:
         return "–"
-    if s["std"] is None or s["std"] == 0:
+    if s["sd"] is None or s["sd"] == 0:
         return f"{s['mean']:.{digits}g}"
-    return f"{s['mean']:.{digits}g} ± {s['std']:.2g}"
+    return f"{s['mean']:.{digits}g} ± {s['sd']:.2g}"
 
 
 def _mark(value: str) -> str:
     return {"holds": "**holds**", "contradicted": "**contradicted**", "inconclusive": "inconclusive"}[value]
+
+
+def _verdict_text(part: dict) -> str:
+    """The verdict, and for an inconclusive part why (not trained, or not detected at these seeds)."""
+    if part["verdict"] == C.INCONCLUSIVE and part.get("why") in (C.NOT_TRAINED, "not measured", "one seed"):
+        return f"inconclusive: {part['why']}"
+    return _mark(part["verdict"])
 
 
 def markdown_table(rows: list[list[str]]) -> str:
@@ -60,9 +79,10 @@ def markdown_table(rows: list[list[str]]) -> str:
 
 
 def summary_table(claims: list[dict]) -> str:
-    """The verdict of every claim, one row each (what the README quotes)."""
-    rows = [["paper", "claim", "source", "verdict"]]
-    rows += [[c["paper"], c["claim"], c["reference"], _mark(c["verdict"])] for c in claims]
+    """The verdict of every claim beside the paper's figure, one row each."""
+    rows = [["paper", "claim", "the paper's figure", "verdict"]]
+    rows += [[c["paper"], c["claim"], f"{c['figure']['source']}: {c['figure']['value']}", _mark(c["verdict"])]
+             for c in claims]
     return markdown_table(rows)
 
 
@@ -71,7 +91,56 @@ def mechanisms_table(numbers: dict) -> str:
     for m in (m for m in RUN_MECHANISMS if m in numbers):
         n = max(s["n"] for s in numbers[m].values())
         rows.append([f"{RUN_MECHANISMS[m].label} (`{m}`)", str(n)]
-                    + [_cell(numbers[m][key], 4 if key == "word_order_accuracy" else 3) for key, _, _ in COLUMNS])
+                    + [_cell(numbers[m][key], 4 if key == "paraphrase_accuracy" else 3) for key, _, _ in COLUMNS])
+    return markdown_table(rows)
+
+
+def curve_table(curve: dict, entropy: float | None) -> str:
+    """Held-out MLM loss (mean ± sd over seeds) at each step of the curve, a column per mechanism."""
+    names = [m for m in RUN_MECHANISMS if m in curve and curve[m]["steps"]]
+    steps = sorted({s for m in names for s in curve[m]["steps"]})
+    rows = [["step"] + [f"`{m}`" for m in names]]
+    for step in steps:
+        row = [str(step)]
+        for m in names:
+            k = curve[m]["steps"].index(step) if step in curve[m]["steps"] else None
+            row.append("–" if k is None else _cell(C.describe(curve[m]["loss"][k])))
+        rows.append(row)
+    note = f"Unigram entropy of the training corpus (a model that ignores context): {entropy:.3f} nats/token.\n" \
+        if entropy else ""
+    return markdown_table(rows) + "\n" + note
+
+
+def training_table(training: dict) -> str:
+    rows = [["mechanism", "bag of words − mechanism, last step (95% CI, seeds)", "uses positions",
+             "curves part at step"]]
+    for m in (m for m in RUN_MECHANISMS if m in training):
+        info, diff = training[m], training[m]["difference"]
+        said = "–" if diff is None else f"{diff['mean']:+.3g} ({diff['ci_low']:+.3g} to {diff['ci_high']:+.3g}, " \
+                                        f"{diff['n']})"
+        uses = {True: "yes", False: "**no**", None: "cannot tell"}[info["trained"]]
+        parted = str(info["parted_at"]) if info["parted_at"] else f"not by {info['last_step']}"
+        rows.append([f"{RUN_MECHANISMS[m].label} (`{m}`)", said, uses, parted if info["trained"] is not None else "–"])
+    return markdown_table(rows)
+
+
+def comparisons_table(claims: list[dict]) -> str:
+    """Every comparison of the report: mean difference, 95% CI, p, Holm-adjusted p, verdict, and for an
+    undecided one the difference these seeds could detect."""
+    rows = [["claim", "comparison", "mean difference (95% CI)", "p", "Holm p", "verdict",
+             "detectable difference (80% power)"]]
+    for c in claims:
+        for p in c["parts"]:
+            if p["kind"] != "comparison":
+                continue
+            test = p.get("test")
+            if test:
+                interval = f"{test['mean']:+.3g} ({test['ci_low']:+.3g} to {test['ci_high']:+.3g})"
+                rows.append([c["id"], p["what"], interval, f"{test['p']:.2g}", f"{test['p_holm']:.2g}",
+                             _verdict_text(p), f"{test['mdd']:.3g}" if p["verdict"] == C.INCONCLUSIVE else ""])
+            else:
+                mean = "–" if p.get("measured_mean") is None else f"{p['measured_mean']:+.3g} (not tested)"
+                rows.append([c["id"], p["what"], mean, "", "", _verdict_text(p), ""])
     return markdown_table(rows)
 
 
@@ -79,7 +148,7 @@ def mechanisms_table(numbers: dict) -> str:
 
 def _bars(ax, names, values, title, ylabel, line=None, line_label=""):
     means = [np.nan if v["n"] == 0 else v["mean"] for v in values]
-    errors = [0 if not v["std"] else v["std"] for v in values]
+    errors = [0 if not v["sd"] else v["sd"] for v in values]
     ax.bar(np.arange(len(names)), means, yerr=errors, capsize=2, color="#4c72b0")
     if line is not None:
         ax.axhline(line, color="red", ls="--", lw=1, label=line_label)
@@ -90,22 +159,39 @@ def _bars(ax, names, values, title, ylabel, line=None, line_label=""):
     ax.set_ylabel(ylabel, fontsize=8)
 
 
-def figures(out: str, table: dict, numbers: dict) -> dict:
+def _learning_curves_figure(path: str, curve: dict, entropy: float | None) -> str:
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for m in (m for m in RUN_MECHANISMS if m in curve and curve[m]["steps"]):
+        loss = [[v for v in seeds if v is not None] for seeds in curve[m]["loss"]]
+        mean = np.array([np.mean(v) if v else np.nan for v in loss])
+        sd = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in loss])
+        style = dict(color="black", lw=2.2, label="none (bag of words)") if m == BAG_OF_WORDS else dict(lw=1,
+                                                                                                        label=m)
+        line, = ax.plot(curve[m]["steps"], mean, marker=".", **style)
+        ax.fill_between(curve[m]["steps"], mean - sd, mean + sd, alpha=0.12, color=line.get_color())
+    if entropy:
+        ax.axhline(entropy, color="grey", ls="--", lw=1, label="unigram entropy")
+    ax.set_xlabel("pretraining step")
+    ax.set_ylabel("held-out MLM loss (nats/token)")
+    ax.set_title("learning curves (mean ± sd over seeds)", fontsize=9)
+    ax.legend(fontsize=6, ncol=3)
+    return _save(fig, path)
+
+
+def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | None) -> dict:
     """Writes OUT/figures/*.png; returns {name: relative path}."""
-    import matplotlib.pyplot as plt
-
-    from jaxpos.analysis.plots import _save
-
     folder = os.path.join(out, FIGURES)
     os.makedirs(folder, exist_ok=True)
     names = [m for m in RUN_MECHANISMS if m in table]
-    paths = {}
+    paths = {"learning_curves": _learning_curves_figure(os.path.join(folder, "learning_curves.png"), curve,
+                                                        entropy)}
 
-    chance = C.stats([r["finetune"]["chance"] for runs in table.values() for r in runs])["mean"]
+    chance = C.describe([r["finetune"]["chance"] for runs in table.values() for r in runs if r.get("finetune")])
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    _bars(axes[0], names, [numbers[m]["word_order_accuracy"] for m in names], "word-order task (max over evals)",
-          "dev accuracy", chance, "chance (majority class)")
-    _bars(axes[1], names, [numbers[m]["mlm_eval_loss"] for m in names], "masked-LM held-out loss", "loss")
+    _bars(axes[0], names, [numbers[m]["paraphrase_accuracy"] for m in names], "paraphrase task (max over evals)",
+          "dev accuracy", chance["mean"], "chance (majority class)")
+    _bars(axes[1], names, [numbers[m]["mlm_eval_loss"] for m in names], "held-out MLM loss, last step", "loss",
+          entropy, "unigram entropy")
     _bars(axes[2], names, [numbers[m]["step_time_ms"] for m in names], "pretraining step time", "ms / step")
     paths["mechanisms"] = _save(fig, os.path.join(folder, "mechanisms.png"))
 
@@ -113,23 +199,25 @@ def figures(out: str, table: dict, numbers: dict) -> dict:
     for ax, series, title in zip(axes, ("toeplitz_r2", "locality", "symmetry"),
                                  ("Toeplitz $R^2$ of $E_P E_P^T$", "identical-word locality (learned)",
                                   "identical-word symmetry (learned)")):
-        for m in (names if series == "toeplitz_r2" else [m for m in names if RUN_MECHANISMS[m].learned]):
-            curves = [r["over_training"]["series"][series] for r in table[m]]
-            if not curves or any(v is None for c in curves for v in c):
+        for m in names:
+            runs = [r for r in table[m] if r.get("over_training")]
+            series_of = [r["over_training"]["series"][series] for r in runs]
+            if not runs or any(v is None for c in series_of for v in c):
                 continue
-            steps = table[m][0]["over_training"]["steps"]
-            mean, std = np.mean(curves, axis=0), np.std(curves, axis=0)
+            steps = runs[0]["over_training"]["steps"]
+            mean, sd = np.mean(series_of, axis=0), np.std(series_of, axis=0)
             ax.plot(steps, mean, marker=".", lw=1, label=m)
-            ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
+            ax.fill_between(steps, mean - sd, mean + sd, alpha=0.15)
         ax.set_xlabel("pretraining step")
-        ax.set_title(title + " (mean ± std over seeds)", fontsize=9)
+        ax.set_title(title + " (mean ± sd over seeds)", fontsize=9)
         if ax.lines:
             ax.legend(fontsize=6, ncol=2)
     paths["over_training"] = _save(fig, os.path.join(folder, "over_training.png"))
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
     absolute = table.get("absolute", [])
-    importance = [r["final"]["decomposition"]["importance"] for r in absolute if r["final"]["decomposition"]]
+    importance = [r["last"]["decomposition"]["importance"] for r in absolute
+                  if (r.get("last") or {}).get("decomposition")]
     if importance:
         mean = np.mean(importance, axis=0)
         for k, term in enumerate(("i (input)", "h (attention)", "f (feed-forward)", "c (biases)")):
@@ -138,16 +226,18 @@ def figures(out: str, table: dict, numbers: dict) -> dict:
         axes[0].set_xlabel("layer (0 = embeddings)")
         axes[0].legend(fontsize=7)
     axes[0].set_title("Muppet importance μ, absolute (mean over seeds)", fontsize=9)
-    effective = [r["final"]["effective_attention"] for r in absolute if r["final"]["effective_attention"]]
+    effective = [r["final"]["effective_attention"] for r in absolute
+                 if (r.get("final") or {}).get("effective_attention")]
     if effective:
         lengths = effective[0]["lengths"]
-        curves = np.asarray([e["correlation"] for e in effective], float)
-        axes[1].errorbar(lengths, curves.mean(0), yerr=curves.std(0), marker="o", capsize=2)
+        values = np.asarray([e["correlation"] for e in effective], float)
+        axes[1].errorbar(lengths, values.mean(0), yerr=values.std(0), marker="o", capsize=2)
         axes[1].axvline(absolute[0]["head_dim"], color="red", ls="--", lw=1, label=f"D = {absolute[0]['head_dim']}")
         axes[1].set_xlabel("sequence length T")
         axes[1].legend(fontsize=7)
     axes[1].set_title("raw vs effective attention, Pearson r (absolute)", fontsize=9)
-    rates = [r["final"]["identifiability"]["rates"]["linear"] for r in absolute if r["final"]["identifiability"]]
+    rates = [r["final"]["identifiability"]["rates"]["linear"] for r in absolute
+             if (r.get("final") or {}).get("identifiability")]
     if rates:
         rates = np.asarray(rates, float)
         axes[2].errorbar(np.arange(rates.shape[1]), rates.mean(0), yerr=rates.std(0), marker="o", capsize=2)
@@ -157,18 +247,19 @@ def figures(out: str, table: dict, numbers: dict) -> dict:
     axes[2].set_title("token identifiability, linear probe (absolute)", fontsize=9)
     paths["muppet_identifiability"] = _save(fig, os.path.join(folder, "muppet_identifiability.png"))
 
+    probed = [m for m in names if any(r.get("probe") for r in table[m])]
     fig, ax = plt.subplots(figsize=(10, 3.6))
-    width = 0.4
-    for offset, key, label in ((-width / 2, "local_drop", "local swaps (mean over x = 2..5)"),
-                               (width / 2, "global_drop", "global swap")):
-        values = [C.stats(C.per_seed(table, m, C.field(f"probe.{key}"))) for m in names]
-        ax.bar(np.arange(len(names)) + offset, [v["mean"] if v["n"] else np.nan for v in values], width,
-               yerr=[v["std"] or 0 for v in values], capsize=2, label=label)
+    width = 0.27
+    for offset, key, text in ((-width, "local_drop", "accuracy drop, local shuffles (mean over x = 2..5)"),
+                              (0.0, "paraphrase_share", "share called paraphrase: unswapped paraphrases"),
+                              (width, "swapped_paraphrase_share", "share called paraphrase: globally swapped")):
+        values = [C.describe([C._get(r, f"probe.{key}") for r in table[m]]) for m in probed]
+        ax.bar(np.arange(len(probed)) + offset, [v["mean"] if v["n"] else np.nan for v in values], width,
+               yerr=[v["sd"] or 0 for v in values], capsize=2, label=text)
     ax.axhline(0, color="grey", lw=0.5)
-    ax.set_xticks(np.arange(len(names)))
-    ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("drop in masked-token accuracy")
-    ax.set_title("word-order probe (masked-LM stand-in for Chen et al. Table 3)", fontsize=9)
+    ax.set_xticks(np.arange(len(probed)))
+    ax.set_xticklabels(probed, rotation=60, ha="right", fontsize=7)
+    ax.set_title("Chen et al.'s word-order probe on the paraphrase task", fontsize=9)
     ax.legend(fontsize=7)
     paths["word_order_probe"] = _save(fig, os.path.join(folder, "word_order_probe.png"))
     return {k: os.path.relpath(v, out) for k, v in paths.items()}
@@ -182,82 +273,116 @@ FIGURE_OF = dict(tisa_toeplitz="over_training", tisa_parameters="mechanisms", di
 
 # --- the report --------------------------------------------------------------------------------------------------
 
+def recipe_lines(plan: dict, table: dict) -> list[str]:
+    """The profile's recipe, as the report states it."""
+    profile = profile_of(plan)
+    run = next(iter(table.values()))[0]
+    corpus = plan.get("corpus", {})
+    editions = ", ".join(corpus.get("editions", [])) or "?"
+    train, ft = profile.train, profile.finetune_train
+    return [
+        f"- profile `{profile.name}` ({profile.purpose}); a fixed recipe, the same for every mechanism and seed:",
+        f"  - model: BERT with d = {run['d_model']}, L = {run['num_layers']}, head dim D = {run['head_dim']}",
+        f"  - pretraining: masked LM on the Bible ({editions}: {corpus.get('documents', '?')} chapters, "
+        f"{corpus.get('tokens', 0):,} tokens, held-out chapters by the chapter hash), {profile.steps} steps of "
+        f"{train['batch_size']} rows × {profile.data['seq_len']} tokens ({run['tokens']:,} tokens), peak learning "
+        f"rate {train['learning_rate']:g}, warmup {train['warmup_fraction']:.0%}, linear decay",
+        f"  - learning curve: held-out MLM loss at steps {', '.join(map(str, profile.curve_steps()))} "
+        f"({profile.eval_batches} batches each); analyses at steps "
+        f"{', '.join(map(str, profile.analysis_steps()))}",
+        f"  - fine-tuning: the offline Bible paraphrase task (verse pairs of two editions), {ft['num_steps']} steps "
+        f"of {ft['batch_size']} pairs at learning rate {ft['learning_rate']:g}, "
+        f"{profile.finetune_data['offline_train_examples']} training pairs, dev accuracy at half-way and the end "
+        f"(the better one); the word-order probe on {profile.probe_examples} test pairs",
+    ]
+
+
 def write_report(out: str, wall_s: float | None = None, command: str = "") -> dict:
     """Writes OUT/REPRODUCTION.md, OUT/figures/ and OUT/numbers.json from the finished runs of OUT/plan.json;
     returns the numbers. Runs that have not finished are listed as missing."""
     plan = load_plan(out)
     if plan is None:
         raise FileNotFoundError(f"{out}/plan.json is missing: nothing to report")
-    profile = profile_of(plan)
     table = results_table(out, plan)
     if not table:
         raise ValueError(f"no run in {out}/runs has finished: nothing to report")
     missing = [n for n in plan["runs"] if read_result(out, n) is None]
     numbers = mechanism_numbers(table)
-    claims = C.evaluate_claims(table)
-    paths = figures(out, table, numbers)
-    any_run = next(iter(table.values()))[0]
+    evaluated = C.evaluate_claims(table, C.select_claims(plan["claims"]))
+    claims = evaluated["claims"]
+    curve = curves(table)
+    entropy = plan.get("corpus", {}).get("unigram_entropy")
+    paths = figures(out, table, numbers, curve, entropy)
     machine = plan["machine"]
     hardware = (", ".join(machine["gpus"]) if machine.get("gpus") else f"{machine['cores']} CPU cores") + \
         f" ({machine['cpu']}), jax {machine.get('jax', '?')}"
     run_wall = [r["timing"]["wall_s"] for runs in table.values() for r in runs]
-    if wall_s is None:  # written apart from the runs (launch/reproduce.sh): the time since the plan was made
+    if wall_s is None:  # written apart from the runs (a job array): the time since the plan was made
         wall_s = time.time() - plan["started_unix"]
+    estimated = (plan.get("estimates") or [None])[0]
     lines = [
         "# Reproducing the papers' claims at small scale", "",
         f"Written by `{command or 'jaxpos reproduce'}` on {time.strftime('%Y-%m-%d %H:%M %Z')}.", "",
-        f"- profile `{profile.name}`: BERT with d = {any_run['d_model']}, L = {any_run['num_layers']}, head dim "
-        f"D = {any_run['head_dim']}, rows of {any_run['seq_len']} tokens from the embedded corpus (CPython's "
-        f"documentation: {plan.get('corpus', {}).get('documents', '?')} documents, "
-        f"{plan.get('corpus', {}).get('tokens', 0):,} tokens, a small corpus)",
-        f"- {len(table)} mechanisms × {plan['seeds']} seed(s); every run pretrains {any_run['steps']} steps of "
-        f"{any_run['tokens'] // any_run['steps'] // any_run['seq_len']} rows × {any_run['seq_len']} tokens (the "
-        "same data, recipe and token budget for every mechanism), fine-tunes "
-        f"{plan['finetune_steps']} steps on the offline word-order task and is analysed at "
-        f"{len(any_run['over_training']['steps'])} checkpoints",
-        f"- budget {plan['budget_minutes']:g} min" + (f", {plan['budget_note']}" if plan.get("budget_note") else "")
-        + (f"; wall time {wall_s / 60:.1f} min" if wall_s else "")
-        + f"; a run took {np.mean(run_wall):.0f} s on average",
-        f"- machine: {hardware}, {plan['workers']} runs at a time"
-        + (f"; XLA_FLAGS={profile.xla_flags} (compiling dominates runs this short)" if profile.xla_flags else ""),
+        *recipe_lines(plan, table),
+        f"- {len(table)} mechanisms × {plan['seeds']} seed(s), the runs that {len(claims)} claim(s) need; runs with "
+        "the same seed share data order and masking",
+        f"- wall time {wall_s / 60:.1f} min" + (f" (estimated beforehand: {estimated['total_s'] / 60:.1f} min)"
+                                                if estimated else "")
+        + f"; a run took {np.mean(run_wall):.0f} s on average; machine: {hardware}, {plan['workers']} worker(s)",
         ""]
     if missing:
         lines += [f"**Missing runs** (not finished, left out below): {', '.join(missing)}", ""]
     lines += [
-        "> **Scale.** These are tiny models trained for minutes on a small corpus. A verdict here is evidence about "
-        "the mechanism at this scale, not a replacement for the papers' runs.", "",
-        "**Verdicts.** A comparison needs two or more seeds and is decided only when the groups' mean ± standard "
-        "deviation over seeds do not overlap (or a per-seed difference's mean ± std excludes 0); otherwise it is "
-        "*inconclusive*, whatever the sign of the difference. A bound every run must satisfy (exactness, a rank "
-        "bound) is checked run by run. A claim of several parts holds when all parts hold and is contradicted when "
-        "any part is.", "",
+        "> **Scale.** These are tiny models trained for minutes. A verdict here is evidence about the mechanism at "
+        "this scale, not a replacement for the papers' runs.", "",
+        f"**Verdicts.** A downstream claim about a mechanism is judged only once that mechanism uses positions: its "
+        f"held-out MLM loss at the last step lies below the bag-of-words model's, paired by seed, with the 95% "
+        f"interval of the difference above 0 (otherwise: *inconclusive: {C.NOT_TRAINED}*, with the step at which "
+        f"the curves part). Each comparison pairs the two sides by seed (a change or a value against a constant "
+        f"is paired with 0) and gets a two-sided paired t test; the {evaluated['family']} tested comparisons of "
+        f"this report are Holm-corrected together, and a comparison *holds* or is *contradicted* only when its "
+        f"Holm-adjusted p <= {evaluated['alpha']:g} (its 95% interval then excludes 0); otherwise it is "
+        "*inconclusive*, with the difference these seeds could have detected (80% power, before the correction). "
+        "A bound every run must satisfy (exactness, a rank bound) is checked run by run. A claim holds when every "
+        "part holds and is contradicted when any part is.", "",
         "## Summary", "", summary_table(claims),
+        "## Learning curves", "",
+        "Held-out masked-LM loss (mean ± sd over seeds) at fixed steps, beside the bag-of-words model (`none`).", "",
+        curve_table(curve, entropy), f"![learning curves]({paths['learning_curves']})", "",
+        training_table(evaluated["training"]),
+        "## Comparisons", "", comparisons_table(claims),
         "## Mechanisms", "",
-        "Mean ± standard deviation over seeds. Positional parameters: the positional module's own (input position "
-        "tables, biases, kernels). Locality, symmetry: identical-word attention at the last checkpoint. Largest "
-        "logit rank: over layers, heads and held-out windows of T = "
-        f"{C._get(any_run, 'final.rank.length')} tokens (D = {any_run['head_dim']}).", "",
+        "Mean ± sd over seeds. Positional parameters: the positional module's own. Locality, symmetry: "
+        "identical-word attention at the last checkpoint. Largest logit rank: over layers, heads and held-out "
+        "windows (D = " + str(next(iter(table.values()))[0]['head_dim']) + ").", "",
         mechanisms_table(numbers), f"![mechanisms]({paths['mechanisms']})", ""]
     for paper in C.PAPERS:
+        section = [c for c in claims if c["paper"] == paper]
+        if not section:
+            continue
         lines += [f"## {paper}", ""]
-        for c in (c for c in claims if c["paper"] == paper):
+        for c in section:
             lines += [f"### {c['claim']}", "", f"*{c['paper']}, {c['reference']}.* Verdict: {_mark(c['verdict'])}.",
-                      ""]
-            lines += [f"- {p['what']}: {_mark(p['verdict'])}. {p['reason']}." for p in c["parts"]]
+                      "", f"- the paper ({c['figure']['source']}): {c['figure']['value']}"]
+            for p in c["parts"]:
+                direction = ""
+                if p["kind"] == "comparison" and p.get("direction"):
+                    direction = f" Direction {p['direction']} with the paper's."
+                lines.append(f"- measured, {p['what']}: {_verdict_text(p)}. {p['reason']}.{direction}")
             lines.append("")
             if c.get("caveat"):
                 lines += [f"Caveat: {c['caveat']}", ""]
             if c["id"] in FIGURE_OF:
                 lines += [f"![{c['id']}]({paths[FIGURE_OF[c['id']]]})", ""]
     lines += ["## Files", "",
-              f"`{NUMBERS_FILE}` holds every number (each run's result, the per-mechanism statistics, every claim's "
-              "measurements and verdict); `runs/NAME/` each run's workdirs, logs and per-checkpoint analyses.", ""]
+              f"`{NUMBERS_FILE}` holds every number (each run's result, the learning curves, the training status, "
+              "every comparison's test and every claim's measurements and verdict); `runs/NAME/` each run's "
+              "workdirs, log and analyses.", ""]
     with open(os.path.join(out, REPORT_FILE), "w") as f:
         f.write("\n".join(lines))
-    result = dict(
-        plan=plan, wall_s=wall_s, missing=missing, figures=paths,
-        mechanisms=numbers, claims=claims, runs={r["name"]: r for runs in table.values() for r in runs})
+    result = dict(plan=plan, wall_s=wall_s, missing=missing, figures=paths, mechanisms=numbers, curves=curve,
+                  training=evaluated["training"], comparisons=evaluated["comparisons"], family=evaluated["family"],
+                  alpha=evaluated["alpha"], claims=claims, runs={r["name"]: r for runs in table.values() for r in runs})
     with open(os.path.join(out, NUMBERS_FILE), "w") as f:
         json.dump(_jsonable(result), f, indent=1, allow_nan=False)
     return result
-

@@ -1,6 +1,7 @@
-"""`jaxpos reproduce` from start to report: the plan (resumed from OUT/plan.json where there is one), the shared
-tokenizer, a timing that sets the steps of every run within the budget, the runs on worker processes, and
-REPRODUCTION.md. A worker process executes runs through `run_worker`."""
+"""`jaxpos reproduce` from start to report: the plan of a profile's fixed recipe for the chosen claims and
+mechanisms (resumed from OUT/plan.json where there is one), the shared tokenizer, a short timing that estimates
+the wall time (and changes nothing), the runs on a pool of worker processes, and REPRODUCTION.md. A SLURM array
+task executes one run through `run_one`."""
 
 from __future__ import annotations
 
@@ -12,77 +13,83 @@ from typing import Sequence
 
 from jaxpos.progress import status
 from jaxpos.reproduction import runs
+from jaxpos.reproduction.claims import runs_needed, select_claims
 
 WALL_FILE = "wall_time.json"
 RUNS_LIST_FILE = "runs.txt"
-CALIBRATION_ORDER = ("attenuated_learned", "tupe", "shaw", "diet_abs_unshared", "tisa", "absolute")
+COMPILED_PROGRAMS = dict(pretrain=3, finetune=2)  # programs a stage compiles: train step, evaluation(s)
+ANALYSIS_STEP_EQUIVALENT = 40  # an analysed checkpoint costs about this many training steps (a rough allowance)
 
 
-def _calibration_runs(plan: dict, profile, workers: int, warm: bool = False) -> dict:
-    """One calibration run per worker (the full pipeline, a few steps), of the costlier mechanisms first; `warm`:
-    the same runs again with other seeds, which find their programs compiled (as a mechanism's later seeds do)."""
-    order = [m for m in CALIBRATION_ORDER if m in plan["mechanisms"]] + \
-        [m for m in plan["mechanisms"] if m not in CALIBRATION_ORDER]
-    steps = profile.calibration_steps // profile.checkpoints * profile.checkpoints or profile.checkpoints
-    return {f"calibration_{i}_{order[i % len(order)]}{'_warm' if warm else ''}": dict(
-        mechanism=order[i % len(order)], seed=(200 if warm else 100) + i, steps=steps,
-        finetune_steps=profile.calibration_finetune_steps) for i in range(workers)}
-
-
-def _calibrate(out: str, plan: dict, profile, workers: int) -> tuple[float, float, float, float | None, float]:
-    """(cold fixed s, step s, fine-tuning step s, warm fixed s or None, a worker's start-up s) measured by
-    calibration runs."""
-    passes = [False, True] if plan["seeds"] > 1 else [False]
-    plan["calibration"] = {}
-    estimates = []
-    for warm in passes:
-        names = _calibration_runs(plan, profile, workers, warm)
-        plan["calibration"].update(names)
-        runs.save_plan(out, plan)
-        status(f"timing: {len(names)} calibration run(s) of the whole pipeline in parallel"
-               + (", again with their programs compiled" if warm else ""))
-        runs.execute(out, list(names), workers)
-        estimates.append(runs.calibration_estimate([runs.read_result(out, name) for name in names]))
-    fixed, step, finetune_step, startup = estimates[0]
-    return fixed, step, finetune_step, estimates[1][0] if len(estimates) > 1 else None, startup
+def new_plan(profile: str, seeds: int | None = None, workers: int | None = None,
+             mechanisms: Sequence[str] | None = None, claims: Sequence[str] | None = None) -> dict:
+    """The run matrix of these settings without writing anything: the runs (mechanism x seed, with their stages)
+    that the chosen claims need of the chosen mechanisms (default: the profile's), and the bag-of-words runs."""
+    if profile not in runs.PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(runs.PROFILES)}")
+    chosen = runs.PROFILES[profile]
+    available = list(mechanisms or chosen.mechanisms)
+    unknown = [m for m in available if m not in runs.RUN_MECHANISMS]
+    if unknown or not available:
+        raise ValueError(f"unknown mechanisms {unknown}; choose from {', '.join(runs.RUN_MECHANISMS)}")
+    selected = select_claims(claims)
+    needs = runs_needed(selected, available)
+    return runs.make_plan(chosen, seeds or chosen.seeds, needs, workers or runs.default_workers(),
+                          [c.id for c in selected])
 
 
 def _same_plan(old: dict, new: dict) -> None:
-    def comparable(plan, key):  # as saved (tuples are lists); the compile mode follows the budget, not the runs
-        value = json.loads(json.dumps(plan[key]))
-        return {k: v for k, v in value.items() if k != "xla_flags"} if key == "profile" else value
-
-    for key in ("profile", "mechanisms", "seeds"):
-        if comparable(old, key) != comparable(new, key):
-            raise ValueError(f"{key} differs from the plan already in this --out folder ({old[key]!r} there): "
-                             "use a new --out, or the same settings to resume")
+    for key in ("profile", "seeds", "runs"):
+        if json.loads(json.dumps(old[key])) != json.loads(json.dumps(new[key])):
+            raise ValueError(f"{key} differ from the plan already in this --out folder: use a new --out, or the same "
+                             "--profile, --seeds, --mechanisms and --claims to resume")
 
 
 def _shared_tokenizer(out: str, plan: dict) -> tuple[str, dict]:
     """The SentencePiece model every run uses (the same data for all), trained once as `jaxpos train` would, and
-    the size of the training corpus."""
-    from jaxpos.data.pipeline import build_mlm_data
-    from jaxpos.reproduction.pipeline import pretrain_config
+    the size of the training corpus and its unigram entropy."""
+    from jaxpos.data.pipeline import build_mlm_data  # the data layer: only where the plan needs a tokenizer
 
-    mechanism = plan["mechanisms"][0]
-    config = pretrain_config(dict(plan, tokenizer=""), mechanism, 0, plan["profile"]["checkpoints"])
-    folder = os.path.join(out, "tokenizer")
-    data = build_mlm_data(config.data, config.train.batch_size, folder)
-    corpus = dict(documents=data.stats.documents, tokens=data.stats.tokens, rows=data.stats.packed_examples)
+    config = runs.pretrain_config(dict(plan, tokenizer=""), plan["mechanisms"][0], 0)
+    data = build_mlm_data(config.data, config.train.batch_size, os.path.join(out, "tokenizer"))
+    corpus = dict(source=config.data.source, editions=list(config.data.get("bible_editions", ())),
+                  documents=data.stats.documents, tokens=data.stats.tokens, rows=data.stats.packed_examples,
+                  held_out_rows=len(data.eval_examples), unigram_entropy=data.unigram_entropy)
     return os.path.abspath(data.tokenizer.path), corpus
 
 
-def new_plan(profile: str, seeds: int, budget_minutes: float, workers: int | None = None,
-             mechanisms: Sequence[str] | None = None, steps: int | None = None) -> tuple[dict, runs.Profile]:
-    """(the run matrix of these settings, the profile it runs) without writing anything. `workers`: runs at a time
-    (default: one per GPU, else one per CPU core); `steps`: pretraining steps per run instead of the budget's."""
-    chosen = runs.PROFILES[profile]
-    if steps is not None:
-        if steps < 1:
-            raise ValueError(f"--steps {steps}: must be positive")
-        chosen = dataclasses.replace(chosen, fixed_steps=steps)
-    workers = workers or runs.default_workers()
-    return runs.make_plan(chosen, seeds, budget_minutes, workers, mechanisms), chosen
+def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None = None) -> dict:
+    """The wall time of runs `names` (default: all) on `workers` processes from a timing of the recipe: each run's
+    pretraining and fine-tuning steps, its evaluations, an allowance per analysed checkpoint, and for a
+    mechanism's first run its compiling (the timing's first step, for each program it compiles; later seeds find
+    the programs in the compilation cache). {"run_s": {name: s}, "total_s", "workers"}."""
+    profile = runs.profile_of(plan)
+    step, compile_s = timing["step_s"], max(0.0, timing["first_step_s"] - timing["step_s"])
+    pretrain_rows = profile.train["batch_size"] * profile.data["seq_len"]
+    finetune_step = step * (profile.finetune_train["batch_size"] * profile.finetune_data["max_length"]) / pretrain_rows
+    seconds, compiled = {}, set()
+    for name in names or plan["runs"]:
+        stages, mechanism = set(plan["runs"][name]["stages"]), plan["runs"][name]["mechanism"]
+        compiles = mechanism not in compiled
+        compiled.add(mechanism)
+        s = profile.steps * step + profile.curve_points * profile.eval_batches * step / 3  # forward only: ~1/3
+        s += COMPILED_PROGRAMS["pretrain"] * compile_s * compiles
+        if "finetune" in stages:
+            s += profile.finetune_train["num_steps"] * finetune_step
+            s += COMPILED_PROGRAMS["finetune"] * compile_s * compiles
+        analysed = len(profile.analysis_steps()) if "over_training" in stages else int(bool(stages & {"last",
+                                                                                                       "final"}))
+        s += analysed * ANALYSIS_STEP_EQUIVALENT * step
+        seconds[name] = s
+    total = sum(seconds.values()) / max(1, min(workers, len(seconds)))
+    return dict(run_s=seconds, total_s=total, workers=workers)
+
+
+def describe_estimate(plan: dict, estimated: dict, device: str) -> str:
+    timing = plan["timing"]
+    return (f"estimated wall time: {estimated['total_s'] / 60:.1f} min for {len(estimated['run_s'])} run(s) on "
+            f"{device} (a step {timing['step_s'] * 1000:.0f} ms and {timing['first_step_s']:.1f} s to compile, "
+            f"timed alone on one worker: workers sharing a GPU or busy cores run slower)")
 
 
 @dataclasses.dataclass
@@ -92,63 +99,59 @@ class Reproduction:
     wall_s: float | None = None  # the whole command's seconds (None when only planned)
 
 
-def reproduce(out: str, profile: str, seeds: int, budget_minutes: float, workers: int | None = None,
-              mechanisms: Sequence[str] | None = None, steps: int | None = None, *, command: str = "jaxpos reproduce",
-              plan_only: bool = False) -> Reproduction:
-    """Plans (or resumes the plan in OUT), trains the shared tokenizer, times the pipeline to set the steps per run,
-    executes every run on `workers` processes and writes the report (`command` is quoted in it). `plan_only`: stops
-    after the timing, with the run names in OUT/runs.txt for workers started elsewhere."""
-    from jaxpos.reproduction.report import write_report
+def reproduce(out: str, profile: str, seeds: int | None = None, workers: int | None = None,
+              mechanisms: Sequence[str] | None = None, claims: Sequence[str] | None = None, *,
+              command: str = "jaxpos reproduce", plan_only: bool = False) -> Reproduction:
+    """Plans (or resumes the plan in OUT), trains the shared tokenizer, times the recipe to estimate the wall time,
+    executes every run on `workers` processes and writes the report (`command` is quoted in it). `plan_only`:
+    stops after the tokenizer, with the run names in OUT/runs.txt for array tasks started elsewhere."""
+    from jaxpos.data.bible import bible_db_path
+    from jaxpos.reproduction.report import write_report  # matplotlib: only once there is a report to write
 
+    bible_db_path()  # the Bible corpora are in an extra: say which before anything runs
     start = time.perf_counter()
-    plan, chosen = new_plan(profile, seeds, budget_minutes, workers, mechanisms, steps)
+    plan = new_plan(profile, seeds, workers, mechanisms, claims)
     workers = plan["workers"]
     old = runs.load_plan(out)
     if old is not None:
         _same_plan(old, plan)
         plan = old
-        status(f"jaxpos reproduce: resuming the plan in {out} ({plan['steps'] or 'no'} steps per run)")
+        status(f"jaxpos reproduce: resuming the plan in {out}")
     else:
-        status(f"jaxpos reproduce: {len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s) = "
-               f"{len(plan['runs'])} runs, profile {chosen.name}, budget {budget_minutes:g} min, {workers} at a "
-               f"time -> {out}")
-        if plan["profile"]["xla_flags"] and not chosen.xla_flags:
-            status(f"under {chosen.fast_compile_below_s:.0f} s of budget per run: compiling unoptimised programs "
-                   "(faster to compile, slower to run)")
+        chosen = runs.profile_of(plan)
+        status(f"jaxpos reproduce: profile {chosen.name} ({chosen.purpose}): {len(plan['runs'])} runs of "
+               f"{len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s) for {len(plan['claims'])} claim(s) "
+               f"-> {out}")
     if "tokenizer" not in plan:
         plan["tokenizer"], plan["corpus"] = _shared_tokenizer(out, plan)
         runs.save_plan(out, plan)
-
-    if not plan["steps"]:
-        fixed, step, finetune_step, warm, startup = _calibrate(out, plan, chosen, workers)
-        reserve = 20 + 0.02 * budget_minutes * 60  # the report and figures, and a margin
-        left = budget_minutes * 60 - (time.perf_counter() - start) - reserve
-        plan["steps"], plan["finetune_steps"], plan["budget_note"] = runs.steps_for_budget(
-            left, len(plan["runs"]), workers, fixed, step, finetune_step, chosen,
-            cold_runs=len(plan["mechanisms"]), warm_fixed_s=warm, startup_s=startup)
-        plan["calibration_estimate"] = dict(fixed_s=fixed, warm_fixed_s=warm, startup_s=startup, step_s=step,
-                                            finetune_step_s=finetune_step, seconds_left=left)
-        runs.save_plan(out, plan)
-        status(f"steps per run: {plan['steps']} pretraining, {plan['finetune_steps']} fine-tuning "
-               f"({plan['budget_note']})")
-
     names = list(plan["runs"])
+    with open(os.path.join(out, RUNS_LIST_FILE), "w") as f:
+        f.write("".join(name + "\n" for name in names))
     if plan_only:
-        with open(os.path.join(out, RUNS_LIST_FILE), "w") as f:
-            f.write("".join(name + "\n" for name in names))
         return Reproduction(plan)
-    runs.execute(out, names, workers)
+    with runs.Pool(out, min(workers, len(names)), runs.profile_of(plan).xla_flags) as pool:
+        pending = [n for n in names if runs.read_result(out, n) is None]
+        if pending:
+            if "timing" not in plan:
+                plan["timing"] = pool.call("time_recipe", runs.TIMING_MECHANISM)
+                runs.save_plan(out, plan)
+            estimated = estimate(plan, plan["timing"], pool.workers, pending)
+            plan.setdefault("estimates", []).append(dict(estimated, at=time.strftime("%Y-%m-%d %H:%M:%S")))
+            runs.save_plan(out, plan)
+            status(describe_estimate(plan, estimated, pool.device))
+        runs.execute(out, names, pool)
     wall = time.perf_counter() - start
     numbers = write_report(out, wall_s=wall, command=command)
     with open(os.path.join(out, WALL_FILE), "w") as f:
-        json.dump(dict(wall_s=wall, budget_minutes=budget_minutes), f)
+        json.dump(dict(wall_s=wall), f)
     return Reproduction(plan, numbers, wall)
 
 
 def report_only(out: str, command: str = "jaxpos reproduce") -> dict:
     """Writes the report from the finished runs in OUT, with the wall time of the command that ran them; returns
     the numbers (OUT/numbers.json)."""
-    from jaxpos.reproduction.report import write_report
+    from jaxpos.reproduction.report import write_report  # matplotlib: only once there is a report to write
 
     wall = None
     if os.path.isfile(os.path.join(out, WALL_FILE)):  # the wall time of the command that ran the runs
@@ -157,11 +160,25 @@ def report_only(out: str, command: str = "jaxpos reproduce") -> dict:
     return write_report(out, wall_s=wall, command=command)
 
 
-def run_worker(out: str, names: Sequence[str]) -> None:
-    """A worker process: executes the runs `names` of OUT/plan.json that no other process has claimed; raises
-    RuntimeError when any of them failed."""
-    from jaxpos.reproduction.pipeline import execute_runs
+def run_one(out: str, name: str) -> str:
+    """Executes run NAME of the plan in OUT in this process (a SLURM array task; the scheduler gives it its
+    device): "done", or "already finished". Raises RuntimeError when the run failed."""
+    plan = runs.load_plan(out)
+    if plan is None:
+        raise FileNotFoundError(f"{out}/plan.json is missing: plan with `jaxpos reproduce --out {out} --plan-only`")
+    if name not in plan["runs"]:
+        raise ValueError(f"{name!r} is not a run of {out}/plan.json; runs: {', '.join(plan['runs'])}")
+    if runs.read_result(out, name) is not None:
+        return "already finished"
+    flags = runs.profile_of(plan).xla_flags
+    if flags and flags not in os.environ.get("XLA_FLAGS", ""):  # read when the backend starts
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+    env = runs.worker_env(out, 0, 0)
+    for key in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+        os.environ.setdefault(key, env[key])
+    from jaxpos.reproduction.pipeline import execute_logged  # jax starts here, after the flags are set
 
-    failures = execute_runs(out, list(names))
-    if failures:
-        raise RuntimeError(f"{failures} of the runs failed: see {out}/runs/NAME/{runs.FAILED_FILE}")
+    outcome = execute_logged(out, name)
+    if outcome != "done":
+        raise RuntimeError(f"run {name} {outcome}; its log is {os.path.join(runs.run_dir(out, name), runs.LOG_FILE)}")
+    return outcome

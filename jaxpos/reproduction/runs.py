@@ -1,35 +1,44 @@
-"""The run matrix of `jaxpos reproduce` and its scheduling.
+"""The run matrix of `jaxpos reproduce`, its fixed recipes (profiles) and a process pool that executes it.
 
-Every mechanism is pretrained with the same data, recipe and token budget (steps x batch x seq_len), once per
-seed; the seed sets the initialisation, the data order and the masking. The budget (`--budget-minutes`) covers the
-whole command: a calibration (one run of the full pipeline with a few steps per worker, in parallel as the real
-runs will be, and once more with their programs compiled when there are several seeds) measures the fixed cost of
-a run and the time of a step, and the steps per run follow from what is left. Under a small budget per run the
-programs are compiled unoptimised (`FAST_COMPILE`), and the calibration measures that mode. Runs go to worker
-processes (`jaxpos reproduce --out DIR --run NAME,NAME,...`), one per core (pinned, XLA on one thread) or per GPU
-(CUDA_VISIBLE_DEVICES), each claiming runs and executing them one after another; launch/reproduce.sh starts the
-same workers on a host.
+Every mechanism is pretrained with its profile's recipe (steps x batch x seq_len, learning rate), once per seed;
+the seed sets the initialisation, the data order and the masking, so runs with the same seed are paired. A run
+executes only the stages the chosen claims need of its mechanism (`STAGES`). Runs go to a pool of worker
+processes on this host, one per CPU core (pinned, XLA on one thread) or several per GPU (tiny models are
+latency-bound); a finished run's result.json is reused and an unfinished one resumes from its checkpoints, so
+running the command again resumes. launch/reproduce.sbatch spreads the same runs over a SLURM job array instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import multiprocessing
 import os
 import platform
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from typing import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from typing import Callable, Mapping, Sequence
 
 from jaxpos.config import MECHANISMS, position_config
+from jaxpos.config.files import load_config
 from jaxpos.progress import status
 
 PLAN_FILE = "plan.json"
 RESULT_FILE = "result.json"
+FAILED_FILE = "failed.txt"
+LOG_FILE = "run.log"
+# What a run does beyond pretraining and its learning curve, each only where a chosen claim needs it:
+#   finetune      fine-tuning on the paraphrase task (dev accuracy)
+#   probe         Chen et al.'s word-order probe of the fine-tuned model (needs finetune)
+#   last          the analyses (Toeplitz R², locality, symmetry, rank, decomposition) at the last checkpoint
+#   over_training the same at every analysed checkpoint (the last included)
+#   final         effective attention and token identifiability at the last checkpoint
+STAGES = ("finetune", "probe", "last", "over_training", "final")
+RUNS_PER_GPU = 8  # worker processes sharing one GPU: a tiny model's step leaves most of it idle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,67 +73,108 @@ RUN_VARIANTS = {
 RUN_MECHANISMS = {run.name: run for kind in MECHANISMS for run in (
     run_mechanism(kind, dict(kind=kind)),
     *(run_mechanism(name, dict(kind=kind, **options), label) for name, label, options in RUN_VARIANTS.get(kind, ())))}
-
+BAG_OF_WORDS = "none"  # the baseline every learning curve is judged against
+TIMING_MECHANISM = "tisa"  # timed for the estimate: a logit-bias mechanism, its step costs what most runs' do
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
-    """Model size, recipes and analysis budgets of a reproduction. Steps are derived from the budget unless
-    `fixed_steps` is set."""
+    """A fixed recipe: model, pretraining and fine-tuning data and steps, evaluation points and analysis sizes.
+    Nothing in it depends on the machine."""
 
     name: str
-    mechanisms: tuple[str, ...]
+    purpose: str  # one line: what the profile is for
+    mechanisms: tuple[str, ...]  # the matrix when no --mechanisms is given
+    seeds: int  # seeds when no --seeds is given
     model: dict  # config.model overrides of configs/mlm/tiny.py
-    data: dict  # config.data overrides
-    train: dict  # config.train overrides
-    finetune_train: dict  # config.train overrides of configs/finetune/tiny.py
-    finetune_data: dict
+    data: dict  # config.data overrides (the pretraining corpus)
+    train: dict  # config.train overrides: num_steps, batch_size, learning_rate, ...
+    finetune_data: dict  # config.data overrides of configs/finetune/paraphrase.py
+    finetune_train: dict  # config.train overrides: num_steps, batch_size, learning_rate
     analysis: dict  # report.analyze options
-    max_sentences: int  # sentences the analyses read
-    probe_sentences: int  # sentences (word-order test split) of the masked-LM word-order probe
-    checkpoints: int = 4  # evenly spaced checkpoints analysed over training
-    min_steps: int = 8
-    max_steps: int = 20_000
-    finetune_ratio: float = 0.5  # fine-tuning steps per pretraining step (pretraining is where mechanisms part)
-    min_finetune_steps: int = 8  # ... within this range
-    max_finetune_steps: int = 1_000
-    fixed_steps: int = 0  # > 0: skip the calibration and pretrain this many steps
-    calibration_steps: int = 32  # pretraining steps of a calibration run
-    calibration_finetune_steps: int = 16
-    xla_flags: str = ""  # added to XLA_FLAGS in each run's process
-    # Below this many seconds of budget per run, compiling dominates a run: its programs are compiled unoptimised
-    # (FAST_COMPILE: about half the compile time, steps about 2.5x slower on a CPU); the timing measures that mode.
-    fast_compile_below_s: float = 80.0
+    max_sentences: int  # held-out sentences the analyses read
+    probe_examples: int  # paraphrase test pairs of the word-order probe
+    curve_points: int = 8  # held-out MLM loss at this many evenly spaced steps: the learning curve
+    analysis_points: int = 4  # of those checkpoints, this many evenly spaced ones (the last included) analysed
+    eval_batches: int = 8  # held-out batches behind each point of the curve
+    timing_steps: int = 6  # training steps of the timing that estimates the wall time
+    xla_flags: str = ""  # added to XLA_FLAGS in each worker
+
+    @property
+    def steps(self) -> int:
+        return int(self.train["num_steps"])
+
+    def curve_steps(self) -> list[int]:
+        """The steps of the learning curve (checkpoints kept at each): [curve_points]."""
+        every = self.steps // self.curve_points
+        return [every * (k + 1) for k in range(self.curve_points)]
+
+    def analysis_steps(self) -> list[int]:
+        """The checkpoints analysed over training: every (curve_points / analysis_points)-th step of the curve."""
+        stride = self.curve_points // self.analysis_points
+        return self.curve_steps()[stride - 1::stride]
+
+    def check(self) -> None:
+        """Raises ValueError for a recipe whose curve or analysis points do not divide its steps."""
+        if self.steps % self.curve_points or self.curve_points % self.analysis_points:
+            raise ValueError(f"profile {self.name}: {self.steps} steps, {self.curve_points} curve points and "
+                             f"{self.analysis_points} analysis points must divide each other")
+        unknown = [m for m in self.mechanisms if m not in RUN_MECHANISMS]
+        if unknown:
+            raise ValueError(f"profile {self.name}: unknown mechanisms {unknown}")
 
 
+_TINY_ANALYSIS = dict(num_probe_words=16, probe_length=128, lengths=(16, 32, 64, 128), windows=2, probe_epochs=10,
+                      probe_patience=3, probe_learning_rate=3e-3, decomposition_sentences=8)
 PROFILES = {
-    # configs/mlm/tiny.py (d=128, L=2, H=4, D=32) on 64-token rows: the logit-rank and effective-attention
-    # claims need T > D, and the sequences are as long as the word-order task's.
-    "tiny": Profile(
-        "tiny", tuple(RUN_MECHANISMS),
-        model=dict(max_length=64),
-        data=dict(seq_len=64, vocab_size=4000),
-        train=dict(batch_size=16, max_predictions=16),
-        finetune_train=dict(batch_size=16, learning_rate=1e-3),
-        finetune_data=dict(max_length=64),
-        analysis=dict(num_probe_words=16, probe_length=64, lengths=(16, 32, 64), windows=2, probe_epochs=10,
-                      probe_patience=3, probe_learning_rate=3e-3, decomposition_sentences=8),
-        max_sentences=64, probe_sentences=96),
-    # For tests and smoke runs: a d=32 model (D=8) on 16-token rows, two mechanisms, a few steps.
-    "micro": Profile(
-        "micro", ("absolute", "diet_rel"),
-        model=dict(d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16, dropout=0.0,
+    # The recipe the verdicts are for: configs/mlm/tiny.py (d = 128, L = 2, H = 4, D = 32) on 128-token rows of
+    # three English Bibles (2.8M tokens), 64 rows a step. At 16 rows a step DIET-Rel's held-out loss parts from
+    # the bag-of-words model's between steps 1,000 and 2,000 and learned absolute positions had not parted by
+    # step 4,000; 64 rows a step cost a GPU no more time per step (a tiny model is latency-bound) and bring the
+    # parting forward, so 4,000 steps leave the slow mechanisms a margin. Fine-tuning: 600 steps of 32 pairs.
+    "full": Profile(
+        "full", "the verdicts: every mechanism, 5 seeds; about 10 min on one GPU host, days on 2 CPU cores",
+        tuple(RUN_MECHANISMS), 5,
+        model=dict(max_length=128),
+        data=dict(source="bible", bible_editions=("web", "kjv", "bbe"), seq_len=128, vocab_size=4000),
+        train=dict(num_steps=4000, batch_size=64, learning_rate=2e-3, warmup_fraction=0.05, max_predictions=32),
+        finetune_data=dict(max_length=128, offline_train_examples=4000, offline_dev_examples=1000,
+                           offline_test_examples=1000),
+        finetune_train=dict(num_steps=600, batch_size=32, learning_rate=1e-3),
+        analysis=_TINY_ANALYSIS, max_sentences=64, probe_examples=1000, curve_points=10, analysis_points=5),
+    # A first look in minutes on 2 CPU cores: a d = 64 model on 64-token rows of one Bible, 2 seeds, four
+    # mechanisms. Its models are judged as untrained where they are: the verdicts are the full profile's to give.
+    "smoke": Profile(
+        "smoke", "a first look: a small model, 4 mechanisms, 2 seeds, a few minutes on 2 CPU cores",
+        ("none", "absolute", "tisa", "diet_rel"), 2,
+        model=dict(d_model=64, num_layers=2, num_heads=4, mlp_dim=128, max_length=64, dropout=0.0,
                    attention_dropout=0.0),
-        data=dict(seq_len=16, vocab_size=300, max_documents=40),
-        train=dict(batch_size=8, max_predictions=4),
-        finetune_train=dict(batch_size=8, learning_rate=1e-3),
-        finetune_data=dict(max_length=16, offline_train_examples=64, offline_dev_examples=48),
-        analysis=dict(num_probe_words=4, probe_length=16, lengths=(16,), windows=1, probe_epochs=2,
+        data=dict(source="bible", bible_editions=("web",), max_documents=400, seq_len=64, vocab_size=2000),
+        train=dict(num_steps=240, batch_size=16, learning_rate=3e-3, warmup_fraction=0.05, max_predictions=16),
+        finetune_data=dict(max_length=64, offline_train_examples=512, offline_dev_examples=256,
+                           offline_test_examples=256, bible_books=tuple(range(1, 11)), bible_dev_fraction=0.1,
+                           bible_test_fraction=0.1),
+        finetune_train=dict(num_steps=60, batch_size=16, learning_rate=1e-3),
+        analysis=dict(_TINY_ANALYSIS, probe_length=64, lengths=(16, 32, 64), probe_epochs=4),
+        max_sentences=32, probe_examples=128, curve_points=4, analysis_points=2, eval_batches=4,
+        xla_flags=FAST_COMPILE),
+    # For tests: a d = 32 model (D = 8) on 32-token rows, a few steps.
+    "micro": Profile(
+        "micro", "tests: a d = 32 model, a few steps", ("none", "tisa"), 2,
+        model=dict(d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=32, dropout=0.0,
+                   attention_dropout=0.0),
+        data=dict(source="bible", bible_editions=("web",), max_documents=60, eval_fraction=0.2, seq_len=32,
+                  vocab_size=400),
+        train=dict(num_steps=12, batch_size=8, learning_rate=3e-3, warmup_fraction=0.1, max_predictions=8),
+        finetune_data=dict(max_length=32, offline_train_examples=64, offline_dev_examples=32,
+                           offline_test_examples=32, bible_books=(1, 2), bible_dev_fraction=0.1,
+                           bible_test_fraction=0.1),
+        finetune_train=dict(num_steps=4, batch_size=8, learning_rate=1e-3),
+        analysis=dict(num_probe_words=4, probe_length=32, lengths=(8, 16), windows=1, probe_epochs=2,
                       probe_patience=1, probe_learning_rate=3e-3, decomposition_sentences=4),
-        max_sentences=24, probe_sentences=12, checkpoints=2, min_steps=4, min_finetune_steps=4, fixed_steps=4,
-        # A few steps: compiling dominates, and unoptimised CPU code compiles in half the time.
+        max_sentences=16, probe_examples=24, curve_points=2, analysis_points=2, eval_batches=2, timing_steps=3,
         xla_flags=FAST_COMPILE),
 }
 
@@ -142,70 +192,48 @@ def repo_config(relative: str) -> str:
     return path
 
 
-# --- the budget --------------------------------------------------------------------------------------------------
+# --- the configs of a run ---------------------------------------------------------------------------------------
 
-def finetune_steps_for(steps: int, profile: Profile) -> int:
-    """Fine-tuning steps that go with `steps` pretraining steps: profile.finetune_ratio of them, clipped to the
-    profile's range (a bigger budget buys both)."""
-    return int(min(profile.max_finetune_steps, max(profile.min_finetune_steps, round(profile.finetune_ratio * steps))))
-
-
-def steps_for_budget(seconds_left: float, runs: int, workers: int, fixed_s: float, step_s: float,
-                     finetune_step_s: float, profile: Profile, *, cold_runs: int | None = None,
-                     warm_fixed_s: float | None = None, startup_s: float = 0.0) -> tuple[int, int, str]:
-    """(pretraining steps, fine-tuning steps, a note) such that `runs` runs spread over `workers` parallel
-    processes fit in `seconds_left`. A run costs its fixed part (start-up, compiling, evaluations, analyses)
-    plus steps * step_s + finetune_steps * finetune_step_s; the fixed part is fixed_s for the first `cold_runs`
-    (default: all) and warm_fixed_s for the others (the seeds of a mechanism after the first reuse its compiled
-    programs); each worker pays `startup_s` once. Pretraining steps are a multiple of the checkpoint count within
-    [min_steps, max_steps]; the note says when even the floor overruns the budget."""
-    if runs < 1 or workers < 1:
-        raise ValueError(f"need at least one run and one worker (runs={runs}, workers={workers})")
-    if step_s <= 0 or finetune_step_s < 0 or fixed_s < 0:
-        raise ValueError(f"timings must be positive (fixed {fixed_s} s, step {step_s} s, fine-tuning step "
-                         f"{finetune_step_s} s)")
-    cold = runs if cold_runs is None else min(cold_runs, runs)
-    warm = fixed_s if warm_fixed_s is None else min(warm_fixed_s, fixed_s)
-    fixed_per_worker = startup_s + (cold * fixed_s + (runs - cold) * warm) / workers
-    rounds = math.ceil(runs / workers)
-    k = profile.checkpoints
-
-    def total(steps):  # the busiest worker's seconds
-        return fixed_per_worker + rounds * (steps * step_s + finetune_steps_for(steps, profile) * finetune_step_s)
-
-    per_step = rounds * (step_s + profile.finetune_ratio * finetune_step_s)
-    steps = max(0, int((seconds_left - fixed_per_worker) / per_step) // k * k)
-    while steps > 0 and total(steps) > seconds_left:  # the fine-tuning floor can make the estimate optimistic
-        steps -= k
-    fixed_text = f"{fixed_s:.0f} s fixed" + (f" ({warm:.0f} s once compiled)" if cold < runs else "")
-    if steps < profile.min_steps:
-        steps = profile.min_steps
-        note = (f"OVER BUDGET: {runs} runs need {fixed_per_worker / 60:.1f} min of fixed cost per worker on this "
-                f"machine now ({fixed_text}), more than the {seconds_left / 60:.1f} min left; running the minimum "
-                f"{steps} steps, about {total(steps) / 60:.1f} min")
-    elif steps > profile.max_steps:
-        steps = profile.max_steps
-        note = f"capped at the profile's {steps} steps"
-    else:
-        note = (f"{rounds} rounds of {workers} parallel runs in {seconds_left / 60:.1f} min: {fixed_text} + {steps} "
-                f"pretraining steps x {step_s * 1000:.0f} ms + {finetune_steps_for(steps, profile)} fine-tuning "
-                f"steps x {finetune_step_s * 1000:.0f} ms per run")
-    return steps, finetune_steps_for(steps, profile), note
+def clean_log_every(steps: int, every: int) -> int:
+    """A logging interval whose last window, (steps - every + 1, steps], holds no checkpoint or evaluation (they
+    happen at multiples of `every`), so its mean step time is the step's own cost (the step-time claim reads it)."""
+    return steps - (every - 1) if every > 1 else steps
 
 
-def calibration_estimate(results: Sequence[dict]) -> tuple[float, float, float, float]:
-    """(fixed seconds per run, seconds per pretraining step, seconds per fine-tuning step, a worker's start-up
-    seconds) from calibration runs' results (the slowest of them): a run's fixed part is its wall time less its own
-    pretraining and fine-tuning steps; start-up (imports, the backend) is paid once per worker."""
-    fixed, step, finetune_step, startup = [], [], [], [0.0]
-    for r in results:
-        t = r["timing"]
-        step.append(t["pretrain_step_s"])
-        finetune_step.append(t["finetune_step_s"])
-        fixed.append(t["wall_s"] - t["pretrain_steps"] * t["pretrain_step_s"]
-                     - t["finetune_steps"] * t["finetune_step_s"])
-        startup.append(t.get("worker_startup_s") or 0.0)
-    return max(fixed), max(step), max(finetune_step), max(startup)
+def pretrain_config(plan: dict, mechanism: str, seed: int):
+    """configs/mlm/tiny.py with the profile's recipe, the mechanism's position block, the shared tokenizer, and a
+    checkpoint (all kept) at each step of the learning curve."""
+    profile = profile_of(plan)
+    config = load_config(repo_config("configs/mlm/tiny.py"))
+    config.model.update(profile.model)
+    for key, value in RUN_MECHANISMS[mechanism].position.items():
+        if isinstance(value, dict):
+            config.model.position[key].update(value)
+        else:
+            config.model.position[key] = value
+    config.data.update(profile.data)
+    config.data.update(tokenizer_path=plan.get("tokenizer", ""), seed=seed)
+    steps = profile.steps
+    every = steps // profile.curve_points
+    config.train.update(profile.train)
+    config.train.update(seed=seed, log_every=clean_log_every(steps, every), eval_every=steps,
+                        eval_batches=profile.eval_batches, checkpoint_every=every,
+                        keep_checkpoints=profile.curve_points + 1)
+    return config
+
+
+def finetune_config(plan: dict, seed: int):
+    """configs/finetune/paraphrase.py (the offline Bible paraphrase task) with the profile's recipe and two dev
+    evaluations (half-way and at the end; a run's score is the better one, as in DIET's protocol)."""
+    profile = profile_of(plan)
+    config = load_config(repo_config("configs/finetune/paraphrase.py"))
+    config.data.update(profile.finetune_data)
+    config.data.seed = seed
+    config.train.update(profile.finetune_train)
+    steps = config.train.num_steps
+    every = max(1, steps // 2)
+    config.train.update(seed=seed, eval_every=every, log_every=clean_log_every(steps, every), checkpoint_every=steps)
+    return config
 
 
 # --- the plan ----------------------------------------------------------------------------------------------------
@@ -240,31 +268,35 @@ def gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.startswith("GPU ")]
 
 
+def _cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 def default_workers() -> int:
-    return len(gpus()) or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    """RUNS_PER_GPU per GPU (no more than the cores, which feed them), else one per CPU core."""
+    count = len(gpus())
+    return min(count * RUNS_PER_GPU, len(_cores())) if count else len(_cores())
 
 
-def make_plan(profile: Profile, seeds: int, budget_minutes: float, workers: int,
-              mechanisms: Sequence[str] | None = None) -> dict:
-    """The run matrix (steps to be filled in by the calibration unless the profile fixes them)."""
+def make_plan(profile: Profile, seeds: int, needs: Mapping[str, Sequence[str]], workers: int,
+              claims: Sequence[str] = ()) -> dict:
+    """The run matrix: a run per mechanism of `needs` ({mechanism: stages}) and seed, doing those stages."""
+    profile.check()
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: need at least one seed")
-    if budget_minutes <= 0:
-        raise ValueError(f"--budget-minutes {budget_minutes}: must be positive")
     if workers < 1:
         raise ValueError(f"--workers {workers}: need at least one")
-    names = list(mechanisms or profile.mechanisms)
-    unknown = [m for m in names if m not in RUN_MECHANISMS]
-    if unknown or not names:
-        raise ValueError(f"unknown mechanisms {unknown}; choose from {', '.join(RUN_MECHANISMS)}")
-    runs = {run_name(m, s): dict(mechanism=m, seed=s) for s in range(seeds) for m in names}  # seed-major order
-    if not profile.xla_flags and budget_minutes * 60 * workers / len(runs) < profile.fast_compile_below_s:
-        profile = dataclasses.replace(profile, xla_flags=FAST_COMPILE)
-    steps = profile.fixed_steps or None
-    return dict(profile=dataclasses.asdict(profile), mechanisms=names, seeds=seeds, budget_minutes=budget_minutes,
-                workers=workers, runs=runs, steps=steps,
-                finetune_steps=finetune_steps_for(steps, profile) if steps else None, machine=machine(),
-                created=time.strftime("%Y-%m-%d %H:%M:%S %Z"), started_unix=time.time())
+    if not needs:
+        raise ValueError("the chosen claims need no run of the chosen mechanisms")
+    bad = sorted({s for stages in needs.values() for s in stages} - set(STAGES))
+    if bad:
+        raise ValueError(f"unknown stages {bad}; stages are {', '.join(STAGES)}")
+    order = [m for m in RUN_MECHANISMS if m in needs]
+    runs = {run_name(m, s): dict(mechanism=m, seed=s, stages=[x for x in STAGES if x in needs[m]])
+            for s in range(seeds) for m in order}  # seed-major: every mechanism's first seed comes first
+    return dict(profile=dataclasses.asdict(profile), mechanisms=order, claims=list(claims), seeds=seeds,
+                workers=workers, runs=runs, machine=machine(), created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                started_unix=time.time())
 
 
 def load_plan(out: str) -> dict | None:
@@ -284,6 +316,7 @@ def save_plan(out: str, plan: dict) -> None:
 
 
 def profile_of(plan: dict) -> Profile:
+    """The plan's profile (as saved: tuples came back as lists)."""
     values = dict(plan["profile"])
     values["mechanisms"] = tuple(values["mechanisms"])
     values["analysis"] = dict(values["analysis"], lengths=tuple(values["analysis"]["lengths"]))
@@ -302,64 +335,6 @@ def read_result(out: str, name: str) -> dict | None:
         return json.load(f)
 
 
-# --- scheduling --------------------------------------------------------------------------------------------------
-# Runs go to worker processes (one per core or GPU), each executing runs one after another (imports and compiled
-# programs shared) as it claims them: a claim is runs/NAME/claim, created exclusively, naming the host and process;
-# a claim whose process has died on this host is stale and taken over, so a crashed or killed run resumes when the
-# command runs again. launch/reproduce.sh starts the same worker commands.
-
-CLAIM_FILE = "claim"
-FAILED_FILE = "failed.txt"
-LOG_FILE = "run.log"
-STARTED_ENV = "JAXPOS_WORKER_STARTED"  # when the scheduler started the worker (unix time): its start-up cost
-
-
-def worker_command(out: str, names: Sequence[str]) -> list[str]:
-    """The command of a worker process: executes the unclaimed, unfinished runs of `names` in turn."""
-    return [sys.executable, "-m", "jaxpos.cli", "reproduce", "--out", out, "--run", ",".join(names)]
-
-
-def _claim_owner() -> str:
-    return f"{platform.node()} {os.getpid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def claim(out: str, name: str) -> bool:
-    """Claims run NAME for this process (True), unless a live process holds it. A claim left by a process that
-    died on this host is taken over; the run's failure mark of an earlier attempt is cleared."""
-    folder = run_dir(out, name)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, CLAIM_FILE)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                with open(path) as f:
-                    host, pid = f.read().split()
-            except (OSError, ValueError):  # being written this instant, or garbage: leave it to its owner
-                return False
-            if host != platform.node() or (int(pid) != os.getpid() and _alive(int(pid))):
-                return False
-            os.remove(path)  # stale (or our own from an earlier call)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(_claim_owner())
-        if os.path.exists(os.path.join(folder, FAILED_FILE)):
-            os.remove(os.path.join(folder, FAILED_FILE))
-        return True
-    return False
-
-
 def mark_failed(out: str, name: str, message: str) -> None:
     with open(os.path.join(run_dir(out, name), FAILED_FILE), "w") as f:
         f.write(message.strip() + "\n")
@@ -373,91 +348,121 @@ def failure(out: str, name: str) -> str | None:
         return f.read().strip()
 
 
-def worker_env(out: str, slot: int, gpu_count: int) -> dict:
-    """Environment of the worker in `slot`: its GPU, or XLA on one thread of the CPU (each worker has its own
-    core); a compilation cache shared by the runs (the seeds of a mechanism compile the same programs)."""
-    env = dict(os.environ)
+# --- the process pool --------------------------------------------------------------------------------------------
+# concurrent.futures' ProcessPoolExecutor over spawned workers: each starts a fresh interpreter, so the environment
+# its initializer sets is in place before it imports jax. A worker takes the next run, executes it with its output
+# in runs/NAME/run.log, and takes the next; imports and the backend start once per worker.
+
+def worker_env(out: str, slot: int, gpu_count: int, xla_flags: str = "") -> dict:
+    """The environment of the worker in `slot`: its GPU share (no preallocation, so several fit on one GPU), or
+    XLA on one thread of the CPU (each worker has its own core); a compilation cache shared by the runs (the
+    seeds of a mechanism compile the same programs); the profile's XLA flags."""
+    env = {}
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
     if gpu_count:
         env["CUDA_VISIBLE_DEVICES"] = str(slot % gpu_count)
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     else:
         env["JAX_PLATFORMS"] = "cpu"
-        flags = env.get("XLA_FLAGS", "")
-        flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
-        env["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+        flags += " --xla_cpu_multi_thread_eigen=false"
+    env["XLA_FLAGS"] = " ".join((flags + " " + xla_flags).split())
     env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.path.abspath(out), "jax_cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.3"
-    env[STARTED_ENV] = repr(time.time())
     return env
 
 
-def execute(out: str, names: Sequence[str], workers: int, *, log=status) -> dict[str, float]:
-    """Runs `names` on `workers` worker processes, each pinned to its own core (CPU) or GPU; a run's output goes
-    to runs/NAME/run.log, a worker's own to workers/K.log. Finished runs (result.json) are skipped. Returns the
-    wall seconds of each run executed (its own, without the worker's start-up); raises RuntimeError naming the
-    runs that failed."""
-    gpu_count = len(gpus())
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+def _start_worker(out: str, slots, gpu_count: int, pin: bool, xla_flags: str) -> None:
+    """A pool worker's initializer: takes a slot, sets its environment and pins it to its core."""
+    slot = slots.get()
+    os.environ.update(worker_env(out, slot, gpu_count, xla_flags))
+    if pin and hasattr(os, "sched_setaffinity"):
+        cores = _cores()
+        os.sched_setaffinity(0, {cores[slot % len(cores)]})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops the workers
+
+
+def _call_in_worker(function: str, out: str, name: str):
+    """pipeline.`function`(out, name) in a worker."""
+    from jaxpos.reproduction import pipeline  # imported in the worker, after its environment: jax reads it there
+
+    return getattr(pipeline, function)(out, name)
+
+
+class Pool:
+    """`workers` worker processes on this host: one per CPU core (pinned), or shares of the GPUs. A context
+    manager; leaving it early (an exception, SIGTERM, Ctrl-C) stops the workers with SIGTERM, on which a
+    training run checkpoints, and waits for them."""
+
+    def __init__(self, out: str, workers: int, xla_flags: str = ""):
+        gpu_count = len(gpus())
+        context = multiprocessing.get_context("spawn")
+        slots = context.Queue()
+        for slot in range(workers):
+            slots.put(slot)
+        pin = not gpu_count and workers <= len(_cores())
+        self.out, self.workers = out, workers
+        self.device = f"{gpu_count} GPU(s), {workers} worker(s)" if gpu_count else f"{workers} CPU worker(s)"
+        self.executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
+                                            initargs=(out, slots, gpu_count, pin, xla_flags))
+
+    def __enter__(self):
+        def interrupted(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        self.previous = signal.signal(signal.SIGTERM, interrupted)
+        return self
+
+    def call(self, function: str, name: str):
+        """pipeline.`function`(out, name) on one worker; its return value."""
+        return self.executor.submit(_call_in_worker, function, self.out, name).result()
+
+    def map(self, function: str, names: Sequence[str], on_result: Callable[[str, object], None]) -> dict:
+        """pipeline.`function`(out, name) for each name, the first free worker taking the next; `on_result`
+        sees each as it ends. Returns {name: return value, or "failed: why" where the worker died}."""
+        futures = {self.executor.submit(_call_in_worker, function, self.out, n): n for n in names}
+        results = {}
+        for future in as_completed(futures):
+            name = futures[future]
+            try:
+                results[name] = future.result()
+            except BrokenProcessPool:  # a worker was killed (out of memory?): the pool cannot go on
+                results[name] = "failed: its worker process died"
+            on_result(name, results[name])
+        return results
+
+    def __exit__(self, kind, error, trace):
+        signal.signal(signal.SIGTERM, self.previous)
+        if kind is None:
+            self.executor.shutdown(wait=True)
+            return
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        workers = multiprocessing.active_children()
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.join(timeout=120)
+            if worker.is_alive():
+                worker.kill()
+
+
+def execute(out: str, names: Sequence[str], pool: Pool, *, log=status) -> dict:
+    """Executes the unfinished runs of `names` on `pool`; finished ones (result.json) are reused. Returns
+    {name: outcome}; raises RuntimeError naming the runs that did not finish."""
     pending = [n for n in names if read_result(out, n) is None]
     if not pending:
         return {}
-    workers = min(workers, len(pending))
-    os.makedirs(os.path.join(out, "workers"), exist_ok=True)
-    processes, logs = [], []
+    log(f"{len(pending)} run(s) on {pool.device}"
+        + (f"; {len(names) - len(pending)} finished before" if len(pending) < len(names) else ""))
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+    def report(name, outcome):
+        log(f"  {name}: {outcome}" + ("" if outcome == "done" else
+                                       f"; see {os.path.join(run_dir(out, name), LOG_FILE)}"))
 
-    previous = signal.signal(signal.SIGTERM, interrupted)  # so that the workers stop with this process
-    try:
-        for slot in range(workers):
-            core = cores[slot % len(cores)] if cores and not gpu_count and workers <= len(cores) else None
-            pin = ["taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else []
-            logs.append(open(os.path.join(out, "workers", f"{slot}.log"), "w"))
-            processes.append(subprocess.Popen(pin + worker_command(out, pending), stdout=logs[-1],
-                                              stderr=subprocess.STDOUT, env=worker_env(out, slot, gpu_count)))
-            log(f"  worker {slot} on {'GPU ' + str(slot % gpu_count) if gpu_count else f'core {core}'}")
-        seconds = _follow(out, pending, processes, log)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        for process in processes:  # still running only when interrupted
-            if process.poll() is None:
-                process.terminate()  # a run checkpoints on SIGTERM; running the command again resumes it
-        for process in processes:
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        for f in logs:
-            f.close()
-    failed = [n for n in pending if read_result(out, n) is None]
+    outcomes = pool.map("execute_logged", pending, report)
+    failed = [n for n in pending if outcomes.get(n) != "done"]
     if failed:
-        reasons = "; ".join(f"{n}: {failure(out, n) or 'did not finish'}" for n in failed)
-        raise RuntimeError(f"{len(failed)} run(s) failed ({reasons}); their logs are "
-                           f"{os.path.join(out, 'runs', 'NAME', LOG_FILE)} and {os.path.join(out, 'workers')}. "
-                           "Re-running the command resumes.")
-    return seconds
-
-
-def _follow(out, pending, processes, log) -> dict[str, float]:
-    """Reports runs as the workers claim, finish or fail them, until every worker has exited."""
-    seen_claim, done, seconds = set(), set(), {}
-    while True:
-        exited = all(p.poll() is not None for p in processes)
-        for name in pending:
-            if name in done:
-                continue
-            folder = run_dir(out, name)
-            if name not in seen_claim and os.path.exists(os.path.join(folder, CLAIM_FILE)):
-                seen_claim.add(name)
-                log(f"  started {name}")
-            result = read_result(out, name)
-            if result is not None:
-                done.add(name)
-                seconds[name] = result["timing"]["wall_s"]
-                log(f"  finished {name} in {seconds[name]:.0f} s")
-            elif reason := failure(out, name):
-                done.add(name)
-                log(f"  FAILED {name}: {reason}; see {folder}/{LOG_FILE}")
-        if exited:
-            return seconds
-        time.sleep(0.5)
+        reasons = "; ".join(f"{n}: {outcomes.get(n, 'did not finish')}" for n in failed)
+        raise RuntimeError(f"{len(failed)} run(s) did not finish ({reasons}); their logs are "
+                           f"{os.path.join(out, 'runs', 'NAME', LOG_FILE)}. Running the command again resumes.")
+    return outcomes

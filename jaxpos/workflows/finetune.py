@@ -336,20 +336,29 @@ class FinetunedRun:
     params: dict
     tokenizer: Any
     step: int
+    _predict_fn: Callable | None = dataclasses.field(default=None, repr=False)
 
     def evaluate(self, examples, batch_size: int | None = None) -> dict:
         """Scores of the run on a list of Examples (e.g. a perturbed dev set)."""
+        return scores(self.spec, *self.predict(examples, batch_size))
+
+    def evaluate_encoded(self, encoded, batch_size: int | None = None) -> dict:
+        return scores(self.spec, *self.predict_encoded(encoded, batch_size))
+
+    def predict(self, examples, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(logits [N, C], losses [N], labels [N]) of the run on a list of N Examples."""
         from jaxpos.data.classification import encode_examples
 
         encoded = encode_examples(examples, self.tokenizer, self.config.data.max_length)
-        return self.evaluate_encoded(encoded, batch_size)
+        return self.predict_encoded(encoded, batch_size)
 
-    def evaluate_encoded(self, encoded, batch_size: int | None = None) -> dict:
+    def predict_encoded(self, encoded, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         from jaxpos.data.classification import eval_batches
 
         batch_size = batch_size or self.config.train.get("eval_batch_size") or self.config.train.batch_size
-        predict_fn = make_predict_fn(self.task)
-        return scores(self.spec, *predict(predict_fn, self.params, eval_batches(encoded, batch_size)))
+        if self._predict_fn is None:  # one jitted function for every set this run scores
+            self._predict_fn = make_predict_fn(self.task)
+        return predict(self._predict_fn, self.params, eval_batches(encoded, batch_size))
 
 
 def load_finetuned(workdir: str, overrides: Iterable[str] = ()) -> FinetunedRun:

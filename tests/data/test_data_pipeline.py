@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxpos.data import CLS_ID, MASK_ID, PAD_ID, SEP_ID, MLMTrainIterator, PackedExamples, build_mlm_data, eval_batches
+from jaxpos.data.pipeline import held_out_rows
 from jaxpos.config.data import default_data_config
 
 KEYS = ("input_ids", "targets", "mask_weights", "segment_ids", "positions", "token_types")
@@ -88,6 +89,15 @@ def test_eval_batches_are_finite_fixed_and_padded_with_zero_weight(embedded):
     halves = [list(eval_batches(held_out, data.tokenizer, 16, process_index=h, process_count=2)) for h in (0, 1)]
     for whole, first, second in zip(batches, *halves):
         np.testing.assert_array_equal(np.concatenate([first["input_ids"], second["input_ids"]]), whole["input_ids"])
+
+
+def test_held_out_rows_alone_are_the_pipelines_held_out_rows(embedded):
+    data, _ = embedded
+    rows = held_out_rows(data_config(vocab_size=1000, seq_len=64), data.tokenizer)
+    np.testing.assert_array_equal(rows.tokens, data.eval_examples.tokens)
+    np.testing.assert_array_equal(rows.segment_ids, data.eval_examples.segment_ids)
+    with pytest.raises(ValueError, match="in-memory source"):
+        held_out_rows(data_config(streaming=True, source="text", paths=["x.txt"]), data.tokenizer)
 
 
 def test_resumed_iterator_sees_the_same_batches_and_epochs_reshuffle_and_remask():

@@ -176,6 +176,39 @@ def test_word_order_drop_is_original_minus_variant_accuracy():
         assert values["drop"] == pytest.approx(result["original"] - values["accuracy"])
 
 
+def test_paraphrase_probe_scores_local_sets_and_the_swapped_paraphrases():
+    import types
+
+    from jaxpos.data.classification import Example
+    from jaxpos.data.paraphrase import NOT_PARAPHRASE, PARAPHRASE
+    from jaxpos.workflows.probes import paraphrase_probe
+
+    a = "and god said let there be light and there was light over the whole earth"
+    b = "then god spoke and light came into being over all of the earth below"
+    examples = [Example(a, b, PARAPHRASE), Example(a, "the king went up to the city with all his men", NOT_PARAPHRASE)]
+    # A stand-in run that calls a pair a paraphrase exactly when sentence B is `b`: blind to the order of A.
+    def predict(batch):
+        logits = np.array([[0.0, 1.0] if e.text_b == b else [1.0, 0.0] for e in batch])
+        return logits, np.zeros(len(batch)), np.array([e.label for e in batch])
+
+    def evaluate(batch):
+        logits, _, labels = predict(batch)
+        return {"accuracy": float(np.mean(logits.argmax(-1) == labels))}
+
+    run = types.SimpleNamespace(spec=types.SimpleNamespace(name="bible_paraphrase"), predict=predict,
+                                evaluate=evaluate)
+    result = paraphrase_probe(run, examples, windows=(2, 3), seed=1)
+    assert result["original"] == 1.0 and result["local_drop"] == 0.0
+    assert set(result["variants"]) == {"local_2", "local_3"} and result["variants"]["local_2"]["examples"] == 2
+    # The swap lands in sentence A, which this run never reads: every swapped paraphrase is still called one.
+    assert result["global_examples"] == 1 and result["swapped_paraphrase_share"] == 1.0
+    assert result["paraphrase_share"] == 1.0
+    with pytest.raises(ValueError, match="fine-tuned on bible_paraphrase"):
+        paraphrase_probe(types.SimpleNamespace(spec=types.SimpleNamespace(name="mrpc")), examples)
+
+
+
+# MRPC (pairs, classification) and STS-B (regression) in the default run; CoLA repeats MRPC's path on single sentences.
 # --- end to end through the commands ----------------------------------------------------------------------------
 
 WORDS = ["river", "mountain", "garden", "window", "city", "forest", "bridge", "castle", "harbour", "valley"]
@@ -268,7 +301,6 @@ def finetuned(mlm_run, glue_dir, tmp_path_factory):
     return get
 
 
-# MRPC (pairs, classification) and STS-B (regression) in the default run; CoLA repeats MRPC's path on single sentences.
 @pytest.mark.parametrize("task", [pytest.param("cola", marks=pytest.mark.slow), "mrpc", "stsb"])
 def test_finetune_resume_and_evaluate_on_glue_files(task, finetuned):
     from jaxpos.data.classification import TASKS
