@@ -6,7 +6,9 @@ import json
 import os
 from typing import Sequence
 
+from jaxpos.data.classification import load_examples
 from jaxpos.evaluation.probes import WINDOWS, markdown, word_order_drops
+from jaxpos.workflows.finetune import load_finetuned
 
 PROBE_FILE = "word_order_probe"  # WORKDIR/word_order_probe.json and .md
 
@@ -16,9 +18,6 @@ def probe_word_order(workdir: str, split: str | None = None, windows: Sequence[i
     """The probe on a fine-tuned classification run's split (default: its first dev split); writes
     WORKDIR/word_order_probe.json and .md. Returns what the .json holds: original, variants, task, split,
     examples, step, seed, position."""
-    from jaxpos.data.classification import load_examples
-    from jaxpos.workflows.finetune import load_finetuned
-
     run = load_finetuned(workdir, overrides)
     if run.spec.num_labels == 1 or "accuracy" not in run.spec.metrics:
         raise ValueError(f"the word-order probe measures accuracy; task {run.spec.name!r} has "
