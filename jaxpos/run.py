@@ -28,7 +28,11 @@ import ml_collections
 from etils import epath
 
 from jaxpos.config import ModelConfig, model_config
-from jaxpos.data.tokenizer import MLM_SPECIAL_TOKENS, RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer
+from jaxpos.config.files import apply_overrides, load_run_config
+from jaxpos.data.classification import task_spec
+from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer,
+                                   load_tokenizer)
+from jaxpos.models import BertForMaskedLM, BertForSequenceClassification, EncoderDecoder
 from jaxpos.sharding import placement
 from jaxpos.training.checkpoint import abstract_like, checkpoint_path, read_run_params, saved_steps
 
@@ -38,8 +42,6 @@ TASKS = ("mlm", "translation", "finetune")
 def run_model(task: str, cfg: ModelConfig, num_labels: int | None = None) -> tuple[nn.Module, tuple]:
     """The flax module of a run of `task` (mlm | translation | finetune) and its init inputs (ids [1, n], n =
     cfg.max_length: parameter shapes depend on the config only)."""
-    from jaxpos.models import BertForMaskedLM, BertForSequenceClassification, EncoderDecoder
-
     ids = jnp.zeros((1, cfg.max_length), jnp.int32)
     if task == "mlm":
         return BertForMaskedLM(cfg), (ids,)
@@ -60,8 +62,6 @@ class Run:
         """The run in WORKDIR (a local folder or a URL), checked to be a run of `task` (None: any); `overrides`
         (`--config.a.b=value`) change its config as read, e.g. data paths or decoding settings. Raises
         FileNotFoundError for a missing workdir or config.json, ValueError for a run of another task."""
-        from jaxpos.config.files import apply_overrides, load_run_config
-
         workdir = os.fspath(workdir)
         return cls(workdir, apply_overrides(load_run_config(workdir, task), list(overrides)))
 
@@ -99,7 +99,6 @@ class Run:
         """A fine-tuned run's outputs (its task's classes; 1 for regression); None for other runs."""
         if self.task != "finetune":
             return None
-        from jaxpos.data.classification import task_spec
 
         return task_spec(self.config["data"]["task"]).num_labels
 
@@ -120,8 +119,6 @@ class Run:
 
     def tokenizer(self) -> Tokenizer:
         """The run's SentencePiece tokenizer with its task's special tokens, checked to fit the model's vocabulary."""
-        from jaxpos.data.tokenizer import load_tokenizer
-
         path = self.tokenizer_file
         if path is None:
             raise FileNotFoundError(f"{self.config_path}: the encoder came from the Hugging Face folder "

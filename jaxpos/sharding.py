@@ -21,6 +21,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxpos.config.validate import check_mesh_sizes
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
@@ -54,9 +56,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[
     devices = list(devices if devices is not None else jax.devices())
     have = f"have {len(devices)}" + (f" ({jax.process_count()} processes x {jax.local_device_count()} devices)"
                                      if jax.process_count() > 1 else "")
-    if min(data if data != -1 else 1, fsdp, tensor) < 1:
-        raise ValueError(f"config.mesh sizes must be positive (data may be -1): data={data}, fsdp={fsdp}, "
-                         f"tensor={tensor}")
+    check_mesh_sizes(data, fsdp, tensor)
     if data == -1:
         if len(devices) % (fsdp * tensor):
             raise ValueError(f"config.mesh fsdp={fsdp} x tensor={tensor} does not divide the devices: {have}")

@@ -121,7 +121,8 @@ def test_model_values_out_of_range_are_refused(overrides, message):
 
 
 def test_train_values_out_of_range_are_refused():
-    from jaxpos.config.defaults import check_train_block, finetune_config, translation_config
+    from jaxpos.config.defaults import finetune_config, translation_config
+    from jaxpos.config.validate import check_train_block
 
     for path in CONFIGS:  # the shipped configs pass (fine-tuning's 0 = default fields resolved as it does)
         train = load_config(path).train
@@ -146,3 +147,51 @@ def test_train_values_out_of_range_are_refused():
             bad[name] = value
         with pytest.raises(ValueError, match=f"train.{name}={value!r} must be {message}"):
             check_train_block(bad)
+
+
+TINY_ENCODER = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, ROOT))
+def test_shipped_configs_pass_the_run_check(path):
+    from jaxpos.config.validate import check_run_config
+
+    config = load_config(path)
+    model = model_config(dict(TINY_ENCODER, **config.model.to_dict())) if config.task == "finetune" else None
+    check_run_config(config, task=config.task, model=model)
+
+
+@pytest.mark.parametrize("task, overrides, message", [
+    ("mlm", ["--config.model.max_length=16", "--config.data.seq_len=32"],
+     "model.max_length=16 is shorter than data.seq_len=32"),
+    ("mlm", ["--config.mesh.fsdp=0"], r"config.mesh sizes must be positive \(data may be -1\)"),
+    ("translation", ["--config.model.num_decoder_layers=0"], "needs model.num_decoder_layers >= 1"),
+    ("translation", ["--config.data.max_length=1"], "data.max_length=1 must be an integer >= 2"),
+    ("translation", ["--config.decode.alpha=-1.0"], "decode.alpha=-1.0 must be a number >= 0"),
+    ("finetune", ["--config.train.num_epochs=0.0"], "train.num_epochs=0.0 must be a number > 0"),
+    ("finetune", ["--config.model.attention_impl=jax"], "attention dropout needs attention_impl="),
+])
+def test_the_run_check_refuses_each_block(task, overrides, message):
+    from jaxpos.config.defaults import finetune_config, mlm_config, translation_config
+    from jaxpos.config.validate import check_run_config
+
+    config = apply_overrides(dict(mlm=mlm_config, translation=translation_config, finetune=finetune_config)[task](),
+                             overrides)
+    model = model_config(dict(TINY_ENCODER, **config.model.to_dict())) if task == "finetune" else None
+    with pytest.raises(ValueError, match=message):
+        check_run_config(config, task=task, model=model)
+
+
+def test_linformer_runs_only_on_rows_of_one_sequence():
+    """Linformer mixes the sequences of a packed row, which the model cannot see under jit: the run refuses it."""
+    from jaxpos.config.defaults import mlm_config, translation_config
+    from jaxpos.config.validate import check_run_config
+
+    linformer = ["--config.model.position.kind=diet_abs", "--config.model.position.diet_abs.linformer_k=4"]
+    with pytest.raises(ValueError, match="Linformer .*packed rows"):
+        check_run_config(apply_overrides(mlm_config(), linformer), task="mlm")  # masked-LM rows always pack
+    with pytest.raises(ValueError, match="Linformer .*packed rows"):
+        check_run_config(apply_overrides(translation_config(), linformer), task="translation")
+    unpacked = apply_overrides(translation_config(), linformer + ["--config.data.pack=false"])
+    with pytest.raises(ValueError, match="cannot be causal"):  # then the decoder, causal, refuses it
+        check_run_config(unpacked, task="translation")

@@ -20,6 +20,7 @@ import math
 import flax.linen as nn
 import jax
 import numpy as np
+from scipy.special import erf
 
 from jaxpos.analysis.taps import (input_position_embedding, layer_params, run_encoder, token_embedding_scale,
                                  value_path_problem)
@@ -68,7 +69,6 @@ def _layer_norm_parts(x, p, eps):
 def _gelu(x, approximate):
     if approximate:
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    from scipy.special import erf  # scipy comes with jax
 
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 

@@ -10,10 +10,15 @@ import dataclasses
 import os
 from typing import Callable
 
+import jax
 import numpy as np
+import sentencepiece as spm
 
+from jaxpos.checkpoints.huggingface import bert_encoder_params, bert_pooler_params, config_from_hf, load_hf_checkpoint
 from jaxpos.config import ModelConfig
+from jaxpos.data.tokenizer import CLS_ID, SEP_ID
 from jaxpos.data.wordpiece import WordPiece, lower_case_setting, read_vocab
+from jaxpos.run import Run
 
 
 @dataclasses.dataclass
@@ -49,11 +54,6 @@ def load_run(workdir: str) -> AnalyzedModel:
     """The encoder of a jaxpos masked-LM run (`jaxpos train --workdir DIR`, local or a URL): the typed config
     from WORKDIR/config.json, the parameters of the newest checkpoint that restores (parameters only, onto the
     CPU; nothing in the workdir is written), and the run's SentencePiece tokenizer."""
-    import jax
-
-    from jaxpos.data.tokenizer import CLS_ID, SEP_ID
-    from jaxpos.run import Run
-
     run = Run.open(workdir, "mlm")
     cfg = run.model_config
     if cfg.num_decoder_layers:
@@ -77,9 +77,6 @@ _OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "model.safetensors.index.
 def load_hf(path: str) -> AnalyzedModel:
     """A local Hugging Face BERT or ALBERT folder (config.json + model.safetensors or pytorch_model.bin), with
     its vocabulary and tokenizer from vocab.txt (WordPiece) or spiece.model (SentencePiece) when present."""
-    from jaxpos.checkpoints.huggingface import (bert_encoder_params, bert_pooler_params, config_from_hf,
-                                                load_hf_checkpoint)
-
     if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in _WEIGHT_FILES):
         other = [f for f in _OTHER_WEIGHTS if os.path.exists(os.path.join(path, f))]
         if other:
@@ -106,8 +103,6 @@ def load_hf(path: str) -> AnalyzedModel:
         tokenize = WordPiece(vocabulary, lower)
         info["vocabulary"] = os.path.join(path, "vocab.txt")
     elif os.path.isfile(os.path.join(path, "spiece.model")):
-        import sentencepiece as spm
-
         processor = spm.SentencePieceProcessor(model_file=os.path.join(path, "spiece.model"))
         vocabulary = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
         tokenize = (lambda text: processor.encode(text.lower())) if lower else processor.encode

@@ -14,10 +14,13 @@ import json
 import os
 from typing import Sequence
 
+import jax
 import numpy as np
 
 from jaxpos.analysis.loading import AnalyzedModel
+from jaxpos.analysis.plots import plot_over_training
 from jaxpos.analysis.report import analyze
+from jaxpos.run import Run
 
 OVER_TRAINING_FILE = "over_training.json"
 # The diagnostics whose headline numbers are drawn against the step (the others are still computed if asked).
@@ -42,10 +45,6 @@ def select_steps(spec: str, available: Sequence[int]) -> list[int]:
 def load_run_at(model: AnalyzedModel, step: int) -> AnalyzedModel:
     """`model` (from `load_run`) with the encoder parameters of its checkpoint `step` (parameters only, onto the
     CPU, the workdir only read): the same restore as `load_run`'s newest checkpoint, limited to that step."""
-    import jax
-
-    from jaxpos.run import Run
-
     if model.info.get("step") == step:
         return model
     step, params = Run.open(model.source, "mlm").params(step)
@@ -92,7 +91,6 @@ def analyze_over_training(newest: AnalyzedModel, out_dir: str, *, sentences: Seq
     those of `analyze`."""
     if newest.info.get("kind") != "jaxpos run":
         raise ValueError(f"{newest.source} is not a jaxpos run: analysis over training reads its checkpoints")
-    from jaxpos.run import Run
 
     workdir = newest.source
     run = Run.open(workdir, "mlm")
@@ -117,8 +115,6 @@ def analyze_over_training(newest: AnalyzedModel, out_dir: str, *, sentences: Seq
                   steps=sorted(reports), series=series, reports={str(s): p for s, p in paths.items()},
                   figure="over_training.png" if options.get("figures", True) else None)
     if result["figure"]:
-        from jaxpos.analysis.plots import plot_over_training
-
         plot_over_training(result["steps"], series, os.path.join(out_dir, result["figure"]),
                            head_dim=cfg.head_dim, title=f"{newest.name} ({cfg.position.kind}) over training")
     with open(os.path.join(out_dir, OVER_TRAINING_FILE), "w") as f:

@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxpos.positions.tisa import tisa_scores
+
 
 def plot_tisa_scores(params: dict, max_offset: int, path: str, profiles: np.ndarray | None = None,
                      titles: list[str] | None = None, suptitle: str = "TISA positional scores per head") -> str:
@@ -20,8 +22,6 @@ def plot_tisa_scores(params: dict, max_offset: int, path: str, profiles: np.ndar
     [L, H, 2*max_offset-1] (e.g. F-hat_P of an absolute model) are drawn dashed behind the fitted functions.
     `titles`: one per panel (default: the layer, or "shared across layers" for one panel).
     """
-    from jaxpos.positions.tisa import tisa_scores
-
     k = np.arange(-(max_offset - 1), max_offset)
     scores = np.asarray(tisa_scores(k, params["a"], params["b"], params["c"]))  # [L', H', K]
     layers, heads = scores.shape[:2]

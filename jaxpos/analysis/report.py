@@ -29,12 +29,21 @@ import os
 import time
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.analysis import attribution, effective_attention, locality, rank, tisa_fit, toeplitz
+from jaxpos.analysis import attribution, effective_attention, locality, plots, rank, tisa_fit, toeplitz
+from jaxpos.analysis.decomposition import TERMS, decompose
+from jaxpos.analysis.identifiability import identifiability_by_layer
 from jaxpos.analysis.loading import AnalyzedModel
-from jaxpos.analysis.taps import (attention_logits, has_learned_input_positions, input_position_embedding,
-                                 value_path_problem)
+from jaxpos.analysis.probing import identical_word_attention, sample_probe_words
+from jaxpos.analysis.profile import positional_profile
+from jaxpos.analysis.taps import (attention_logits, has_learned_input_positions, input_position_embedding, run_encoder,
+                                  value_output_maps, value_path_problem)
+from jaxpos.attention.bias import position_logits
+from jaxpos.data.mlm import split_sentences
+from jaxpos.positions import MECHANISMS, make_position
+from jaxpos.positions.tisa import tisa_scores
 from jaxpos.progress import Progress, progress
 
 log = logging.getLogger(__name__)
@@ -88,8 +97,6 @@ class _Context:
         """jaxpos.analysis.plots, or a stand-in whose plot functions draw nothing (options.figures off)."""
         if not self.options.figures:
             return _NO_PLOTS
-        from jaxpos.analysis import plots
-
         return plots
 
 
@@ -167,8 +174,6 @@ def corpus_sentences(model: AnalyzedModel, texts: Sequence[str], max_sentences: 
     """Token ids (via `model.encode`, special tokens included) of the first `max_sentences` sentences of
     `texts` that have between `min_tokens` and the model's max length tokens; sentences are split as the
     masked-LM pipeline splits them."""
-    from jaxpos.data.mlm import split_sentences
-
     out = []
     for text in texts:
         for sentence in split_sentences(text):
@@ -216,8 +221,6 @@ def _sentence_batches(sentences, batch: int = SENTENCE_BATCH, length: int | None
 
 def _run(ctx: _Context, ids, segs=None):
     """(weights [L, B, H, T, T], hidden states [L+1, B, T, d]) as numpy."""
-    from jaxpos.analysis.taps import run_encoder
-
     weights, states = run_encoder(ctx.cfg, ctx.params, ids, segs)
     return np.asarray(weights), np.asarray(states)
 
@@ -252,7 +255,6 @@ def _positional_profile(ctx: _Context) -> dict:
     if not has_learned_input_positions(cfg):
         raise Skip(f"F-hat_P needs learned input position embeddings; position.kind={cfg.position.kind!r}"
                    + (" without tisa.input_positions" if cfg.position.kind == "tisa" else "") + " has none")
-    from jaxpos.analysis.profile import positional_profile
 
     profile = positional_profile(cfg, ctx.params)  # [H, n, n]
     n = profile.shape[-1]
@@ -273,7 +275,6 @@ def _tisa_scores(ctx: _Context) -> dict:
     cfg = ctx.cfg
     if cfg.position.kind != "tisa":
         raise Skip(f"position.kind={cfg.position.kind!r} is not TISA")
-    from jaxpos.positions.tisa import tisa_scores
 
     kernels = {k: np.asarray(ctx.params["encoder"]["position"][k]) for k in "abc"}  # [L', H', S]
     span = min(ctx.options.probe_length, cfg.max_length)
@@ -288,7 +289,6 @@ def _tisa_scores(ctx: _Context) -> dict:
 def _identical_word(ctx: _Context) -> dict:
     if ctx.model.vocabulary is None:
         raise Skip(f"{ctx.model.source} has no vocabulary file to draw whole words from")
-    from jaxpos.analysis.probing import identical_word_attention, sample_probe_words
 
     opts, cfg = ctx.options, ctx.cfg
     length = min(opts.probe_length, cfg.max_length)
@@ -320,11 +320,6 @@ def bias_logits(cfg, params, length: int) -> np.ndarray | None:
     """Position-only attention logits of a logit-bias mechanism (TISA, DIET, T5, ALiBi, TUPE, attenuated) for
     every layer and head, computed from its parameters: [L, H, T, T]; None for mechanisms without one
     (input positions only, RoPE's rotation, Shaw's query-dependent term)."""
-    import jax.numpy as jnp
-
-    from jaxpos.attention.bias import position_logits
-    from jaxpos.positions import MECHANISMS, make_position
-
     mechanism = MECHANISMS[cfg.position.kind]
     if mechanism.input_only or mechanism.no_position_only_term:
         return None
@@ -396,7 +391,6 @@ def _decomposition(ctx: _Context) -> dict:
         raise Skip(problem)
     if not ctx.sentences:
         raise Skip("no sentences")
-    from jaxpos.analysis.decomposition import TERMS, decompose
 
     ids, segs, real = next(_sentence_batches(  # padded as the identifiability batches are: one compilation
         ctx.sentences[:ctx.options.decomposition_sentences], max(SENTENCE_BATCH, ctx.options.decomposition_sentences),
@@ -413,8 +407,6 @@ def _decomposition(ctx: _Context) -> dict:
 
 
 def _effective_attention(ctx: _Context) -> dict:
-    from jaxpos.analysis.taps import value_output_maps
-
     cfg, opts = ctx.cfg, ctx.options
     problem = value_path_problem(cfg)
     if problem is not None:
@@ -457,7 +449,6 @@ def _effective_attention(ctx: _Context) -> dict:
 def _identifiability(ctx: _Context) -> dict:
     if len(ctx.sentences) < 7:
         raise Skip(f"a 70/15/15 split by sentence needs at least 7 sentences; have {len(ctx.sentences)}")
-    from jaxpos.analysis.identifiability import identifiability_by_layer
 
     opts = ctx.options
     hidden, sentence_ids = [], []

@@ -17,6 +17,7 @@ from jaxpos.attention.masks import attention_mask
 from jaxpos.config import ModelConfig
 from jaxpos.models import BertEncoder
 from jaxpos.models.layers import layer_norm
+from jaxpos.positions.absolute import sinusoidal_table
 
 
 def attention_weights(intermediates, cfg: ModelConfig) -> jax.Array:
@@ -125,8 +126,6 @@ def token_embedding_scale(cfg: ModelConfig) -> float:
 
 def input_position_embedding(cfg: ModelConfig, encoder_params, length: int) -> np.ndarray | None:
     """What the mechanism adds to the token embeddings at the input ([T, E]: learned or sinusoidal), or None."""
-    from jaxpos.positions.absolute import sinusoidal_table
-
     if has_learned_input_positions(cfg):
         return np.asarray(encoder_params["position"]["embedding"][:length])
     if cfg.position.kind == "sinusoidal":

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from jaxpos.attention import auto, dropout
 from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, over_attended_keys,
                                   position_logits, segment_logits, segment_pair_factors)
+from jaxpos.attention.kernels import mosaic_gpu as mgpu
+from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.sharding import HEADS, per_shard
 
 
@@ -181,7 +183,6 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
                      dropout_rng, dropout_rate, mosaic_gpu=False):
     """attend's "pallas" / "mosaic_gpu" path: the Toeplitz kernel on each device's shard of the batch and heads
     (`per_shard`); a per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
-    from jaxpos.attention.kernels import toeplitz_attention
     scale = bias.content_scale * q.shape[-1] ** -0.5
     if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
         q, k = fold_factors(q, k, at_pieces(bias).factors, scale)
@@ -190,8 +191,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
     pair_u, pair_w = _segment_pairs(bias, q_types, k_types) or (None, None)
     backend = None  # the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
     if mosaic_gpu:
-        from jaxpos.attention.kernels.mosaic_gpu import unsupported
-        reason = unsupported(q.dtype)
+        reason = mgpu.unsupported(q.dtype)
         if reason is None:
             backend = "mosaic_gpu"
         else:

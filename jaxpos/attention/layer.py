@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jaxpos.attention.bias import PositionalBias, at_pieces
 from jaxpos.attention.core import apply_rotary, attend, project_keys
 from jaxpos.config import ModelConfig
-from jaxpos.config.model import check_training
+from jaxpos.config.rng import DROPOUT
 from jaxpos.initializers import normal_init
 from jaxpos.sharding import HEADS, HIDDEN, constrain
 
@@ -62,9 +62,8 @@ class MultiHeadAttention(nn.Module):
             mask = mask_ids = None
 
         dropout_rng = None
-        if not deterministic and cfg.attention_dropout > 0.0:
-            check_training(cfg)  # jax.nn.dot_product_attention has no dropout
-            dropout_rng = self.make_rng("dropout")
+        if not deterministic and cfg.attention_dropout > 0.0:  # runs refuse paths without it (check_training)
+            dropout_rng = self.make_rng(DROPOUT)
         q_segment_ids, kv_segment_ids, causal = mask_ids or (None, None, False)
         out, weights = attend(
             q, k, v, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask, q_types=q_types, k_types=k_types,

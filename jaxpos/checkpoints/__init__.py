@@ -12,7 +12,7 @@ _LAZY = ("export_run", "load_export", "read_export_config", "save_export", "save
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from jaxpos.checkpoints import export as module
+        from jaxpos.checkpoints import export as module  # lazy: it loads jax (~2 s); importing the package does not
 
         return getattr(module, name)
     raise AttributeError(f"module 'jaxpos.checkpoints' has no attribute {name!r}")

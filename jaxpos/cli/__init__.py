@@ -18,7 +18,7 @@ from jaxpos.cli.translate import add_translate_parsers
 
 
 def _smoke(args, overrides):
-    from jaxpos.workflows.smoke import smoke_table
+    from jaxpos.workflows.smoke import smoke_table  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
     print(smoke_table(seq_len=args.seq_len))
 
@@ -34,8 +34,8 @@ def user_error_status(error: BaseException) -> int | None:
     2 for USER_ERRORS raised by jaxpos's own code (the innermost frame of the traceback is in the package: the
     same types raised inside jax, orbax or numpy are faults); 1 for a diverged or unrestorable run.
     """
-    from jaxpos.training.checkpoint import CheckpointError
-    from jaxpos.training.loop import TrainingDiverged
+    from jaxpos.training.checkpoint import CheckpointError  # lazy: loads jax (~2 s); only a failed command gets here
+    from jaxpos.training.loop import TrainingDiverged  # lazy: loads jax (~2 s); only a failed command gets here
 
     if isinstance(error, (TrainingDiverged, CheckpointError)):  # a run's outcome, already explained by its message
         return 1

@@ -35,7 +35,7 @@ def add_analyze_parser(subparsers) -> None:
 
 
 def _analyze(args, overrides):
-    from jaxpos.workflows.analyze import analyze_model
+    from jaxpos.workflows.analyze import analyze_model  # lazy: loads jax (~3 s), which `jaxpos --help` does not need
 
     if overrides:
         raise ValueError(f"`jaxpos analyze` takes no --config overrides (got {' '.join(overrides)}); the model's "

@@ -23,7 +23,7 @@ def _export(args, overrides) -> dict:
     """Exports, then prints one line saying what was written."""
     if overrides:
         raise ValueError(f"`jaxpos export` takes no --config overrides (got {' '.join(overrides)})")
-    from jaxpos.checkpoints.export import export_run
+    from jaxpos.checkpoints.export import export_run  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
     done = export_run(args.workdir, args.out, format=args.format, dtype=args.dtype, step=args.step)
     print(f"exported step {done['step']} of {args.workdir} ({done['task']}, {done['dtype']}) as {done['format']} "

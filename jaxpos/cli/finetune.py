@@ -48,8 +48,9 @@ def add_finetune_parser(subparsers) -> None:
 
 
 def _finetune(args, overrides):
+    # lazy: ml_collections, etils (0.2 s): `jaxpos --help` does not need them
     from jaxpos.config.files import apply_overrides, load_config
-    from jaxpos.workflows.finetune import finetune
+    from jaxpos.workflows.finetune import finetune  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
     config = apply_overrides(load_config(args.config), overrides)
     if config.get("task") != "finetune":
@@ -67,6 +68,7 @@ def _data_overrides(overrides, command: str) -> list[str]:
 
 
 def _evaluate(args, overrides):
+    # lazy: loads jax (~2 s), which `jaxpos --help` does not need
     from jaxpos.workflows.finetune import chance_note, evaluate, format_scores
 
     done = evaluate(args.workdir, args.split, _data_overrides(overrides, "evaluate"))
@@ -83,8 +85,8 @@ def _numbers(text: str, kind, flag: str) -> list:
 
 
 def _sweep(args, overrides):
-    from jaxpos.evaluation.protocol import markdown
-    from jaxpos.workflows.sweep import sweep
+    from jaxpos.evaluation.protocol import markdown  # lazy: numpy, scipy (0.2 s), which `jaxpos --help` does not need
+    from jaxpos.workflows.sweep import sweep  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
     inits = {}
     for item in args.init:
@@ -100,7 +102,8 @@ def _sweep(args, overrides):
 
 
 def _probe(args, overrides):
-    from jaxpos.evaluation.probes import markdown
+    from jaxpos.evaluation.probes import markdown  # lazy: loads jax (~1.3 s), which `jaxpos --help` does not need
+    # lazy: loads jax (~3 s), which `jaxpos --help` does not need
     from jaxpos.workflows.probes import PROBE_FILE, probe_word_order
 
     result = probe_word_order(args.workdir, args.split, _numbers(args.windows, int, "--windows"), args.seed,

@@ -26,18 +26,21 @@ def add_tokenizer_parser(subparsers) -> None:
 
 
 def _train(args, overrides):
+    # lazy: ml_collections, etils (0.2 s): `jaxpos --help` does not need them
     from jaxpos.config.files import apply_overrides, load_config
-    from jaxpos.workflows.train import train
+    from jaxpos.workflows.train import train  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
     if args.distributed:  # multi-host: coordinator and process ids come from the TPU / SLURM environment
-        import jax
+        import jax  # lazy: 1.3 s, which `jaxpos --help` does not need
 
         jax.distributed.initialize()
     return train(apply_overrides(load_config(args.config), overrides), args.workdir, args.config)
 
 
 def _tokenizer(args, overrides):
+    # lazy: ml_collections, etils (0.2 s): `jaxpos --help` does not need them
     from jaxpos.config.files import apply_overrides, load_config
+    # lazy: loads jax (~1.3 s), which `jaxpos --help` does not need
     from jaxpos.workflows.tokenizer import train_config_tokenizer
 
     tokenizer = train_config_tokenizer(apply_overrides(load_config(args.config), overrides), args.out, args.config)

@@ -32,7 +32,7 @@ def _input_lines(path: str | None):
 
 def _translate(args, overrides):
     """Translates the lines of --input (stdin) into --output (stdout), line by line; notes go to stderr."""
-    from jaxpos.workflows.translation import translate
+    from jaxpos.workflows.translation import translate  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
     done = translate(args.workdir, _input_lines(args.input), overrides, progress=args.output is not None)
     if done.cut:
@@ -49,7 +49,7 @@ def _translate(args, overrides):
 
 
 def _eval_bleu(args, overrides):
-    from jaxpos.workflows.translation import eval_bleu
+    from jaxpos.workflows.translation import eval_bleu  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
     score = eval_bleu(args.workdir, args.split, args.max_sentences, overrides)
     print(f"{score.split} ({score.sentences} sentences, step {score.step}, beam {score.beam_size}, alpha "

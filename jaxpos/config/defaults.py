@@ -6,7 +6,6 @@ import dataclasses
 
 import ml_collections
 
-from jaxpos.config.checks import check_count, check_number
 from jaxpos.config.data import default_data_config, default_finetune_data_config, default_translation_data_config
 from jaxpos.config.decode import DecodeConfig
 from jaxpos.config.model import ModelConfig
@@ -45,28 +44,6 @@ def train_block(**overrides) -> ml_collections.ConfigDict:
     ))
     block.update(overrides)
     return block
-
-
-def check_train_block(train: ml_collections.ConfigDict, zero_means_default: tuple[str, ...] = ()) -> None:
-    """Raises a ValueError naming the first `config.train` value out of its range (counts, rates, intervals);
-    run before a run reads data, and by the Trainer. `zero_means_default`: fields that may still be 0 (fine-tuning
-    resolves them from the data: `finetune_config`)."""
-    def given(name):
-        return (name in train and (name != "warmup_steps" or train.warmup_steps is not None)
-                and not (name in zero_means_default and train[name] == 0))
-
-    for name, least in (("batch_size", 1), ("grad_accum_steps", 1), ("log_every", 1), ("eval_every", 1),
-                        ("checkpoint_every", 1), ("keep_checkpoints", 1), ("num_steps", 0), ("max_predictions", 0),
-                        ("eval_batches", 0), ("eval_batch_size", 0), ("warmup_steps", 0)):
-        if given(name):
-            check_count(f"train.{name}", train[name], least)
-    for name, low, high, open_low, open_high in (
-            ("learning_rate", 0.0, None, True, True), ("eps", 0.0, None, True, True),
-            ("weight_decay", 0.0, None, False, True), ("clip_norm", 0.0, None, False, True),
-            ("warmup_fraction", 0.0, 1.0, False, False), ("b1", 0.0, 1.0, False, True),
-            ("b2", 0.0, 1.0, False, True), ("label_smoothing", 0.0, 1.0, False, True)):
-        if given(name):
-            check_number(f"train.{name}", train[name], low, high, open_low=open_low, open_high=open_high)
 
 
 def mesh_block(**overrides) -> ml_collections.ConfigDict:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 
 import ml_collections
+from etils import epath
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
@@ -67,10 +69,6 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
 
 def load_json_config(path: str) -> ml_collections.ConfigDict:
     """The config a run saved as WORKDIR/config.json (a local path or a URL: etils.epath)."""
-    import json
-
-    from etils import epath
-
     try:
         return ml_collections.ConfigDict(json.loads(epath.Path(path).read_text()))
     except json.JSONDecodeError as error:
@@ -79,8 +77,6 @@ def load_json_config(path: str) -> ml_collections.ConfigDict:
 
 def write_run_file(workdir: str, name: str, text: str) -> str:
     """Writes WORKDIR/name (a local folder or a URL that etils.epath handles, e.g. gs://); returns its path."""
-    from etils import epath
-
     path = epath.Path(workdir) / name
     path.write_text(text)
     return str(path)
@@ -89,8 +85,6 @@ def write_run_file(workdir: str, name: str, text: str) -> str:
 def load_run_config(workdir: str, task: str | None = None) -> ml_collections.ConfigDict:
     """WORKDIR/config.json of a `jaxpos train` run (local or a URL), checked to be a run of `task`
     (mlm | translation | finetune; None: any)."""
-    from etils import epath
-
     folder = epath.Path(workdir)
     if not folder.is_dir():
         raise FileNotFoundError(f"workdir {workdir!r} does not exist")

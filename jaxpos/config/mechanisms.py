@@ -84,6 +84,12 @@ def _check_t5(cfg: ModelConfig) -> None:
         cfg.position.t5.check(bidirectional, stack)
 
 
+def _check_diet_abs(cfg: ModelConfig) -> None:
+    if cfg.position.diet_abs.linformer_k and (cfg.causal or cfg.num_decoder_layers):
+        raise ValueError("diet_abs with linformer_k mixes all key positions and cannot be causal (model.causal, or "
+                         "the decoder of an encoder-decoder); use it in encoder (bidirectional) stacks only")
+
+
 MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
     Mechanism("none", "jaxpos.positions.base:PositionMechanism", "none (bag of words)", "bag of words",
               inductive=True, learned=False, input_only=True, kernel_form="none"),
@@ -99,7 +105,7 @@ MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
               kernel_form="table"),
     Mechanism("diet_abs", "jaxpos.positions.diet:DietAbsPosition", "DIET-Abs, shared by layer",
               "P_Q P_Kᵀ per head, folded into q·k", inductive=False, learned=True,
-              kernel_form=lambda p: None if p.diet_abs.linformer_k else "factors"),
+              kernel_form=lambda p: None if p.diet_abs.linformer_k else "factors", check=_check_diet_abs),
     Mechanism("t5", "jaxpos.positions.t5:T5Position", "T5 buckets", "bucketed relative bias per head",
               inductive=True, learned=True, kernel_form="table", check=_check_t5),
     Mechanism("shaw", "jaxpos.positions.shaw:ShawPosition", "Shaw et al.", "r^K, r^V per clipped offset",

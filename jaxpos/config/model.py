@@ -119,6 +119,12 @@ class PositionConfig:
             raise ValueError(f"unknown segment mode {self.segment!r}; choose one of {SEGMENT_MODES}")
         if self.content_only and self.position_only:
             raise ValueError("content_only and position_only cannot both be set")
+        mechanism = MECHANISMS[self.kind]
+        if self.position_only and mechanism.input_only:
+            raise ValueError(f"position_only needs a positional logit term; {self.kind!r} adds positions at the "
+                             "input only")
+        if self.position_only and mechanism.no_position_only_term:
+            raise ValueError(f"position_only is not defined for {self.kind!r}: {mechanism.no_position_only_term}")
         for name in ("tisa", "diet_rel", "diet_abs", "attenuated"):
             sharing = getattr(self, name).sharing
             if sharing not in SHARING_MODES:
@@ -206,21 +212,6 @@ class ModelConfig:
         check = MECHANISMS[self.position.kind].check
         if check is not None:
             check(self)
-
-
-def check_training(cfg: ModelConfig) -> None:
-    """Errors for a model block that evaluates but cannot train (checked before a training run reads data)."""
-    if cfg.attention_dropout > 0.0 and cfg.attention_impl in ("jax", "cudnn"):
-        raise ValueError(f"attention dropout needs attention_impl='auto', 'xla', 'pallas' or 'mosaic_gpu', not "
-                         f"{cfg.attention_impl!r}; or set model.attention_dropout=0")
-
-
-def check_packing(cfg: ModelConfig, packed: bool) -> None:
-    """Raises a ValueError when rows that pack several sequences (`packed`) meet Linformer, which mixes them."""
-    if packed and cfg.position.kind == "diet_abs" and cfg.position.diet_abs.linformer_k:
-        raise ValueError("Linformer (position.diet_abs.linformer_k) projects keys and values along the whole row, "
-                         "so it mixes the sequences of packed rows; give it rows of one sequence each "
-                         "(translation: data.pack=False; masked-LM rows always pack)")
 
 
 def _build(cls, values: Mapping[str, Any], where: str):

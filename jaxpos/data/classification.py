@@ -33,11 +33,16 @@ import zlib
 from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
+import sentencepiece as spm
 
+from jaxpos.config.rng import FINETUNE_ROW_ORDER, FINETUNE_SUBSAMPLE
+from jaxpos.data.examples import Example
+from jaxpos.data.order import ShuffledBatches, padded_batches
+from jaxpos.data.paraphrase import bible_paraphrase_examples
+from jaxpos.data.tfds_records import record_value, tfds_records
+from jaxpos.data.tokenizer import CLS_ID, MLM_SPECIAL_TOKENS, PAD_ID, SEP_ID, load_tokenizer
+from jaxpos.data.word_order import offline_word_order_examples
 from jaxpos.data.wordpiece import WordPiece, lower_case_setting, read_vocab
-from jaxpos.data.order import ShuffledBatches, host_slice
-
-_ORDER, _SUBSAMPLE = 3, 4  # RNG streams (the MLM pipeline uses 0..2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +94,6 @@ class ExampleStats:
     examples: int = 0  # examples kept
     dropped_no_gold: int = 0  # SNLI pairs the annotators did not agree on
     dropped_corrupt: int = 0  # TSV rows with missing fields or an empty label
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-    text_a: str
-    text_b: str | None
-    label: float  # class index as a float, or the regression score; NaN = unlabelled
 
 
 # --------------------------------------------------------------------------------------------- local GLUE files
@@ -227,37 +225,29 @@ def tfds_name_of(data_cfg) -> str:
 def _feature(record: dict, field: str, name: str):
     if field not in record:
         raise KeyError(f"TFDS dataset {name!r} has no feature {field!r}; its records have {sorted(record)}")
-    value = record[field]
-    if hasattr(value, "item") and not isinstance(value, (bytes, str)):  # a 0-d numpy array
-        value = value.item()
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+    return record_value(record[field])
 
 
 def tfds_examples(name: str, task: str, split: str, data_dir: str | None, stats: ExampleStats | None = None,
                   read_threads: int = 8) -> list[Example]:
     """Examples of a TFDS GLUE/SNLI split prepared as array_record (nothing is downloaded), in index order."""
     stats = stats if stats is not None else ExampleStats()
-    import grain
-    import tensorflow_datasets as tfds
-
     tfds_split = _TFDS_SPLITS[split]
     if task == "mnli" and split == "test":
         tfds_split = "test_matched"
     field_a, field_b = _TFDS_FIELDS[task]
     spec = TASKS[task]
-    try:
-        source = tfds.data_source(name, split=tfds_split, data_dir=data_dir or None, download=False)
-    except Exception as err:  # TFDS lists every registered dataset here: keep its first line
-        first_line = str(err).strip().split("\n")[0]
-        raise ValueError(f"TFDS {name} {tfds_split!r} cannot be read from data_dir={data_dir or '(TFDS default)'} "
-                         f"(prepare it as array_record there first): {first_line}") from err
 
     def convert(record):
         return (str(_feature(record, field_a, name)), None if field_b is None else str(_feature(record, field_b, name)),
                 float(_feature(record, "label", name)))
 
-    reader = grain.MapDataset.source(source).map(convert).to_iter_dataset(
-        grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=256))
+    try:
+        reader = tfds_records(name, tfds_split, data_dir, convert, read_threads=read_threads)
+    except Exception as err:  # TFDS lists every registered dataset here: keep its first line
+        first_line = str(err).strip().split("\n")[0]
+        raise ValueError(f"TFDS {name} {tfds_split!r} cannot be read from data_dir={data_dir or '(TFDS default)'} "
+                         f"(prepare it as array_record there first): {first_line}") from err
     examples = []
     for index, (text_a, text_b, label) in enumerate(reader):
         if label == -1 and task == "snli":
@@ -302,7 +292,7 @@ def load_examples(data_cfg, split: str, stats: ExampleStats | None = None) -> li
     if not examples:
         raise ValueError(f"{where} has no examples")
     if split == "train" and 0 < data_cfg.max_train_examples < len(examples):
-        keep = np.random.default_rng([data_cfg.seed, _SUBSAMPLE]).choice(
+        keep = np.random.default_rng([data_cfg.seed, FINETUNE_SUBSAMPLE]).choice(
             len(examples), data_cfg.max_train_examples, replace=False)
         examples = [examples[i] for i in np.sort(keep)]
     return examples
@@ -312,14 +302,10 @@ def offline_examples(data_cfg, split: str) -> list[Example]:
     """The examples of `split` of an offline task (`TaskSpec.offline`), built as `data_cfg` says."""
     num_examples = data_cfg[f"offline_{split}_examples"]
     if data_cfg.task == "word_order":
-        from jaxpos.data.word_order import offline_word_order_examples
-
         return offline_word_order_examples(split, num_examples=num_examples, seed=data_cfg.seed,
                                            windows=tuple(data_cfg.offline_windows),
                                            min_distance=data_cfg.offline_min_distance)
     if data_cfg.task == "bible_paraphrase":
-        from jaxpos.data.paraphrase import bible_paraphrase_examples
-
         return bible_paraphrase_examples(split, num_examples=num_examples, seed=data_cfg.seed,
                                          editions=tuple(data_cfg.bible_editions),
                                          dev_fraction=data_cfg.bible_dev_fraction,
@@ -355,8 +341,6 @@ class TokenizerAdapter:
 def jaxpos_tokenizer(tokenizer) -> TokenizerAdapter:
     """jaxpos's SentencePiece tokenizer (a `Tokenizer` or the path of its .model) with the MLM special tokens
     [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4."""
-    from jaxpos.data.tokenizer import CLS_ID, MLM_SPECIAL_TOKENS, PAD_ID, SEP_ID, load_tokenizer
-
     if isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer, MLM_SPECIAL_TOKENS)  # checks the special ids
     if tuple(tokenizer.special_tokens) != MLM_SPECIAL_TOKENS:
@@ -384,8 +368,6 @@ def hf_tokenizer(folder: str) -> TokenizerAdapter:
         return TokenizerAdapter(WordPiece(vocabulary, lower), index["[CLS]"], index["[SEP]"], index["[PAD]"],
                                 len(vocabulary), vocab_path)
     if os.path.isfile(spiece_path):
-        import sentencepiece as spm
-
         processor = spm.SentencePieceProcessor(model_file=spiece_path)
         ids = {t: processor.piece_to_id(t) for t in ("[CLS]", "[SEP]", "<pad>")}
         missing = [t for t, i in ids.items() if processor.id_to_piece(i) != t]  # unknown pieces map to <unk>
@@ -468,7 +450,7 @@ class ClassificationTrainIterator(ShuffledBatches):
             raise ValueError(f"{len(encoded)} training examples, fewer than one global batch of {batch_size}: "
                              "lower the batch size")
         fingerprint = zlib.crc32(encoded.labels.tobytes(), zlib.crc32(encoded.input_ids.tobytes()))
-        super().__init__(len(encoded), batch_size, seed=seed, order_stream=_ORDER, fingerprint=fingerprint,
+        super().__init__(len(encoded), batch_size, seed=seed, order_stream=FINETUNE_ROW_ORDER, fingerprint=fingerprint,
                          process_index=process_index, process_count=process_count)
         self.encoded = encoded
 
@@ -481,10 +463,7 @@ def eval_batches(encoded: EncodedExamples, batch_size: int, process_index: int |
                  process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Every example once, in order: ceil(N / batch_size) batches of the train keys plus weights [b] float32
     (1 for real rows; 0 for the copies of row 0 that fill the last batch); b = batch_size / hosts."""
-    start, rows = host_slice(batch_size, process_index, process_count)
-    for b in range(-(-len(encoded) // batch_size)):
-        index = np.arange(b * batch_size, (b + 1) * batch_size)[start:start + rows]
-        real = index < len(encoded)
-        batch = encoded.rows(np.where(real, index, 0))
+    for rows, real in padded_batches(len(encoded), batch_size, 0, process_index, process_count):
+        batch = encoded.rows(rows)
         batch["weights"] = real.astype(np.float32)
         yield batch

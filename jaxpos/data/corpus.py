@@ -14,10 +14,14 @@ import dataclasses
 import fractions
 import glob
 import os
+import pydoc_data.topics
 import re
 from typing import Iterator, Sequence
 
 from etils import epath
+
+from jaxpos.data.bible import chapter_documents, is_held_out_chapter
+from jaxpos.data.tfds_records import record_value, tfds_records
 
 _BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n")
 _HEADING_UNDERLINE = re.compile(r"^\s*([*=\-~^])\1{2,}\s*$")
@@ -75,9 +79,8 @@ def embedded_documents() -> list[str]:
     paragraphs joined by blank lines: headings, grammar rules, code and `>>>` sessions are dropped, list marks
     removed and whitespace collapsed. Deterministic for a given CPython version (3.11: ~200 documents).
     """
-    from pydoc_data.topics import topics
-
     documents, paragraphs = [], []
+    topics = pydoc_data.topics.topics
     for name in sorted(topics):
         for block in _BLANK_LINES.split(topics[name]):
             if any(_HEADING_UNDERLINE.match(line) for line in block.split("\n")):
@@ -159,30 +162,16 @@ def file_documents(path: str, doc_separator: str, stats: DataStats) -> list[str]
 def _record_text(record: dict, field: str, name: str) -> str:
     if field not in record:
         raise KeyError(f"TFDS dataset {name!r} has no field {field!r} (data.text_field); it has {sorted(record)}")
-    text = record[field]
-    if hasattr(text, "item") and not isinstance(text, (bytes, str)):  # a 0-d numpy array
-        text = text.item()
-    return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
+    return str(record_value(record[field]))
 
 
 def tfds_documents(name: str, split: str, data_dir: str | None, text_field: str = "text",
                    max_documents: int = 0, read_threads: int = 8, start: int = 0,
                    stop: int | None = None) -> Iterator[str]:
-    """Documents of a TFDS dataset prepared as array_record, read without TensorFlow: records [start, stop) of
-    the split (at most `max_documents` of them, 0 = all).
-
-    `tfds.data_source` gives random access to the records; grain reads them in index order on `read_threads`
-    threads. The dataset must already be prepared in `data_dir` (nothing is downloaded).
-    """
-    import grain
-    import tensorflow_datasets as tfds
-
-    source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-    dataset = grain.MapDataset.source(source)[start:stop]
-    if max_documents:
-        dataset = dataset[:max_documents]
-    dataset = dataset.map(lambda record: _record_text(record, text_field, name))
-    yield from dataset.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=256))
+    """Documents of a TFDS dataset prepared as array_record (`tfds_records`; nothing is downloaded): records
+    [start, stop) of the split (at most `max_documents` of them, 0 = all), in index order."""
+    yield from tfds_records(name, split, data_dir, lambda record: _record_text(record, text_field, name),
+                            start=start, stop=stop, limit=max_documents, read_threads=read_threads)
 
 
 def is_eval_document(index: int, eval_fraction: float) -> bool:
@@ -209,16 +198,12 @@ def source_documents(config, stats: DataStats) -> Iterator[str]:
 
 def bible_documents(config) -> Iterator[tuple[int, int, str]]:
     """(book, chapter, text) of source=bible: a document per chapter per edition of data.bible_editions."""
-    from jaxpos.data.bible import chapter_documents
-
     return chapter_documents(tuple(config.bible_editions))
 
 
 def documents_and_held_out(config, stats: DataStats) -> Iterator[tuple[str, bool]]:
     """(document, whether it is held out) of `source_documents`, in its order (see `load_documents`)."""
     if config.source == "bible":
-        from jaxpos.data.bible import is_held_out_chapter
-
         for book, chapter, text in bible_documents(config):
             yield text, is_held_out_chapter(book, chapter, config.eval_fraction)
         return

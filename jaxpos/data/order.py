@@ -9,6 +9,8 @@ Each host takes its contiguous slice of every global batch.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import jax
 import numpy as np
 
@@ -23,6 +25,20 @@ def host_slice(batch_size: int, process_index: int | None, process_count: int | 
         raise ValueError(f"the global batch size {batch_size} does not divide over {count} hosts; "
                          f"choose a multiple of {count}")
     return index * (batch_size // count), batch_size // count
+
+
+def padded_batches(num_rows: int, batch_size: int, max_batches: int = 0, process_index: int | None = None,
+                   process_count: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Held-out rows in order, in batches that all have the full shape: (rows [b], real [b] bool) per batch, this
+    host's slice of global batches of `batch_size` consecutive rows (b = batch_size / hosts); the last batch is
+    filled up with row 0, where `real` is False. ceil(num_rows / batch_size) batches, or `max_batches` if smaller
+    (0 = all)."""
+    start, rows = host_slice(batch_size, process_index, process_count)
+    num_batches = -(-num_rows // batch_size)
+    for b in range(min(num_batches, max_batches) if max_batches else num_batches):
+        index = np.arange(b * batch_size, (b + 1) * batch_size)[start:start + rows]
+        real = index < num_rows
+        yield np.where(real, index, 0), real
 
 
 class ShuffledBatches:

@@ -18,6 +18,7 @@ import os
 from typing import Sequence
 
 from jaxpos.data.bible import SPLITS, check_fractions, chapter_split, clean_verse, edition_verses, verse_reference
+from jaxpos.data.tfds_records import record_value, tfds_records
 
 
 @dataclasses.dataclass
@@ -110,26 +111,17 @@ def _record_field(record: dict, key: str, name: str) -> str:
     if key not in record:
         raise KeyError(f"TFDS dataset {name!r} has no language {key!r} (data.source_lang / data.target_lang); "
                        f"its records have {sorted(record)}")
-    value = record[key]
-    if hasattr(value, "item") and not isinstance(value, (bytes, str)):  # a 0-d numpy array
-        value = value.item()
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+    return str(record_value(record[key]))
 
 
 def tfds_pairs(name: str, split: str, data_dir: str | None, source_lang: str, target_lang: str,
                stats: TranslationStats, max_pairs: int = 0, read_threads: int = 8) -> ParallelText:
-    """Pairs of a TFDS translation dataset prepared as array_record (nothing is downloaded), read in index order
-    by grain on `read_threads` threads; ids "split[index]"."""
-    import grain
-    import tensorflow_datasets as tfds
-
-    source = tfds.data_source(name, split=split, data_dir=data_dir or None, download=False)
-    dataset = grain.MapDataset.source(source)
-    if max_pairs:
-        dataset = dataset[:max_pairs]
-    dataset = dataset.map(lambda r: (_record_field(r, source_lang, name), _record_field(r, target_lang, name)))
+    """Pairs of a TFDS translation dataset prepared as array_record (`tfds_records`; nothing is downloaded), in
+    index order (at most `max_pairs`, 0 = all); ids "split[index]"."""
+    reader = tfds_records(name, split, data_dir,
+                          lambda r: (_record_field(r, source_lang, name), _record_field(r, target_lang, name)),
+                          limit=max_pairs, read_threads=read_threads)
     text = ParallelText()
-    reader = dataset.to_iter_dataset(grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=256))
     for i, (source_text, target_text) in enumerate(reader):
         text.add(source_text, target_text, f"{split}[{i}]", stats)
     return text

@@ -35,12 +35,12 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxpos.config.rng import BIBLE_PARAPHRASE
 from jaxpos.data.bible import SPLITS, Verse, chapter_split, check_fractions, edition_chapters
-from jaxpos.data.classification import Example
+from jaxpos.data.examples import Example
 from jaxpos.data.word_order import perturb_examples
 
 NOT_PARAPHRASE, PARAPHRASE = 0.0, 1.0  # class ids of TaskSpec "bible_paraphrase"
-_STREAM = 6  # RNG stream of this task (classification uses 3 and 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +94,8 @@ def paraphrase_pools(editions: tuple[str, ...], seed: int = 0, dev_fraction: flo
         pool = pools[chapter_split(book, chapter, dev_fraction, test_fraction)]
         for (ia, a), (ib, b) in itertools.combinations(enumerate(editions), 2):
             verses_a, verses_b = chapters[a].get((book, chapter), {}), chapters[b].get((book, chapter), {})
-            foils = length_matched_foils(verses_b, np.random.default_rng([seed, _STREAM, book, chapter, ia, ib]))
+            rng = np.random.default_rng([seed, BIBLE_PARAPHRASE, book, chapter, ia, ib])
+            foils = length_matched_foils(verses_b, rng)
             for verse, text_a in verses_a.items():
                 other = foils.get(verse)
                 if other is not None:
@@ -116,7 +117,7 @@ def bible_paraphrase_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv
     if couples > len(pool):
         raise ValueError(f"the bible_paraphrase {split!r} split has {2 * len(pool)} pairs, fewer than the "
                          f"{num_examples} asked for")
-    stream = [seed, _STREAM, SPLITS.index(split)]
+    stream = [seed, BIBLE_PARAPHRASE, SPLITS.index(split)]
     pairs = [pair for index in np.random.default_rng(stream).permutation(len(pool))[:couples] for pair in pool[index]]
     if num_examples:
         pairs = pairs[:num_examples]

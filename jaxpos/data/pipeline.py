@@ -1,12 +1,13 @@
 """The masked-LM input pipeline: corpus -> sentences -> SentencePiece -> packed rows -> masked batches.
 
 Data order and masking are pure functions of (seed, step), so a resumed run sees exactly the batches it would
-have seen, on any number of hosts:
+have seen, on any number of hosts (the streams are named in jaxpos/config/rng.py):
 
     epoch, j = divmod(step, batches_per_epoch)        batches_per_epoch = num_examples // global_batch
-    order    = default_rng([seed, 2, epoch]).permutation(num_examples)
+    order    = default_rng([seed, MLM_ROW_ORDER, epoch]).permutation(num_examples)
     batch    = order[j·B : (j+1)·B]                   host h of P gets rows [h·B/P, (h+1)·B/P) of it
-    masking of example i in epoch e: hash_uniform(seed, 0, e, i, position, draw)  (held-out: (seed, 1, 0, i, ...))
+    masking of example i in epoch e: hash_uniform(seed, MLM_TRAIN_MASKS, e, i, position, draw)
+             (held-out: hash_uniform(seed, MLM_EVAL_MASKS, 0, i, position, draw))
 
 Each epoch drops the num_examples mod B examples its permutation puts last (a different few every epoch);
 data.shuffle=False visits the rows in packing order instead. The iterator's state is the step plus what it was
@@ -27,17 +28,15 @@ from typing import Iterable, Iterator
 import ml_collections
 import numpy as np
 
-from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.rng import MLM_EVAL_MASKS, MLM_ROW_ORDER, MLM_TRAIN_MASKS
 from jaxpos.data.corpus import DataStats, load_documents
-from jaxpos.data.order import ShuffledBatches, host_slice
+from jaxpos.data.order import ShuffledBatches, padded_batches
 from jaxpos.data.mlm import (PackedExamples, encode_documents, masked_rows, pack_documents, split_sentences,
                              unigram_entropy)
 from jaxpos.data.stream import (ShardReader, StreamingMLMIterator, held_out_examples, host_process, list_shards,
                                 process_shards)
 from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer, tokenizer_settings,
                                    train_tokenizer_file)
-
-_TRAIN_MASKS, _EVAL_MASKS, _ORDER = 0, 1, 2  # independent RNG streams
 
 
 def build_examples(documents: list[str], tokenizer: Tokenizer, seq_len: int, stats: DataStats,
@@ -67,7 +66,7 @@ class MLMTrainIterator(ShuffledBatches):
                              f"than one global batch of {batch_size}: add data, or lower the batch size or "
                              "data.seq_len")
         fingerprint = zlib.crc32(examples.tokens.tobytes())  # a corpus changed under a run
-        super().__init__(len(examples), batch_size, seed=seed, order_stream=_ORDER,
+        super().__init__(len(examples), batch_size, seed=seed, order_stream=MLM_ROW_ORDER,
                          fingerprint=fingerprint if shuffle else zlib.crc32(b"unshuffled", fingerprint),
                          process_index=process_index, process_count=process_count)
         self.examples, self.mask_prob, self.vocab_size = examples, mask_prob, tokenizer.vocab_size
@@ -80,7 +79,7 @@ class MLMTrainIterator(ShuffledBatches):
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This host's slice of global batch `step`."""
         epoch = step // self.batches_per_epoch
-        return masked_batch(self.examples, self.host_indices(step), (self.seed, _TRAIN_MASKS, epoch),
+        return masked_batch(self.examples, self.host_indices(step), (self.seed, MLM_TRAIN_MASKS, epoch),
                             self.vocab_size, self.mask_prob)
 
 
@@ -90,13 +89,8 @@ def eval_batches(examples: PackedExamples, tokenizer: Tokenizer, batch_size: int
     """Held-out batches in order, with the same masking every time; finite: ceil(N / batch_size) batches, or
     `max_batches` if smaller (0 = all). The last batch is filled up with copies of example 0 whose mask_weights
     are 0, so every batch has the full shape (like the training batches, this host's slice of it)."""
-    start, rows = host_slice(batch_size, process_index, process_count)
-    num_batches = -(-len(examples) // batch_size)
-    for b in range(min(num_batches, max_batches) if max_batches else num_batches):
-        indices = np.arange(b * batch_size, (b + 1) * batch_size)[start:start + rows]
-        real = indices < len(examples)
-        batch = masked_batch(examples, np.where(real, indices, 0), (seed, _EVAL_MASKS, 0),
-                             tokenizer.vocab_size, mask_prob)
+    for rows, real in padded_batches(len(examples), batch_size, max_batches, process_index, process_count):
+        batch = masked_batch(examples, rows, (seed, MLM_EVAL_MASKS, 0), tokenizer.vocab_size, mask_prob)
         batch["mask_weights"] *= real[:, None]
         yield batch
 
@@ -144,17 +138,6 @@ def _empty_held_out(config, training: str) -> ValueError:
                       "data.eval_fraction or add documents")
 
 
-def check_mlm_data_block(config: ml_collections.ConfigDict) -> None:
-    """Raises a ValueError naming the first `config.data` value out of its range (masked-LM data)."""
-    if "mask_prob" in config:
-        check_number("data.mask_prob", config.mask_prob, 0.0, 1.0, open_low=True, open_high=False)
-    if "eval_fraction" in config:
-        check_number("data.eval_fraction", config.eval_fraction, 0.0, 1.0)
-    for name, least in (("max_documents", 0), ("shuffle_window", 1), ("tokenizer_max_sentences", 1)):
-        if name in config:
-            check_count(f"data.{name}", config[name], least)
-
-
 def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: str, *,
                    process_index: int | None = None, process_count: int | None = None,
                    eval_rows: int = 0) -> MLMData:
@@ -162,9 +145,9 @@ def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: 
     With data.streaming, only the held-out rows are packed now (at most `eval_rows`, 0 = all) and the training
     rows are read shard by shard as the iterator runs.
 
-    Raises ValueError for an empty corpus, an empty held-out split, or fewer packed examples than one batch.
+    Raises ValueError for an empty corpus, an empty held-out split, or fewer packed examples than one batch. The
+    block's ranges are checked before, with the whole run config (`jaxpos.config.validate.check_run_config`).
     """
-    check_mlm_data_block(config)  # before the corpus is read or a tokenizer trained
     if config.get("streaming", False):
         return _build_streaming(config, batch_size, workdir, process_index, process_count, eval_rows)
     stats, eval_stats = DataStats(), DataStats()

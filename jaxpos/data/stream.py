@@ -5,16 +5,18 @@ Shards are the files of `data.paths` (source=text) or the array_record files of 
 range of the split's records). Process p of P reads shards p, p + P, p + 2P, ... and nothing else, and packs,
 masks and batches them itself: every step it contributes batch_size / P rows to the global batch.
 
-Order, a pure function of (seed, p, epoch), one epoch being one pass over this process's shards:
+Order, a pure function of (seed, p, epoch), one epoch being one pass over this process's shards (the streams
+are named in jaxpos/config/rng.py):
 
-    shards   in the order default_rng([seed, 3, epoch, p]).permutation (listed order with data.shuffle=False)
+    shards   in the order default_rng([seed, MLM_SHARD_ORDER, epoch, p]).permutation (listed order with
+             data.shuffle=False)
     rows     packed from the shards' training documents in that order (`RowPacker`; held-out ones skipped)
     windows  consecutive runs of W = data.shuffle_window rows; window w is permuted by
-             default_rng([seed, 2, epoch, w, p]), except window 0 of process 0: default_rng([seed, 2, epoch]),
-             the in-memory permutation (no permutation with data.shuffle=False)
+             default_rng([seed, MLM_ROW_ORDER, epoch, w, p]), except window 0 of process 0:
+             default_rng([seed, MLM_ROW_ORDER, epoch]), the in-memory permutation (none with data.shuffle=False)
     batches  consecutive batch_size / P rows of the permuted windows; the rows left at an epoch's end are dropped
     masks    row r of an epoch (r counted before the permutation) is masked by `mask_batch` with key
-             (seed, 0, epoch) and id r·P + p
+             (seed, MLM_TRAIN_MASKS, epoch) and id r·P + p
 
 So one process reading one shard whose rows fit in one window gets exactly the in-memory batches
 (jaxpos/data/pipeline.py), shuffled or not. Held-out documents are every (1/eval_fraction)-th document of each
@@ -36,14 +38,15 @@ from typing import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
+from jaxpos.config.rng import MLM_ROW_ORDER, MLM_SHARD_ORDER, MLM_TRAIN_MASKS
 from jaxpos.data.corpus import (DataStats, check_doc_separator, expand_globs, file_documents, is_eval_document,
                                 tfds_documents)
 from jaxpos.data.mlm import (PackedExamples, RowPacker, encode_documents, masked_rows, rows_to_examples,
                              split_sentences)
 from jaxpos.data.order import host_slice
 
-_TRAIN_MASKS, _ORDER, _SHARD_ORDER = 0, 2, 3  # RNG streams; the first two as in jaxpos/data/pipeline.py
 _ENCODE_CHUNK = 256  # documents tokenized per SentencePiece call
 
 
@@ -62,7 +65,7 @@ class Shard:
 def tfds_shards(name: str, split: str, data_dir: str | None) -> list[Shard]:
     """One shard per array_record file of a prepared TFDS split (slices such as "train[:90%]" work): the range
     of the split's record indices that the file holds."""
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # lazy: TFDS costs ~0.5 s at import; only data.source=tfds needs it
 
     info = tfds.builder(name, data_dir=data_dir or None).info.splits[split]
     bounds = np.cumsum([0] + [instruction.take for instruction in info.file_instructions])
@@ -202,7 +205,7 @@ class StreamingMLMIterator:
         """This process's shards in the order of `epoch`."""
         if not self.shuffle:
             return self.shards
-        order = np.random.default_rng([self.seed, _SHARD_ORDER, epoch, self.process_index])
+        order = np.random.default_rng([self.seed, MLM_SHARD_ORDER, epoch, self.process_index])
         return [self.shards[i] for i in order.permutation(len(self.shards))]
 
     def window_order(self, epoch: int, window: int, rows: int) -> np.ndarray:
@@ -211,7 +214,7 @@ class StreamingMLMIterator:
             return np.arange(rows)
         # Window 0 of process 0 draws as the in-memory permutation, so the two paths agree where both apply.
         words = [] if (window, self.process_index) == (0, 0) else [window, self.process_index]
-        return np.random.default_rng([self.seed, _ORDER, epoch, *words]).permutation(rows)
+        return np.random.default_rng([self.seed, MLM_ROW_ORDER, epoch, *words]).permutation(rows)
 
     def _load_window(self) -> None:
         """Reads window `self.window` (W rows, fewer at the end of the pass) and permutes it."""
@@ -270,7 +273,7 @@ class StreamingMLMIterator:
         self.step += 1
         tokens, segments, ids = (np.concatenate(arrays) for arrays in zip(*parts))
         return masked_rows(tokens, segments, ids * self.process_count + self.process_index,
-                           (self.seed, _TRAIN_MASKS, self.epoch), self.vocab_size, self.mask_prob)
+                           (self.seed, MLM_TRAIN_MASKS, self.epoch), self.vocab_size, self.mask_prob)
 
     _CHECKED = ("seed", "batch_size", "process_count", "shuffle", "window_size", "seq_len", "fingerprint")
 
@@ -285,7 +288,6 @@ class StreamingMLMIterator:
         """{process index: position} of all processes (this one only without jax.distributed)."""
         if jax.process_count() == 1:
             return {str(self.process_index): position}
-        from jax.experimental import multihost_utils
 
         mine = np.frombuffer(json.dumps([self.process_index, position]).encode(), np.uint8)
         lengths = np.asarray(multihost_utils.process_allgather(np.array([len(mine)], np.int32))).reshape(-1)

@@ -23,9 +23,12 @@ import tempfile
 import time
 from typing import Iterable, Sequence
 
+import jax
 import numpy as np
 import sentencepiece as spm
 from etils import epath
+
+from jaxpos.config.rng import TOKENIZER_SAMPLE
 
 MLM_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TRANSLATION_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
@@ -91,7 +94,7 @@ def load_tokenizer(path: str, special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS
 
 def sample_texts(texts: Iterable[str], max_texts: int, seed: int = 0) -> list[str]:
     """At most `max_texts` non-empty texts, a uniform reservoir sample in reading order; memory stays bounded."""
-    rng = np.random.default_rng([seed, 7])
+    rng = np.random.default_rng([seed, TOKENIZER_SAMPLE])
     reservoir: list[tuple[int, str]] = []
     for index, text in enumerate(t.strip() for t in texts):
         if not text:
@@ -192,8 +195,6 @@ def load_or_train_tokenizer(workdir: str, sentences: Iterable[str], vocab_size: 
     if model_path:
         return load_tokenizer(model_path, special_tokens), False
     if process_index is None or process_count is None:
-        import jax
-
         process_index = jax.process_index() if process_index is None else process_index
         process_count = jax.process_count() if process_count is None else process_count
     prefix = os.path.join(workdir, name)

@@ -9,9 +9,10 @@ of `max_length` tokens: a pair joins the current row when both its sides fit, el
 `inputs`, `targets` (0 = padding), `*_segmentation` (1, 2, ... per pair, 0 = padding) and `*_position`
 (restarting at 0 in every pair), all [rows, max_length] int32.
 
-Order, a pure function of (seed, step): pairs are packed once in the order default_rng([seed, 0]).permutation;
-epoch e visits the rows in the order default_rng([seed, 1, e]).permutation, and global batch k is rows
-[j·B, (j+1)·B) of it, with e, j = divmod(k, rows // B) (each epoch drops the rows mod B it puts last).
+Order, a pure function of (seed, step): pairs are packed once in the order
+default_rng([seed, TRANSLATION_PACKING]).permutation; epoch e visits the rows in the order
+default_rng([seed, TRANSLATION_ROW_ORDER, e]).permutation, and global batch k is rows [j·B, (j+1)·B) of it, with
+e, j = divmod(k, rows // B) (each epoch drops the rows mod B it puts last). The streams: jaxpos/config/rng.py.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ from typing import Iterator, Sequence
 import ml_collections
 import numpy as np
 
-from jaxpos.config.checks import check_count
-from jaxpos.data.order import ShuffledBatches, host_slice
+from jaxpos.config.rng import TRANSLATION_PACKING, TRANSLATION_ROW_ORDER
+from jaxpos.data.order import ShuffledBatches, padded_batches
 from jaxpos.data.parallel import SPLITS, ParallelText, TranslationStats, load_parallel
 from jaxpos.data.tokenizer import RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = (TRANSLATION_SPECIAL_TOKENS.index(t) for t in ("[PAD]", "[UNK]", "[BOS]", "[EOS]"))
-_ORDER_PACKING, _ORDER_EPOCH = 0, 1  # independent RNG streams
 
 
 def load_eval_set(config, split: str, tokenizer: Tokenizer) -> tuple[EvalSet, TranslationStats]:
@@ -153,7 +153,7 @@ class TranslationTrainIterator(ShuffledBatches):
         if len(packed) < batch_size:
             raise ValueError(f"the training pairs pack into {len(packed)} rows of {packed.length} tokens, fewer "
                              f"than one global batch of {batch_size}: add data, or lower the batch size")
-        super().__init__(len(packed), batch_size, seed=seed, order_stream=_ORDER_EPOCH,
+        super().__init__(len(packed), batch_size, seed=seed, order_stream=TRANSLATION_ROW_ORDER,
                          fingerprint=zlib.crc32(packed.targets.tobytes(), zlib.crc32(packed.inputs.tobytes())),
                          process_index=process_index, process_count=process_count)
         self.packed = packed
@@ -191,14 +191,9 @@ def eval_batches(eval_set: EvalSet, batch_size: int, max_batches: int = 0, proce
     """Held-out batches in order: inputs, targets [b, S] int32 and index [b] int32, the row of `eval_set` (-1 for
     the filler rows, copies of row 0, that give the last batch its full shape); b = batch_size / hosts.
     ceil(N / batch_size) batches, or `max_batches` if smaller (0 = all)."""
-    start, rows = host_slice(batch_size, process_index, process_count)
-    num_batches = -(-len(eval_set) // batch_size)
-    for b in range(min(num_batches, max_batches) if max_batches else num_batches):
-        index = np.arange(b * batch_size, (b + 1) * batch_size)[start:start + rows]
-        real = index < len(eval_set)
-        take = np.where(real, index, 0)
-        yield dict(inputs=eval_set.inputs[take], targets=eval_set.targets[take],
-                   index=np.where(real, index, -1).astype(np.int32))
+    for rows, real in padded_batches(len(eval_set), batch_size, max_batches, process_index, process_count):
+        yield dict(inputs=eval_set.inputs[rows], targets=eval_set.targets[rows],
+                   index=np.where(real, rows, -1).astype(np.int32))
 
 
 def detokenize(tokenizer: Tokenizer, ids: Sequence[int], eos_id: int = EOS_ID) -> str:
@@ -228,10 +223,8 @@ class TranslationData:
 def build_translation_data(config: ml_collections.ConfigDict, batch_size: int, workdir: str, *,
                            process_index: int | None = None, process_count: int | None = None) -> TranslationData:
     """Reads the configured pairs, trains (or loads) the shared tokenizer on both sides of the training pairs,
-    packs the training rows and tokenizes dev/test; `batch_size` is global."""
-    for name, least in (("max_length", 2), ("eval_max_length", 2), ("max_pairs", 0), ("tokenizer_max_sentences", 1)):
-        if name in config:  # a side needs a token and EOS (BOS is the decoder's start)
-            check_count(f"data.{name}", config[name], least)
+    packs the training rows and tokenizes dev/test; `batch_size` is global. The block's ranges are checked before,
+    with the whole run config (`jaxpos.config.validate.check_run_config`)."""
     stats = {split: TranslationStats() for split in SPLITS}
     splits = load_parallel(config, stats)
     train = splits["train"]
@@ -243,7 +236,7 @@ def build_translation_data(config: ml_collections.ConfigDict, batch_size: int, w
     sources, targets = encode_pairs(train, tokenizer, config.max_length, stats["train"])
     if not sources:
         raise ValueError(f"every training pair has a side longer than data.max_length={config.max_length} tokens")
-    order = np.random.default_rng([config.seed, _ORDER_PACKING]).permutation(len(sources))
+    order = np.random.default_rng([config.seed, TRANSLATION_PACKING]).permutation(len(sources))
     layout = pack_pairs if config.get("pack", True) else one_pair_per_row
     packed = layout([sources[i] for i in order], [targets[i] for i in order], config.max_length)
     stats["train"].packed_rows = len(packed)

@@ -26,7 +26,10 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxpos.data.classification import Example
+from jaxpos.config.rng import WORD_ORDER_GLOBAL, WORD_ORDER_LOCAL, WORD_ORDER_TASK
+from jaxpos.data.corpus import embedded_documents, is_eval_document
+from jaxpos.data.examples import Example
+from jaxpos.data.mlm import split_sentences
 
 STOP_WORDS = frozenset("""
 a an the and or but nor so yet if then than as because while although though whether
@@ -39,7 +42,7 @@ can could may might must shall should will would not no nor
 all any both each every either neither few more most less other some such own same only also very just too
 """.split())
 _PUNCTUATION = "\"'()[]{}<>.,;:!?-–—“”‘’«»*`"
-_KINDS = {"local": 1, "global": 2}  # RNG stream of each kind
+_KINDS = {"local": WORD_ORDER_LOCAL, "global": WORD_ORDER_GLOBAL}  # the random stream of each kind
 _SPLITS = {"train": 0, "dev": 1, "test": 2}
 
 
@@ -140,9 +143,6 @@ def split_sentence_pools(held_out_fraction: float = 0.2, windows: tuple[int, ...
     min_words..max_words words that every perturbation can change: a local shuffle with each of `windows`, and a
     global swap. Held-out documents (`is_eval_document`) alternate between dev and test; a sentence already in an
     earlier split is left out of the later ones."""
-    from jaxpos.data.corpus import embedded_documents, is_eval_document
-    from jaxpos.data.mlm import split_sentences
-
     documents: dict[str, list[str]] = {split: [] for split in _SPLITS}
     held_out = 0
     for index, document in enumerate(embedded_documents()):
@@ -183,7 +183,7 @@ def offline_word_order_examples(split: str, *, num_examples: int = 0, seed: int 
     if sentences > len(pool):
         raise ValueError(f"the word_order {split!r} split has {len(pool)} sentences ({3 * len(pool)} examples), "
                          f"fewer than the {num_examples} asked for")
-    stream = [seed, 3, _SPLITS[split]]
+    stream = [seed, WORD_ORDER_TASK, _SPLITS[split]]
     examples = []
     for index in np.random.default_rng(stream).permutation(len(pool))[:sentences]:
         rng = np.random.default_rng([*stream, int(index)])

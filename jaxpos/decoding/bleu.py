@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from sacrebleu.metrics import BLEU
+
 
 @dataclasses.dataclass(frozen=True)
 class BleuResult:
@@ -22,8 +24,6 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str] | Sequence[
     """BLEU of detokenized `hypotheses` [N] against one reference per sentence ([N] strings) or several
     reference streams ([R][N]). `tokenize`: SacreBLEU's tokenizer, None = its default ("13a"; "zh", "ja-mecab"
     for those targets). Raises ValueError when a reference stream and the hypotheses differ in length."""
-    from sacrebleu.metrics import BLEU  # imported here: only evaluation needs it
-
     hypotheses = list(hypotheses)
     streams = [list(references)] if not references or isinstance(references[0], str) else \
         [list(stream) for stream in references]

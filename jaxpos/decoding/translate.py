@@ -21,6 +21,7 @@ from jaxpos.data.translation import EOS_ID, PAD_ID, EvalSet, detokenize
 from jaxpos.decoding.beam_search import beam_search, max_decode_lengths, tile_beams
 from jaxpos.decoding.bleu import BleuResult, corpus_bleu
 from jaxpos.models import DECODER_START_ID, EncoderDecoder
+from jaxpos.progress import progress as show_progress
 
 
 @functools.lru_cache(maxsize=8)
@@ -83,8 +84,6 @@ class Translator:
         scores = np.zeros(len(inputs), np.float32)
         starts = range(0, len(inputs), size)
         if progress:
-            from jaxpos.progress import progress as show_progress
-
             starts = show_progress(starts, desc="decoding", unit="batch", leave=False)
         for start in starts:
             chunk = inputs[start:start + size]

@@ -11,6 +11,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxpos.data.word_order import perturb_examples
+
 WINDOWS = (2, 3, 4, 5)
 
 
@@ -23,8 +25,6 @@ def word_order_drops(accuracy: Callable[[list], float], examples: list, windows:
                      seed: int = 0) -> dict:
     """{"original": acc, "variants": {name: {"accuracy": acc, "drop": original - acc}}} for `accuracy`, a
     function from a list of Examples to an accuracy."""
-    from jaxpos.data.word_order import perturb_examples
-
     original = float(accuracy(examples))
     variants = {}
     for name, kind, window in variant_names(windows):

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxpos.attention.bias import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention, dense
 from jaxpos.attention.masks import attention_mask
 from jaxpos.config import ModelConfig
-from jaxpos.config.model import check_packing
-from jaxpos.positions import MECHANISMS, SegmentAttention, make_position
+from jaxpos.positions import SegmentAttention, make_position
 from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
 
 
@@ -42,16 +39,6 @@ class MlpBlock(nn.Module):
         h = dense(cfg, cfg.mlp_dim, -1, ("embed", "mlp"), ("mlp",), "wi")(x)
         h = constrain(activation(cfg.activation)(h), MLP_HIDDEN)
         return dense(cfg, cfg.d_model, -1, ("mlp", "embed"), ("embed",), "wo")(h)
-
-
-def several_pieces_per_row(segment_ids) -> bool:
-    """Whether some row of segment ids [B, T] (0 = padding) holds two pieces; False when they are traced."""
-    if segment_ids is None or isinstance(segment_ids, jax.core.Tracer):
-        return False
-    ids = np.asarray(segment_ids)
-    highest = ids.max(axis=-1, keepdims=True)
-    lowest = np.where(ids > 0, ids, highest).min(axis=-1, keepdims=True)
-    return bool(np.any(lowest != highest))
 
 
 class TransformerLayer(nn.Module):
@@ -101,7 +88,9 @@ class TransformerStack(nn.Module):
     no such positions: the packing mask keeps every query inside its own sequence, where offsets j - i are the
     same as in a row of its own. Cross-attention is the exception: a packed pair's source and target start at
     different columns, so with model.cross_attention_position it takes positions within each pair on both sides
-    (`input_positions` and `encoded_positions` [B, S_enc]).
+    (`input_positions` and `encoded_positions` [B, S_enc]). Linformer (DIET-Abs with linformer_k) projects keys
+    along the whole row and so mixes the sequences of a packed row; traced segment ids cannot show whether a row
+    packs several, so runs refuse the combination from their config (`jaxpos.config.validate.check_packing`).
     """
 
     cfg: ModelConfig
@@ -128,13 +117,6 @@ class TransformerStack(nn.Module):
     def __call__(self, x, *, segment_ids=None, token_types=None, input_positions=None, encoded=None,
                  encoded_segment_ids=None, encoded_positions=None, deterministic: bool = True):
         cfg = self.cfg
-        mechanism = MECHANISMS[cfg.position.kind]
-        if cfg.position.position_only and mechanism.input_only:
-            raise ValueError(f"position_only needs a positional logit term; {cfg.position.kind!r} adds "
-                             "positions at the input only")
-        if cfg.position.position_only and mechanism.no_position_only_term:
-            raise ValueError(f"position_only is not defined for {cfg.position.kind!r}: "
-                             f"{mechanism.no_position_only_term}")
         position = make_position(cfg, self.num_layers, self.causal)
         q_pos, k_pos = self.positions(x.shape[1])
         position_embedding = position.embed(q_pos if input_positions is None or self.decode else input_positions)
@@ -149,8 +131,6 @@ class TransformerStack(nn.Module):
         x = constrain(x, HIDDEN)
 
         bias = position(q_pos, k_pos)  # once per forward pass, for all layers
-        if bias.kv_projection is not None:  # Linformer mixes packed pieces: refused here when the ids are concrete
-            check_packing(cfg, several_pieces_per_row(segment_ids))  # (under jit, the training mains refuse it)
         if input_positions is not None and not self.decode and (bias.factors is not None or bias.dense is not None):
             bias = bias.replace(piece_positions=(input_positions, input_positions))  # packed rows: read per piece
         if cfg.position.segment == "per_head":

@@ -41,8 +41,8 @@ class DietAbsPosition(PositionMechanism):
 
     With `linformer_k`, keys and values are projected along the sequence by E [k, n] (per layer), and P_K has k
     rows (DIET section 3.4). Not inductive: positions index learned tables of n rows. Linformer mixes the pieces
-    of packed rows, so `config.model.check_packing` refuses them (the training mains from the config, the model
-    from concrete segment ids).
+    of packed rows, which the model cannot see under jit, so runs refuse it from their config
+    (`jaxpos.config.validate.check_packing`).
     """
 
     def setup(self):
@@ -54,10 +54,7 @@ class DietAbsPosition(PositionMechanism):
         self.p_q = param(self, "p_q", init, (layers, heads, n, rank), lead + ("abspos", "rank"))
         key_rows = acfg.linformer_k or n
         self.p_k = param(self, "p_k", init, (layers, heads, key_rows, rank), lead + ("abspos", "rank"))
-        if acfg.linformer_k:
-            if self.causal:
-                raise ValueError("diet_abs with linformer_k mixes all key positions and cannot be causal; "
-                                 "use it in encoder (bidirectional) stacks only")
+        if acfg.linformer_k:  # never causal: ModelConfig refuses it (config/mechanisms.py, _check_diet_abs)
             self.projection = param(self, "projection", normal_init(1.0 / n ** 0.5),
                                     (self.num_layers, acfg.linformer_k, n), ("layers", None, "abspos"))
 

@@ -16,6 +16,7 @@ import time
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.experimental import multihost_utils
 
 from jaxpos.progress import status
 
@@ -140,8 +141,6 @@ class Checkpointer:
             aside.parent.mkdir(parents=True, exist_ok=True)
             (self.directory / str(step)).rename(aside)
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             multihost_utils.sync_global_devices(f"jaxpos checkpoint {step} moved aside")
         self.manager.reload()
         return aside

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpos.config.rng import DROPOUT
 from jaxpos.models import BertForSequenceClassification
 
 
@@ -49,7 +50,7 @@ class ClassificationTask:
         """[B, num_labels] float32."""
         return self.model.apply({"params": params}, batch["input_ids"], segment_ids=batch["segment_ids"],
                                 token_types=batch["token_types"], deterministic=not train,
-                                rngs={"dropout": rng} if train else {})
+                                rngs={DROPOUT: rng} if train else {})
 
     def loss(self, params, batch, rng, train):
         logits = self.logits(params, batch, rng, train)

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxpos.config.defaults import check_train_block
+from jaxpos.config.validate import check_run_config
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
 from jaxpos.training.checkpoint import Checkpointer, abstract_like
@@ -167,8 +167,9 @@ class Trainer:
         """`mesh`: the device mesh (default: config.mesh over every device of every process)."""
         self.config, self.workdir, self.task = config, workdir, task
         tcfg = config.train
-        # User errors first, each naming both sides, before anything is traced or compiled.
-        check_train_block(tcfg)
+        # User errors first, each naming both sides, before anything is traced or compiled: the workflows' check
+        # again (cheap), for callers that build a Trainer themselves.
+        check_run_config(config, task=config.get("task"), model=getattr(task.model, "cfg", None))
         self.mesh = mesh if mesh is not None else make_mesh(**config.mesh.to_dict())
         check_batch_divisible(tcfg.batch_size, self.mesh, jax.process_count(), tcfg.grad_accum_steps)
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,

@@ -29,7 +29,7 @@ class MetricWriter:
         self.local_dir = os.path.join(workdir, "tensorboard")
         self.sync_every_s, self.synced = sync_every_s, float("-inf")  # the first write is copied at once
         if enabled:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # lazy: ~3 s at import; runs that log train, evaluations do not
 
             if self.remote is not None:
                 self.local_dir = tempfile.mkdtemp(prefix="jaxpos_tensorboard_")

@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxpos.config.rng import DROPOUT
 from jaxpos.models import BertForMaskedLM
 
 
@@ -67,7 +68,7 @@ class MaskedLMTask:
             {"params": params}, batch["input_ids"], segment_ids=batch["segment_ids"],
             token_types=batch["token_types"], input_positions=batch.get("positions"),
             predict_positions=predicted, deterministic=not train,
-            rngs={"dropout": rng} if train else {})
+            rngs={DROPOUT: rng} if train else {})
         loss, correct, weight = token_cross_entropy(logits, targets, weights)
         return loss, {"loss": loss, "correct": correct, "weight": weight}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import optax
 
 
@@ -24,7 +25,6 @@ def learning_rate_schedule(tcfg) -> optax.Schedule:
 
 def _decay_mask(params):
     """Weight decay on matrices only: no decay on biases, LayerNorm parameters or 1-D tables."""
-    import jax
     return jax.tree.map(lambda p: p.ndim > 1, params)
 
 

@@ -11,6 +11,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from jaxpos.config.rng import DROPOUT
 from jaxpos.models import EncoderDecoder
 from jaxpos.training.mlm import summarize_token_sums, token_cross_entropy
 
@@ -35,7 +36,8 @@ class TranslationTask:
         logits = self.model.apply(
             {"params": params}, batch["inputs"], targets, inputs_segmentation=batch.get("inputs_segmentation"),
             targets_segmentation=target_segments, inputs_position=batch.get("inputs_position"),
-            targets_position=batch.get("targets_position"), deterministic=not train, rngs={"dropout": rng} if train else {})
+            targets_position=batch.get("targets_position"), deterministic=not train,
+            rngs={DROPOUT: rng} if train else {})
         weights = (targets != 0).astype(jnp.float32)
         if target_segments is not None:
             weights = weights * (target_segments != 0)

@@ -7,7 +7,12 @@ import dataclasses
 import os
 from typing import Sequence
 
+from jaxpos.analysis.loading import load_hf, load_run
+from jaxpos.analysis.over_training import analyze_over_training, select_steps
+from jaxpos.analysis.report import analyze, corpus_sentences
+from jaxpos.data.corpus import embedded_documents, is_eval_document, split_blocks
 from jaxpos.progress import status
+from jaxpos.run import Run
 
 QUICK = dict(num_probe_words=12, probe_length=32, max_sentences=60, lengths=(8, 16, 32), windows=2,
              probe_epochs=15, probe_patience=5, probe_learning_rate=3e-3, decomposition_sentences=8,
@@ -18,8 +23,6 @@ MAX_SENTENCES = 400
 def analysis_texts(path: str | None) -> list[str]:
     """Documents to draw sentences from: a text file's blank-line blocks, or the embedded corpus with the
     documents a run holds out (never trained on) first."""
-    from jaxpos.data.corpus import embedded_documents, is_eval_document, split_blocks
-
     if path:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"--text {path!r} does not exist")
@@ -46,9 +49,6 @@ def analyze_model(workdir: str | None = None, hf: str | None = None, out: str | 
     or ./analysis_<name> for HF). `quick`: the small budgets of QUICK, which the given numbers override;
     `only`: a subset of the diagnostics; `checkpoints` ('all' or comma-separated steps, WORKDIR only): each of
     those checkpoints into OUT/step_<N>/ and the diagnostics against the step."""
-    from jaxpos.analysis.loading import load_hf, load_run
-    from jaxpos.analysis.report import analyze, corpus_sentences
-
     if checkpoints and not workdir:
         raise ValueError("--checkpoints needs --workdir (a Hugging Face folder has one set of weights)")
     model = load_run(workdir) if workdir else load_hf(hf)
@@ -69,9 +69,6 @@ def analyze_model(workdir: str | None = None, hf: str | None = None, out: str | 
     status(f"jaxpos analyze: {model.name} ({model.cfg.position.kind}, L={model.cfg.num_layers}, "
            f"H={model.cfg.num_heads}, d={model.cfg.d_model}), {len(sentences)} sentences -> {out}")
     if checkpoints:
-        from jaxpos.analysis.over_training import analyze_over_training, select_steps
-        from jaxpos.run import Run
-
         steps = select_steps(checkpoints, Run.open(workdir, "mlm").steps())
         result = analyze_over_training(model, out, sentences=sentences, steps=steps, only=only, **settings)
         return Analysis(out, result, steps)

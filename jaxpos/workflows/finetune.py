@@ -18,15 +18,21 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from etils import epath
 
+from jaxpos.analysis.loading import load_hf
+from jaxpos.checkpoints import huggingface as hf
 from jaxpos.config import ModelConfig
-from jaxpos.config.checks import check_number
-from jaxpos.config.defaults import FINETUNE_ZERO_DEFAULTS, check_train_block
-from jaxpos.config.model import check_training
-from jaxpos.data.classification import task_spec
+from jaxpos.config.files import load_json_config
+from jaxpos.config.validate import check_run_config
+from jaxpos.data.classification import (ClassificationTrainIterator, encode_examples, eval_batches, hf_tokenizer,
+                                        jaxpos_tokenizer, load_examples, task_spec)
+from jaxpos.evaluation.metrics import compute_metrics
 from jaxpos.evaluation.protocol import best_of
 from jaxpos.models import BertForSequenceClassification
 from jaxpos.progress import status
+from jaxpos.run import Run
+from jaxpos.sharding import replicated
 from jaxpos.training.finetune import ClassificationTask, example_losses, predictions_from_logits
 from jaxpos.training.loop import Trainer, with_activation_sharding
 
@@ -47,10 +53,6 @@ class Pretrained:
 def init_kind(path: str) -> str:
     """'jaxpos' for a `jaxpos train` masked-LM workdir (local or a URL), 'huggingface' for a BERT/ALBERT folder;
     else a clear error."""
-    from etils import epath
-
-    from jaxpos.config.files import load_json_config
-
     if not epath.Path(path).is_dir():
         raise FileNotFoundError(f"--init {path!r} does not exist")
     config_path = epath.Path(path) / "config.json"
@@ -71,12 +73,8 @@ def load_pretrained(path: str, weights: bool = True) -> Pretrained:
     """The encoder (and pooler, where there is one) and tokenizer of a jaxpos run (local or a URL) or a Hugging
     Face folder. With weights=False only the config and tokenizer are read (for `evaluate`, whose weights are its
     own)."""
-    from jaxpos.data.classification import hf_tokenizer, jaxpos_tokenizer
-
     kind = init_kind(path)
     if kind == "jaxpos":
-        from jaxpos.run import Run
-
         run = Run.open(path, "mlm")
         info = dict(kind=kind, path=run.location, tokenizer=os.fspath(run.tokenizer_file))
         encoder = None
@@ -85,13 +83,9 @@ def load_pretrained(path: str, weights: bool = True) -> Pretrained:
             encoder = jax.tree.map(np.asarray, params["bert"])
         return Pretrained(run.model_config, encoder, None, jaxpos_tokenizer(run.tokenizer()), info)
 
-    from jaxpos.checkpoints import huggingface as hf
-
     info = dict(kind=kind, path=os.path.abspath(path))
     encoder = pooler = None
     if weights:
-        from jaxpos.analysis.loading import load_hf
-
         loaded = load_hf(path)
         cfg, encoder, pooler = loaded.cfg, loaded.params, loaded.pooler  # one read of the weights file
         info["weights"] = loaded.info["weights"]
@@ -150,7 +144,6 @@ def make_predict_fn(task: ClassificationTask, trainer: Trainer | None = None) ->
 
     if trainer is None:
         return jax.jit(fn)
-    from jaxpos.sharding import replicated
 
     # under the trainer's mesh, as its steps: activation constraints, and the Pallas kernel per device
     return jax.jit(with_activation_sharding(fn, trainer.mesh),
@@ -172,16 +165,12 @@ def predict(predict_fn, params, batches: Iterable[dict], put: Callable = lambda 
 
 def scores(spec, logits, losses, labels) -> dict:
     """The task's metrics (the first is its main score) and the mean loss."""
-    from jaxpos.evaluation.metrics import compute_metrics
-
     result = compute_metrics(spec.metrics, predictions_from_logits(logits), labels)
     return dict({k: float(v) for k, v in result.items()}, loss=float(np.mean(losses)))
 
 
 def chance_scores(spec, labels: np.ndarray) -> dict | None:
     """Scores of always predicting the majority class of `labels` (None for regression)."""
-    from jaxpos.evaluation.metrics import compute_metrics
-
     if spec.num_labels == 1:
         return None
     values, counts = np.unique(labels, return_counts=True)
@@ -191,8 +180,6 @@ def chance_scores(spec, labels: np.ndarray) -> dict | None:
 
 def load_encoded(dcfg, split: str, tokenizer, spec, need_labels: bool = True):
     """(examples, EncodedExamples) of one split; a split without labels is an error when they are needed."""
-    from jaxpos.data.classification import encode_examples, load_examples
-
     examples = load_examples(dcfg, split)  # raises for an unknown split or an empty one
     encoded = encode_examples(examples, tokenizer, dcfg.max_length)
     if need_labels and not np.all(np.isfinite(encoded.labels)):
@@ -231,15 +218,12 @@ def chance_note(chance: dict | None, metric: str) -> str:
 # --- the commands ------------------------------------------------------------------------------------------------
 
 def _resolve_model(config, pretrained: Pretrained) -> ModelConfig:
-    """The pretrained model's config with config.model's overrides, refused (before any data is read) where it
-    cannot train, e.g. attention dropout on an attention path without it."""
+    """The pretrained model's config with config.model's overrides."""
     overrides = config.model.to_dict()
     try:
-        cfg = dataclasses.replace(pretrained.cfg, **overrides)
+        return dataclasses.replace(pretrained.cfg, **overrides)
     except TypeError as err:
         raise ValueError(f"config.model may only override fields of the pretrained model's config: {err}") from err
-    check_training(cfg)
-    return cfg
 
 
 def best_evaluation(history: list[dict], split: str, metric: str) -> dict | None:
@@ -252,20 +236,16 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
     """Fine-tunes the encoder at INIT on config.data.task (resuming from WORKDIR's checkpoints); evaluates on the
     dev split(s) every train.eval_every steps. Returns the report (also WORKDIR/report.json)."""
     dcfg, tcfg = config.data, config.train
-    check_train_block(tcfg, zero_means_default=FINETUNE_ZERO_DEFAULTS)  # before the encoder or data is read
-    if not tcfg.num_steps:
-        check_number("train.num_epochs", tcfg.num_epochs, 0.0, open_low=True)
-    os.makedirs(workdir, exist_ok=True)
     spec = task_spec(dcfg.task)
     pretrained = load_pretrained(init)
-    cfg = _resolve_model(config, pretrained)
+    # The whole config, once the model is known, before any data is read (0 = default fields resolved below).
+    cfg = check_run_config(config, task="finetune", model=_resolve_model(config, pretrained))
+    os.makedirs(workdir, exist_ok=True)
     kind = "regression" if spec.num_labels == 1 else f"{spec.num_labels} classes"
     status(f"jaxpos: fine-tuning on {spec.name} ({kind}, {'sentence pairs' if spec.pair else 'single sentences'}), "
            f"encoder from {init} "
            f"({pretrained.info['kind']}, position={cfg.position.kind}, segments={cfg.position.segment}), "
            f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}")
-
-    from jaxpos.data.classification import ClassificationTrainIterator, eval_batches
 
     _, train = load_encoded(dcfg, "train", pretrained.tokenizer, spec)
     dev = {split: load_encoded(dcfg, split, pretrained.tokenizer, spec)[1] for split in spec.dev_splits}
@@ -347,14 +327,10 @@ class FinetunedRun:
 
     def predict(self, examples, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(logits [N, C], losses [N], labels [N]) of the run on a list of N Examples."""
-        from jaxpos.data.classification import encode_examples
-
         encoded = encode_examples(examples, self.tokenizer, self.config.data.max_length)
         return self.predict_encoded(encoded, batch_size)
 
     def predict_encoded(self, encoded, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from jaxpos.data.classification import eval_batches
-
         batch_size = batch_size or self.config.train.get("eval_batch_size") or self.config.train.batch_size
         if self._predict_fn is None:  # one jitted function for every set this run scores
             self._predict_fn = make_predict_fn(self.task)
@@ -364,10 +340,6 @@ class FinetunedRun:
 def load_finetuned(workdir: str, overrides: Iterable[str] = ()) -> FinetunedRun:
     """A fine-tuned run's newest restorable checkpoint (parameters only, onto the CPU), its config and tokenizer.
     `overrides` (--config.data.*) may point the data somewhere else, e.g. another glue_dir."""
-    from etils import epath
-
-    from jaxpos.run import Run
-
     run = Run.open(workdir, "finetune", overrides)
     config = run.config
     spec = task_spec(config.data.task)

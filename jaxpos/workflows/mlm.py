@@ -11,9 +11,9 @@ import numpy as np
 from etils import epath
 
 from jaxpos.config import model_config
-from jaxpos.config.model import check_packing
-from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.config.files import write_run_file
+from jaxpos.config.validate import check_run_config
+from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
 from jaxpos.training.loop import Trainer
@@ -23,7 +23,7 @@ from jaxpos.training.mlm import MaskedLMTask
 def train_mlm(config, workdir: str):
     """Pretrains a BERT-style model as configured; resumes from WORKDIR's checkpoints (local or gs://...).
     Returns the TrainResult."""
-    check_packing(model_config(config.model), packed=True)  # rows pack sentences of several documents
+    check_run_config(config, task="mlm")  # before any data is read
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     dcfg, tcfg = config.data, config.train
     main_process = jax.process_index() == 0  # files of the run are written once
@@ -38,8 +38,6 @@ def train_mlm(config, workdir: str):
     status(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
     if config.model.vocab_size != data.tokenizer.vocab_size:
         config.model.vocab_size = data.tokenizer.vocab_size  # the embedding table follows the tokenizer
-    if config.model.max_length < dcfg.seq_len:
-        raise ValueError(f"model.max_length={config.model.max_length} is shorter than data.seq_len={dcfg.seq_len}")
     if main_process:
         write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
     status(f"baseline: unigram entropy of the {'held-out rows' if streaming else 'corpus'} = "
@@ -66,7 +64,7 @@ def train_mlm(config, workdir: str):
                f"{result.eval_metrics.get('accuracy', float('nan')):.3f}, vs unigram entropy "
                f"{data.unigram_entropy:.3f}")
     if cfg.position.kind == "tisa" and main_process:
-        from jaxpos.analysis.plots import plot_tisa_scores
+        from jaxpos.analysis.plots import plot_tisa_scores  # lazy: matplotlib costs ~1 s at import; only TISA runs draw
 
         params = jax.device_get(result.state.params)
         tisa = params["bert"]["encoder"]["position"]

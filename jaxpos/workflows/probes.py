@@ -9,8 +9,10 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxpos.data.classification import load_examples
 from jaxpos.data.paraphrase import PARAPHRASE, probe_sets
 from jaxpos.evaluation.probes import WINDOWS, markdown, swapped_paraphrase_share, word_order_drops
+from jaxpos.workflows.finetune import load_finetuned
 
 PROBE_FILE = "word_order_probe"  # WORKDIR/word_order_probe.json and .md
 
@@ -20,9 +22,6 @@ def probe_word_order(workdir: str, split: str | None = None, windows: Sequence[i
     """The probe on a fine-tuned classification run's split (default: its first dev split); writes
     WORKDIR/word_order_probe.json and .md. Returns what the .json holds: original, variants, task, split,
     examples, step, seed, position."""
-    from jaxpos.data.classification import load_examples
-    from jaxpos.workflows.finetune import load_finetuned
-
     run = load_finetuned(workdir, overrides)
     if run.spec.num_labels == 1 or "accuracy" not in run.spec.metrics:
         raise ValueError(f"the word-order probe measures accuracy; task {run.spec.name!r} has "

@@ -8,8 +8,11 @@ import json
 import os
 from typing import Mapping, Sequence
 
+from jaxpos.config.files import apply_overrides, load_config
+from jaxpos.data.classification import task_spec
 from jaxpos.evaluation.protocol import markdown, run_score, summarize
 from jaxpos.progress import status
+from jaxpos.workflows.finetune import REPORT_FILE, finetune, read_evals
 
 
 def run_dir(out: str, model: str, task: str, lr: float, seed: int) -> str:
@@ -28,10 +31,6 @@ def sweep(config_spec: str, inits: Mapping[str, str], tasks: Sequence[str], seed
     """Fine-tunes every model in `inits` ({name: --init path}) on every task with every (lr, seed), each in its own
     workdir under OUT (a finished run is not repeated; an unfinished one resumes). Returns one row per (model,
     task) with the protocol's score."""
-    from jaxpos.config.files import apply_overrides, load_config
-    from jaxpos.data.classification import task_spec
-    from jaxpos.workflows.finetune import REPORT_FILE, finetune, read_evals
-
     if not seeds or not learning_rates:
         raise ValueError("the sweep needs at least one seed and one learning rate")
     rows = []

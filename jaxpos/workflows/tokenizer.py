@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from jaxpos.data.tokenizer import Tokenizer
+from jaxpos.data.parallel import SPLITS, TranslationStats, load_parallel
+from jaxpos.data.pipeline import train_tokenizer
+from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, Tokenizer, tokenizer_settings, train_tokenizer_file
 
 
 def train_config_tokenizer(config, out: str, source: str) -> Tokenizer:
     """Trains the tokenizer a run of `config` would train (masked-LM or translation: same sentences, settings and
     model) and writes OUT.model, OUT.vocab and OUT.json (`out` may end in .model; local or a URL), so that every
     process of a multi-process run reads it (data.tokenizer_path=OUT.model). `source` names the config in errors."""
-    from jaxpos.data.pipeline import train_tokenizer
-    from jaxpos.data.tokenizer import tokenizer_settings, train_tokenizer_file
-
     dcfg = config.data
     if config.task == "mlm":
         return train_tokenizer(dcfg, out)
     if config.task == "translation":
-        from jaxpos.data.parallel import SPLITS, TranslationStats, load_parallel
-        from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS
-
         train = load_parallel(dcfg, {s: TranslationStats() for s in SPLITS}, splits_wanted=("train",))["train"]
         sample, settings = tokenizer_settings(
             (sentence for pair in zip(train.sources, train.targets) for sentence in pair), dcfg.vocab_size,

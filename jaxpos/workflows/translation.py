@@ -10,14 +10,15 @@ import jax
 from etils import epath
 
 from jaxpos.config import model_config
-from jaxpos.config.model import check_packing
-from jaxpos.config.files import write_run_file
-from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.config.decode import decode_config
+from jaxpos.config.files import write_run_file
+from jaxpos.config.validate import check_run_config
+from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import BleuResult, corpus_bleu
 from jaxpos.decoding.translate import Translator, read_sentences
 from jaxpos.models import EncoderDecoder
 from jaxpos.progress import status
+from jaxpos.run import Run
 from jaxpos.training.loop import Trainer
 from jaxpos.training.translation import TranslationTask
 
@@ -31,13 +32,10 @@ def _loss_batches(data, tcfg):
 
 def _setup(config, workdir: str):
     """(data, typed model config, task) for a translation config; the model's vocabulary follows the tokenizer."""
-    check_packing(model_config(config.model), packed=config.data.get("pack", True))  # before any data is read
     data = build_translation_data(config.data, config.train.batch_size, workdir)
     if config.model.vocab_size != data.tokenizer.vocab_size:
         config.model.vocab_size = data.tokenizer.vocab_size
     cfg = model_config(config.model)
-    if cfg.num_decoder_layers < 1:
-        raise ValueError("a translation config needs model.num_decoder_layers >= 1")
     # The longest sources and targets the run will see, traced now: a mechanism whose tables are too short raises
     # its own LengthError at start-up rather than at the first evaluation or at the final decoding.
     longest = max(config.data.max_length, config.data.eval_max_length)
@@ -51,6 +49,7 @@ def _setup(config, workdir: str):
 def train_translation(config, workdir: str):
     """Trains an encoder-decoder as configured (resuming from WORKDIR), reports dev loss and BLEU along the way,
     then test BLEU with beam search against the copy-the-source baseline. Returns the report dict."""
+    check_run_config(config, task="translation")  # before any data is read
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     tcfg = config.train
     status(f"jaxpos: translation, position={config.model.position.kind}, devices={jax.device_count()}x"
@@ -98,8 +97,6 @@ def train_translation(config, workdir: str):
 def load_translator(workdir: str, overrides: list[str] = ()):
     """(Translator with the newest restorable checkpoint's parameters, the run's config, checkpoint step) of a
     translation workdir (local or a URL); reads no training data."""
-    from jaxpos.run import Run
-
     run = Run.open(workdir, "translation", overrides)
     tokenizer = run.tokenizer()
     step, params = run.params(on=jax.devices()[0])

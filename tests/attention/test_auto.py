@@ -13,7 +13,8 @@ import pytest
 
 from jaxpos.attention import auto, core
 from jaxpos.attention.bias import PositionalBias
-from jaxpos.config.model import ModelConfig, check_training
+from jaxpos.config.model import ModelConfig
+from jaxpos.config.validate import check_training
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "RESULTS.md")
 FORM_OF = {"none": "none", "tisa": "table", "diet_abs": "factors"}  # the measured representative of each form

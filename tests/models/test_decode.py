@@ -58,9 +58,10 @@ def assert_cached_steps_match_full_pass(cfg, params, inputs, targets, name):
 
 
 def test_linformer_is_refused_in_a_causal_stack():
-    cfg = tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=4)), causal=True)
-    with pytest.raises(ValueError, match="linformer_k .*cannot be causal"):
-        BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))
+    """Refused by the config, before any model is built: a causal encoder, or an encoder-decoder's decoder."""
+    for overrides in (dict(causal=True), dict(num_decoder_layers=1)):
+        with pytest.raises(ValueError, match="linformer_k .*cannot be causal"):
+            tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=4)), **overrides)
 
 
 def test_encoder_decoder_padding_does_not_leak():

@@ -9,6 +9,7 @@ import pytest
 from jaxpos.attention import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention
 from jaxpos.attention.masks import attention_mask
+from jaxpos.config.validate import check_packing
 from jaxpos.models import BertForMaskedLM
 from tests.helpers import tiny_config
 
@@ -67,14 +68,15 @@ def test_linformer_in_a_bert_encoder_runs_and_learns_projection():
     assert g.shape == (cfg.num_layers, 6, 16) and np.abs(np.asarray(g)).max() > 0
 
 
-def test_linformer_refuses_rows_that_pack_several_sequences():
-    """E projects keys and values along the whole row: the pieces of a packed row would see each other."""
+def test_linformer_takes_padded_rows_and_runs_refuse_packed_ones():
+    """E projects keys and values along the whole row: the pieces of a packed row would see each other. Segment
+    ids are traced under jit, so it is the run's config that refuses packed rows (check_packing)."""
     cfg = tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=6)))
     model = BertForMaskedLM(cfg)
     ids = jnp.ones((2, 16), jnp.int32)
     params = model.init(jax.random.PRNGKey(0), ids)["params"]
     one_piece = jnp.ones((2, 16), jnp.int32).at[1, 10:].set(0)  # padding is fine: padded keys are zeroed
     model.apply({"params": params}, ids, segment_ids=one_piece)
-    two_pieces = one_piece.at[0, 8:].set(2)
+    check_packing(cfg, packed=False)
     with pytest.raises(ValueError, match="Linformer .*packed rows"):
-        model.apply({"params": params}, ids, segment_ids=two_pieces)
+        check_packing(cfg, packed=True)

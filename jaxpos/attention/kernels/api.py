@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.attention import dropout
+from jaxpos.attention.kernels import mosaic_gpu as mgpu
 from jaxpos.attention.kernels.pallas import _attention, _dq_group, _Static
 
 
@@ -178,7 +179,6 @@ def _padded_row_keys(rate, seed, row_keys, rows_shape, t_pad) -> jax.Array | Non
 def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate, dropout_seed,
                 dropout_row_keys, pair_bias, interpret, options):
     """toeplitz_attention on the Mosaic GPU backend: inputs padded to its blocks and head widths."""
-    from jaxpos.attention.kernels import mosaic_gpu as mgpu
     reason = mgpu.unsupported(q.dtype)
     if reason is not None:
         raise ValueError(f"the mosaic_gpu backend does not take {reason}; use backend='triton'")

@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams, force_gpu_interpret_mode
 from jax.experimental import pallas as pl
 
 from jaxpos.attention import dropout
@@ -127,6 +128,7 @@ def unsupported(dtype) -> str | None:
 
 def _plgpu():
     """Pallas's Mosaic GPU module, imported where a kernel is built (importing it costs the CPU-only paths time)."""
+    # lazy: 0.34 s at import; CPU-only paths never build a kernel
     from jax.experimental.pallas import mosaic_gpu as plgpu
     return plgpu
 
@@ -272,7 +274,6 @@ def _kernel(body, out_type, scratch, grid, grid_names, st: _Static, name: str):
     if not st.interpret:
         return call
     _check_interpreter_threads()
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams, force_gpu_interpret_mode
 
     def interpreted(*args):
         with force_gpu_interpret_mode(InterpretGPUParams(detect_races=True)):
@@ -285,6 +286,7 @@ def _kernel(body, out_type, scratch, grid, grid_names, st: _Static, name: str):
 
 def _raise_on_races(name: str, _):
     """The interpreter's race detector only prints what it finds (and keeps the last kernel's state): fail."""
+    # lazy: 0.55 s at import; only the interpreter (CPU tests) needs it
     from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races
     if get_races().races_found:
         raise RuntimeError(f"{name}: the Mosaic GPU interpreter found a data race between warpgroups (the lines "

@@ -79,6 +79,18 @@ class _Static:
         return self.backend == "mosaic_tpu"
 
 
+def _pltpu():
+    """Pallas's TPU module, for the mosaic_tpu backend."""
+    from jax.experimental.pallas import tpu  # lazy: 0.14 s at import, which no CPU or GPU run needs
+    return tpu
+
+
+def _pltriton():
+    """Pallas's Triton module, for the triton backend."""
+    from jax.experimental.pallas import triton  # lazy: 0.07 s at import, which no CPU or TPU run needs
+    return triton
+
+
 def _dq_group(t_pad: int, s_pad: int, b: int, dim: int, limit: int = 16) -> int:
     """Query blocks per dq program: the least power of two dividing T_pad / b (at most `limit`, which bounds the
     registers a program carries) whose table-gradient rows fit in 2*T*D floats per (batch, head)."""
@@ -107,7 +119,7 @@ def _bias_tile(ext_ref, q_start, k_start, bq, bk, st: _Static):
         r = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
         c = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
         return ext_ref[k_start - q_start + (st.t_pad - 1) + c - r]
-    from jax.experimental.pallas import tpu as pltpu
+    pltpu = _pltpu()
     diagonal = lax.div(k_start - q_start, bq) + st.t_pad // bq - 1
     window = jnp.broadcast_to(ext_ref[pl.ds(diagonal, 1), :], (bq, 2 * bq))
     return pltpu.roll(window, bq + 1, 1, stride=1, stride_axis=0)[:, :bk]
@@ -326,7 +338,7 @@ def _diagonal_sums(ds, scratch_ref, st: _Static):
     """
     b = ds.shape[0]
     if st.backend == "mosaic_tpu":
-        from jax.experimental.pallas import tpu as pltpu
+        pltpu = _pltpu()
         padded = jnp.concatenate([ds, jnp.zeros_like(ds)], axis=1)
         window = jnp.sum(pltpu.roll(padded, b - 1, 1, stride=2 * b - 1, stride_axis=0), axis=0, keepdims=True)
         return window[:, :b], window[:, b:]
@@ -347,8 +359,7 @@ def _diagonal_sums(ds, scratch_ref, st: _Static):
 def _barrier(st: _Static):
     if st.interpret or st.backend != "triton":  # sequential interpreter; Mosaic orders its own stores
         return lambda: None
-    from jax.experimental.pallas import triton as plgpu
-    return plgpu.debug_barrier
+    return _pltriton().debug_barrier
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, u_ref,
@@ -454,7 +465,7 @@ def _interpret(st: _Static):
     if not st.interpret:
         return False
     if st.backend == "mosaic_tpu":
-        from jax.experimental.pallas import tpu as pltpu
+        pltpu = _pltpu()
         return pltpu.InterpretParams()
     return True
 
@@ -465,11 +476,10 @@ def _compiler_params(st: _Static, reduces: bool = False):
     if st.interpret:
         return None
     if st.backend == "mosaic_tpu":
-        from jax.experimental.pallas import tpu as pltpu
+        pltpu = _pltpu()
         inner = "arbitrary" if reduces else "parallel"
         return pltpu.CompilerParams(dimension_semantics=("parallel", inner, inner))
-    from jax.experimental.pallas import triton as plgpu
-    return plgpu.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)
+    return _pltriton().CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)
 
 
 def _grid(st: _Static, batch: int, heads: int, blocks: int):
@@ -500,7 +510,7 @@ def _call(kernel, st: _Static, grid, in_specs, out_specs, out_shape, name, args,
                   name=name)
     if not (st.backend == "mosaic_tpu" and st.skip_tiles):
         return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, **params)(*args)
-    from jax.experimental.pallas import tpu as pltpu
+    pltpu = _pltpu()
     b = st.block_q  # Mosaic's blocks are all equal
 
     def with_ranges(q_ranges_ref, k_ranges_ref, *refs):
