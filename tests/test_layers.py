@@ -125,43 +125,6 @@ def test_the_command_line_and_the_workflows_are_imported_only_from_above():
     assert not offences, "\n".join(offences)
 
 
-# Function-level imports of the reproduction, not yet given their reason (module, function, imported module).
-UNEXPLAINED_LAZY_IMPORTS = {
-    ("cli/reproduce.py", "_reproduce", "jaxpos.reproduction"),
-    ("cli/reproduce.py", "_reproduce", "jaxpos.reproduction.report"),
-    ("reproduction/pipeline.py", "pretrain_config", "jaxpos.config.files"),
-    ("reproduction/pipeline.py", "finetune_config", "jaxpos.config.files"),
-    ("reproduction/pipeline.py", "parameter_counts", "jax"),
-    ("reproduction/pipeline.py", "positional_attention", "jaxpos.analysis.locality"),
-    ("reproduction/pipeline.py", "positional_attention", "jaxpos.analysis.report"),
-    ("reproduction/pipeline.py", "mlm_word_order_probe", "jax"),
-    ("reproduction/pipeline.py", "mlm_word_order_probe", "jaxpos.data.classification"),
-    ("reproduction/pipeline.py", "mlm_word_order_probe", "jaxpos.data.tokenizer"),
-    ("reproduction/pipeline.py", "mlm_word_order_probe", "jaxpos.evaluation.probes"),
-    ("reproduction/pipeline.py", "mlm_word_order_probe", "jaxpos.models"),
-    ("reproduction/pipeline.py", "mlm_word_order_probe", "jaxpos.run"),
-    ("reproduction/pipeline.py", "mlm_word_order_probe", "jaxpos.training.mlm"),
-    ("reproduction/pipeline.py", "execute_runs", "jax"),
-    ("reproduction/pipeline.py", "execute_runs", "jaxpos.workflows.finetune"),
-    ("reproduction/pipeline.py", "execute_runs", "jaxpos.workflows.mlm"),
-    ("reproduction/pipeline.py", "execute_run", "jaxpos.analysis.loading"),
-    ("reproduction/pipeline.py", "execute_run", "jaxpos.analysis.over_training"),
-    ("reproduction/pipeline.py", "execute_run", "jaxpos.analysis.report"),
-    ("reproduction/pipeline.py", "execute_run", "jaxpos.data.word_order"),
-    ("reproduction/pipeline.py", "execute_run", "jaxpos.workflows.analyze"),
-    ("reproduction/pipeline.py", "execute_run", "jaxpos.workflows.finetune"),
-    ("reproduction/pipeline.py", "execute_run", "jaxpos.workflows.mlm"),
-    ("reproduction/report.py", "figures", "matplotlib.pyplot"),
-    ("reproduction/report.py", "figures", "jaxpos.analysis.plots"),
-    ("reproduction/reproduce.py", "_shared_tokenizer", "jaxpos.data.pipeline"),
-    ("reproduction/reproduce.py", "_shared_tokenizer", "jaxpos.reproduction.pipeline"),
-    ("reproduction/reproduce.py", "reproduce", "jaxpos.reproduction.report"),
-    ("reproduction/reproduce.py", "report_only", "jaxpos.reproduction.report"),
-    ("reproduction/reproduce.py", "run_worker", "jaxpos.reproduction.pipeline"),
-    ("reproduction/runs.py", "machine", "importlib.metadata"),
-}
-
-
 def lazy_imports(path: str) -> list[tuple[str, str, bool]]:
     """(function, imported module, explained) for each import inside a function of the file at `path`;
     explained: a comment, not only a lint directive, on one of its lines or on the line above it."""
@@ -194,20 +157,16 @@ def lazy_imports(path: str) -> list[tuple[str, str, bool]]:
 def test_every_import_inside_a_function_says_why_it_is_lazy():
     """Imports sit at the top of their module unless start-up time needs them later (a command that loads no jax,
     an optional package that only some paths read); those say why, on their line or the line above."""
-    unexplained, listed = [], set()
+    unexplained = []
     for root, _, files in os.walk(PACKAGE):
         for name in sorted(files):
             if name.endswith(".py"):
                 path = os.path.join(root, name)
                 relative = os.path.relpath(path, PACKAGE)
                 for function, module, explained in lazy_imports(path):
-                    key = (relative, function, module)
-                    if key in UNEXPLAINED_LAZY_IMPORTS:
-                        listed.add(key)
-                    elif not explained:
+                    if not explained:
                         unexplained.append(f"jaxpos/{relative}: {function} imports {module} without a reason")
     assert not unexplained, "\n".join(unexplained)
-    assert listed == UNEXPLAINED_LAZY_IMPORTS, f"no longer lazy, drop from the list: {UNEXPLAINED_LAZY_IMPORTS - listed}"
 
 
 def test_the_lazy_import_scan_sees_reasons(tmp_path):

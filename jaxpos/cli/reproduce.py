@@ -63,7 +63,7 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def _reproduce(args, overrides):
-    from jaxpos.reproduction import reproduce as repro
+    from jaxpos.reproduction import reproduce as repro  # lazy: loads jax, which `jaxpos --help` does not need
 
     if overrides:
         raise ValueError(f"`jaxpos reproduce` takes no --config overrides (got {' '.join(overrides)})")
@@ -71,7 +71,7 @@ def _reproduce(args, overrides):
     if args.run_name:
         print(f"{args.run_name}: {repro.run_one(out, args.run_name)}")
         return None
-    from jaxpos.reproduction.report import REPORT_FILE, summary_table
+    from jaxpos.reproduction.report import REPORT_FILE, summary_table  # lazy: matplotlib, for a report only
 
     if args.report_only:
         numbers = repro.report_only(out, _command_line())

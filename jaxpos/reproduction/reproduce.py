@@ -11,6 +11,7 @@ import os
 import time
 from typing import Sequence
 
+from jaxpos.data.bible import bible_db_path
 from jaxpos.progress import status
 from jaxpos.reproduction import runs
 from jaxpos.reproduction.claims import runs_needed, select_claims
@@ -105,7 +106,6 @@ def reproduce(out: str, profile: str, seeds: int | None = None, workers: int | N
     """Plans (or resumes the plan in OUT), trains the shared tokenizer, times the recipe to estimate the wall time,
     executes every run on `workers` processes and writes the report (`command` is quoted in it). `plan_only`:
     stops after the tokenizer, with the run names in OUT/runs.txt for array tasks started elsewhere."""
-    from jaxpos.data.bible import bible_db_path
     from jaxpos.reproduction.report import write_report  # matplotlib: only once there is a report to write
 
     bible_db_path()  # the Bible corpora are in an extra: say which before anything runs

@@ -21,6 +21,7 @@ import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from importlib.metadata import version
 from typing import Callable, Mapping, Sequence
 
 from jaxpos.config import MECHANISMS, position_config
@@ -249,8 +250,6 @@ def machine() -> dict:
     info = dict(cpu=cpu, cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                 gpus=gpus(), python=platform.python_version(), host=platform.node())
     try:
-        from importlib.metadata import version
-
         info["jax"] = version("jax")
     except Exception:  # noqa: BLE001 - informational only
         pass
