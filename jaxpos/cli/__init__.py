@@ -52,9 +52,8 @@ def _message(error: BaseException) -> str:
     return " ".join(str(text).split()) or type(error).__name__
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs one `jaxpos` command. User errors print `jaxpos: error: ...` and return 2 (1 for a diverged or
-    unrestorable run); `--debug` shows their traceback instead. Real faults raise as usual."""
+def build_parser() -> argparse.ArgumentParser:
+    """The `jaxpos` argument parser with every subcommand; `--config.a.b=value` overrides pass through unparsed."""
     parser = argparse.ArgumentParser(prog="jaxpos", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show the traceback of every error (any position)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,18 +67,31 @@ def main(argv: list[str] | None = None) -> int:
     add_finetune_parser(sub)
     add_export_parser(sub)
     add_reproduce_parser(sub)
+    return parser
 
+
+def parse_command(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """A command line's parsed arguments and its `--config.a.b=value` overrides, without running anything; any
+    other unknown argument is a usage error (argparse exits with status 2)."""
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    debug = args.debug or "--debug" in rest  # accepted after the subcommand too
+    args.debug = args.debug or "--debug" in rest  # accepted after the subcommand too
     overrides = [r for r in rest if r.startswith("--config.")]
     unknown = [r for r in rest if not r.startswith("--config.") and r != "--debug"]
     if unknown:
         parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+    return args, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one `jaxpos` command. User errors print `jaxpos: error: ...` and return 2 (1 for a diverged or
+    unrestorable run); `--debug` shows their traceback instead. Real faults raise as usual."""
+    args, overrides = parse_command(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args.run(args, overrides)
     except Exception as error:
-        status = None if debug else user_error_status(error)
+        status = None if args.debug else user_error_status(error)
         if status is None:
             raise
         print(f"jaxpos: error: {_message(error)}", file=sys.stderr, flush=True)
