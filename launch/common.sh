@@ -24,8 +24,8 @@ run() {
   fi
 }
 
-# The project's install step as one shell line for the checkout at $1: `make install` (a .venv with jaxpos, as in
-# the README; PYTHON picks the interpreter, >= 3.11), then the accelerator build of jax named by $2 (cuda12,
+# The project's install step as one shell line for the checkout at $1: `make install` (a .venv with jaxpos, the
+# Makefile's first step; PYTHON picks the interpreter, >= 3.11), then the accelerator build of jax named by $2 (cuda12,
 # cuda13, tpu; empty keeps the CPU build).
 install_line() {
   local line
