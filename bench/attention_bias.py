@@ -54,7 +54,7 @@ from jaxpos.attention.kernels import toeplitz_attention
 def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: bool = False):
     """name -> (positional input: None, "table" or "factors"; no-bias path; loss(q, k, v, positional, g)).
     `mgpu_options` (for kernel_registers.py): more toeplitz_attention options of the mgpu paths, and padded=True
-    for segment ids whose last eighth of every row's keys is padding. `causal`: every path with a causal mask."""
+    for piece ids whose last eighth of every row's keys is padding. `causal`: every path with a causal mask."""
     dpa_impl = None if smoke else "cudnn"  # the CPU has no cuDNN: the smoke run times the XLA composite
     blocks = dict(blocks, causal=causal)
 
@@ -65,7 +65,7 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
     def kernel(q, k, v, table, padded=False, **options):
         if padded:
             ids = jnp.broadcast_to(jnp.arange(k.shape[1]) < k.shape[1] - k.shape[1] // 8, k.shape[:2])
-            options.update(q_segment_ids=jnp.ones(q.shape[:2], jnp.int32), kv_segment_ids=ids.astype(jnp.int32))
+            options.update(q_piece_ids=jnp.ones(q.shape[:2], jnp.int32), kv_piece_ids=ids.astype(jnp.int32))
         return toeplitz_attention(q, k, v, table, **options)
 
     def dpa(q, k, v, table, g):

@@ -36,7 +36,7 @@ class MultiHeadAttention(nn.Module):
     @nn.compact
     def __call__(self, inputs_q, inputs_kv, *, bias: PositionalBias, q_pos, k_pos, mask=None,
                  q_types=None, k_types=None, mask_ids: tuple | None = None, deterministic: bool = True):
-        """mask [B|1, 1, T, S] bool; mask_ids (q_segment [B, T] | None, k_segment [B, S] | None, causal) is what
+        """mask [B|1, 1, T, S] bool; mask_ids (q_piece_ids [B, T] | None, k_piece_ids [B, S] | None, causal) is what
         `mask` was built from (`attention_mask`), for kernels that mask from ids instead of a [T, S] tensor.
         q_pos [T], k_pos [S]; packed cross-attention passes positions within each pair, [B, T] and [B, S]."""
         cfg = self.cfg
@@ -64,12 +64,12 @@ class MultiHeadAttention(nn.Module):
         dropout_rng = None
         if not deterministic and cfg.attention_dropout > 0.0:  # runs refuse paths without it (check_training)
             dropout_rng = self.make_rng(DROPOUT)
-        q_segment_ids, kv_segment_ids, causal = mask_ids or (None, None, False)
+        q_piece_ids, kv_piece_ids, causal = mask_ids or (None, None, False)
         out, weights = attend(
             q, k, v, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask, q_types=q_types, k_types=k_types,
             implementation=cfg.attention_impl, content=not pcfg.position_only, position=not pcfg.content_only,
-            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout, q_segment_ids=q_segment_ids,
-            kv_segment_ids=kv_segment_ids, causal=causal)
+            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout, q_piece_ids=q_piece_ids,
+            kv_piece_ids=kv_piece_ids, causal=causal)
         if weights is not None:
             self.sow("intermediates", "attention_weights", weights)
         out = constrain(out, HEADS)

@@ -1,4 +1,4 @@
-"""The one masking helper: padding, packed segments and causality as one boolean [B|1, 1, T, S] mask."""
+"""The one masking helper: padding, packed pieces and causality as one boolean [B|1, 1, T, S] mask."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 
 
-def attention_mask(*, q_segment: jax.Array | None = None, k_segment: jax.Array | None = None,
+def attention_mask(*, q_piece_ids: jax.Array | None = None, k_piece_ids: jax.Array | None = None,
                    q_pos: jax.Array | None = None, k_pos: jax.Array | None = None,
                    causal: bool = False) -> jax.Array | None:
     """True where query i may attend to key j.
 
-    q_segment [B, T], k_segment [B, S]: packing-piece ids, 0 = padding (padded keys are never attended;
+    q_piece_ids [B, T], k_piece_ids [B, S]: packing-piece ids, 0 = padding (padded keys are never attended;
     queries attend only within their own piece). q_pos [T], k_pos [S]: positions, used when `causal`.
     Returns [B|1, 1, T, S] bool, or None when nothing is masked.
     """
@@ -20,10 +20,10 @@ def attention_mask(*, q_segment: jax.Array | None = None, k_segment: jax.Array |
     def both(m):
         return m if mask is None else jnp.logical_and(mask, m)
 
-    if k_segment is not None:
-        mask = both((k_segment != 0)[:, None, None, :])
-        if q_segment is not None:
-            mask = both(q_segment[:, None, :, None] == k_segment[:, None, None, :])
+    if k_piece_ids is not None:
+        mask = both((k_piece_ids != 0)[:, None, None, :])
+        if q_piece_ids is not None:
+            mask = both(q_piece_ids[:, None, :, None] == k_piece_ids[:, None, None, :])
     if causal:
         if q_pos is None or k_pos is None:
             raise ValueError("a causal mask needs q_pos and k_pos")

@@ -40,14 +40,14 @@ def reference(q, k, v, extra_logits=0.0, mask=None, rel_keys=None, rel_values=No
 
 
 def test_mask_helper_matches_loops():
-    seg = np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+    piece_ids = np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
     pos = np.arange(T)
-    mask = np.asarray(attention_mask(q_segment=jnp.asarray(seg), k_segment=jnp.asarray(seg), q_pos=jnp.asarray(pos),
-                                     k_pos=jnp.asarray(pos), causal=True))
+    mask = np.asarray(attention_mask(q_piece_ids=jnp.asarray(piece_ids), k_piece_ids=jnp.asarray(piece_ids),
+                                     q_pos=jnp.asarray(pos), k_pos=jnp.asarray(pos), causal=True))
     for b in range(B):
         for i in range(T):
             for j in range(T):
-                assert mask[b, 0, i, j] == (seg[b, j] != 0 and seg[b, i] == seg[b, j] and j <= i)
+                assert mask[b, 0, i, j] == (piece_ids[b, j] != 0 and piece_ids[b, i] == piece_ids[b, j] and j <= i)
 
 
 def test_table_factor_segment_and_mask_terms():
@@ -57,7 +57,7 @@ def test_table_factor_segment_and_mask_terms():
     p_q, p_k = rng.normal(size=(2, 1, T, 2)).astype(np.float32)  # head-shared low-rank factors
     seg_table = rng.normal(size=(H, 2, 2)).astype(np.float32)
     types = np.array([[0, 0, 0, 1, 1, 1], [0, 1, 0, 1, 0, 1]])
-    segs = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    piece_ids = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
     pos = np.arange(T)
     extra = np.zeros((B, H, T, T), np.float32)
     for h in range(H):
@@ -65,7 +65,7 @@ def test_table_factor_segment_and_mask_terms():
             for j in range(T):
                 extra[:, h, i, j] += table[h, j - i + T - 1] + p_q[0, i] @ p_k[0, j]
                 extra[:, h, i, j] += seg_table[h, types[:, i], types[:, j]]
-    mask = attention_mask(q_segment=jnp.asarray(segs), k_segment=jnp.asarray(segs))
+    mask = attention_mask(q_piece_ids=jnp.asarray(piece_ids), k_piece_ids=jnp.asarray(piece_ids))
     want, want_p = reference(q, k, v, extra, np.asarray(mask))
     for fold in (False, True):
         bias = PositionalBias(table=jnp.asarray(table), factors=(jnp.asarray(p_q), jnp.asarray(p_k)),
@@ -115,9 +115,9 @@ def test_jax_dot_product_attention_path_matches_reference():
     rng = np.random.default_rng(7)
     table = rng.normal(size=(H, 2 * T - 1)).astype(np.float32)
     p_q, p_k = rng.normal(size=(2, H, T, 3)).astype(np.float32)
-    segs = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+    piece_ids = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
     pos = jnp.arange(T)
-    mask = attention_mask(q_segment=segs, k_segment=segs, q_pos=pos, k_pos=pos, causal=True)
+    mask = attention_mask(q_piece_ids=piece_ids, k_piece_ids=piece_ids, q_pos=pos, k_pos=pos, causal=True)
     bias = PositionalBias(table=jnp.asarray(table), factors=(jnp.asarray(p_q), jnp.asarray(p_k)))
     want, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask)
     got, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask, implementation="jax")
