@@ -47,8 +47,8 @@ import numpy as np
 from jaxpos.attention import PositionalBias, attend
 from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors
 from jaxpos.attention.core import fold_factors
-from jaxpos.attention.masks import attention_mask
 from jaxpos.attention.kernels import toeplitz_attention
+from jaxpos.attention.mask import AttentionMask
 
 
 def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: bool = False):
@@ -58,9 +58,6 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
     dpa_impl = None if smoke else "cudnn"  # the CPU has no cuDNN: the smoke run times the XLA composite
     blocks = dict(blocks, causal=causal)
 
-    def causal_mask(length):
-        pos = jnp.arange(length)
-        return attention_mask(q_pos=pos, k_pos=pos, causal=causal)
 
     def kernel(q, k, v, table, padded=False, **options):
         if padded:
@@ -80,7 +77,8 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
 
     def xla(q, k, v, table, g):
         pos = jnp.arange(q.shape[1])
-        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos, mask=causal_mask(q.shape[1]))
+        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos,
+                        mask=AttentionMask(causal=causal))
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def pallas(q, k, v, table, g):
@@ -104,7 +102,7 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
     def dpa_folded(q, k, v, factors, g):  # the model's cudnn path (attend folds the factors, pads v)
         pos = jnp.arange(q.shape[1])
         out, _ = attend(q, k, v, bias=PositionalBias(factors=factors), q_pos=pos, k_pos=pos,
-                        mask=causal_mask(q.shape[1]), implementation=dpa_impl or "jax")
+                        mask=AttentionMask(causal=causal), implementation=dpa_impl or "jax")
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def pallas_folded(q, k, v, factors, g, **options):

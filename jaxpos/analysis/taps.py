@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxpos.attention.bias import at_pieces, over_attended_keys
 from jaxpos.attention.core import apply_rotary, pre_softmax_logits, project_keys
-from jaxpos.attention.masks import attention_mask
+from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
 from jaxpos.models import BertEncoder
 from jaxpos.models.layers import layer_norm
@@ -90,8 +90,7 @@ def _logits_fn(cfg: ModelConfig):
             bias = bias.replace(segment_table=encoder["segments"]["__call__"][0])
         types = jnp.zeros_like(ids) if token_types is None else token_types
         positions = jnp.arange(ids.shape[1], dtype=jnp.int32)
-        mask = attention_mask(q_piece_ids=piece_ids, k_piece_ids=piece_ids, q_pos=positions, k_pos=positions,
-                              causal=cfg.causal)
+        mask = AttentionMask.within_pieces(piece_ids, causal=cfg.causal).dense(positions, positions)
         logits = []
         for layer in range(cfg.num_layers):
             attention = encoder["layer_shared" if cfg.share_layers else f"layer_{layer}"]["self_attention"]

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention import PositionalBias, attend, attention_mask, dropout
+from jaxpos.attention import AttentionMask, PositionalBias, attend, dropout
 from jaxpos.attention.bias import segment_pair_factors
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.config import MECHANISMS
@@ -53,12 +53,13 @@ def reference(q, k, v, table, *, q_piece_ids=None, kv_piece_ids=None, causal=Fal
     (per-head segment table, query types, key types)); -> (out, rows [B, T] that see at least one key)."""
     q_pos = q_offset + jnp.arange(q.shape[1])
     k_pos = jnp.arange(k.shape[1])
-    mask = attention_mask(q_piece_ids=q_piece_ids, k_piece_ids=kv_piece_ids, q_pos=q_pos, k_pos=k_pos, causal=causal)
+    mask = AttentionMask(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=causal)
     seg_table, q_types, k_types = segment or (None, None, None)
     out, _ = attend(q, k, v, bias=PositionalBias(table=table, segment_table=seg_table), q_pos=q_pos, k_pos=k_pos,
                     mask=mask, q_types=q_types, k_types=k_types, dropout_rng=DROPOUT_RNG, dropout_rate=dropout_rate)
-    rows = jnp.ones(q.shape[:2], bool) if mask is None else jnp.any(jnp.broadcast_to(
-        mask, (q.shape[0], 1, q.shape[1], k.shape[1]))[:, 0], axis=-1)
+    dense = mask.dense(q_pos, k_pos)
+    rows = jnp.ones(q.shape[:2], bool) if dense is None else jnp.any(jnp.broadcast_to(
+        dense, (q.shape[0], 1, q.shape[1], k.shape[1]))[:, 0], axis=-1)
     return out, rows
 
 
@@ -222,7 +223,7 @@ def test_attend_pallas_path_and_fallbacks(caplog):
     q, k, v = (random((batch, length, HEADS, D), seed) for seed in (10, 11, 12))
     pos = jnp.arange(length)
     piece_ids = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2])
-    mask = attention_mask(q_piece_ids=piece_ids, k_piece_ids=piece_ids, q_pos=pos, k_pos=pos, causal=True)
+    mask = AttentionMask.within_pieces(piece_ids, causal=True)
     bias = PositionalBias(table=random((HEADS, 2 * length - 1), 13))
     pieces = jnp.asarray([list(range(8)) + list(range(10)) + [0, 0]])
     with_factors = PositionalBias(table=bias.table, factors=(random((HEADS, length, 3), 14),
@@ -232,8 +233,7 @@ def test_attend_pallas_path_and_fallbacks(caplog):
     with caplog.at_level(logging.WARNING, logger="jaxpos.attention.core"):
         for terms in (bias, with_factors):
             want, _ = attend(q, k, v, bias=terms, q_pos=pos, k_pos=pos, mask=mask)
-            got, weights = attend(q, k, v, bias=terms, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas",
-                                  q_piece_ids=piece_ids, kv_piece_ids=piece_ids, causal=True)
+            got, weights = attend(q, k, v, bias=terms, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas")
             assert weights is None and got.shape == want.shape
             assert_close(np.asarray(got)[valid], np.asarray(want)[valid])
     assert "falls back" not in caplog.text

@@ -8,7 +8,7 @@ import pytest
 
 from jaxpos.attention import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention
-from jaxpos.attention.masks import attention_mask
+from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.validate import check_packing
 from jaxpos.models import BertForMaskedLM
 from tests.helpers import tiny_config
@@ -39,7 +39,7 @@ def test_linformer_layer_matches_direct_computation():
     pos = jnp.arange(s)
     bias = PositionalBias(factors=(jnp.asarray(p_q), jnp.asarray(p_k)), kv_projection=jnp.asarray(projection))
     layer = MultiHeadAttention(cfg)
-    mask = attention_mask(q_piece_ids=jnp.asarray(piece_ids), k_piece_ids=jnp.asarray(piece_ids))
+    mask = AttentionMask.within_pieces(jnp.asarray(piece_ids))
     kwargs = dict(bias=bias, q_pos=pos, k_pos=pos, mask=mask)
     params = layer.init(jax.random.PRNGKey(0), x, x, **kwargs)["params"]
     got = layer.apply({"params": params}, x, x, **kwargs)

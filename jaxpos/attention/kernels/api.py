@@ -6,9 +6,9 @@ tables) builds its table [H'|1, 2*span - 1] once per step, and autodiff through 
 gradient returned here into parameter gradients.
 
 Masks: `kv_piece_ids` [B, S] with 0 = padding (never attended), `q_piece_ids` [B, T] (queries attend only to
-keys of the same non-zero id), `causal` (key position <= query position). This is `masks.attention_mask`'s
-convention. A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is
-skipped (Mosaic reads the blocks' id ranges from SMEM, `pallas._call`). Fully masked rows (padding queries) give
+keys of the same non-zero id), `causal` (key position <= query position): `mask.AttentionMask`'s convention.
+A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is skipped (Mosaic
+reads the blocks' id ranges from SMEM, `pallas._call`). Fully masked rows (padding queries) give
 out = 0 and zero gradients; the XLA reference gives the mean of v there (softmax of equal logits), a value no loss
 should read.
 
