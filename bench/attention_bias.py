@@ -47,25 +47,22 @@ import numpy as np
 from jaxpos.attention import PositionalBias, attend
 from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors
 from jaxpos.attention.core import fold_factors
-from jaxpos.attention.masks import attention_mask
 from jaxpos.attention.kernels import toeplitz_attention
+from jaxpos.attention.mask import AttentionMask
 
 
 def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: bool = False):
     """name -> (positional input: None, "table" or "factors"; no-bias path; loss(q, k, v, positional, g)).
     `mgpu_options` (for kernel_registers.py): more toeplitz_attention options of the mgpu paths, and padded=True
-    for segment ids whose last eighth of every row's keys is padding. `causal`: every path with a causal mask."""
+    for piece ids whose last eighth of every row's keys is padding. `causal`: every path with a causal mask."""
     dpa_impl = None if smoke else "cudnn"  # the CPU has no cuDNN: the smoke run times the XLA composite
     blocks = dict(blocks, causal=causal)
 
-    def causal_mask(length):
-        pos = jnp.arange(length)
-        return attention_mask(q_pos=pos, k_pos=pos, causal=causal)
 
     def kernel(q, k, v, table, padded=False, **options):
         if padded:
             ids = jnp.broadcast_to(jnp.arange(k.shape[1]) < k.shape[1] - k.shape[1] // 8, k.shape[:2])
-            options.update(q_segment_ids=jnp.ones(q.shape[:2], jnp.int32), kv_segment_ids=ids.astype(jnp.int32))
+            options.update(q_piece_ids=jnp.ones(q.shape[:2], jnp.int32), kv_piece_ids=ids.astype(jnp.int32))
         return toeplitz_attention(q, k, v, table, **options)
 
     def dpa(q, k, v, table, g):
@@ -80,7 +77,8 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
 
     def xla(q, k, v, table, g):
         pos = jnp.arange(q.shape[1])
-        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos, mask=causal_mask(q.shape[1]))
+        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos,
+                        mask=AttentionMask(causal=causal))
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def pallas(q, k, v, table, g):
@@ -104,7 +102,7 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
     def dpa_folded(q, k, v, factors, g):  # the model's cudnn path (attend folds the factors, pads v)
         pos = jnp.arange(q.shape[1])
         out, _ = attend(q, k, v, bias=PositionalBias(factors=factors), q_pos=pos, k_pos=pos,
-                        mask=causal_mask(q.shape[1]), implementation=dpa_impl or "jax")
+                        mask=AttentionMask(causal=causal), implementation=dpa_impl or "jax")
         return jnp.sum(out.astype(jnp.float32) * g)
 
     def pallas_folded(q, k, v, factors, g, **options):

@@ -132,7 +132,7 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--paths", default="mgpu,mgpu+table,mgpu+dropout,mgpu+segments,mgpu+folded,jax-fa3")
-    parser.add_argument("--masks", default="", help="the mgpu paths with these masks: causal, padded (segment ids)")
+    parser.add_argument("--masks", default="", help="the mgpu paths with these masks: causal, padded (piece ids)")
     parser.add_argument("--plugin", default=None, help="xla_cuda_plugin.so (default: the installed CUDA plugin's)")
     parser.add_argument("--cuda-root", default=None, help="a CUDA tree with bin/ptxas (default: nvidia-cuda-nvcc's)")
     parser.add_argument("--compile-module", default=None, help=argparse.SUPPRESS)

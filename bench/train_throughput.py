@@ -55,7 +55,7 @@ def synthetic_batch(batch: int, seq_len: int, vocab: int, rng: np.random.Generat
     targets = rng.integers(5, vocab, (batch, seq_len), dtype=np.int32)
     weights = (rng.random((batch, seq_len)) < 0.15).astype(np.float32)
     return dict(input_ids=np.where(weights > 0, MASK_ID, targets).astype(np.int32), targets=targets,
-                mask_weights=weights, segment_ids=np.ones((batch, seq_len), np.int32),
+                mask_weights=weights, piece_ids=np.ones((batch, seq_len), np.int32),
                 token_types=np.zeros((batch, seq_len), np.int32))
 
 

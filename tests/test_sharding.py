@@ -98,23 +98,23 @@ def test_global_batch_of_one_process():
     np.testing.assert_array_equal(np.asarray(batch), local["ids"])
 
 
-def pallas_loss_and_grads(model, params, ids, segs, mesh=None, shardings=None):
+def pallas_loss_and_grads(model, params, ids, piece_ids, mesh=None, shardings=None):
     """Loss and gradients of a training-mode forward (attention dropout on), on one device or jitted on `mesh`."""
-    def loss(p, ids, segs):
-        logits = model.apply({"params": p}, ids, segment_ids=segs, deterministic=False,
+    def loss(p, ids, piece_ids):
+        logits = model.apply({"params": p}, ids, piece_ids=piece_ids, deterministic=False,
                              rngs={"dropout": jax.random.PRNGKey(3)})
-        return jnp.sum(jnp.where((segs != 0)[..., None], logits, 0.0) ** 2)
+        return jnp.sum(jnp.where((piece_ids != 0)[..., None], logits, 0.0) ** 2)
 
     if mesh is None:
-        return jax.jit(jax.value_and_grad(loss))(params, ids, segs), None
+        return jax.jit(jax.value_and_grad(loss))(params, ids, piece_ids), None
 
-    def on_mesh(p, ids, segs):
+    def on_mesh(p, ids, piece_ids):
         with activation_sharding(mesh):
-            return jax.value_and_grad(loss)(p, ids, segs)
+            return jax.value_and_grad(loss)(p, ids, piece_ids)
 
-    jaxpr = str(jax.make_jaxpr(on_mesh)(params, ids, segs))
+    jaxpr = str(jax.make_jaxpr(on_mesh)(params, ids, piece_ids))
     step = jax.jit(on_mesh, in_shardings=(shardings, batch_sharding(mesh), batch_sharding(mesh)))
-    return step(jax.device_put(params, shardings), ids, segs), jaxpr
+    return step(jax.device_put(params, shardings), ids, piece_ids), jaxpr
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
@@ -126,13 +126,13 @@ def test_pallas_kernel_runs_per_shard_on_a_mesh():
     cfg = tiny_config(dict(kind="tisa"), attention_impl="pallas", vocab_size=64, attention_dropout=0.2, num_layers=1)
     model = BertForMaskedLM(cfg)
     ids = jax.random.randint(jax.random.PRNGKey(0), (batch, 16), 1, cfg.vocab_size)
-    segs = jnp.ones((batch, 16), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
+    piece_ids = jnp.ones((batch, 16), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
     boxed = model.init(jax.random.PRNGKey(1), ids)
     params = flax.linen.unbox(boxed["params"])
-    (want_loss, want), _ = pallas_loss_and_grads(model, params, ids, segs)
+    (want_loss, want), _ = pallas_loss_and_grads(model, params, ids, piece_ids)
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    (got_loss, got), jaxpr = pallas_loss_and_grads(model, params, ids, segs, mesh, logical_sharding(boxed["params"],
-                                                                                                   mesh))
+    (got_loss, got), jaxpr = pallas_loss_and_grads(model, params, ids, piece_ids, mesh,
+                                                   logical_sharding(boxed["params"], mesh))
     assert "shard_map" in jaxpr
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
     scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(want))

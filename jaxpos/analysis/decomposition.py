@@ -79,7 +79,7 @@ def _activation(name):
     return lambda x: _gelu(x, name == "gelu_tanh")
 
 
-def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_types=None,
+def decompose(cfg: ModelConfig, params, input_ids, *, piece_ids=None, token_types=None,
               dtype=np.float64) -> Decomposition:
     """Decomposes the hidden states of a post-LN `BertEncoder` with parameters `params` (its own tree, not
     the MLM wrapper's) for input_ids [B, T]. Computation in `dtype` (float64 by default)."""
@@ -89,9 +89,9 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
     if problem is not None:
         raise ValueError(f"the additive decomposition does not apply to this model: {problem}")
     ids = np.asarray(input_ids)
-    segs = np.ones_like(ids) if segment_ids is None else np.asarray(segment_ids)
+    piece_ids = np.ones_like(ids) if piece_ids is None else np.asarray(piece_ids)
     types = np.zeros_like(ids) if token_types is None else np.asarray(token_types)
-    weights, hidden_states = (np.asarray(x) for x in run_encoder(cfg, params, ids, segs, types))
+    weights, hidden_states = (np.asarray(x) for x in run_encoder(cfg, params, ids, piece_ids, types))
     p = jax.tree.map(lambda x: np.asarray(x, dtype), nn.unbox(params))
     enc = p["encoder"]
 
@@ -136,4 +136,4 @@ def decompose(cfg: ModelConfig, params, input_ids, *, segment_ids=None, token_ty
         terms = [scale * t for t in residual]
         terms[3] = terms[3] + shift
         history.append(np.stack(terms))
-    return Decomposition(np.stack(history), hidden_states.astype(dtype), segs != 0, feedforward_io)
+    return Decomposition(np.stack(history), hidden_states.astype(dtype), piece_ids != 0, feedforward_io)

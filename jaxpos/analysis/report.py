@@ -207,21 +207,21 @@ SENTENCE_BATCH = 16  # sentences per forward pass; every batch is padded to one 
 
 
 def _sentence_batches(sentences, batch: int = SENTENCE_BATCH, length: int | None = None):
-    """(ids [batch, T], segment ids [batch, T] with 1 = token and 0 = padding, number of real rows) per batch,
+    """(ids [batch, T], piece ids [batch, T] with 1 = token and 0 = padding, number of real rows) per batch,
     T the longest sentence (or `length`); a short last batch is filled with rows of padding only."""
     length = length or max(len(s) for s in sentences)
     for start in range(0, len(sentences), batch):
         chunk = list(sentences[start:start + batch])
         ids = np.zeros((batch, length), np.int32)
-        segs = np.zeros_like(ids)
+        piece_ids = np.zeros_like(ids)
         for row, s in enumerate(chunk):
-            ids[row, :len(s)], segs[row, :len(s)] = s, 1
-        yield ids, segs, len(chunk)
+            ids[row, :len(s)], piece_ids[row, :len(s)] = s, 1
+        yield ids, piece_ids, len(chunk)
 
 
-def _run(ctx: _Context, ids, segs=None):
+def _run(ctx: _Context, ids, piece_ids=None):
     """(weights [L, B, H, T, T], hidden states [L+1, B, T, d]) as numpy."""
-    weights, states = run_encoder(ctx.cfg, ctx.params, ids, segs)
+    weights, states = run_encoder(ctx.cfg, ctx.params, ids, piece_ids)
     return np.asarray(weights), np.asarray(states)
 
 
@@ -392,10 +392,10 @@ def _decomposition(ctx: _Context) -> dict:
     if not ctx.sentences:
         raise Skip("no sentences")
 
-    ids, segs, real = next(_sentence_batches(  # padded as the identifiability batches are: one compilation
+    ids, piece_ids, real = next(_sentence_batches(  # padded as the identifiability batches are: one compilation
         ctx.sentences[:ctx.options.decomposition_sentences], max(SENTENCE_BATCH, ctx.options.decomposition_sentences),
         max(len(s) for s in ctx.sentences)))
-    parts = decompose(cfg, ctx.params, ids, segment_ids=segs)  # padding rows are masked out
+    parts = decompose(cfg, ctx.params, ids, piece_ids=piece_ids)  # padding rows are masked out
     importance = parts.importance()  # [L+1, 4]
     mask = parts.mask
     error = np.abs(parts.terms.sum(axis=1) - parts.hidden)[:, mask].max()
@@ -453,10 +453,10 @@ def _identifiability(ctx: _Context) -> dict:
     opts = ctx.options
     hidden, sentence_ids = [], []
     batches = _sentence_batches(ctx.sentences)
-    for index, (ids, segs, real) in enumerate(progress(batches, desc="encode sentences", unit="batch", leave=False,
+    for index, (ids, piece_ids, real) in enumerate(progress(batches, desc="encode sentences", unit="batch", leave=False,
                                                        total=math.ceil(len(ctx.sentences) / SENTENCE_BATCH))):
-        _, states = _run(ctx, ids, segs)  # [L+1, B, T, d]
-        tokens = segs[:real].astype(bool)
+        _, states = _run(ctx, ids, piece_ids)  # [L+1, B, T, d]
+        tokens = piece_ids[:real].astype(bool)
         hidden.append(states[:, :real][:, tokens])
         sentence_ids.append(np.repeat(index * SENTENCE_BATCH + np.arange(real), tokens.sum(axis=1)))
     hidden = np.concatenate(hidden, axis=1)  # [L+1, N, d]

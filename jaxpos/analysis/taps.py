@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxpos.attention.bias import at_pieces, over_attended_keys
 from jaxpos.attention.core import apply_rotary, pre_softmax_logits, project_keys
-from jaxpos.attention.masks import attention_mask
+from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
 from jaxpos.models import BertEncoder
 from jaxpos.models.layers import layer_norm
@@ -39,19 +39,19 @@ def _encoder_taps(cfg: ModelConfig):
     """The forward pass with its taps, jitted once per config (op-by-op dispatch of a new input shape costs
     several times one compilation)."""
 
-    def run(params, ids, segs, token_types):
-        _, state = BertEncoder(cfg).apply({"params": params}, ids, segment_ids=segs, token_types=token_types,
+    def run(params, ids, piece_ids, token_types):
+        _, state = BertEncoder(cfg).apply({"params": params}, ids, piece_ids=piece_ids, token_types=token_types,
                                           mutable=["intermediates"])
         return attention_weights(state["intermediates"], cfg), hidden_states(state["intermediates"])
 
     return jax.jit(run)
 
 
-def run_encoder(cfg: ModelConfig, params, input_ids, segment_ids=None, token_types=None):
+def run_encoder(cfg: ModelConfig, params, input_ids, piece_ids=None, token_types=None):
     """(attention weights [L, B, H, T, T], hidden states [L+1, B, T, d]) of a `BertEncoder`."""
     ids = jnp.asarray(input_ids)
-    segs = jnp.ones_like(ids) if segment_ids is None else jnp.asarray(segment_ids)
-    return _encoder_taps(cfg)(params, ids, segs, None if token_types is None else jnp.asarray(token_types))
+    piece_ids = jnp.ones_like(ids) if piece_ids is None else jnp.asarray(piece_ids)
+    return _encoder_taps(cfg)(params, ids, piece_ids, None if token_types is None else jnp.asarray(token_types))
 
 
 _LOGIT_INPUTS = ("query", "key", "position", "segments")  # modules whose outputs the logits are formed from
@@ -79,10 +79,10 @@ def _layer_logits(cfg: ModelConfig, q, k, bias, positions, mask, types) -> jax.A
 
 @functools.lru_cache(maxsize=32)
 def _logits_fn(cfg: ModelConfig):
-    """Jitted (params, ids, segs, token_types) -> logits [L, B, H, T, S], from the model's own q, k and bias."""
+    """Jitted (params, ids, piece_ids, token_types) -> logits [L, B, H, T, S], from the model's own q, k and bias."""
 
-    def run(params, ids, segs, token_types):
-        _, state = BertEncoder(cfg).apply({"params": params}, ids, segment_ids=segs, token_types=token_types,
+    def run(params, ids, piece_ids, token_types):
+        _, state = BertEncoder(cfg).apply({"params": params}, ids, piece_ids=piece_ids, token_types=token_types,
                                           capture_intermediates=_captures_logit_inputs, mutable=["intermediates"])
         encoder = state["intermediates"]["encoder"]
         bias = encoder["position"]["__call__"][0]
@@ -90,7 +90,7 @@ def _logits_fn(cfg: ModelConfig):
             bias = bias.replace(segment_table=encoder["segments"]["__call__"][0])
         types = jnp.zeros_like(ids) if token_types is None else token_types
         positions = jnp.arange(ids.shape[1], dtype=jnp.int32)
-        mask = attention_mask(q_segment=segs, k_segment=segs, q_pos=positions, k_pos=positions, causal=cfg.causal)
+        mask = AttentionMask.within_pieces(piece_ids, causal=cfg.causal).dense(positions, positions)
         logits = []
         for layer in range(cfg.num_layers):
             attention = encoder["layer_shared" if cfg.share_layers else f"layer_{layer}"]["self_attention"]
@@ -102,15 +102,15 @@ def _logits_fn(cfg: ModelConfig):
     return jax.jit(run)
 
 
-def attention_logits(cfg: ModelConfig, params, input_ids, segment_ids=None, token_types=None) -> jax.Array:
+def attention_logits(cfg: ModelConfig, params, input_ids, piece_ids=None, token_types=None) -> jax.Array:
     """Pre-softmax self-attention logits [L, B, H, T, S] of a `BertEncoder` (S = T, or Linformer's k): content,
     positional and segment terms, with each row's constant that softmax ignores; masked entries are 0.
 
     q and k are the model's own projections (captured in its forward pass), the positional terms its own bias.
     """
     ids = jnp.asarray(input_ids)
-    segs = jnp.ones_like(ids) if segment_ids is None else jnp.asarray(segment_ids)
-    return _logits_fn(cfg)(params, ids, segs, None if token_types is None else jnp.asarray(token_types))
+    piece_ids = jnp.ones_like(ids) if piece_ids is None else jnp.asarray(piece_ids)
+    return _logits_fn(cfg)(params, ids, piece_ids, None if token_types is None else jnp.asarray(token_types))
 
 
 def has_learned_input_positions(cfg: ModelConfig) -> bool:
@@ -192,7 +192,7 @@ def hidden_state_fn(cfg: ModelConfig, params, layer: int, token_types=None):
 
         ids = jnp.zeros((1, x.shape[0]), jnp.int32)  # placeholders: the look-up is replaced
         with nn.intercept_methods(given_token_embeddings):
-            _, state = model.apply({"params": params}, ids, segment_ids=jnp.ones_like(ids), token_types=types,
+            _, state = model.apply({"params": params}, ids, piece_ids=jnp.ones_like(ids), token_types=types,
                                    mutable=["intermediates"])
         return state["intermediates"]["encoder"]["hidden_states"][layer][0]
 

@@ -1,7 +1,7 @@
-"""Attention: the compact positional bias, the one masking helper, the implementations, the layer."""
+"""Attention: the compact positional bias, the one mask type, the implementations, the layer."""
 
 from jaxpos.attention.bias import PositionalBias, position_logits
 from jaxpos.attention.core import attend, fold_factors
-from jaxpos.attention.masks import attention_mask
+from jaxpos.attention.mask import AttentionMask
 
-__all__ = ["PositionalBias", "position_logits", "attend", "fold_factors", "attention_mask"]
+__all__ = ["PositionalBias", "position_logits", "attend", "fold_factors", "AttentionMask"]

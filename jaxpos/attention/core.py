@@ -7,7 +7,7 @@ and chooses how to apply them:
   and low-rank factors and per-head segment tables (as u_i . w_j) folded into q and k, whose width is padded to
   a multiple of 8 (cuDNN's rule). Query-dependent Shaw terms and the analysis switches need "xla";
 - "pallas": `kernels.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
-  folded into q and k, per-head segment tables as a rank G - 1 term, masks as segment ids, attention dropout;
+  folded into q and k, per-head segment tables as a rank G - 1 term, masks as piece ids, attention dropout;
   per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla";
 - "mosaic_gpu": the same path on the Hopper kernels of `kernels.mosaic_gpu` (wgmma, TMA; bf16/f16, attention
   dropout and per-head segment tables included);
@@ -26,6 +26,7 @@ from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_ind
                                   position_logits, segment_logits, segment_pair_factors)
 from jaxpos.attention.kernels import mosaic_gpu as mgpu
 from jaxpos.attention.kernels import toeplitz_attention
+from jaxpos.attention.mask import AttentionMask
 from jaxpos.sharding import HEADS, per_shard
 
 
@@ -59,39 +60,36 @@ def apply_rotary(x_BTHD: jax.Array, cos_TK: jax.Array, sin_TK: jax.Array) -> jax
 
 
 def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: PositionalBias,
-           q_pos: jax.Array, k_pos: jax.Array, mask: jax.Array | None = None,
+           q_pos: jax.Array, k_pos: jax.Array, mask: AttentionMask | None = None,
            q_types: jax.Array | None = None, k_types: jax.Array | None = None,
            implementation: str = "xla", content: bool = True, position: bool = True,
            dropout_rng: jax.Array | None = None, dropout_rate: float = 0.0,
-           q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
-           causal: bool = False,
            ) -> tuple[jax.Array, jax.Array | None]:
     """Multi-head attention with positional terms. Returns (out [B, T, H, D], weights [B, H, T, S] or None).
 
-    `bias` is one layer's slice; `mask` a boolean [B|1, 1, T, S]; q_types/k_types the token types used by a
-    per-head segment table; q_pos [T], k_pos [S], or per example [B, T], [B, S] (packed cross-attention).
-    `content=False` drops q.k, `position=False` drops every positional logit term.
-    "pallas" and "mosaic_gpu" (the Toeplitz kernel, low-rank factors folded into q and k) take the mask as
-    q_segment_ids [B, T] / kv_segment_ids [B, S] (0 = padding) and `causal` (q_pos == k_pos), which must describe
-    `mask`; they fall back where they cannot run (`_pallas_blocker`). Attention dropout (`dropout_rng`,
+    `bias` is one layer's slice; `mask` the piece ids and causal flag (`AttentionMask`); q_types/k_types the
+    token types used by a per-head segment table; q_pos [T], k_pos [S], or per example [B, T], [B, S] (packed
+    cross-attention). `content=False` drops q.k, `position=False` drops every positional logit term.
+    "pallas" and "mosaic_gpu" (the Toeplitz kernel, low-rank factors folded into q and k) read the mask's ids and
+    flag (causal with q_pos == k_pos); the other paths its dense form. They fall back where they cannot run
+    (`_pallas_blocker`). Attention dropout (`dropout_rng`,
     `dropout_rate`) drops the same weights on "xla", "pallas" and "mosaic_gpu" (`dropout.keep_mask`); "jax" and
     "cudnn" have none.
     """
     if implementation == "auto":
         implementation = _auto_implementation(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position,
-                                               q_segment_ids, kv_segment_ids, causal, dropout_rng, dropout_rate)
+                                               dropout_rng, dropout_rate)
     if implementation in ("pallas", "mosaic_gpu"):
-        blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position, q_segment_ids,
-                                  kv_segment_ids, causal)
+        blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position)
         if blocker is None:
-            return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_types, k_types, q_segment_ids,
-                                    kv_segment_ids, causal, dropout_rng, dropout_rate,
-                                    mosaic_gpu=implementation == "mosaic_gpu"), None
+            return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_types, k_types, mask,
+                                    dropout_rng, dropout_rate, mosaic_gpu=implementation == "mosaic_gpu"), None
         fallback = _pallas_fallback(bias, q_BTHD, k_BSHD, content, position, dropout_rng, dropout_rate)
         _note_once(f"attention_impl={implementation!r} falls back to {fallback!r}: {blocker}")
         implementation = fallback
+    dense_mask = None if mask is None else mask.dense(q_pos, k_pos)  # [B|1, 1, T, S] bool
     bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
-    bias = over_attended_keys(bias, mask)  # fixed attenuated delta: a softmax over the attended keys only
+    bias = over_attended_keys(bias, dense_mask)  # fixed attenuated delta: a softmax over the attended keys only
     head_dim = q_BTHD.shape[-1]
     scale = bias.content_scale * head_dim**-0.5
     factors = bias.factors if position else None
@@ -117,14 +115,14 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         q_BTHD, k_BSHD, v_BSHD = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - x.shape[-1])))
                                   for x in (q_BTHD, k_BSHD, v_BSHD))
         out = jax.nn.dot_product_attention(
-            q_BTHD, k_BSHD, v_BSHD, bias=logits_bias, mask=mask, scale=scale,
+            q_BTHD, k_BSHD, v_BSHD, bias=logits_bias, mask=dense_mask, scale=scale,
             implementation=None if implementation == "jax" else implementation)
         return out[..., :head_dim], None
 
     logits = pre_softmax_logits(q_BTHD, k_BSHD, bias, q_pos=q_pos, k_pos=k_pos, q_types=q_types, k_types=k_types,
                                 content=content, position=position)
-    if mask is not None:
-        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    if dense_mask is not None:
+        logits = jnp.where(dense_mask, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits, axis=-1)
     dropped = weights
     if dropout_rng is not None and dropout_rate > 0.0:  # the kernel's mask too (`dropout`)
@@ -179,14 +177,16 @@ def project_keys(projection_KS: jax.Array, k_BSHD: jax.Array, mask: jax.Array | 
     return jnp.einsum("ks,bshd->bkhd", projection_KS.astype(k_BSHD.dtype), k_BSHD)
 
 
-def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_ids, kv_segment_ids, causal,
-                     dropout_rng, dropout_rate, mosaic_gpu=False):
+def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, mask, dropout_rng, dropout_rate,
+                     mosaic_gpu=False):
     """attend's "pallas" / "mosaic_gpu" path: the Toeplitz kernel on each device's shard of the batch and heads
     (`per_shard`); a per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
     scale = bias.content_scale * q.shape[-1] ** -0.5
     if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
         q, k = fold_factors(q, k, at_pieces(bias).factors, scale)
     rate = dropout_rate if dropout_rng is not None else 0.0
+    mask = mask if mask is not None else AttentionMask()
+    causal = mask.causal
     batch, length, heads, _ = q.shape
     pair_u, pair_w = _segment_pairs(bias, q_types, k_types) or (None, None)
     backend = None  # the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
@@ -196,21 +196,21 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, q_segment_id
             backend = "mosaic_gpu"
         else:
             _note_once(f"attention_impl='mosaic_gpu' hands this call to the 'pallas' kernel: {reason}")
-    args = dict(q=q, k=k, v=v, table=bias.table, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+    args = dict(q=q, k=k, v=v, table=bias.table, q_piece_ids=mask.q_piece_ids, kv_piece_ids=mask.kv_piece_ids,
                 pair_u=pair_u, pair_w=pair_w,
                 q_offset=None if causal else q_pos[0] - k_pos[0],  # static 0 when causal
                 # the global rows' keys, so that devices holding different rows drop different weights
                 dropout_row_keys=dropout.row_keys(dropout.seed_from_key(dropout_rng), batch, heads, length)
                 if rate else None)
     table_names = None if bias.table is None else (None if bias.table.shape[0] == 1 else "heads", None)
-    names = dict(q=HEADS, k=HEADS, v=HEADS, table=table_names, q_segment_ids=("batch", None),
-                 kv_segment_ids=("batch", None), q_offset=(), dropout_row_keys=("batch", "heads", None),
+    names = dict(q=HEADS, k=HEADS, v=HEADS, table=table_names, q_piece_ids=("batch", None),
+                 kv_piece_ids=("batch", None), q_offset=(), dropout_row_keys=("batch", "heads", None),
                  pair_u=HEADS, pair_w=("batch", "length", None))
 
-    def kernel(q, k, v, table=None, q_segment_ids=None, kv_segment_ids=None, q_offset=0, dropout_row_keys=None,
+    def kernel(q, k, v, table=None, q_piece_ids=None, kv_piece_ids=None, q_offset=0, dropout_row_keys=None,
                pair_u=None, pair_w=None):
-        return toeplitz_attention(q, k, v, table, scale=scale, q_segment_ids=q_segment_ids,
-                                  kv_segment_ids=kv_segment_ids, causal=causal, q_offset=q_offset,
+        return toeplitz_attention(q, k, v, table, scale=scale, q_piece_ids=q_piece_ids,
+                                  kv_piece_ids=kv_piece_ids, causal=causal, q_offset=q_offset,
                                   dropout_rate=rate, dropout_row_keys=dropout_row_keys,
                                   pair_bias=None if pair_u is None else (pair_u, pair_w), backend=backend)
 
@@ -251,8 +251,7 @@ def _note_once(message: str, level: int = logging.WARNING) -> None:
         logging.getLogger(__name__).log(level, message)
 
 
-def _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position, q_segment_ids, kv_segment_ids,
-                    causal) -> str | None:
+def _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position) -> str | None:
     """Why the Pallas Toeplitz kernel cannot compute this call (None: it can)."""
     if not (content and position):
         return "the content_only/position_only switches need the xla path"
@@ -264,9 +263,7 @@ def _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position, q_segment
         return "Linformer key projections"
     if bias.table is not None and bias.table.ndim != 2:
         return f"a table of shape {bias.table.shape} (expected [H|1, W])"
-    if mask is not None and q_segment_ids is None and kv_segment_ids is None and not causal:
-        return "a boolean mask without segment ids or the causal flag"
-    if causal and q.shape[1] != k.shape[1]:
+    if mask is not None and mask.causal and q.shape[1] != k.shape[1]:
         return "causal attention with T != S (decoding with a cache)"
     return None
 
@@ -285,8 +282,7 @@ def _cudnn_can(bias, q, k, content, position) -> bool:
             and bias.rel_keys is None and bias.rel_values is None and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0)
 
 
-def _auto_implementation(q, k, bias, q_pos, k_pos, mask, content, position, q_segment_ids, kv_segment_ids, causal,
-                         dropout_rng, dropout_rate) -> str:
+def _auto_implementation(q, k, bias, q_pos, k_pos, mask, content, position, dropout_rng, dropout_rate) -> str:
     """attention_impl="auto" for this call (`auto.choose` on its facts); the choice is logged once."""
     if not position or any(x is not None for x in (bias.dense, bias.rel_keys, bias.rel_values)):
         form = "other"
@@ -299,8 +295,7 @@ def _auto_implementation(q, k, bias, q_pos, k_pos, mask, content, position, q_se
     platform = jax.default_backend()
     hopper = platform == "gpu" and all(str(getattr(d, "compute_capability", "")).startswith("9")
                                        for d in jax.devices())
-    kernel_can = _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position, q_segment_ids, kv_segment_ids,
-                                 causal) is None
+    kernel_can = _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position) is None
     impl, why = auto.choose(platform=platform, hopper=hopper,
                             low_precision=q.dtype in (jnp.bfloat16, jnp.float16), form=form,
                             dropout=dropout_rng is not None and dropout_rate > 0.0,

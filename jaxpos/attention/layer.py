@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias, at_pieces
 from jaxpos.attention.core import apply_rotary, attend, project_keys
+from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
 from jaxpos.config.rng import DROPOUT
 from jaxpos.initializers import normal_init
@@ -34,11 +35,10 @@ class MultiHeadAttention(nn.Module):
     decode: bool = False
 
     @nn.compact
-    def __call__(self, inputs_q, inputs_kv, *, bias: PositionalBias, q_pos, k_pos, mask=None,
-                 q_types=None, k_types=None, mask_ids: tuple | None = None, deterministic: bool = True):
-        """mask [B|1, 1, T, S] bool; mask_ids (q_segment [B, T] | None, k_segment [B, S] | None, causal) is what
-        `mask` was built from (`attention_mask`), for kernels that mask from ids instead of a [T, S] tensor.
-        q_pos [T], k_pos [S]; packed cross-attention passes positions within each pair, [B, T] and [B, S]."""
+    def __call__(self, inputs_q, inputs_kv, *, bias: PositionalBias, q_pos, k_pos,
+                 mask: AttentionMask | None = None, q_types=None, k_types=None, deterministic: bool = True):
+        """mask: the piece ids and causal flag (`AttentionMask`); q_pos [T], k_pos [S]; packed cross-attention
+        passes positions within each pair, [B, T] and [B, S]."""
         cfg = self.cfg
         heads, head_dim = cfg.num_heads, cfg.head_dim
         q = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")(inputs_q)
@@ -58,18 +58,17 @@ class MultiHeadAttention(nn.Module):
             k, v = self._update_cache(k, v, q_pos)
 
         if bias.kv_projection is not None:  # Linformer: padded keys are zeroed, then projected to k rows
-            k, v = (project_keys(bias.kv_projection, x, mask) for x in (k, v))
-            mask = mask_ids = None
+            dense_mask = None if mask is None else mask.dense(q_pos, k_pos)
+            k, v = (project_keys(bias.kv_projection, x, dense_mask) for x in (k, v))
+            mask = None
 
         dropout_rng = None
         if not deterministic and cfg.attention_dropout > 0.0:  # runs refuse paths without it (check_training)
             dropout_rng = self.make_rng(DROPOUT)
-        q_segment_ids, kv_segment_ids, causal = mask_ids or (None, None, False)
         out, weights = attend(
             q, k, v, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask, q_types=q_types, k_types=k_types,
             implementation=cfg.attention_impl, content=not pcfg.position_only, position=not pcfg.content_only,
-            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout, q_segment_ids=q_segment_ids,
-            kv_segment_ids=kv_segment_ids, causal=causal)
+            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout)
         if weights is not None:
             self.sow("intermediates", "attention_weights", weights)
         out = constrain(out, HEADS)

@@ -26,7 +26,7 @@ def check_packing(model, packed: bool) -> None:
     """Raises a ValueError when rows that pack several sequences (`packed`) meet Linformer, which mixes them;
     `model`: a ModelConfig or the config.model block it comes from.
 
-    The model cannot tell packed rows from its inputs under jit (segment ids are traced), so the run refuses the
+    The model cannot tell packed rows from its inputs under jit (piece ids are traced), so the run refuses the
     combination from its config: masked-LM rows always pack, translation rows unless data.pack=False."""
     if packed and model.position.kind == "diet_abs" and model.position.diet_abs.linformer_k:
         raise ValueError("Linformer (position.diet_abs.linformer_k) projects keys and values along the whole row, "

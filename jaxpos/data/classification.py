@@ -19,7 +19,7 @@ Model inputs (T = max_length), BERT's layout and longest-first truncation:
 
     input_ids    [CLS] a1 a2 [SEP] b1 b2 b3 [SEP] [PAD] [PAD]
     token_types    0   0  0    0   1  1  1    1     0     0
-    segment_ids    1   1  1    1   1  1  1    1     0     0     (one packing piece per row, 0 = padding)
+    piece_ids      1   1  1    1   1  1  1    1     0     0     (one packing piece per row, 0 = padding)
 """
 
 from __future__ import annotations
@@ -386,11 +386,11 @@ class EncodedExamples:
 
     input_ids: np.ndarray  # [N, T] int32
     token_types: np.ndarray  # [N, T] int32
-    segment_ids: np.ndarray  # [N, T] int32
+    piece_ids: np.ndarray  # [N, T] int32
     labels: np.ndarray  # [N] float32
     truncated: int  # examples cut to T tokens
 
-    FIELDS = ("input_ids", "token_types", "segment_ids", "labels")
+    FIELDS = ("input_ids", "token_types", "piece_ids", "labels")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -424,7 +424,7 @@ def encode_examples(examples: Sequence[Example], tokenizer: PairTokenizer, max_l
     ids_b = iter(_encode_all(tokenizer, [e.text_b for e in examples if e.text_b is not None]))
     n = len(examples)
     input_ids = np.full((n, max_length), tokenizer.pad_id, np.int32)
-    token_types, segment_ids = np.zeros((n, max_length), np.int32), np.zeros((n, max_length), np.int32)
+    token_types, piece_ids = np.zeros((n, max_length), np.int32), np.zeros((n, max_length), np.int32)
     truncated = 0
     for i, (a, pair) in enumerate(zip(ids_a, has_b)):
         b = next(ids_b) if pair else []
@@ -433,15 +433,15 @@ def encode_examples(examples: Sequence[Example], tokenizer: PairTokenizer, max_l
         row = [tokenizer.cls_id, *a[:la], tokenizer.sep_id] + ([*b[:lb], tokenizer.sep_id] if pair else [])
         input_ids[i, :len(row)] = row
         token_types[i, la + 2:len(row)] = 1
-        segment_ids[i, :len(row)] = 1
+        piece_ids[i, :len(row)] = 1
     labels = np.array([e.label for e in examples], np.float32)
-    return EncodedExamples(input_ids, token_types, segment_ids, labels, truncated)
+    return EncodedExamples(input_ids, token_types, piece_ids, labels, truncated)
 
 
 # ------------------------------------------------------------------------------------------------------ batches
 class ClassificationTrainIterator(ShuffledBatches):
     """Endless training batches: this host's slice of every global batch, a dict of input_ids, token_types,
-    segment_ids [batch_size / hosts, T] int32 and labels [batch_size / hosts] float32. Batch k is a pure function
+    piece_ids [batch_size / hosts, T] int32 and labels [batch_size / hosts] float32. Batch k is a pure function
     of (seed, k) (jaxpos/data/order.py: each epoch leaves out the N mod batch_size examples it puts last)."""
 
     def __init__(self, encoded: EncodedExamples, batch_size: int, *, seed: int = 0,

@@ -3,11 +3,11 @@
 Row layout (T = seq_len), as in DIET App. A (whole sentences of documents, no next-sentence task):
 
     tokens       [CLS] a1 a2 a3 [SEP] b1 b2 [SEP] [PAD] [PAD]
-    segment_ids    1   1  1  1    1   2  2    2     0     0
+    piece_ids      1   1  1  1    1   2  2    2     0     0
     positions      0   1  2  3    4   0  1    2     0     0
 
 Every row starts with [CLS]; each run of one document's sentences in a row (a "piece") ends with [SEP] and has
-its own segment id 1, 2, 3, ... so attention can be kept inside a document; 0 marks padding. Positions restart
+its own piece id 1, 2, 3, ... so attention can be kept inside a document; 0 marks padding. Positions restart
 at 0 in every piece (`piece_positions`), so each piece is encoded as if it had the row to itself, for every
 positional mechanism (a later piece's first token takes position 0, where a row of its own would put [CLS]:
 TUPE's untied [CLS] applies to it too). A document that
@@ -45,23 +45,23 @@ def split_sentences(document: str, newline_ends_sentence: bool = False) -> list[
     return sentences
 
 
-def piece_positions(segment_ids: np.ndarray) -> np.ndarray:
-    """Positions within each packed piece: segment_ids [..., T] -> [..., T] int32, restarting at 0 wherever the
-    segment id changes (so a piece sees the positions it would have in a row of its own); 0 on padding."""
-    segment_ids = np.asarray(segment_ids)
-    column = np.arange(segment_ids.shape[-1])
-    starts = np.ones(segment_ids.shape, bool)
-    starts[..., 1:] = segment_ids[..., 1:] != segment_ids[..., :-1]
+def piece_positions(piece_ids: np.ndarray) -> np.ndarray:
+    """Positions within each packed piece: piece_ids [..., T] -> [..., T] int32, restarting at 0 wherever the
+    piece id changes (so a piece sees the positions it would have in a row of its own); 0 on padding."""
+    piece_ids = np.asarray(piece_ids)
+    column = np.arange(piece_ids.shape[-1])
+    starts = np.ones(piece_ids.shape, bool)
+    starts[..., 1:] = piece_ids[..., 1:] != piece_ids[..., :-1]
     first = np.maximum.accumulate(np.where(starts, column, 0), axis=-1)  # each token's piece start
-    return np.where(segment_ids > 0, column - first, 0).astype(np.int32)
+    return np.where(piece_ids > 0, column - first, 0).astype(np.int32)
 
 
 @dataclasses.dataclass
 class PackedExamples:
-    """Packed rows of a split: `tokens` [N, T] int32 (unmasked ids), `segment_ids` [N, T] int32 (0 = pad)."""
+    """Packed rows of a split: `tokens` [N, T] int32 (unmasked ids), `piece_ids` [N, T] int32 (0 = pad)."""
 
     tokens: np.ndarray
-    segment_ids: np.ndarray
+    piece_ids: np.ndarray
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -73,7 +73,7 @@ class PackedExamples:
     @property
     def positions(self) -> np.ndarray:
         """[N, T] int32 positions within each piece (`piece_positions`)."""
-        return piece_positions(self.segment_ids)
+        return piece_positions(self.piece_ids)
 
 
 class RowPacker:
@@ -90,24 +90,25 @@ class RowPacker:
         self.seq_len, self.cls_id, self.sep_id, self.pad_id = seq_len, cls_id, sep_id, pad_id
         self.stats = stats if stats is not None else DataStats()
         self.capacity = seq_len - 2  # the longest sentence piece that fits in a row beside [CLS] and [SEP]
-        self.row, self.segments, self.piece = [cls_id], [1], 0
+        self.row, self.piece_ids, self.piece = [cls_id], [1], 0
 
     def get_state(self) -> dict:
-        """The open row (tokens without its [SEP]s yet to come, segment ids, pieces so far)."""
-        return dict(row=list(map(int, self.row)), segments=list(map(int, self.segments)), piece=self.piece)
+        """The open row (tokens without its [SEP]s yet to come, piece ids, pieces so far)."""
+        # "segments": the key data states already saved in checkpoints hold the piece ids under.
+        return dict(row=list(map(int, self.row)), segments=list(map(int, self.piece_ids)), piece=self.piece)
 
     def set_state(self, state: dict) -> None:
-        self.row, self.segments, self.piece = list(state["row"]), list(state["segments"]), int(state["piece"])
+        self.row, self.piece_ids, self.piece = list(state["row"]), list(state["segments"]), int(state["piece"])
 
     def _close_row(self, rows: list) -> None:
         if self.piece:
             pad = self.seq_len - len(self.row)
-            rows.append((self.row + [self.pad_id] * pad, self.segments + [0] * pad))
-        self.row, self.segments, self.piece = [self.cls_id], [1], 0
+            rows.append((self.row + [self.pad_id] * pad, self.piece_ids + [0] * pad))
+        self.row, self.piece_ids, self.piece = [self.cls_id], [1], 0
 
     def add_document(self, document: Sequence[Sequence[int]]) -> list[tuple[list[int], list[int]]]:
         """Adds one document's sentences (token id lists; empty ones are ignored); returns the completed rows as
-        (tokens, segment_ids) lists of seq_len ints. The document's last piece is closed with [SEP]."""
+        (tokens, piece_ids) lists of seq_len ints. The document's last piece is closed with [SEP]."""
         rows, piece_open = [], False
         for sentence in document:
             if len(sentence) > self.capacity:
@@ -117,17 +118,17 @@ class RowPacker:
                 if len(self.row) + len(chunk) + 1 > self.seq_len:  # + 1: an open piece always has room for [SEP]
                     if piece_open:
                         self.row.append(self.sep_id)
-                        self.segments.append(self.piece)
+                        self.piece_ids.append(self.piece)
                         piece_open = False
                     self._close_row(rows)
                 if not piece_open:
                     self.piece += 1
                     piece_open = True
                 self.row.extend(chunk)
-                self.segments.extend([self.piece] * len(chunk))
+                self.piece_ids.extend([self.piece] * len(chunk))
         if piece_open:  # the document ends: the next one starts a new piece
             self.row.append(self.sep_id)
-            self.segments.append(self.piece)
+            self.piece_ids.append(self.piece)
         self.stats.packed_examples += len(rows)
         return rows
 
@@ -140,7 +141,7 @@ class RowPacker:
 
 
 def rows_to_examples(rows: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int) -> PackedExamples:
-    """(tokens, segment_ids) row pairs -> PackedExamples [N, seq_len] int32."""
+    """(tokens, piece_ids) row pairs -> PackedExamples [N, seq_len] int32."""
     tokens = np.asarray([r[0] for r in rows], np.int32).reshape(-1, seq_len)
     return PackedExamples(tokens, np.asarray([r[1] for r in rows], np.int32).reshape(-1, seq_len))
 
@@ -151,7 +152,7 @@ def pack_documents(documents: Sequence[Sequence[Sequence[int]]], seq_len: int,
     """Packs whole sentences into rows of `seq_len` tokens, greedily in order (layout in the module docstring).
 
     documents: per document, its sentences as lists of token ids (empty sentences are ignored).
-    Returns PackedExamples with tokens/segment_ids [N, seq_len] int32.
+    Returns PackedExamples with tokens/piece_ids [N, seq_len] int32.
     """
     packer = RowPacker(seq_len, stats, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id)
     rows = [row for document in documents for row in packer.add_document(document)]
@@ -220,14 +221,14 @@ def mask_batch(targets: np.ndarray, example_ids: np.ndarray, key: Sequence[int],
     return input_ids.astype(np.int32), chosen.astype(np.float32)
 
 
-def masked_rows(targets: np.ndarray, segment_ids: np.ndarray, example_ids: np.ndarray, key: tuple[int, ...],
+def masked_rows(targets: np.ndarray, piece_ids: np.ndarray, example_ids: np.ndarray, key: tuple[int, ...],
                 vocab_size: int, mask_prob: float) -> dict[str, np.ndarray]:
-    """A training batch from packed rows targets/segment_ids [B, T] with ids `example_ids` [B] (masking is a
-    function of (key, id)): input_ids, targets, segment_ids, positions, token_types int32, mask_weights
+    """A training batch from packed rows targets/piece_ids [B, T] with ids `example_ids` [B] (masking is a
+    function of (key, id)): input_ids, targets, piece_ids, positions, token_types int32, mask_weights
     float32, all [B, T]."""
     input_ids, mask_weights = mask_batch(targets, example_ids, key, vocab_size=vocab_size, mask_prob=mask_prob)
-    return dict(input_ids=input_ids, targets=targets, mask_weights=mask_weights, segment_ids=segment_ids,
-                positions=piece_positions(segment_ids),
+    return dict(input_ids=input_ids, targets=targets, mask_weights=mask_weights, piece_ids=piece_ids,
+                positions=piece_positions(piece_ids),
                 token_types=np.zeros_like(targets))  # one sentence "A" per row: no next-sentence task
 
 

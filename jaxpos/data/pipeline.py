@@ -48,13 +48,13 @@ def build_examples(documents: list[str], tokenizer: Tokenizer, seq_len: int, sta
 def masked_batch(examples: PackedExamples, indices: np.ndarray, key: tuple[int, ...], vocab_size: int,
                  mask_prob: float) -> dict[str, np.ndarray]:
     """The batch of example rows `indices` [B], masked as a function of (key, example index). All [B, T]."""
-    return masked_rows(examples.tokens[indices], examples.segment_ids[indices], indices, key, vocab_size,
+    return masked_rows(examples.tokens[indices], examples.piece_ids[indices], indices, key, vocab_size,
                        mask_prob)
 
 
 class MLMTrainIterator(ShuffledBatches):
     """Endless training batches: this host's slice of every global batch, as a dict of numpy arrays
-    input_ids, targets, segment_ids, positions (within each packed piece), token_types int32 and mask_weights
+    input_ids, targets, piece_ids, positions (within each packed piece), token_types int32 and mask_weights
     float32, all [batch_size / hosts, T].
     Batch k is a pure function of (seed, k) (see jaxpos/data/order.py); masks are drawn per epoch."""
 

@@ -178,7 +178,7 @@ def stream_rows(shards: Sequence[Shard], read: Callable, seq_len: int, stats: Da
 
 class StreamingMLMIterator:
     """Endless training batches streamed from this process's shards: dicts of numpy arrays input_ids, targets,
-    segment_ids, positions, token_types int32 and mask_weights float32, all [batch_size / processes, T]
+    piece_ids, positions, token_types int32 and mask_weights float32, all [batch_size / processes, T]
     (module docstring: order, masking, state)."""
 
     def __init__(self, shards: Sequence[Shard], reader: ShardReader, seq_len: int, batch_size: int, *,
@@ -198,7 +198,7 @@ class StreamingMLMIterator:
         self.stats = reader.stats
         self.step, self.epoch, self.window, self.window_start, self.used = 0, 0, 0, START, 0
         self._rows: Iterator | None = None  # the pass being read; None: (re)open at window_start when needed
-        self._tokens = self._segments = np.zeros((0, seq_len), np.int32)  # the current window's rows [n, T]
+        self._tokens = self._piece_ids = np.zeros((0, seq_len), np.int32)  # the current window's rows [n, T]
         self._ids = np.zeros(0, np.int64)  # their row numbers in the pass [n]
 
     def shard_order(self, epoch: int) -> list[Shard]:
@@ -228,7 +228,7 @@ class StreamingMLMIterator:
         order = self.window_order(self.epoch, self.window, len(rows))
         shape = (len(rows), self.seq_len)  # numpy rows: a window of Python lists would take ~10x the memory
         self._tokens = np.asarray([r[0] for r in rows], np.int32).reshape(shape)[order]
-        self._segments = np.asarray([r[1] for r in rows], np.int32).reshape(shape)[order]
+        self._piece_ids = np.asarray([r[1] for r in rows], np.int32).reshape(shape)[order]
         self._ids = (self.window * self.window_size + order).astype(np.int64)
 
     def _open(self) -> None:
@@ -260,19 +260,19 @@ class StreamingMLMIterator:
     def __next__(self) -> dict[str, np.ndarray]:
         if self._rows is None:
             self._open()
-        parts, rows = [], 0  # (tokens, segments, ids) slices of windows: a batch may span two or more
+        parts, rows = [], 0  # (tokens, piece_ids, ids) slices of windows: a batch may span two or more
         while rows < self.local_rows:
             if self.used == len(self._ids) and not self._next_window():
                 self._next_epoch()
                 parts, rows = [], 0  # the rows an epoch leaves over are dropped
                 continue
             take = min(self.local_rows - rows, len(self._ids) - self.used)
-            parts.append((self._tokens[self.used:self.used + take], self._segments[self.used:self.used + take],
+            parts.append((self._tokens[self.used:self.used + take], self._piece_ids[self.used:self.used + take],
                           self._ids[self.used:self.used + take]))
             self.used, rows = self.used + take, rows + take
         self.step += 1
-        tokens, segments, ids = (np.concatenate(arrays) for arrays in zip(*parts))
-        return masked_rows(tokens, segments, ids * self.process_count + self.process_index,
+        tokens, piece_ids, ids = (np.concatenate(arrays) for arrays in zip(*parts))
+        return masked_rows(tokens, piece_ids, ids * self.process_count + self.process_index,
                            (self.seed, MLM_TRAIN_MASKS, self.epoch), self.vocab_size, self.mask_prob)
 
     _CHECKED = ("seed", "batch_size", "process_count", "shuffle", "window_size", "seq_len", "fingerprint")

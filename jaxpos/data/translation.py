@@ -6,7 +6,7 @@ The pairs come from data/parallel.py (Bible, TFDS, local files). Training pairs 
 
 Training rows (as flax examples/wmt): pairs, each side ending in EOS, are packed greedily in parallel into rows
 of `max_length` tokens: a pair joins the current row when both its sides fit, else opens a new row. Per row:
-`inputs`, `targets` (0 = padding), `*_segmentation` (1, 2, ... per pair, 0 = padding) and `*_position`
+`inputs`, `targets` (0 = padding), `*_piece_ids` (1, 2, ... per pair, 0 = padding) and `*_positions`
 (restarting at 0 in every pair), all [rows, max_length] int32.
 
 Order, a pure function of (seed, step): pairs are packed once in the order
@@ -73,13 +73,13 @@ class PackedPairs:
 
     inputs: np.ndarray
     targets: np.ndarray
-    inputs_segmentation: np.ndarray
-    targets_segmentation: np.ndarray
-    inputs_position: np.ndarray
-    targets_position: np.ndarray
+    input_piece_ids: np.ndarray
+    target_piece_ids: np.ndarray
+    input_positions: np.ndarray
+    target_positions: np.ndarray
 
-    FIELDS = ("inputs", "targets", "inputs_segmentation", "targets_segmentation", "inputs_position",
-              "targets_position")
+    FIELDS = ("inputs", "targets", "input_piece_ids", "target_piece_ids", "input_positions",
+              "target_positions")
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
@@ -92,18 +92,18 @@ class PackedPairs:
         return {name: getattr(self, name)[indices] for name in self.FIELDS}
 
 
-def _fill(sequences: Sequence[np.ndarray], row: np.ndarray, offset: np.ndarray, segment: np.ndarray,
+def _fill(sequences: Sequence[np.ndarray], row: np.ndarray, offset: np.ndarray, piece_id: np.ndarray,
           shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, segmentation, position) [R, L] with sequence i written at (row[i], offset[i]...)."""
+    """(tokens, piece ids, positions) [R, L] with sequence i written at (row[i], offset[i]...)."""
     lengths = np.array([len(s) for s in sequences], np.int64)
     starts = np.cumsum(lengths) - lengths
     pair = np.repeat(np.arange(len(sequences)), lengths)  # which pair each token belongs to
     position = np.arange(lengths.sum()) - starts[pair]
     flat = row[pair] * shape[1] + offset[pair] + position
-    tokens, segmentation, positions = (np.zeros(shape[0] * shape[1], np.int32) for _ in range(3))
+    tokens, piece_ids, positions = (np.zeros(shape[0] * shape[1], np.int32) for _ in range(3))
     tokens[flat] = np.concatenate(sequences) if sequences else []
-    segmentation[flat], positions[flat] = segment[pair], position
-    return tokens.reshape(shape), segmentation.reshape(shape), positions.reshape(shape)
+    piece_ids[flat], positions[flat] = piece_id[pair], position
+    return tokens.reshape(shape), piece_ids.reshape(shape), positions.reshape(shape)
 
 
 def one_pair_per_row(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], length: int) -> PackedPairs:
@@ -114,16 +114,16 @@ def one_pair_per_row(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray
     if too_long:
         raise ValueError(f"pair {too_long[0]} has more tokens than a row of {length}")
     row, zeros, ones = np.arange(n), np.zeros(n, np.int64), np.ones(n, np.int64)
-    inputs, inputs_segmentation, inputs_position = _fill(sources, row, zeros, ones, (n, length))
-    targets_, targets_segmentation, targets_position = _fill(targets, row, zeros, ones, (n, length))
-    return PackedPairs(inputs, targets_, inputs_segmentation, targets_segmentation, inputs_position,
-                       targets_position)
+    inputs, input_piece_ids, input_positions = _fill(sources, row, zeros, ones, (n, length))
+    targets_, target_piece_ids, target_positions = _fill(targets, row, zeros, ones, (n, length))
+    return PackedPairs(inputs, targets_, input_piece_ids, target_piece_ids, input_positions,
+                       target_positions)
 
 
 def pack_pairs(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], length: int) -> PackedPairs:
     """Greedy parallel packing in the given order: a pair joins the current row when both sides fit."""
     n = len(sources)
-    row, segment = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    row, piece_id = np.zeros(n, np.int64), np.zeros(n, np.int64)
     source_offset, target_offset = np.zeros(n, np.int64), np.zeros(n, np.int64)
     rows, used_source, used_target, pieces = 0, length, length, 0
     for i, (source, target) in enumerate(zip(sources, targets)):
@@ -132,14 +132,14 @@ def pack_pairs(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray], len
         if used_source + len(source) > length or used_target + len(target) > length:
             rows, used_source, used_target, pieces = rows + 1, 0, 0, 0
         pieces += 1
-        row[i], segment[i], source_offset[i], target_offset[i] = rows - 1, pieces, used_source, used_target
+        row[i], piece_id[i], source_offset[i], target_offset[i] = rows - 1, pieces, used_source, used_target
         used_source += len(source)
         used_target += len(target)
     shape = (rows, length)
-    inputs, inputs_segmentation, inputs_position = _fill(sources, row, source_offset, segment, shape)
-    targets_, targets_segmentation, targets_position = _fill(targets, row, target_offset, segment, shape)
-    return PackedPairs(inputs, targets_, inputs_segmentation, targets_segmentation, inputs_position,
-                       targets_position)
+    inputs, input_piece_ids, input_positions = _fill(sources, row, source_offset, piece_id, shape)
+    targets_, target_piece_ids, target_positions = _fill(targets, row, target_offset, piece_id, shape)
+    return PackedPairs(inputs, targets_, input_piece_ids, target_piece_ids, input_positions,
+                       target_positions)
 
 
 # -------------------------------------------------------------------------------------------------- batches

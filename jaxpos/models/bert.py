@@ -14,7 +14,7 @@ from jaxpos.models.layers import TransformerStack, activation, layer_norm
 class BertEncoder(nn.Module):
     """Token (+ token-type) embeddings and a TransformerStack. input_ids [B, T] -> hidden [B, T, d].
 
-    `segment_ids` [B, T] are packing-piece ids (0 = padding); `token_types` [B, T] BERT's sentence A/B ids,
+    `piece_ids` [B, T] are packing-piece ids (0 = padding); `token_types` [B, T] BERT's sentence A/B ids,
     embedded at the input (position.segment='input') or used by per-head segment attention ('per_head');
     `input_positions` [B, T] positions within each packed piece (None: 0..T-1, one sequence per row).
     With `decode` (and model.causal) it runs one token per call against a key/value cache.
@@ -30,7 +30,7 @@ class BertEncoder(nn.Module):
             self.type_embed = embedding(cfg, cfg.type_vocab_size, (None, "embed"), "type_embed")
         self.stack = TransformerStack(cfg, cfg.num_layers, causal=cfg.causal, decode=self.decode, name="encoder")
 
-    def __call__(self, input_ids, *, segment_ids=None, token_types=None, input_positions=None,
+    def __call__(self, input_ids, *, piece_ids=None, token_types=None, input_positions=None,
                  deterministic: bool = True):
         cfg = self.cfg
         x = self.token_embed(input_ids)
@@ -39,7 +39,7 @@ class BertEncoder(nn.Module):
         if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
             types = token_types if token_types is not None else jnp.zeros_like(input_ids)
             x = x + self.type_embed(types)
-        return self.stack(x, segment_ids=segment_ids, token_types=token_types, input_positions=input_positions,
+        return self.stack(x, piece_ids=piece_ids, token_types=token_types, input_positions=input_positions,
                           deterministic=deterministic)
 
     def attend(self, hidden):
@@ -67,14 +67,14 @@ class BertForMaskedLM(nn.Module):
         if not cfg.tie_embeddings:
             self.decoder = dense(cfg, cfg.vocab_size, -1, ("embed", "vocab"), ("vocab",), "decoder")
 
-    def encode(self, input_ids, *, segment_ids=None, token_types=None, input_positions=None,
+    def encode(self, input_ids, *, piece_ids=None, token_types=None, input_positions=None,
                deterministic: bool = True):
-        return self.encoder(input_ids, segment_ids=segment_ids, token_types=token_types,
+        return self.encoder(input_ids, piece_ids=piece_ids, token_types=token_types,
                             input_positions=input_positions, deterministic=deterministic)
 
-    def __call__(self, input_ids, *, segment_ids=None, token_types=None, input_positions=None,
+    def __call__(self, input_ids, *, piece_ids=None, token_types=None, input_positions=None,
                  predict_positions=None, deterministic: bool = True):
-        hidden = self.encode(input_ids, segment_ids=segment_ids, token_types=token_types,
+        hidden = self.encode(input_ids, piece_ids=piece_ids, token_types=token_types,
                              input_positions=input_positions, deterministic=deterministic)
         if predict_positions is not None:
             hidden = jnp.take_along_axis(hidden, predict_positions[..., None], axis=1)

@@ -27,12 +27,12 @@ class BertForSequenceClassification(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.classifier = dense(cfg, self.num_labels, -1, ("embed", None), (None,), "classifier")
 
-    def pool(self, input_ids, *, segment_ids=None, token_types=None, deterministic: bool = True):
+    def pool(self, input_ids, *, piece_ids=None, token_types=None, deterministic: bool = True):
         """The pooled [CLS] representation [B, d]."""
-        hidden = self.encoder(input_ids, segment_ids=segment_ids, token_types=token_types,
+        hidden = self.encoder(input_ids, piece_ids=piece_ids, token_types=token_types,
                               deterministic=deterministic)
         return jnp.tanh(self.pooler(hidden[:, 0]))
 
-    def __call__(self, input_ids, *, segment_ids=None, token_types=None, deterministic: bool = True):
-        pooled = self.pool(input_ids, segment_ids=segment_ids, token_types=token_types, deterministic=deterministic)
+    def __call__(self, input_ids, *, piece_ids=None, token_types=None, deterministic: bool = True):
+        pooled = self.pool(input_ids, piece_ids=piece_ids, token_types=token_types, deterministic=deterministic)
         return self.classifier(self.dropout(pooled, deterministic=deterministic)).astype(jnp.float32)

@@ -15,14 +15,14 @@ from jaxpos.models.layers import TransformerStack
 DECODER_START_ID = 0  # the decoder's first input in training (shift_right) and decoding alike (flax wmt: padding)
 
 
-def shift_right(targets, segment_ids=None, bos_id: int = DECODER_START_ID):
+def shift_right(targets, piece_ids=None, bos_id: int = DECODER_START_ID):
     """Decoder inputs: targets shifted one step right with `bos_id` first (and at each packed piece's start).
 
     targets [B, T] -> [B, T].
     """
     shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=bos_id)[:, :-1]
-    if segment_ids is not None:
-        starts = segment_ids != jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+    if piece_ids is not None:
+        starts = piece_ids != jnp.pad(piece_ids, ((0, 0), (1, 0)))[:, :-1]
         shifted = jnp.where(starts, bos_id, shifted)
     return shifted
 
@@ -52,30 +52,30 @@ class EncoderDecoder(nn.Module):
             x = x * jnp.sqrt(self.cfg.d_model).astype(x.dtype)
         return x
 
-    def encode(self, inputs, *, inputs_segmentation=None, inputs_position=None, deterministic: bool = True):
-        """inputs [B, S] -> encoded [B, S, d]. Padding is id 0 unless a segmentation is given; `inputs_position`
+    def encode(self, inputs, *, input_piece_ids=None, input_positions=None, deterministic: bool = True):
+        """inputs [B, S] -> encoded [B, S, d]. Padding is id 0 unless piece ids are given; `input_positions`
         [B, S] restarts at 0 in every pair of a packed row."""
-        segments = inputs_segmentation if inputs_segmentation is not None else (inputs != 0).astype(jnp.int32)
-        return self.encoder(self._embed(inputs), segment_ids=segments, input_positions=inputs_position,
+        piece_ids = input_piece_ids if input_piece_ids is not None else (inputs != 0).astype(jnp.int32)
+        return self.encoder(self._embed(inputs), piece_ids=piece_ids, input_positions=input_positions,
                             deterministic=deterministic)
 
-    def decode_logits(self, encoded, inputs, decoder_inputs, *, inputs_segmentation=None,
-                      targets_segmentation=None, inputs_position=None, targets_position=None,
+    def decode_logits(self, encoded, inputs, decoder_inputs, *, input_piece_ids=None,
+                      target_piece_ids=None, input_positions=None, target_positions=None,
                       deterministic: bool = True):
         """Decoder logits [B, T, V] for decoder inputs [B, T] (already shifted), given the encoder output.
-        Packed rows: `inputs_position` [B, S] / `targets_position` [B, T] restart at 0 in every pair."""
-        enc_segments = inputs_segmentation if inputs_segmentation is not None else (inputs != 0).astype(jnp.int32)
-        y = self.decoder(self._embed(decoder_inputs), segment_ids=targets_segmentation,
-                         input_positions=targets_position, encoded=encoded, encoded_segment_ids=enc_segments,
-                         encoded_positions=inputs_position, deterministic=deterministic)
+        Packed rows: `input_positions` [B, S] / `target_positions` [B, T] restart at 0 in every pair."""
+        encoded_piece_ids = input_piece_ids if input_piece_ids is not None else (inputs != 0).astype(jnp.int32)
+        y = self.decoder(self._embed(decoder_inputs), piece_ids=target_piece_ids,
+                         input_positions=target_positions, encoded=encoded, encoded_piece_ids=encoded_piece_ids,
+                         encoded_positions=input_positions, deterministic=deterministic)
         logits = self.embed.attend(y) if self.cfg.tie_embeddings else self.output(y)
         return logits.astype(jnp.float32)
 
-    def __call__(self, inputs, targets, *, inputs_segmentation=None, targets_segmentation=None,
-                 inputs_position=None, targets_position=None, deterministic: bool = True):
-        encoded = self.encode(inputs, inputs_segmentation=inputs_segmentation, inputs_position=inputs_position,
+    def __call__(self, inputs, targets, *, input_piece_ids=None, target_piece_ids=None,
+                 input_positions=None, target_positions=None, deterministic: bool = True):
+        encoded = self.encode(inputs, input_piece_ids=input_piece_ids, input_positions=input_positions,
                               deterministic=deterministic)
-        decoder_inputs = shift_right(targets, targets_segmentation)
-        return self.decode_logits(encoded, inputs, decoder_inputs, inputs_segmentation=inputs_segmentation,
-                                  targets_segmentation=targets_segmentation, inputs_position=inputs_position,
-                                  targets_position=targets_position, deterministic=deterministic)
+        decoder_inputs = shift_right(targets, target_piece_ids)
+        return self.decode_logits(encoded, inputs, decoder_inputs, input_piece_ids=input_piece_ids,
+                                  target_piece_ids=target_piece_ids, input_positions=input_positions,
+                                  target_positions=target_positions, deterministic=deterministic)

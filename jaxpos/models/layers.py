@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention, dense
-from jaxpos.attention.masks import attention_mask
+from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
 from jaxpos.positions import SegmentAttention, make_position
 from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
@@ -50,11 +50,11 @@ class TransformerLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, *, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None,
-                 cross_pos=None, cross_mask=None, mask_ids=None, cross_mask_ids=None, deterministic=True):
-        """x [B, T, d] -> [B, T, d]. bias (this layer's `PositionalBias`), q_pos [T], k_pos [S], mask and types
-        [B, T] feed self-attention; encoded [B, S_enc, d], cross_bias, cross_pos (query positions [T], encoder
-        positions [S_enc]; per pair [B, T], [B, S_enc] in packed rows), cross_mask cross-attention.
-        mask_ids / cross_mask_ids: the (q_segment, k_segment, causal) each mask was built from."""
+                 cross_pos=None, cross_mask=None, deterministic=True):
+        """x [B, T, d] -> [B, T, d]. bias (this layer's `PositionalBias`), q_pos [T], k_pos [S], mask
+        (`AttentionMask`) and types [B, T] feed self-attention; encoded [B, S_enc, d], cross_bias, cross_pos (query
+        positions [T], encoder positions [S_enc]; per pair [B, T], [B, S_enc] in packed rows), cross_mask
+        cross-attention."""
         cfg = self.cfg
 
         def sublayer(x, fn, name):
@@ -66,13 +66,12 @@ class TransformerLayer(nn.Module):
 
         self_attention = MultiHeadAttention(cfg, self_attention=True, decode=self.decode, name="self_attention")
         x = sublayer(x, lambda h: self_attention(h, h, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask,
-                                                 q_types=types, k_types=types, mask_ids=mask_ids,
+                                                 q_types=types, k_types=types,
                                                  deterministic=deterministic), "self_attention")
         if self.cross_attention:
             cross = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
             x = sublayer(x, lambda h: cross(h, encoded, bias=cross_bias, q_pos=cross_pos[0], k_pos=cross_pos[1],
-                                            mask=cross_mask, mask_ids=cross_mask_ids,
-                                            deterministic=deterministic), "cross_attention")
+                                            mask=cross_mask, deterministic=deterministic), "cross_attention")
         return sublayer(x, MlpBlock(cfg, name="mlp"), "mlp")
 
 
@@ -81,7 +80,7 @@ class TransformerStack(nn.Module):
     pass, the masks, and (with `decode`) the step counter of incremental decoding.
 
     x [B, T, E] are token (and token-type) embeddings (E = d_model unless embeddings are factorised); returns hidden states [B, T, d].
-    `segment_ids` [B, T]: packing-piece ids, 0 = padding; `token_types` [B, T]: segments for per-head
+    `piece_ids` [B, T]: packing-piece ids, 0 = padding; `token_types` [B, T]: segments for per-head
     segment attention; `input_positions` [B, T]: positions within each sequence when a row packs several (each
     restarting at 0), for the input position embeddings and for the position-only terms that depend on absolute
     positions (DIET-Abs, TUPE factors; attenuated matrices), which attention reads there. Toeplitz biases need
@@ -89,7 +88,7 @@ class TransformerStack(nn.Module):
     same as in a row of its own. Cross-attention is the exception: a packed pair's source and target start at
     different columns, so with model.cross_attention_position it takes positions within each pair on both sides
     (`input_positions` and `encoded_positions` [B, S_enc]). Linformer (DIET-Abs with linformer_k) projects keys
-    along the whole row and so mixes the sequences of a packed row; traced segment ids cannot show whether a row
+    along the whole row and so mixes the sequences of a packed row; traced piece ids cannot show whether a row
     packs several, so runs refuse the combination from their config (`jaxpos.config.validate.check_packing`).
     """
 
@@ -114,8 +113,8 @@ class TransformerStack(nn.Module):
         return step[None], cache_positions.value
 
     @nn.compact
-    def __call__(self, x, *, segment_ids=None, token_types=None, input_positions=None, encoded=None,
-                 encoded_segment_ids=None, encoded_positions=None, deterministic: bool = True):
+    def __call__(self, x, *, piece_ids=None, token_types=None, input_positions=None, encoded=None,
+                 encoded_piece_ids=None, encoded_positions=None, deterministic: bool = True):
         cfg = self.cfg
         position = make_position(cfg, self.num_layers, self.causal)
         q_pos, k_pos = self.positions(x.shape[1])
@@ -139,11 +138,9 @@ class TransformerStack(nn.Module):
             bias = bias.replace(segment_table=segments())
             if token_types is None:
                 token_types = jnp.zeros(x.shape[:2], jnp.int32)
-        mask_ids = (segment_ids, segment_ids, self.causal)
-        mask = attention_mask(q_segment=segment_ids, k_segment=segment_ids, q_pos=q_pos, k_pos=k_pos,
-                              causal=self.causal)
+        mask = AttentionMask.within_pieces(piece_ids, causal=self.causal)
 
-        cross_bias = cross_mask = cross_mask_ids = cross_pos = None
+        cross_bias = cross_mask = cross_pos = None
         if self.cross_attention:
             enc_pos = jnp.arange(encoded.shape[1], dtype=jnp.int32)
             cross_bias, cross_pos = PositionalBias(), (q_pos, enc_pos)
@@ -158,8 +155,7 @@ class TransformerStack(nn.Module):
                     cross_pos = (q_pos[None].repeat(batch, 0) if input_positions is None else input_positions,
                                  enc_pos[None].repeat(batch, 0) if encoded_positions is None else encoded_positions)
                     cross_bias = cross_bias.replace(piece_positions=cross_pos)
-            cross_mask_ids = (None if self.decode else segment_ids, encoded_segment_ids, False)
-            cross_mask = attention_mask(q_segment=cross_mask_ids[0], k_segment=cross_mask_ids[1])
+            cross_mask = AttentionMask(q_piece_ids=None if self.decode else piece_ids, kv_piece_ids=encoded_piece_ids)
 
         self.sow("intermediates", "hidden_states", x)  # analysis taps: the input of layer 0, then each output
         shared = TransformerLayer(cfg, self.cross_attention, self.decode, name="layer_shared") \
@@ -168,8 +164,7 @@ class TransformerStack(nn.Module):
             layer = shared or TransformerLayer(cfg, self.cross_attention, self.decode, name=f"layer_{i}")
             x = layer(x, bias=bias.for_layer(i), q_pos=q_pos, k_pos=k_pos, mask=mask, types=token_types,
                       encoded=encoded, cross_bias=cross_bias.for_layer(i) if cross_bias is not None else None,
-                      cross_pos=cross_pos, cross_mask=cross_mask, mask_ids=mask_ids, cross_mask_ids=cross_mask_ids,
-                      deterministic=deterministic)
+                      cross_pos=cross_pos, cross_mask=cross_mask, deterministic=deterministic)
             x = constrain(x, HIDDEN)
             self.sow("intermediates", "hidden_states", x)
         if cfg.layer_norm == "pre":

@@ -28,7 +28,7 @@ def example_losses(logits, labels, num_labels: int):
 
 @dataclasses.dataclass(frozen=True)
 class ClassificationTask:
-    """Batches: input_ids, token_types, segment_ids [B, T]; labels [B] (float32); optional weights [B]
+    """Batches: input_ids, token_types, piece_ids [B, T]; labels [B] (float32); optional weights [B]
     (0 on the padding rows of an eval batch)."""
 
     model: BertForSequenceClassification
@@ -44,11 +44,11 @@ class ClassificationTask:
 
     def init_inputs(self):
         ids = jnp.zeros((1, self.seq_len), jnp.int32)
-        return (ids,), dict(segment_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
+        return (ids,), dict(piece_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
 
     def logits(self, params, batch, rng=None, train: bool = False):
         """[B, num_labels] float32."""
-        return self.model.apply({"params": params}, batch["input_ids"], segment_ids=batch["segment_ids"],
+        return self.model.apply({"params": params}, batch["input_ids"], piece_ids=batch["piece_ids"],
                                 token_types=batch["token_types"], deterministic=not train,
                                 rngs={DROPOUT: rng} if train else {})
 

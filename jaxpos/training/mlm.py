@@ -37,7 +37,7 @@ def summarize_token_sums(sums: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class MaskedLMTask:
-    """Batches: input_ids, targets, mask_weights, segment_ids, token_types, and optionally positions (within each
+    """Batches: input_ids, targets, mask_weights, piece_ids, token_types, and optionally positions (within each
     packed piece; absent: 0..T-1), all [B, T].
 
     With `max_predictions`, the head runs only at the (at most) P masked positions of each row instead of all
@@ -54,7 +54,7 @@ class MaskedLMTask:
 
     def init_inputs(self):
         ids = jnp.zeros((1, self.seq_len), jnp.int32)
-        return (ids,), dict(segment_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
+        return (ids,), dict(piece_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
 
     def loss(self, params, batch, rng, train):
         weights, targets = batch["mask_weights"].astype(jnp.float32), batch["targets"]
@@ -65,7 +65,7 @@ class MaskedLMTask:
             weights = jnp.take_along_axis(weights, predicted, axis=1)
             targets = jnp.take_along_axis(targets, predicted, axis=1)
         logits = self.model.apply(
-            {"params": params}, batch["input_ids"], segment_ids=batch["segment_ids"],
+            {"params": params}, batch["input_ids"], piece_ids=batch["piece_ids"],
             token_types=batch["token_types"], input_positions=batch.get("positions"),
             predict_positions=predicted, deterministic=not train,
             rngs={DROPOUT: rng} if train else {})

@@ -1,8 +1,8 @@
 """The translation task: label-smoothed cross-entropy of an encoder-decoder for the shared loop.
 
 Batches: `inputs` [B, S] and `targets` [B, T] (0 = padding, targets end with EOS), optionally
-`inputs_segmentation` / `targets_segmentation` [B, S] / [B, T] for packed pairs (0 = padding) with
-`inputs_position` / `targets_position` (restarting at 0 in every pair).
+`input_piece_ids` / `target_piece_ids` [B, S] / [B, T] for packed pairs (0 = padding) with
+`input_positions` / `target_positions` (restarting at 0 in every pair).
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ class TranslationTask:
 
     def loss(self, params, batch, rng, train):
         targets = batch["targets"]
-        target_segments = batch.get("targets_segmentation")
+        target_piece_ids = batch.get("target_piece_ids")
         logits = self.model.apply(
-            {"params": params}, batch["inputs"], targets, inputs_segmentation=batch.get("inputs_segmentation"),
-            targets_segmentation=target_segments, inputs_position=batch.get("inputs_position"),
-            targets_position=batch.get("targets_position"), deterministic=not train,
+            {"params": params}, batch["inputs"], targets, input_piece_ids=batch.get("input_piece_ids"),
+            target_piece_ids=target_piece_ids, input_positions=batch.get("input_positions"),
+            target_positions=batch.get("target_positions"), deterministic=not train,
             rngs={DROPOUT: rng} if train else {})
         weights = (targets != 0).astype(jnp.float32)
-        if target_segments is not None:
-            weights = weights * (target_segments != 0)
+        if target_piece_ids is not None:
+            weights = weights * (target_piece_ids != 0)
         loss, correct, weight = token_cross_entropy(logits, targets, weights, self.label_smoothing)
         sums = {"loss": loss, "correct": correct, "weight": weight}
         if self.label_smoothing:  # report the plain cross-entropy (and its perplexity) too

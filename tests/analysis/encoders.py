@@ -16,11 +16,11 @@ def perturbed_encoder_params(cfg, ids, seed: int = 0, noise: float = 0.1):
     return jax.tree.unflatten(tree, [x + noise * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
 
 
-def attention_sublayer_outputs(cfg, params, ids, segment_ids=None, token_types=None):
+def attention_sublayer_outputs(cfg, params, ids, piece_ids=None, token_types=None):
     """[L, B, T, d]: what each layer's self-attention module returns (W_O (A V) + b_O), from the model's forward."""
-    segs = jnp.ones_like(jnp.asarray(ids)) if segment_ids is None else jnp.asarray(segment_ids)
+    piece_ids = jnp.ones_like(jnp.asarray(ids)) if piece_ids is None else jnp.asarray(piece_ids)
     _, state = BertEncoder(cfg).apply(
-        {"params": params}, jnp.asarray(ids), segment_ids=segs, token_types=token_types,
+        {"params": params}, jnp.asarray(ids), piece_ids=piece_ids, token_types=token_types,
         capture_intermediates=lambda module, method: method == "__call__" and module.name == "self_attention",
         mutable=["intermediates"])
     encoder = state["intermediates"]["encoder"]

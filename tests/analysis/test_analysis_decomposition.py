@@ -17,8 +17,8 @@ def encoder_params(cfg, ids):
 
 
 IDS = np.random.default_rng(0).integers(5, 61, (2, 12))
-SEGS = np.ones_like(IDS)
-SEGS[1, 9:] = 0
+PIECE_IDS = np.ones_like(IDS)
+PIECE_IDS[1, 9:] = 0
 
 
 @pytest.mark.parametrize("position", [dict(kind="absolute"), dict(kind="tisa"), dict(kind="diet_abs")],
@@ -26,7 +26,7 @@ SEGS[1, 9:] = 0
 def test_terms_sum_to_hidden_states_in_float32(position):
     cfg = tiny_config(position, num_layers=3)
     params = encoder_params(cfg, IDS)
-    result = decompose(cfg, params, IDS, segment_ids=SEGS)
+    result = decompose(cfg, params, IDS, piece_ids=PIECE_IDS)
     assert result.terms.shape == (4, 4, 2, 12, cfg.d_model)
     np.testing.assert_allclose(result.terms.sum(axis=1), result.hidden, atol=1e-5)
     mu = result.importance()
@@ -44,7 +44,7 @@ def test_terms_sum_exactly_in_float64():
     with jax.enable_x64(True):
         cfg = tiny_config(dict(kind="absolute"), num_layers=2, dtype="float64", param_dtype="float64")
         params = encoder_params(cfg, IDS)
-        result = decompose(cfg, params, IDS, segment_ids=SEGS)
+        result = decompose(cfg, params, IDS, piece_ids=PIECE_IDS)
         assert result.hidden.dtype == np.float64
         np.testing.assert_allclose(result.terms.sum(axis=1), result.hidden, atol=1e-10)
 
@@ -59,7 +59,7 @@ def test_albert_style_encoder_and_refusals():
 
 def test_feedforward_linear_fit_r2_matches_direct_least_squares():
     cfg = tiny_config(dict(kind="absolute"), num_layers=2)
-    result = decompose(cfg, encoder_params(cfg, IDS), IDS, segment_ids=SEGS)
+    result = decompose(cfg, encoder_params(cfg, IDS), IDS, piece_ids=PIECE_IDS)
     r2 = result.feedforward_linear_r2()
     assert r2.shape == (2,) and np.all((0 <= r2) & (r2 <= 1))
     z, out = result.feedforward_io[1]
@@ -78,7 +78,7 @@ def test_scaled_token_embeddings():
     and the terms still sum to the model's hidden states at every layer."""
     cfg = tiny_config(dict(kind="absolute"), scale_embeddings=True)
     params = perturbed_encoder_params(cfg, IDS)
-    result = decompose(cfg, params, IDS, segment_ids=SEGS)
+    result = decompose(cfg, params, IDS, piece_ids=PIECE_IDS)
     np.testing.assert_allclose(result.terms.sum(axis=1), result.hidden, atol=1e-5)
     p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     x = np.sqrt(cfg.d_model) * p["token_embed"]["embedding"][IDS] + p["type_embed"]["embedding"][0] + p["encoder"][

@@ -57,7 +57,7 @@ def save_run(workdir, tokenizer, position: dict, step: int = 3):
     ids = jnp.zeros((1, 16), jnp.int32)
     init = jax.jit(lambda key: nn.unbox(init_state(BertForMaskedLM(model_config(config.model)),
                                                    make_optimizer(config.train), key, (ids,),
-                                                   dict(segment_ids=jnp.ones_like(ids)))))
+                                                   dict(piece_ids=jnp.ones_like(ids)))))
     state = init(jax.random.PRNGKey(step))
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
     checkpointer.save(step, state, {"step": step})

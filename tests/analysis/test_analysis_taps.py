@@ -36,8 +36,8 @@ def test_taps_match_the_model():
 
 IDS = np.random.default_rng(5).integers(4, 61, (2, 10))
 TYPES = np.array([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
-SEGS = np.ones_like(IDS)
-SEGS[1, 8:] = 0  # the second row ends in padding
+PIECE_IDS = np.ones_like(IDS)
+PIECE_IDS[1, 8:] = 0  # the second row ends in padding
 
 
 @pytest.mark.parametrize("layer_norm", ["post", "pre"])
@@ -94,16 +94,16 @@ def test_attention_logits_give_the_model_weights(name, position, layer_norm):
     """softmax of the logits over the attended keys is the model's own attention; masked entries are 0."""
     cfg = tiny_config(position, layer_norm=layer_norm)
     params = perturbed_encoder_params(cfg, IDS)
-    logits = np.asarray(attention_logits(cfg, params, IDS, SEGS, TYPES), np.float64)
-    weights, _ = run_encoder(cfg, params, IDS, SEGS, TYPES)
+    logits = np.asarray(attention_logits(cfg, params, IDS, PIECE_IDS, TYPES), np.float64)
+    weights, _ = run_encoder(cfg, params, IDS, PIECE_IDS, TYPES)
     weights = np.asarray(weights, np.float64)
     assert logits.shape == weights.shape
-    attended = np.ones(logits.shape[-4:], bool) if name == "linformer" else SEGS[:, None, None, :].astype(bool)
+    attended = np.ones(logits.shape[-4:], bool) if name == "linformer" else PIECE_IDS[:, None, None, :].astype(bool)
     attended = np.broadcast_to(attended, logits.shape)
     assert np.all(logits[~attended] == 0)
     shifted = np.where(attended, logits - logits.max(-1, keepdims=True), -np.inf)
     softmax = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)
-    queries = np.broadcast_to(SEGS[None, :, None, :, None].astype(bool), logits.shape)  # padding attends nowhere
+    queries = np.broadcast_to(PIECE_IDS[None, :, None, :, None].astype(bool), logits.shape)  # padding attends nowhere
     np.testing.assert_allclose(np.where(queries, softmax, 0), np.where(queries, weights, 0), rtol=1e-5, atol=1e-6)
 
 

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention import PositionalBias, attend, attention_mask
+from jaxpos.attention import AttentionMask, PositionalBias, attend
 from jaxpos.attention.bias import segment_logits
 
 B, T, H, D = 2, 6, 3, 4
@@ -40,14 +40,35 @@ def reference(q, k, v, extra_logits=0.0, mask=None, rel_keys=None, rel_values=No
 
 
 def test_mask_helper_matches_loops():
-    seg = np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+    piece_ids = np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
     pos = np.arange(T)
-    mask = np.asarray(attention_mask(q_segment=jnp.asarray(seg), k_segment=jnp.asarray(seg), q_pos=jnp.asarray(pos),
-                                     k_pos=jnp.asarray(pos), causal=True))
+    mask = np.asarray(AttentionMask.within_pieces(jnp.asarray(piece_ids), causal=True).dense(jnp.asarray(pos),
+                                                                                             jnp.asarray(pos)))
     for b in range(B):
         for i in range(T):
             for j in range(T):
-                assert mask[b, 0, i, j] == (seg[b, j] != 0 and seg[b, i] == seg[b, j] and j <= i)
+                assert mask[b, 0, i, j] == (piece_ids[b, j] != 0 and piece_ids[b, i] == piece_ids[b, j] and j <= i)
+
+
+def test_dense_mask_matches_loops_for_other_query_and_key_ids():
+    """Packed and padded rows with their own query and key ids, causal over query positions 4..8 against key
+    positions 0..8 (a query block of a longer row); keys' padding alone when only key ids are given."""
+    rng = np.random.default_rng(3)
+    batch, tq, tk, offset = 3, 5, 9, 4
+    q_ids = np.sort(rng.integers(0, 4, (batch, tq)), axis=1)[:, ::-1]  # pieces 3..1, then padding (0)
+    kv_ids = np.sort(rng.integers(0, 4, (batch, tk)), axis=1)[:, ::-1]
+    q_pos, k_pos = offset + np.arange(tq), np.arange(tk)
+    mask = np.asarray(AttentionMask(q_piece_ids=jnp.asarray(q_ids), kv_piece_ids=jnp.asarray(kv_ids), causal=True)
+                      .dense(jnp.asarray(q_pos), jnp.asarray(k_pos)))
+    padding_only = np.asarray(AttentionMask(kv_piece_ids=jnp.asarray(kv_ids)).dense())
+    assert mask.shape == (batch, 1, tq, tk) and padding_only.shape == (batch, 1, 1, tk)
+    for b in range(batch):
+        for i in range(tq):
+            for j in range(tk):
+                visible = kv_ids[b, j] != 0 and q_ids[b, i] == kv_ids[b, j] and k_pos[j] <= q_pos[i]
+                assert mask[b, 0, i, j] == visible
+                assert padding_only[b, 0, 0, j] == (kv_ids[b, j] != 0)
+    assert AttentionMask().dense() is None
 
 
 def test_table_factor_segment_and_mask_terms():
@@ -57,7 +78,7 @@ def test_table_factor_segment_and_mask_terms():
     p_q, p_k = rng.normal(size=(2, 1, T, 2)).astype(np.float32)  # head-shared low-rank factors
     seg_table = rng.normal(size=(H, 2, 2)).astype(np.float32)
     types = np.array([[0, 0, 0, 1, 1, 1], [0, 1, 0, 1, 0, 1]])
-    segs = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    piece_ids = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
     pos = np.arange(T)
     extra = np.zeros((B, H, T, T), np.float32)
     for h in range(H):
@@ -65,8 +86,8 @@ def test_table_factor_segment_and_mask_terms():
             for j in range(T):
                 extra[:, h, i, j] += table[h, j - i + T - 1] + p_q[0, i] @ p_k[0, j]
                 extra[:, h, i, j] += seg_table[h, types[:, i], types[:, j]]
-    mask = attention_mask(q_segment=jnp.asarray(segs), k_segment=jnp.asarray(segs))
-    want, want_p = reference(q, k, v, extra, np.asarray(mask))
+    mask = AttentionMask.within_pieces(jnp.asarray(piece_ids))
+    want, want_p = reference(q, k, v, extra, np.asarray(mask.dense()))
     for fold in (False, True):
         bias = PositionalBias(table=jnp.asarray(table), factors=(jnp.asarray(p_q), jnp.asarray(p_k)),
                               segment_table=jnp.asarray(seg_table), fold_factors=fold)
@@ -115,9 +136,9 @@ def test_jax_dot_product_attention_path_matches_reference():
     rng = np.random.default_rng(7)
     table = rng.normal(size=(H, 2 * T - 1)).astype(np.float32)
     p_q, p_k = rng.normal(size=(2, H, T, 3)).astype(np.float32)
-    segs = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+    piece_ids = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
     pos = jnp.arange(T)
-    mask = attention_mask(q_segment=segs, k_segment=segs, q_pos=pos, k_pos=pos, causal=True)
+    mask = AttentionMask.within_pieces(piece_ids, causal=True)
     bias = PositionalBias(table=jnp.asarray(table), factors=(jnp.asarray(p_q), jnp.asarray(p_k)))
     want, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask)
     got, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask, implementation="jax")

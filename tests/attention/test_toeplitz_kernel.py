@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention import PositionalBias, attend, attention_mask, dropout
+from jaxpos.attention import AttentionMask, PositionalBias, attend, dropout
 from jaxpos.attention.bias import segment_pair_factors
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.config import MECHANISMS
@@ -47,18 +47,19 @@ def random(shape, seed, dtype=jnp.float32):
     return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
-def reference(q, k, v, table, *, q_seg=None, kv_seg=None, causal=False, q_offset=0, dropout_rate=0.0,
+def reference(q, k, v, table, *, q_piece_ids=None, kv_piece_ids=None, causal=False, q_offset=0, dropout_rate=0.0,
               segment=None):
     """attend(implementation="xla") with the same mask (and the dropout mask of DROPOUT_RNG's seed; segment:
     (per-head segment table, query types, key types)); -> (out, rows [B, T] that see at least one key)."""
     q_pos = q_offset + jnp.arange(q.shape[1])
     k_pos = jnp.arange(k.shape[1])
-    mask = attention_mask(q_segment=q_seg, k_segment=kv_seg, q_pos=q_pos, k_pos=k_pos, causal=causal)
+    mask = AttentionMask(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=causal)
     seg_table, q_types, k_types = segment or (None, None, None)
     out, _ = attend(q, k, v, bias=PositionalBias(table=table, segment_table=seg_table), q_pos=q_pos, k_pos=k_pos,
                     mask=mask, q_types=q_types, k_types=k_types, dropout_rng=DROPOUT_RNG, dropout_rate=dropout_rate)
-    rows = jnp.ones(q.shape[:2], bool) if mask is None else jnp.any(jnp.broadcast_to(
-        mask, (q.shape[0], 1, q.shape[1], k.shape[1]))[:, 0], axis=-1)
+    dense = mask.dense(q_pos, k_pos)
+    rows = jnp.ones(q.shape[:2], bool) if dense is None else jnp.any(jnp.broadcast_to(
+        dense, (q.shape[0], 1, q.shape[1], k.shape[1]))[:, 0], axis=-1)
     return out, rows
 
 
@@ -138,11 +139,11 @@ def test_every_mechanism_with_padding_and_packing():
         return jnp.concatenate([built[name][0](params[name]) for name in built], axis=0)
 
     params = {name: p for name, (_, p) in built.items()}
-    seg = jnp.asarray([[1] * 20 + [2] * 14 + [0] * 3, [1] * 9 + [2] * 26 + [0] * 2])
+    piece_ids = jnp.asarray([[1] * 20 + [2] * 14 + [0] * 3, [1] * 9 + [2] * 26 + [0] * 2])
     q, k, v = (random((batch, length, heads, D), seed) for seed in (0, 1, 2))
     check_against_reference((q, k, v, params), build_table,
-                            dict(q_segment_ids=seg, kv_segment_ids=seg, block_q=16, block_k=16, block_dq=16),
-                            dict(q_seg=seg, kv_seg=seg))
+                            dict(q_piece_ids=piece_ids, kv_piece_ids=piece_ids, block_q=16, block_k=16, block_dq=16),
+                            dict(q_piece_ids=piece_ids, kv_piece_ids=piece_ids))
 
 
 @pytest.mark.parametrize("table_grad,rate", [("tiles", 0.0), ("diagonals", 0.2)], ids=["tiles", "diagonals_dropout"])
@@ -156,14 +157,14 @@ def test_causal_cross_lengths_shared_clipped_table(table_grad, rate):
     q = random((batch, t, HEADS, D), 3)
     k, v = random((batch, s, HEADS, D), 4), random((batch, s, HEADS, D), 5)
     table = random((1, 39), 6)
-    q_seg = jnp.asarray([[1] * 10 + [2] * 27, [1] * 30 + [0] * 7])
-    kv_seg = jnp.asarray([[1] * 23 + [2] * 27, [1] * 45 + [0] * 5])
+    q_piece_ids = jnp.asarray([[1] * 10 + [2] * 27, [1] * 30 + [0] * 7])
+    kv_piece_ids = jnp.asarray([[1] * 23 + [2] * 27, [1] * 45 + [0] * 5])
     # the diagonals kernel recomputes dS with the pair term too
     params, types = with_segments(table, 2 if table_grad == "diagonals" else 0, (batch, t, s), 7)
     check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
-        rate, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, block_q=16,
+        rate, dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset, block_q=16,
                    block_k=32, block_dq=16, table_grad=table_grad),
-        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)), types=types)
+        dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset)), types=types)
 
 
 @pytest.mark.parametrize("group,packed,rate", [(2, True, 0.1), (4, True, 0.0), (4, False, 0.0)],
@@ -177,13 +178,13 @@ def test_grouped_query_blocks_give_the_same_gradients(group, packed, rate):
     q = random((batch, t, HEADS, D), 20)
     k, v = random((batch, s, HEADS, D), 21), random((batch, s, HEADS, D), 22)
     table = random((HEADS, 61), 23)
-    q_seg = jnp.asarray([[1] * 40 + [2] * 24, [1] * 50 + [0] * 14]) if packed else None
-    kv_seg = jnp.asarray([[1] * 47 + [2] * 28, [1] * 60 + [0] * 15]) if packed else None
+    q_piece_ids = jnp.asarray([[1] * 40 + [2] * 24, [1] * 50 + [0] * 14]) if packed else None
+    kv_piece_ids = jnp.asarray([[1] * 47 + [2] * 28, [1] * 60 + [0] * 15]) if packed else None
     params, types = with_segments(table, 3 if rate else 0, (batch, t, s), 24)
     check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
-        rate, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, block_q=16,
+        rate, dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset, block_q=16,
                    block_k=16, block_dq=16, dq_group=group),
-        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)), types=types)
+        dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset)), types=types)
 
 
 def test_table_gradient_rows_grow_linearly():
@@ -208,32 +209,31 @@ def test_no_table_bf16_key_padding_only():
     batch, t, s, dim = 2, 21, 30, 8
     q = random((batch, t, HEADS, dim), 7, jnp.bfloat16)
     k, v = random((batch, s, HEADS, dim), 8, jnp.bfloat16), random((batch, s, HEADS, dim), 9, jnp.bfloat16)
-    kv_seg = jnp.asarray([[1] * 30, [1] * 17 + [0] * 13])
-    check_against_reference((q, k, v, {}), lambda p: None, dict(kv_segment_ids=kv_seg, block_q=16, block_k=16,
+    kv_piece_ids = jnp.asarray([[1] * 30, [1] * 17 + [0] * 13])
+    check_against_reference((q, k, v, {}), lambda p: None, dict(kv_piece_ids=kv_piece_ids, block_q=16, block_k=16,
                                                                 block_dq=16),
-                            dict(kv_seg=kv_seg), rtol=2e-2)
+                            dict(kv_piece_ids=kv_piece_ids), rtol=2e-2)
 
 
 def test_attend_pallas_path_and_fallbacks(caplog):
-    """attend(implementation="pallas") equals the xla path for a table with packed causal segments, and for a table
+    """attend(implementation="pallas") equals the xla path for a table with packed causal pieces, and for a table
     plus low-rank factors read at the pieces' positions with a content scale (folded into q and k: q, k wider than
     v); terms the kernel cannot express fall back to xla with one logged note."""
     batch, length = 1, 20
     q, k, v = (random((batch, length, HEADS, D), seed) for seed in (10, 11, 12))
     pos = jnp.arange(length)
-    seg = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2])
-    mask = attention_mask(q_segment=seg, k_segment=seg, q_pos=pos, k_pos=pos, causal=True)
+    piece_ids = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2])
+    mask = AttentionMask.within_pieces(piece_ids, causal=True)
     bias = PositionalBias(table=random((HEADS, 2 * length - 1), 13))
     pieces = jnp.asarray([list(range(8)) + list(range(10)) + [0, 0]])
     with_factors = PositionalBias(table=bias.table, factors=(random((HEADS, length, 3), 14),
                                                              random((HEADS, length, 3), 15)),
                                   piece_positions=(pieces, pieces), content_scale=0.5)
-    valid = np.asarray(seg != 0)
+    valid = np.asarray(piece_ids != 0)
     with caplog.at_level(logging.WARNING, logger="jaxpos.attention.core"):
         for terms in (bias, with_factors):
             want, _ = attend(q, k, v, bias=terms, q_pos=pos, k_pos=pos, mask=mask)
-            got, weights = attend(q, k, v, bias=terms, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas",
-                                  q_segment_ids=seg, kv_segment_ids=seg, causal=True)
+            got, weights = attend(q, k, v, bias=terms, q_pos=pos, k_pos=pos, mask=mask, implementation="pallas")
             assert weights is None and got.shape == want.shape
             assert_close(np.asarray(got)[valid], np.asarray(want)[valid])
     assert "falls back" not in caplog.text
@@ -273,17 +273,17 @@ def lowered_text(platform, backend, grad, **kwargs):
     this host."""
     shape = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
     table = jax.ShapeDtypeStruct((4, 511), jnp.float32)
-    seg = jax.ShapeDtypeStruct((2, 256), jnp.int32)
+    piece_ids = jax.ShapeDtypeStruct((2, 256), jnp.int32)
 
-    def forward(q, k, v, table, seg):
-        return toeplitz_attention(q, k, v, table, q_segment_ids=seg, kv_segment_ids=seg, causal=True,
+    def forward(q, k, v, table, piece_ids):
+        return toeplitz_attention(q, k, v, table, q_piece_ids=piece_ids, kv_piece_ids=piece_ids, causal=True,
                                   interpret=False, backend=backend, dropout_rate=0.1, dropout_seed=7, **kwargs)
 
     def both(*args):
         return jax.grad(lambda *a: forward(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))(*args)
 
     fn = both if grad else forward
-    return jax.jit(fn).trace(shape, shape, shape, table, seg).lower(lowering_platforms=(platform,)).as_text()
+    return jax.jit(fn).trace(shape, shape, shape, table, piece_ids).lower(lowering_platforms=(platform,)).as_text()
 
 
 def triton_lowering_available():
@@ -324,13 +324,13 @@ def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
     q = random((batch, t, HEADS, D), 30)
     k, v = random((batch, s, HEADS, D), 31), random((batch, s, HEADS, D), 32)
     table = random((HEADS, 301), 33)
-    q_seg = jnp.asarray([[1] * 190 + [2] * 210, [1] * 400])
-    kv_seg = jnp.asarray([[1] * 150 + [2] * 140 + [0] * 10, [1] * 280 + [0] * 20])
+    q_piece_ids = jnp.asarray([[1] * 190 + [2] * 210, [1] * 400])
+    kv_piece_ids = jnp.asarray([[1] * 150 + [2] * 140 + [0] * 10, [1] * 280 + [0] * 20])
     params, types = with_segments(table, 2, (batch, t, s), 34)
     check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
-        0.1, dict(q_segment_ids=q_seg, kv_segment_ids=kv_seg, causal=True, q_offset=offset, backend="mosaic_tpu",
-                  dq_group=2, interpret=True),
-        dict(q_seg=q_seg, kv_seg=kv_seg, causal=True, q_offset=offset)), types=types)
+        0.1, dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset,
+                  backend="mosaic_tpu", dq_group=2, interpret=True),
+        dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset)), types=types)
     with pytest.raises(ValueError, match="Mosaic TPU blocks must be equal multiples of 128"):
         toeplitz_attention(q, k, v, table, backend="mosaic_tpu", block_q=64)
     with pytest.raises(ValueError, match="table_grad='diagonals'; choose tiles or"):

@@ -45,13 +45,13 @@ def test_tisa_and_alibi_heads_padded_and_packed_with_segments(monkeypatch):
     def build_table(params):
         return jnp.concatenate([tisa(params["tisa"])[:1], alibi(params["alibi"])[1:]], axis=0)
 
-    seg = jnp.asarray([[1] * 170 + [2] * 110 + [0] * 20])
+    piece_ids = jnp.asarray([[1] * 170 + [2] * 110 + [0] * 20])
     types = jnp.asarray(np.random.default_rng(3).integers(0, 3, (1, length)))
     q, k, v = bf16(*(random((1, length, HEADS, 16), seed) for seed in (0, 1, 2)))
     params = dict(tisa=tisa_params, alibi=alibi_params, segment=random((HEADS, 3, 3), 7))
     check_against_reference((q, k, v, params), build_table,
-                            dict(q_segment_ids=seg, kv_segment_ids=seg, backend="mosaic_gpu"),
-                            dict(q_seg=seg, kv_seg=seg), rtol=RTOL, types=(types, types))
+                            dict(q_piece_ids=piece_ids, kv_piece_ids=piece_ids, backend="mosaic_gpu"),
+                            dict(q_piece_ids=piece_ids, kv_piece_ids=piece_ids), rtol=RTOL, types=(types, types))
 
 
 def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout(monkeypatch):
@@ -68,11 +68,11 @@ def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout(monkeypat
     t, s, offset = 130, 300, 170
     q = bf16(random((1, t, HEADS, 16), 3))[0]
     k, v = bf16(random((1, s, HEADS, 16), 4), random((1, s, HEADS, 16), 5))
-    kv_seg = jnp.asarray([[1] * 280 + [0] * 20])
+    kv_piece_ids = jnp.asarray([[1] * 280 + [0] * 20])
     check_against_reference((q, k, v, dict(table=random((1, 61), 9))), lambda p: p["table"],
-                            *with_dropout(0.3, dict(kv_segment_ids=kv_seg, causal=True, q_offset=offset,
+                            *with_dropout(0.3, dict(kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset,
                                                     backend="mosaic_gpu"),
-                                          dict(kv_seg=kv_seg, causal=True, q_offset=offset)), rtol=RTOL)
+                                          dict(kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset)), rtol=RTOL)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -123,16 +123,16 @@ def test_no_table_causal_wide_qk_f16(monkeypatch, pieces):
 
 def test_model_through_mosaic_gpu_matches_xla(caplog):
     """A one-layer bf16 TISA model with per-head segment attention (DIET's recipe) and attention_impl="mosaic_gpu"
-    against "xla", training with attention dropout: the model hands the kernel its segment ids (two packed pieces,
+    against "xla", training with attention dropout: the model hands the kernel its piece ids (two packed pieces,
     padding), the layer's table, the segment table's pair term over the token types and the dropout keys of its
     rows; logits at real positions and every parameter gradient agree at bf16 tolerance, and no call fell back."""
     from jaxpos.models import BertForMaskedLM
     from tests.helpers import tiny_config
 
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 13), 1, 61)
-    segs = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)
+    piece_ids = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)
     types = jnp.zeros((2, 13), jnp.int32).at[:, 4:9].set(1)  # sentence A / B
-    real = (segs != 0)[..., None]
+    real = (piece_ids != 0)[..., None]
     weight = jax.random.normal(jax.random.PRNGKey(2), (2, 13, 61)) * real
     results = []
     caplog.set_level(logging.WARNING, logger="jaxpos.attention.core")
@@ -142,7 +142,7 @@ def test_model_through_mosaic_gpu_matches_xla(caplog):
         params = model.init(jax.random.PRNGKey(1), ids)["params"]
 
         def loss(p):
-            logits = model.apply({"params": p}, ids, segment_ids=segs, token_types=types, deterministic=False,
+            logits = model.apply({"params": p}, ids, piece_ids=piece_ids, token_types=types, deterministic=False,
                                  rngs={"dropout": DROPOUT_RNG}).astype(jnp.float32)
             return jnp.sum(logits * weight), logits
 
@@ -222,17 +222,17 @@ def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
     lists of the table-gradient kernel."""
     rng = np.random.default_rng(1)
     t, s, batch = 384, 512, 3
-    qseg = np.sort(rng.integers(0, 4, (batch, t)), axis=1)  # packed pieces 1..3 after some padding (0)
-    kseg = np.sort(rng.integers(0, 4, (batch, s)), axis=1)
-    kseg[2] = 0  # a row of padding only: no tile visited
+    q_pieces = np.sort(rng.integers(0, 4, (batch, t)), axis=1)  # packed pieces 1..3 after some padding (0)
+    k_pieces = np.sort(rng.integers(0, 4, (batch, s)), axis=1)
+    k_pieces[2] = 0  # a row of padding only: no tile visited
     st = _static(t, s, use_q_ids, causal, q_offset)
-    visible = kseg[:, None, :] != 0
+    visible = k_pieces[:, None, :] != 0
     if use_q_ids:
-        visible = visible & (qseg[:, :, None] == kseg[:, None, :])
+        visible = visible & (q_pieces[:, :, None] == k_pieces[:, None, :])
     if causal:
         visible = visible & (np.arange(s)[None, None, :] - np.arange(t)[None, :, None] <= q_offset)
     want = visible.reshape(batch, t // 128, 128, s // 128, 128).any(axis=(2, 4))
-    live = mgpu._live_tiles(jnp.asarray(qseg, jnp.int32), jnp.asarray(kseg, jnp.int32), st)
+    live = mgpu._live_tiles(jnp.asarray(q_pieces, jnp.int32), jnp.asarray(k_pieces, jnp.int32), st)
     live_np = np.asarray(live)
     assert np.all(live_np >= want)  # no tile with a visible entry is skipped
     if not use_q_ids:  # key ids and the causal limit decide exactly; id ranges may only over-approximate
@@ -267,18 +267,18 @@ def test_lowers_for_cuda(table, width, width_v, rate, rank, kernels):
     ids, dropout keys and pair vectors, in the wgmma layouts)."""
     shape = jax.ShapeDtypeStruct((2, 384, 4, width), jnp.bfloat16)
     v_shape = jax.ShapeDtypeStruct((2, 384, 4, width_v), jnp.bfloat16)
-    seg = jax.ShapeDtypeStruct((2, 384), jnp.int32)
+    piece_ids = jax.ShapeDtypeStruct((2, 384), jnp.int32)
     table_shape = jax.ShapeDtypeStruct((4, 767), jnp.float32) if table else None
 
-    def loss(q, k, v, table, seg):
+    def loss(q, k, v, table, piece_ids):
         pair = (jnp.ones(q.shape[:3] + (rank,)), jnp.ones(k.shape[:2] + (rank,))) if rank else None
-        out = toeplitz_attention(q, k, v, table, q_segment_ids=seg, kv_segment_ids=seg, causal=True,
+        out = toeplitz_attention(q, k, v, table, q_piece_ids=piece_ids, kv_piece_ids=piece_ids, causal=True,
                                  backend="mosaic_gpu", interpret=False, dropout_rate=rate,
                                  dropout_seed=jnp.int32(5) if rate else None, pair_bias=pair)
         return jnp.sum(out.astype(jnp.float32))
 
     argnums = (0, 1, 2, 3) if table else (0, 1, 2)
-    lowered = jax.jit(jax.grad(loss, argnums=argnums)).trace(shape, shape, v_shape, table_shape, seg)
+    lowered = jax.jit(jax.grad(loss, argnums=argnums)).trace(shape, shape, v_shape, table_shape, piece_ids)
     text = lowered.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("custom_call @mosaic_gpu") == kernels
 

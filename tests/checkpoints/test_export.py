@@ -208,7 +208,7 @@ def test_huggingface_export_gives_transformers_the_same_logits_and_imports_back(
         want = hf.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(attention),
                          token_type_ids=torch.tensor(types)).logits.numpy()
     got = np.asarray(BertForMaskedLM(cfg).apply({"params": params}, jnp.asarray(ids),
-                                                segment_ids=jnp.asarray(attention), token_types=jnp.asarray(types)))
+                                                piece_ids=jnp.asarray(attention), token_types=jnp.asarray(types)))
     valid = attention.astype(bool)
     np.testing.assert_allclose(got[valid], want[valid], rtol=1e-5, atol=1e-5)
 

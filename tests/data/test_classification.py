@@ -147,10 +147,10 @@ def test_encoding_layout_and_longest_first_truncation():
            [2, 4, 5, 6, 7, 8, 3, 10, 11, 3],
            [2, 4, 5, 6, 7, 3, 8, 9, 10, 3]]
     types = [[0, 0, 0, 0, 1, 1, 1, 1, 0, 0], [0] * 10, [0] * 7 + [1] * 3, [0] * 6 + [1] * 4]
-    segments = [[1] * 8 + [0] * 2, [1] * 3 + [0] * 7, [1] * 10, [1] * 10]
+    piece_ids = [[1] * 8 + [0] * 2, [1] * 3 + [0] * 7, [1] * 10, [1] * 10]
     np.testing.assert_array_equal(encoded.input_ids, ids)
     np.testing.assert_array_equal(encoded.token_types, types)
-    np.testing.assert_array_equal(encoded.segment_ids, segments)
+    np.testing.assert_array_equal(encoded.piece_ids, piece_ids)
     np.testing.assert_array_equal(encoded.labels, [1.0, 0.0, 2.0, 0.5])
     assert encoded.truncated == 2 and encoded.input_ids.dtype == np.int32 and encoded.labels.dtype == np.float32
     assert encode_examples(examples[3:], TOY, 9).input_ids.tolist() == [[2, 4, 5, 6, 3, 8, 9, 10, 3]]
@@ -169,8 +169,8 @@ def test_tokenizer_adapters(tmp_path):
     assert (spm.cls_id, spm.sep_id, spm.pad_id) == (2, 3, 0)
     encoded = encode_examples([Example("the cat sat", "the dog", 1.0)], spm, 16)
     row = encoded.input_ids[0]
-    assert row[0] == 2 and list(row).count(3) == 2 and row[encoded.segment_ids[0].sum():].tolist() == [0] * (
-        16 - encoded.segment_ids[0].sum())
+    assert row[0] == 2 and list(row).count(3) == 2 and row[encoded.piece_ids[0].sum():].tolist() == [0] * (
+        16 - encoded.piece_ids[0].sum())
     assert jaxpos_tokenizer(str(tmp_path / "spm.model")).encode("the cat") == spm.encode("the cat")
 
     folder = tmp_path / "hf"
@@ -199,7 +199,7 @@ def test_training_batches_resume_and_split_over_hosts():
     encoded = encoded_rows(23)
     iterator = ClassificationTrainIterator(encoded, 4, seed=7)
     batches = [next(iterator) for _ in range(9)]  # 5 batches an epoch: crosses into epoch 1
-    assert set(batches[0]) == {"input_ids", "token_types", "segment_ids", "labels"}
+    assert set(batches[0]) == {"input_ids", "token_types", "piece_ids", "labels"}
     assert batches[0]["input_ids"].shape == (4, 8) and batches[0]["labels"].dtype == np.float32
     state = iterator.get_state()
     resumed = ClassificationTrainIterator(encoded, 4, seed=7)

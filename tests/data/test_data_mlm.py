@@ -66,12 +66,12 @@ def test_packing_literal_rows():
     docs = [[[10, 11, 12], [13, 14]], [[20, 21]]]
     packed = pack_documents(docs, 10)
     np.testing.assert_array_equal(packed.tokens, [[CLS_ID, 10, 11, 12, 13, 14, SEP_ID, 20, 21, SEP_ID]])
-    np.testing.assert_array_equal(packed.segment_ids, [[1, 1, 1, 1, 1, 1, 1, 2, 2, 2]])
+    np.testing.assert_array_equal(packed.piece_ids, [[1, 1, 1, 1, 1, 1, 1, 2, 2, 2]])
     np.testing.assert_array_equal(packed.positions, [[0, 1, 2, 3, 4, 5, 6, 0, 1, 2]])  # restarting per piece
     packed = pack_documents(docs, 8)  # the second document does not fit: it starts the next row
     np.testing.assert_array_equal(packed.tokens, [[CLS_ID, 10, 11, 12, 13, 14, SEP_ID, PAD_ID],
                                                   [CLS_ID, 20, 21, SEP_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID]])
-    np.testing.assert_array_equal(packed.segment_ids, [[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(packed.piece_ids, [[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0, 0, 0]])
     np.testing.assert_array_equal(packed.positions, [[0, 1, 2, 3, 4, 5, 6, 0], [0, 1, 2, 3, 0, 0, 0, 0]])
     packed = pack_documents([[[10, 11], [12, 13, 14, 15]]], 6)  # a document continues in the next row
     np.testing.assert_array_equal(packed.tokens, [[CLS_ID, 10, 11, SEP_ID, 0, 0], [CLS_ID, 12, 13, 14, 15, SEP_ID]])
@@ -99,20 +99,20 @@ def test_packing_matches_a_brute_force_reading():
     content = [t for row in packed.tokens for t in row if t >= NUM_MLM_SPECIAL]
     assert content == [t for d in docs for s in d for t in s]  # every sentence, in order, nothing else
     rows_of_sentence = {}
-    for r, (row, seg) in enumerate(zip(packed.tokens, packed.segment_ids)):
-        assert row[0] == CLS_ID and seg[0] == 1
-        used = int((seg > 0).sum())
-        assert np.all(seg[used:] == 0) and np.all(row[used:] == PAD_ID) and np.all(seg[:used] > 0)
+    for r, (row, piece_ids) in enumerate(zip(packed.tokens, packed.piece_ids)):
+        assert row[0] == CLS_ID and piece_ids[0] == 1
+        used = int((piece_ids > 0).sum())
+        assert np.all(piece_ids[used:] == 0) and np.all(row[used:] == PAD_ID) and np.all(piece_ids[:used] > 0)
         assert row[used - 1] == SEP_ID
         for i in range(1, used):
             if row[i] >= NUM_MLM_SPECIAL:
                 rows_of_sentence.setdefault(sentence_of[row[i]], set()).add(r)
             if i + 1 < used and row[i] >= NUM_MLM_SPECIAL and row[i + 1] >= NUM_MLM_SPECIAL:
                 assert owner[row[i]] == owner[row[i + 1]]  # no document changes without a [SEP]
-            if row[i] == SEP_ID:  # a piece ends: the segment id changes exactly when the document does
-                assert seg[i] == seg[i - 1]
+            if row[i] == SEP_ID:  # a piece ends: the piece id changes exactly when the document does
+                assert piece_ids[i] == piece_ids[i - 1]
                 if i + 1 < used:
-                    assert seg[i + 1] == seg[i] + 1 and owner[row[i - 1]] != owner[row[i + 1]]
+                    assert piece_ids[i + 1] == piece_ids[i] + 1 and owner[row[i - 1]] != owner[row[i + 1]]
     for sentence, rows in rows_of_sentence.items():
         length = sum(1 for v in sentence_of.values() if v == sentence)
         assert len(rows) == 1 or length > seq_len - 2  # only long sentences span rows

@@ -10,7 +10,7 @@ from jaxpos.data import CLS_ID, MASK_ID, PAD_ID, SEP_ID, MLMTrainIterator, Packe
 from jaxpos.data.pipeline import held_out_rows
 from jaxpos.config.data import default_data_config
 
-KEYS = ("input_ids", "targets", "mask_weights", "segment_ids", "positions", "token_types")
+KEYS = ("input_ids", "targets", "mask_weights", "piece_ids", "positions", "token_types")
 
 
 def data_config(**overrides):
@@ -40,15 +40,15 @@ def test_embedded_batches_have_the_documented_layout(embedded):
     batch = next(data.train)
     assert {k: (v.shape, v.dtype.name) for k, v in batch.items()} == {
         "input_ids": ((16, 64), "int32"), "targets": ((16, 64), "int32"), "mask_weights": ((16, 64), "float32"),
-        "segment_ids": ((16, 64), "int32"), "positions": ((16, 64), "int32"), "token_types": ((16, 64), "int32")}
+        "piece_ids": ((16, 64), "int32"), "positions": ((16, 64), "int32"), "token_types": ((16, 64), "int32")}
     targets, weights = batch["targets"], batch["mask_weights"]
     assert np.all(targets[:, 0] == CLS_ID) and not batch["token_types"].any()
     special = np.isin(targets, [PAD_ID, CLS_ID, SEP_ID])
     assert not weights[special].any() and np.array_equal(batch["input_ids"][special], targets[special])
-    assert np.array_equal(batch["segment_ids"] == 0, targets == PAD_ID)
-    for row, segments, positions in zip(targets, batch["segment_ids"], batch["positions"]):  # a brute-force reading
-        starts = [t for t in range(64) if segments[t] and (t == 0 or segments[t] != segments[t - 1])]
-        expected = [t - max(s for s in starts if s <= t) if segments[t] else 0 for t in range(64)]
+    assert np.array_equal(batch["piece_ids"] == 0, targets == PAD_ID)
+    for row, piece_ids, positions in zip(targets, batch["piece_ids"], batch["positions"]):  # a brute-force reading
+        starts = [t for t in range(64) if piece_ids[t] and (t == 0 or piece_ids[t] != piece_ids[t - 1])]
+        expected = [t - max(s for s in starts if s <= t) if piece_ids[t] else 0 for t in range(64)]
         np.testing.assert_array_equal(positions, expected)
         assert all(row[s - 1] == SEP_ID for s in starts[1:])  # each later piece starts right after a [SEP]
     assert 0.13 < weights.sum() / (targets >= 5).sum() < 0.17
@@ -95,7 +95,7 @@ def test_held_out_rows_alone_are_the_pipelines_held_out_rows(embedded):
     data, _ = embedded
     rows = held_out_rows(data_config(vocab_size=1000, seq_len=64), data.tokenizer)
     np.testing.assert_array_equal(rows.tokens, data.eval_examples.tokens)
-    np.testing.assert_array_equal(rows.segment_ids, data.eval_examples.segment_ids)
+    np.testing.assert_array_equal(rows.piece_ids, data.eval_examples.piece_ids)
     with pytest.raises(ValueError, match="in-memory source"):
         held_out_rows(data_config(streaming=True, source="text", paths=["x.txt"]), data.tokenizer)
 

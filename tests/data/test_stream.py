@@ -23,7 +23,7 @@ from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.data.stream import Shard, ShardReader, StreamingMLMIterator, process_shards, stream_rows
 from jaxpos.data.tokenizer import load_or_train_tokenizer, train_sentencepiece
 
-KEYS = ("input_ids", "targets", "mask_weights", "segment_ids", "positions", "token_types")
+KEYS = ("input_ids", "targets", "mask_weights", "piece_ids", "positions", "token_types")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_every_row_position_restarts_the_stream_at_that_row(corpus):
                  if not is_eval_document(i, 0.1) and d.strip()]
     packed = pack_documents(encode_documents(documents, tokenizer, DataStats()), 32)
     np.testing.assert_array_equal([row[0] for _, row in rows], packed.tokens)
-    np.testing.assert_array_equal([row[1] for _, row in rows], packed.segment_ids)
+    np.testing.assert_array_equal([row[1] for _, row in rows], packed.piece_ids)
 
 
 def iterator(root, tokenizer, process_index, window=7, batch_size=32, **kwargs):

@@ -19,11 +19,11 @@ def test_parallel_packing_by_hand():
     # pair 1 fits beside pair 0 on both sides (5 and 6 tokens); pair 2's source would make 7; pair 3's too
     np.testing.assert_array_equal(packed.inputs, [[5, 6, 3, 8, 3, 0], [12, 3, 0, 0, 0, 0], [14, 15, 16, 17, 18, 3]])
     np.testing.assert_array_equal(packed.targets, [[7, 3, 9, 10, 11, 3], [13, 3, 0, 0, 0, 0], [19, 3, 0, 0, 0, 0]])
-    np.testing.assert_array_equal(packed.inputs_segmentation, [[1, 1, 1, 2, 2, 0], [1, 1, 0, 0, 0, 0], [1] * 6])
-    np.testing.assert_array_equal(packed.targets_segmentation, [[1, 1, 2, 2, 2, 2], [1, 1, 0, 0, 0, 0],
+    np.testing.assert_array_equal(packed.input_piece_ids, [[1, 1, 1, 2, 2, 0], [1, 1, 0, 0, 0, 0], [1] * 6])
+    np.testing.assert_array_equal(packed.target_piece_ids, [[1, 1, 2, 2, 2, 2], [1, 1, 0, 0, 0, 0],
                                                                 [1, 1, 0, 0, 0, 0]])
-    np.testing.assert_array_equal(packed.inputs_position, [[0, 1, 2, 0, 1, 0], [0, 1, 0, 0, 0, 0], range(6)])
-    np.testing.assert_array_equal(packed.targets_position, [[0, 1, 0, 1, 2, 3], [0, 1, 0, 0, 0, 0],
+    np.testing.assert_array_equal(packed.input_positions, [[0, 1, 2, 0, 1, 0], [0, 1, 0, 0, 0, 0], range(6)])
+    np.testing.assert_array_equal(packed.target_positions, [[0, 1, 0, 1, 2, 3], [0, 1, 0, 0, 0, 0],
                                                             [0, 1, 0, 0, 0, 0]])
     with pytest.raises(ValueError, match="pair 0 has 7 \\+ 2 tokens, more than a row of 6"):
         pack_pairs(arrays(range(7)), arrays([1, 3]), 6)
@@ -81,10 +81,10 @@ def test_bible_data_end_to_end(tmp_path):
     train = data.stats["train"]
     assert train.pairs + train.dropped_long == 1500 and train.pairs > 1450 and len(data.test) == 809
     rows = data.train.packed
-    for side in ("inputs", "targets"):
-        tokens, segments = getattr(rows, side), getattr(rows, f"{side}_segmentation")
-        ends = (segments != 0) & (segments != np.pad(segments, ((0, 0), (0, 1)))[:, 1:])  # a pair's last token
-        assert np.all(tokens[ends] == EOS_ID) and np.sum(ends) == train.pairs and np.all(tokens[segments == 0] ==
+    for side, prefix in (("inputs", "input"), ("targets", "target")):
+        tokens, piece_ids = getattr(rows, side), getattr(rows, f"{prefix}_piece_ids")
+        ends = (piece_ids != 0) & (piece_ids != np.pad(piece_ids, ((0, 0), (0, 1)))[:, 1:])  # a pair's last token
+        assert np.all(tokens[ends] == EOS_ID) and np.sum(ends) == train.pairs and np.all(tokens[piece_ids == 0] ==
                                                                                          PAD_ID)
     i = data.test.ids.index("Exodus 17:1")
     assert detokenize(data.tokenizer, data.test.inputs[i]) == data.test.sources[i]

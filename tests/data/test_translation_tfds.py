@@ -66,4 +66,4 @@ def test_translation_data_from_tfds(data_dir, tmp_path):
     assert dict(zip(data.dev.sources, data.dev.references)) == dict(zip(ENGLISH, GERMAN))
     assert sorted(data.test.sources) == sorted(ENGLISH) and data.dev.inputs.shape == (6, 24)
     batch = next(data.train)
-    assert batch["inputs"].shape == (2, 32) and batch["targets_segmentation"].max() >= 1
+    assert batch["inputs"].shape == (2, 32) and batch["target_piece_ids"].max() >= 1

@@ -65,15 +65,15 @@ def test_linformer_is_refused_in_a_causal_stack():
 
 
 def test_encoder_decoder_padding_does_not_leak():
-    """Changing padded source tokens (id 0 -> segmentation 0) must not change the logits."""
+    """Changing padded source tokens ((id 0 -> piece id 0)) must not change the logits."""
     cfg = tiny_config(dict(kind="diet_rel"), num_decoder_layers=1)
     inputs = jnp.asarray([[5, 6, 7, 0, 0]])
     targets = jnp.asarray([[3, 4, 9]])
     model = EncoderDecoder(cfg)
     params = model.init(jax.random.PRNGKey(0), inputs, targets)["params"]
-    segmentation = (inputs != 0).astype(jnp.int32)
-    a = model.apply({"params": params}, inputs, targets, inputs_segmentation=segmentation)
-    b = model.apply({"params": params}, inputs.at[0, 3:].set(11), targets, inputs_segmentation=segmentation)
+    piece_ids = (inputs != 0).astype(jnp.int32)
+    a = model.apply({"params": params}, inputs, targets, input_piece_ids=piece_ids)
+    b = model.apply({"params": params}, inputs.at[0, 3:].set(11), targets, input_piece_ids=piece_ids)
     np.testing.assert_allclose(a, b, rtol=1e-6)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from jaxpos.attention import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention
-from jaxpos.attention.masks import attention_mask
+from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.validate import check_packing
 from jaxpos.models import BertForMaskedLM
 from tests.helpers import tiny_config
@@ -16,13 +16,13 @@ from tests.helpers import tiny_config
 
 def test_folded_diet_abs_equals_explicit_in_the_model():
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 1, 61)
-    segs = jnp.ones((2, 12), jnp.int32).at[1, 9:].set(0)
+    piece_ids = jnp.ones((2, 12), jnp.int32).at[1, 9:].set(0)
     outs = []
     for fold in (True, False):
         cfg = tiny_config(dict(kind="diet_abs", diet_abs=dict(fold=fold, sharing="none")))
         model = BertForMaskedLM(cfg)
         params = model.init(jax.random.PRNGKey(1), ids)["params"]
-        outs.append(model.apply({"params": params}, ids, segment_ids=segs))
+        outs.append(model.apply({"params": params}, ids, piece_ids=piece_ids))
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
@@ -34,12 +34,12 @@ def test_linformer_layer_matches_direct_computation():
     projection = rng.normal(size=(k, s)).astype(np.float32) / 3
     p_q = rng.normal(size=(h, s, 7)).astype(np.float32)
     p_k = rng.normal(size=(h, k, 7)).astype(np.float32)
-    segs = np.ones((b, s), np.int32)
-    segs[1, 8:] = 0
+    piece_ids = np.ones((b, s), np.int32)
+    piece_ids[1, 8:] = 0
     pos = jnp.arange(s)
     bias = PositionalBias(factors=(jnp.asarray(p_q), jnp.asarray(p_k)), kv_projection=jnp.asarray(projection))
     layer = MultiHeadAttention(cfg)
-    mask = attention_mask(q_segment=jnp.asarray(segs), k_segment=jnp.asarray(segs))
+    mask = AttentionMask.within_pieces(jnp.asarray(piece_ids))
     kwargs = dict(bias=bias, q_pos=pos, k_pos=pos, mask=mask)
     params = layer.init(jax.random.PRNGKey(0), x, x, **kwargs)["params"]
     got = layer.apply({"params": params}, x, x, **kwargs)
@@ -48,7 +48,7 @@ def test_linformer_layer_matches_direct_computation():
     q = np.einsum("bsd,dhk->bshk", x, p["query"]["kernel"]) + p["query"]["bias"]
     key = np.einsum("bsd,dhk->bshk", x, p["key"]["kernel"]) + p["key"]["bias"]
     val = np.einsum("bsd,dhk->bshk", x, p["value"]["kernel"]) + p["value"]["bias"]
-    valid = segs[:, :, None, None]
+    valid = piece_ids[:, :, None, None]
     key, val = np.einsum("ks,bshd->bkhd", projection, key * valid), np.einsum("ks,bshd->bkhd", projection, val * valid)
     logits = np.einsum("bthd,bkhd->bhtk", q, key) / np.sqrt(d) + np.einsum("htr,hkr->htk", p_q, p_k)[None]
     weights = np.exp(logits - logits.max(-1, keepdims=True))
@@ -69,14 +69,14 @@ def test_linformer_in_a_bert_encoder_runs_and_learns_projection():
 
 
 def test_linformer_takes_padded_rows_and_runs_refuse_packed_ones():
-    """E projects keys and values along the whole row: the pieces of a packed row would see each other. Segment
+    """E projects keys and values along the whole row: the pieces of a packed row would see each other. Piece
     ids are traced under jit, so it is the run's config that refuses packed rows (check_packing)."""
     cfg = tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=6)))
     model = BertForMaskedLM(cfg)
     ids = jnp.ones((2, 16), jnp.int32)
     params = model.init(jax.random.PRNGKey(0), ids)["params"]
     one_piece = jnp.ones((2, 16), jnp.int32).at[1, 10:].set(0)  # padding is fine: padded keys are zeroed
-    model.apply({"params": params}, ids, segment_ids=one_piece)
+    model.apply({"params": params}, ids, piece_ids=one_piece)
     check_packing(cfg, packed=False)
     with pytest.raises(ValueError, match="Linformer .*packed rows"):
         check_packing(cfg, packed=True)

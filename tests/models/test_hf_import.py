@@ -44,7 +44,7 @@ def test_hidden_states_match_bert_model():
                   token_type_ids=torch.tensor(types)).last_hidden_state.numpy()
     cfg = config_from_hf(hf.config.to_dict())
     params = bert_encoder_params(hf.state_dict(), cfg)
-    got = BertEncoder(cfg).apply({"params": params}, jnp.asarray(ids), segment_ids=jnp.asarray(attention),
+    got = BertEncoder(cfg).apply({"params": params}, jnp.asarray(ids), piece_ids=jnp.asarray(attention),
                                  token_types=jnp.asarray(types))
     assert_valid_close(got, want, attention)
 
@@ -100,7 +100,7 @@ def test_hidden_states_and_attention_weights_match(family, tmp_path):
                  token_type_ids=torch.tensor(types), output_attentions=True)
     cfg = config_from_hf(hf_config)
     hidden, captured = BertEncoder(cfg).apply({"params": bert_encoder_params(state, cfg)}, jnp.asarray(ids),
-                                              segment_ids=jnp.asarray(attention), token_types=jnp.asarray(types),
+                                              piece_ids=jnp.asarray(attention), token_types=jnp.asarray(types),
                                               mutable=["intermediates"])
     assert_valid_close(hidden, out.last_hidden_state.numpy(), attention)
     got = captured_attention(captured, cfg)
@@ -120,7 +120,7 @@ def test_albert_mlm_logits_match():
     cfg = config_from_hf(hf.config.to_dict())
     assert cfg.share_layers and cfg.embedding_dim == 16 and cfg.activation == "gelu_tanh"
     got = BertForMaskedLM(cfg).apply({"params": bert_mlm_params(hf.state_dict(), cfg)}, jnp.asarray(ids),
-                                     segment_ids=jnp.asarray(attention), token_types=jnp.asarray(types))
+                                     piece_ids=jnp.asarray(attention), token_types=jnp.asarray(types))
     assert_valid_close(got, want, attention, tol=2e-5)
 
 
@@ -139,7 +139,7 @@ def mlm_logits(hf, tmp_path):
                   token_type_ids=torch.tensor(types)).logits.numpy()
     cfg = config_from_hf(hf_config)
     got = BertForMaskedLM(cfg).apply({"params": bert_mlm_params(state, cfg)}, jnp.asarray(ids),
-                                     segment_ids=jnp.asarray(attention), token_types=jnp.asarray(types))
+                                     piece_ids=jnp.asarray(attention), token_types=jnp.asarray(types))
     return want, got, attention, cfg
 
 
@@ -187,7 +187,7 @@ def test_is_decoder_imports_as_a_causal_encoder():
     cfg = config_from_hf(hf.config.to_dict())
     assert cfg.causal
     got = BertEncoder(cfg).apply({"params": bert_encoder_params(hf.state_dict(), cfg)}, jnp.asarray(ids),
-                                 segment_ids=jnp.asarray(attention), token_types=jnp.asarray(types))
+                                 piece_ids=jnp.asarray(attention), token_types=jnp.asarray(types))
     assert_valid_close(got, want, attention)
 
 

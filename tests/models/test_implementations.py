@@ -21,7 +21,7 @@ def test_jax_attention_matches_xla(position, monkeypatch):
     """jax.nn.dot_product_attention (the cuDNN path's call) gives the reference's logits; it gets q, k, v of one
     width, a multiple of 8 (cuDNN's rule), and no per-example bias (segment terms are folded into q.k)."""
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 1, 61)
-    segs = jnp.ones((2, 12), jnp.int32).at[1, 7:].set(2)  # two packed pieces in the second row
+    piece_ids = jnp.ones((2, 12), jnp.int32).at[1, 7:].set(2)  # two packed pieces in the second row
     types = (jnp.arange(12) >= 6).astype(jnp.int32)[None].repeat(2, 0)
     calls = []
 
@@ -35,7 +35,7 @@ def test_jax_attention_matches_xla(position, monkeypatch):
     for impl in ("xla", "jax"):
         model = BertForMaskedLM(tiny_config(position, attention_impl=impl))
         params = model.init(jax.random.PRNGKey(1), ids)["params"]
-        outs.append(model.apply({"params": params}, ids, segment_ids=segs, token_types=types))
+        outs.append(model.apply({"params": params}, ids, piece_ids=piece_ids, token_types=types))
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     assert calls
     for q_width, k_width, v_width, bias_shape in calls:
@@ -56,13 +56,13 @@ def test_shaw_needs_the_reference_path():
     pytest.param(dict(kind="diet_rel"), True, 0.0, marks=pytest.mark.slow)],
     ids=["tisa_padded_packed_dropout", "diet_recipe_padded_packed", "diet_rel_causal"])
 def test_pallas_kernel_in_a_model_matches_xla(position, causal, attention_dropout, caplog):
-    """The model passes its segment ids and causal flag to the Toeplitz kernel (interpret mode here), DIET-Abs its
+    """The model passes its piece ids and causal flag to the Toeplitz kernel (interpret mode here), DIET-Abs its
     factors folded into q and k at each piece's positions, a training step's attention dropout (each layer its own
     seed) and DIET's per-head segment attention (a pair term from the token types): logits and parameter gradients
     at real positions equal the XLA path's (padding queries see no key there by design)."""
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 13), 1, 61)
-    segs = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
-    real = (segs != 0)[..., None]
+    piece_ids = jnp.ones((2, 13), jnp.int32).at[1, 6:].set(2).at[0, 10:].set(0)  # packed pieces; padding
+    real = (piece_ids != 0)[..., None]
     types = (jnp.arange(13)[None] % 5 >= 2).astype(jnp.int32).repeat(2, 0)  # both types in every piece
     weight = jax.random.normal(jax.random.PRNGKey(2), (2, 13, 61)) * real
     results = []
@@ -73,7 +73,7 @@ def test_pallas_kernel_in_a_model_matches_xla(position, causal, attention_dropou
         params = model.init(jax.random.PRNGKey(1), ids)["params"]
 
         def loss(p):
-            logits = model.apply({"params": p}, ids, segment_ids=segs, token_types=types,
+            logits = model.apply({"params": p}, ids, piece_ids=piece_ids, token_types=types,
                                  deterministic=not attention_dropout,
                                  rngs={"dropout": jax.random.PRNGKey(3)})
             return jnp.sum(logits * weight), logits

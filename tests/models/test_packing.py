@@ -52,19 +52,19 @@ def assert_packed_pairs_match_pairs_in_their_own_rows(cfg):
 
     def run(rows):
         batch = {k: jnp.asarray(v) for k, v in rows.rows(np.arange(len(rows))).items()}
-        encoded = model.apply(params, batch["inputs"], inputs_segmentation=batch["inputs_segmentation"],
-                              inputs_position=batch["inputs_position"], method=EncoderDecoder.encode)
+        encoded = model.apply(params, batch["inputs"], input_piece_ids=batch["input_piece_ids"],
+                              input_positions=batch["input_positions"], method=EncoderDecoder.encode)
         logits = model.apply(params, batch["inputs"], batch["targets"], **{
-            k: batch[k] for k in ("inputs_segmentation", "targets_segmentation", "inputs_position",
-                                  "targets_position")})
+            k: batch[k] for k in ("input_piece_ids", "target_piece_ids", "input_positions",
+                                  "target_positions")})
         return np.asarray(encoded), np.asarray(logits)
 
     (packed_encoded, packed_logits), (alone_encoded, alone_logits) = run(packed), run(alone)
     for i in range(3):
-        in_source = packed.inputs_segmentation[0] == i + 1
+        in_source = packed.input_piece_ids[0] == i + 1
         np.testing.assert_allclose(packed_encoded[0, in_source], alone_encoded[i, :len(sources[i])], rtol=1e-5,
                                    atol=1e-5)
-        in_packed = packed.targets_segmentation[0] == i + 1
+        in_packed = packed.target_piece_ids[0] == i + 1
         np.testing.assert_allclose(packed_logits[0, in_packed], alone_logits[i, :len(targets[i])], rtol=1e-5,
                                    atol=1e-5, err_msg=f"pair {i}")
 
@@ -106,16 +106,16 @@ def test_packed_mlm_pieces_match_pieces_in_their_own_rows(position):
     documents = [[rng.integers(5, 61, 3).tolist(), rng.integers(5, 61, 2).tolist()],
                  [rng.integers(5, 61, 3).tolist()], [rng.integers(5, 61, 2).tolist()]]
     packed = pack_documents(documents, 16)
-    assert len(packed) == 1 and packed.segment_ids.max() == 3  # three pieces share one row
+    assert len(packed) == 1 and packed.piece_ids.max() == 3  # three pieces share one row
     batch = masked_batch(packed, np.arange(1), (0, 0, 0), vocab_size=61, mask_prob=0.15)
     np.testing.assert_array_equal(batch["positions"][0, :14], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 0, 1, 2])
     # The reference: each piece's tokens alone at the start of a row, at the default positions 0..n-1.
-    pieces = [batch["input_ids"][0][batch["segment_ids"][0] == k] for k in (1, 2, 3)]
+    pieces = [batch["input_ids"][0][batch["piece_ids"][0] == k] for k in (1, 2, 3)]
     alone, alone_targets = np.zeros((2, 3, 16), np.int32)
     for i, piece in enumerate(pieces):
         alone[i, :len(piece)] = piece
-        alone_targets[i, :len(piece)] = batch["targets"][0][batch["segment_ids"][0] == i + 1]
-    alone_segments = (alone > 0).astype(np.int32)
+        alone_targets[i, :len(piece)] = batch["targets"][0][batch["piece_ids"][0] == i + 1]
+    alone_piece_ids = (alone > 0).astype(np.int32)
 
     model = BertForMaskedLM(tiny_config(position))
     params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 16), jnp.int32))["params"]
@@ -123,26 +123,26 @@ def test_packed_mlm_pieces_match_pieces_in_their_own_rows(position):
     keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
     params = jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
 
-    def encode(ids, segments, positions=None):
-        return np.asarray(model.apply({"params": params}, jnp.asarray(ids), segment_ids=jnp.asarray(segments),
+    def encode(ids, piece_ids, positions=None):
+        return np.asarray(model.apply({"params": params}, jnp.asarray(ids), piece_ids=jnp.asarray(piece_ids),
                                       input_positions=positions, method=BertForMaskedLM.encode))
 
-    packed_hidden = encode(batch["input_ids"], batch["segment_ids"], jnp.asarray(batch["positions"]))
-    alone_hidden = encode(alone, alone_segments)
+    packed_hidden = encode(batch["input_ids"], batch["piece_ids"], jnp.asarray(batch["positions"]))
+    alone_hidden = encode(alone, alone_piece_ids)
     for i, piece in enumerate(pieces):
-        np.testing.assert_allclose(packed_hidden[0, batch["segment_ids"][0] == i + 1], alone_hidden[i, :len(piece)],
+        np.testing.assert_allclose(packed_hidden[0, batch["piece_ids"][0] == i + 1], alone_hidden[i, :len(piece)],
                                    rtol=1e-5, atol=1e-5)
     if position["kind"] != "tisa":  # without per-piece positions the later pieces see other positions
-        unaware = encode(batch["input_ids"], batch["segment_ids"])
-        gap = np.abs(unaware[0, batch["segment_ids"][0] == 3] - alone_hidden[2, :len(pieces[2])]).max()
+        unaware = encode(batch["input_ids"], batch["piece_ids"])
+        gap = np.abs(unaware[0, batch["piece_ids"][0] == 3] - alone_hidden[2, :len(pieces[2])]).max()
         assert gap > 1e-4, gap  # ten times the tolerance above: the check has teeth for every mechanism here
 
     # The task passes the batch's positions: the summed loss of the packed row is that of the three rows.
     task = MaskedLMTask(model, 16)
-    weights = (batch["segment_ids"] > 0).astype(np.float32)
+    weights = (batch["piece_ids"] > 0).astype(np.float32)
     packed_sums = task.loss(params, {**batch, "mask_weights": weights}, None, False)[1]
-    alone_batch = dict(input_ids=alone, targets=alone_targets, mask_weights=alone_segments.astype(np.float32),
-                       segment_ids=alone_segments, token_types=np.zeros_like(alone))
+    alone_batch = dict(input_ids=alone, targets=alone_targets, mask_weights=alone_piece_ids.astype(np.float32),
+                       piece_ids=alone_piece_ids, token_types=np.zeros_like(alone))
     alone_sums = task.loss(params, alone_batch, None, False)[1]
     np.testing.assert_allclose(packed_sums["weight"], alone_sums["weight"])
     np.testing.assert_allclose(packed_sums["loss"], alone_sums["loss"], rtol=1e-5)

@@ -354,7 +354,7 @@ def test_fixed_attenuated_encoding_is_normalised_over_its_own_piece(causal):
     w, s, n = 0.02, 0.5, 5  # a wide kernel: keys outside the piece would take a visible share of each row
     piece = np.asarray([7, 3, 9, 4, 12], np.int32)
     neighbour = np.asarray([5, 8, 2, 11], np.int32)
-    layouts = {  # name: (ids, segment ids, positions within each piece, the piece's columns)
+    layouts = {  # name: (ids, piece ids, positions within each piece, the piece's columns)
         "alone": (piece, np.ones(n, np.int32), None, slice(0, n)),
         "padded": (np.pad(piece, (0, 7)), np.pad(np.ones(n, np.int32), (0, 7)), None, slice(0, n)),
         "packed": (np.concatenate([neighbour, piece, [0, 0, 0]]), np.asarray([1] * 4 + [2] * n + [0] * 3),
@@ -369,9 +369,9 @@ def test_fixed_attenuated_encoding_is_normalised_over_its_own_piece(causal):
         model = BertEncoder(cfg)
         params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 12), jnp.int32))["params"]
         hidden = {}
-        for name, (ids, segments, positions, columns) in layouts.items():
+        for name, (ids, piece_ids, positions, columns) in layouts.items():
             out, state = model.apply(
-                {"params": params}, jnp.asarray(ids)[None], segment_ids=jnp.asarray(segments)[None],
+                {"params": params}, jnp.asarray(ids)[None], piece_ids=jnp.asarray(piece_ids)[None],
                 input_positions=None if positions is None else jnp.asarray(positions)[None],
                 mutable=["intermediates"])
             hidden[name] = np.asarray(out)[0, columns]

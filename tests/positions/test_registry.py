@@ -79,7 +79,7 @@ def test_kernel_form_and_input_only_match_the_bias_the_module_returns(name, posi
     assert (not jax.tree.leaves(bias)) == mechanism.input_only, "input_only: no term reaches attention"
     layer = bias.for_layer(0)
     q = jnp.zeros((1, 9, cfg.num_heads, cfg.head_dim))
-    blocker = _pallas_blocker(q, q, layer, pos, pos, None, True, True, None, None, False)
+    blocker = _pallas_blocker(q, q, layer, pos, pos, None, True, True)
     if form is None:
         assert blocker is not None, "the kernels would take it"
     else:

@@ -35,7 +35,7 @@ class SyntheticData:
         self.index += 1
         masked = (weights > 0) & (rng.random((BATCH, SEQ)) < 0.5)
         return dict(input_ids=np.where(masked, 4, targets).astype(np.int32), targets=targets,
-                    mask_weights=weights, segment_ids=np.ones_like(targets), token_types=np.zeros_like(targets))
+                    mask_weights=weights, piece_ids=np.ones_like(targets), token_types=np.zeros_like(targets))
 
     def get_state(self):
         return {"seed": self.seed, "index": self.index}

@@ -53,7 +53,7 @@ def _previous_token_batch(index: int) -> dict:
     weights = np.ones(x.shape, np.float32)
     weights[:, 0] = 0
     return dict(input_ids=x.astype(np.int32), targets=np.roll(x, 1, axis=1).astype(np.int32), mask_weights=weights,
-                segment_ids=np.ones_like(x, np.int32), token_types=np.zeros_like(x, np.int32))
+                piece_ids=np.ones_like(x, np.int32), token_types=np.zeros_like(x, np.int32))
 
 
 def test_relative_biases_carry_position():

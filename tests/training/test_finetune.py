@@ -19,11 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def batch_of(rng, cfg, batch=4, length=10, labels=None):
     ids = rng.integers(5, cfg.vocab_size, (batch, length)).astype(np.int32)
-    segment_ids = np.ones_like(ids)
-    segment_ids[1, 7:] = 0  # padding
+    piece_ids = np.ones_like(ids)
+    piece_ids[1, 7:] = 0  # padding
     token_types = np.zeros_like(ids)
     token_types[:, 5:] = 1  # sentence B
-    return dict(input_ids=ids, segment_ids=segment_ids, token_types=token_types,
+    return dict(input_ids=ids, piece_ids=piece_ids, token_types=token_types,
                 labels=np.asarray(labels if labels is not None else rng.integers(0, 3, batch), np.float32))
 
 
@@ -36,7 +36,7 @@ def test_head_is_bert_pooler_then_linear_on_cls():
     cfg = tiny_config(dict(kind="absolute"))
     model = BertForSequenceClassification(cfg, 3)
     batch = batch_of(np.random.default_rng(0), cfg)
-    inputs = dict(segment_ids=batch["segment_ids"], token_types=batch["token_types"])
+    inputs = dict(piece_ids=batch["piece_ids"], token_types=batch["token_types"])
     params = model.init(jax.random.PRNGKey(0), batch["input_ids"], **inputs)["params"]
     params = jax.tree.map(np.asarray, jax.tree.map(lambda x: getattr(x, "value", x), params,
                                                    is_leaf=lambda x: hasattr(x, "value")))
@@ -406,7 +406,7 @@ def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
     ids = np.asarray([[2, 5, 6, 7, 3, 8, 9, 3, 0, 0]], np.int32)
     types = np.asarray([[0, 0, 0, 0, 0, 1, 1, 1, 0, 0]], np.int32)
     mask = (ids > 0).astype(np.int32)
-    pooled = task.model.apply({"params": jax.device_get(state.params)}, ids, segment_ids=mask, token_types=types,
+    pooled = task.model.apply({"params": jax.device_get(state.params)}, ids, piece_ids=mask, token_types=types,
                               method=BertForSequenceClassification.pool)
     with torch.no_grad():
         expected = hf(torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),

@@ -58,7 +58,7 @@ def test_mlm_head_at_most_max_predictions_positions_equals_every_position():
     ids = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 5, 61)
     weights = jnp.zeros((2, 8)).at[0, 2].set(1.0).at[1, jnp.array([1, 6])].set(1.0)
     batch = dict(input_ids=ids, targets=jnp.roll(ids, 1, axis=1), mask_weights=weights,
-                 segment_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
+                 piece_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
     params = model.init(jax.random.PRNGKey(1), ids)["params"]
     losses = [float(MaskedLMTask(model, 8, k).loss(params, batch, None, False)[0]) for k in (0, 2, 32)]
     np.testing.assert_allclose(losses[1:], [losses[0]] * 2, rtol=1e-6)

@@ -68,23 +68,23 @@ def synthetic_batches(task: str, config, steps: int) -> list[dict]:
         if task == "mlm":
             length = config.data.seq_len
             targets = rng.integers(5, vocab, (batch, length)).astype(np.int32)
-            segments = np.where(np.arange(length) < length // 3, 1, 2)[None].repeat(batch, 0).astype(np.int32)
-            segments[:, -5:] = 0  # padding
-            weights = ((rng.random((batch, length)) < 0.15) & (segments > 0)).astype(np.float32)
+            piece_ids = np.where(np.arange(length) < length // 3, 1, 2)[None].repeat(batch, 0).astype(np.int32)
+            piece_ids[:, -5:] = 0  # padding
+            weights = ((rng.random((batch, length)) < 0.15) & (piece_ids > 0)).astype(np.float32)
             out.append(dict(input_ids=np.where(weights > 0, 4, targets).astype(np.int32), targets=targets,
-                            mask_weights=weights, segment_ids=segments, token_types=np.zeros_like(targets)))
+                            mask_weights=weights, piece_ids=piece_ids, token_types=np.zeros_like(targets)))
         else:
             length = config.data.max_length
             row = {}
-            for side in ("inputs", "targets"):
+            for side, prefix in (("inputs", "input"), ("targets", "target")):
                 split = length // 2 - 3
-                segments = np.where(np.arange(length) < split, 1, 2)[None].repeat(batch, 0).astype(np.int32)
-                segments[:, -4:] = 0
-                tokens = np.where(segments > 0, rng.integers(4, vocab, (batch, length)), 0).astype(np.int32)
+                piece_ids = np.where(np.arange(length) < split, 1, 2)[None].repeat(batch, 0).astype(np.int32)
+                piece_ids[:, -4:] = 0
+                tokens = np.where(piece_ids > 0, rng.integers(4, vocab, (batch, length)), 0).astype(np.int32)
                 positions = np.where(np.arange(length) < split, np.arange(length), np.arange(length) - split)
                 row[side] = tokens
-                row[f"{side}_segmentation"] = segments
-                row[f"{side}_position"] = (positions[None].repeat(batch, 0) * (segments > 0)).astype(np.int32)
+                row[f"{prefix}_piece_ids"] = piece_ids
+                row[f"{prefix}_positions"] = (positions[None].repeat(batch, 0) * (piece_ids > 0)).astype(np.int32)
             out.append(row)
     return out
 

@@ -5,17 +5,17 @@ bias: every mechanism whose bias depends on the offset j - i only (TISA, DIET-Re
 tables) builds its table [H'|1, 2*span - 1] once per step, and autodiff through that construction turns the table
 gradient returned here into parameter gradients.
 
-Masks: `kv_segment_ids` [B, S] with 0 = padding (never attended), `q_segment_ids` [B, T] (queries attend only to
-keys of the same non-zero id), `causal` (key position <= query position). This is `masks.attention_mask`'s
-convention. A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is
-skipped (Mosaic reads the blocks' id ranges from SMEM, `pallas._call`). Fully masked rows (padding queries) give
+Masks: `kv_piece_ids` [B, S] with 0 = padding (never attended), `q_piece_ids` [B, T] (queries attend only to
+keys of the same non-zero id), `causal` (key position <= query position): `mask.AttentionMask`'s convention.
+A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is skipped (Mosaic
+reads the blocks' id ranges from SMEM, `pallas._call`). Fully masked rows (padding queries) give
 out = 0 and zero gradients; the XLA reference gives the mean of v there (softmax of equal logits), a value no loss
 should read.
 
 Backends, a module each: `pallas` (Pallas Triton on GPUs and Pallas Mosaic on TPUs: one set of kernels with
 per-backend switches) and `mosaic_gpu` (the Hopper kernels). Here: the argument checks, the choice of backend,
 padding to its blocks and head widths, and the inputs every backend reads alike: the offset table
-(`_offset_table`), segment ids and dropout's row keys.
+(`_offset_table`), piece ids and dropout's row keys.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _offset_table(table, q_offset, t_pad: int, s_pad: int):
 
 
 def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Array | None = None, *,
-                       q_segment_ids: jax.Array | None = None, kv_segment_ids: jax.Array | None = None,
+                       q_piece_ids: jax.Array | None = None, kv_piece_ids: jax.Array | None = None,
                        causal: bool = False, q_offset: int | jax.Array = 0, block_q: int | None = None,
                        block_k: int | None = None, block_dq: int | None = None, dq_group: int | None = None,
                        table_grad: str = "tiles", scale: float | None = None, dropout_rate: float = 0.0,
@@ -59,7 +59,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     q [B, T, H, D], k [B, S, H, D] and v [B, S, H, Dv] (D > Dv for folded low-rank factors); table [H|1, W]
     float32 (W = 2*span - 1 odd; column (k_pos - q_pos) + (W - 1)/2, offsets beyond the table clip to its ends,
     as `expand_toeplitz`) or None. Positions are q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be
-    traced unless `causal` (key visible when k_pos <= q_pos). Segment ids: 0 = padding (module docstring). Logits
+    traced unless `causal` (key visible when k_pos <= q_pos). Piece ids: 0 = padding (module docstring). Logits
     are scale*q.k + bias (scale None: 1/sqrt(D)), accumulated in float32 whatever the input dtype; the table
     gradient is float32. Block sizes are powers of two (None: 64, 64 and 32 on Triton, 128 on Mosaic TPU, where
     the three must be equal multiples of 128); T and S are padded to them (padded keys are masked). `dq_group`:
@@ -101,7 +101,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
             raise ValueError(f"pair_bias must be u [B, T, H, r] = {(batch, t, heads)} + (r,) and w [B, S, r] with "
                              f"S = {s}, got {u.shape} and {w.shape}")
     if backend == "mosaic_gpu":
-        return _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate,
+        return _mosaic_gpu(q, k, v, table, q_piece_ids, kv_piece_ids, causal, q_offset, scale, dropout_rate,
                            dropout_seed, dropout_row_keys, pair_bias, interpret,
                            dict(block_q=block_q, block_k=block_k, block_dq=block_dq, dq_group=dq_group,
                                 table_grad=table_grad))
@@ -128,9 +128,9 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width(x.shape[-1]) - x.shape[-1])))
         return x.transpose(0, 2, 1, 3) if tpu else x  # the kernels' layout (_Static.heads_major)
 
-    use_q = q_segment_ids is not None
-    qseg, kseg = _padded_segment_ids(q_segment_ids, kv_segment_ids, (batch, t, s), t_pad, s_pad)
-    qseg, kseg = qseg[:, :, None], kseg[:, None, :]  # columns, rows
+    use_q = q_piece_ids is not None
+    q_pieces, k_pieces = _padded_piece_ids(q_piece_ids, kv_piece_ids, (batch, t, s), t_pad, s_pad)
+    q_pieces, k_pieces = q_pieces[:, :, None], k_pieces[:, None, :]  # columns, rows
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
     keys = _padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad)
     keys = None if keys is None else keys[..., None]  # columns
@@ -147,23 +147,23 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         raise ValueError(f"dq_group={dq_group} must divide the {t_pad // block_dq} query blocks of {block_dq} rows")
     st = _Static(scale=dim**-0.5 if scale is None else float(scale), causal=causal,
                  q_offset=q_offset if causal else 0, block_q=block_q, block_k=block_k, block_dq=block_dq,
-                 dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad, use_q_segments=use_q,
-                 masked=use_q or kv_segment_ids is not None or causal or s_pad != s,
-                 skip_tiles=use_q or kv_segment_ids is not None, dropout_rate=float(dropout_rate),
+                 dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad, use_q_pieces=use_q,
+                 masked=use_q or kv_piece_ids is not None or causal or s_pad != s,
+                 skip_tiles=use_q or kv_piece_ids is not None, dropout_rate=float(dropout_rate),
                  interpret=bool(interpret), backend=backend,
                  num_warps=num_warps, num_stages=num_stages)
-    out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, qseg, kseg, keys, u, w, st)
+    out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, q_pieces, k_pieces, keys, u, w, st)
     if tpu:
         out = out.transpose(0, 2, 1, 3)
     return out[:, :t, :, :dim_v]
 
 
-def _padded_segment_ids(q_segment_ids, kv_segment_ids, sizes, t_pad, s_pad) -> tuple[jax.Array, jax.Array]:
+def _padded_piece_ids(q_piece_ids, kv_piece_ids, sizes, t_pad, s_pad) -> tuple[jax.Array, jax.Array]:
     """Query ids [B, T_pad] and key ids [B, S_pad] int32 (1 where not given; padded keys 0: never attended)."""
     batch, t, s = sizes
-    qseg = jnp.ones((batch, t), jnp.int32) if q_segment_ids is None else q_segment_ids.astype(jnp.int32)
-    kseg = jnp.ones((batch, s), jnp.int32) if kv_segment_ids is None else kv_segment_ids.astype(jnp.int32)
-    return jnp.pad(qseg, ((0, 0), (0, t_pad - t))), jnp.pad(kseg, ((0, 0), (0, s_pad - s)))
+    q_pieces = jnp.ones((batch, t), jnp.int32) if q_piece_ids is None else q_piece_ids.astype(jnp.int32)
+    k_pieces = jnp.ones((batch, s), jnp.int32) if kv_piece_ids is None else kv_piece_ids.astype(jnp.int32)
+    return jnp.pad(q_pieces, ((0, 0), (0, t_pad - t))), jnp.pad(k_pieces, ((0, 0), (0, s_pad - s)))
 
 
 def _padded_row_keys(rate, seed, row_keys, rows_shape, t_pad) -> jax.Array | None:
@@ -176,7 +176,7 @@ def _padded_row_keys(rate, seed, row_keys, rows_shape, t_pad) -> jax.Array | Non
     return jnp.pad(keys.astype(jnp.int32), ((0, 0), (0, 0), (0, t_pad - rows_shape[-1])))
 
 
-def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset, scale, dropout_rate, dropout_seed,
+def _mosaic_gpu(q, k, v, table, q_piece_ids, kv_piece_ids, causal, q_offset, scale, dropout_rate, dropout_seed,
                 dropout_row_keys, pair_bias, interpret, options):
     """toeplitz_attention on the Mosaic GPU backend: inputs padded to its blocks and head widths."""
     reason = mgpu.unsupported(q.dtype)
@@ -193,7 +193,7 @@ def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset,
     def pad(x, length):  # zero channels up to a multiple of 64 change no dot product
         return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, -x.shape[-1] % 64)))
 
-    use_q = q_segment_ids is not None
+    use_q = q_piece_ids is not None
     ext = None if table is None else _offset_table(table, q_offset, t_pad, s_pad)
     u = w = None
     if pair_bias is not None:  # u [B, H, r, T_pad] and w [B, r, S_pad]: one vector per channel and head
@@ -202,9 +202,9 @@ def _mosaic_gpu(q, k, v, table, q_segment_ids, kv_segment_ids, causal, q_offset,
         w = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, s_pad - s), (0, 0))).transpose(0, 2, 1)
     out = mgpu.mosaic_gpu_attention(
         pad(q, t_pad), pad(k.astype(q.dtype), s_pad), pad(v.astype(q.dtype), s_pad), ext,
-        *_padded_segment_ids(q_segment_ids, kv_segment_ids, (batch, t, s), t_pad, s_pad),
+        *_padded_piece_ids(q_piece_ids, kv_piece_ids, (batch, t, s), t_pad, s_pad),
         scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0,
-        use_q_ids=use_q, masked=use_q or kv_segment_ids is not None or s_pad != s, interpret=interpret,
+        use_q_ids=use_q, masked=use_q or kv_piece_ids is not None or s_pad != s, interpret=interpret,
         dropout_rate=float(dropout_rate),
         row_keys=_padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad),
         pair_u=u, pair_w=w)

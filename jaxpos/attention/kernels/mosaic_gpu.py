@@ -377,12 +377,12 @@ def _causally_live(st: _Static) -> np.ndarray:
     return (first_key - last_query <= st.q_offset) | (not st.causal)
 
 
-def _live_tiles(qseg: jax.Array, kseg: jax.Array, st: _Static) -> jax.Array:
+def _live_tiles(q_pieces: jax.Array, k_pieces: jax.Array, st: _Static) -> jax.Array:
     """Bool [B, nq, nk]: whether the (query block, key block) tile can hold a visible entry."""
-    k_lo, k_hi = _block_ranges(kseg)
-    live = jnp.broadcast_to((k_hi > 0)[:, None, :], (kseg.shape[0], st.nq, st.nk))
+    k_lo, k_hi = _block_ranges(k_pieces)
+    live = jnp.broadcast_to((k_hi > 0)[:, None, :], (k_pieces.shape[0], st.nq, st.nk))
     if st.use_q_ids:
-        q_lo, q_hi = _block_ranges(qseg)
+        q_lo, q_hi = _block_ranges(q_pieces)
         live = live & (k_lo[:, None, :] <= q_hi[:, :, None]) & (q_lo[:, :, None] <= k_hi[:, None, :])
     return live & _causally_live(st)[None]
 
@@ -728,7 +728,7 @@ def _key_block_kernel(name, consumer, own_buffers, own_copies, own_bytes, out_ty
     producer streams `_KeyBlocks`; `consumer(ops, refs, own, stream, vis_s, count, b, h, qc, wg, base_s)` is each
     consumer warpgroup's part, own = (own_buffers, `_query_extras_scratch`, a barrier for own_copies copies and
     the extras'). `inputs` are the call's arrays, `gmem_order` their names in the body's order (k, v, tiles, bases,
-    kseg, visits are found there by name), followed by the `optional` (row keys, pair u, pair w) arrays."""
+    k_pieces, visits are found there by name), followed by the `optional` (row keys, pair u, pair w) arrays."""
     plgpu = _plgpu()
     ops = _Ops(st.interpret)
     batch, _, heads, dim = q.shape
@@ -764,7 +764,7 @@ def _key_block_kernel(name, consumer, own_buffers, own_copies, own_bytes, out_ty
         @pl.when(wg == 2)
         def _():
             ops.set_registers(PRODUCER_REGISTERS, "decrease")
-            stream.produce(refs["k"], refs["v"], refs["tiles"], refs["kseg"], refs["pair_w"], b, h, th, qc, vis_s,
+            stream.produce(refs["k"], refs["v"], refs["tiles"], refs["k_pieces"], refs["pair_w"], b, h, th, qc, vis_s,
                            count, st, has_table)
 
     own_scratch = (own_buffers, extras, plgpu.Barrier(num_barriers=2 * own_copies))
@@ -779,7 +779,7 @@ def _key_block_kernel(name, consumer, own_buffers, own_copies, own_bytes, out_ty
 
 # --- forward ---------------------------------------------------------------------------------------------------
 
-def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w, st: _Static):
+def _forward(q, k, v, tiles, bases, q_pieces, k_pieces, visits, row_keys, pair_u, pair_w, st: _Static):
     """out [B, T_pad, H, Dv] and the base-2 logsumexp [B, H, T_pad] (+inf for rows that see no key)."""
     plgpu = _plgpu()
     batch, _, heads, dim = q.shape
@@ -799,7 +799,7 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
 
         row0 = qc * BLOCK + wg * HALF
         rows = pl.ds(row0, HALF)
-        _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["qseg"].at[b, rows], qid_s.at[wg])]
+        _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["q_pieces"].at[b, rows], qid_s.at[wg])]
                   + _query_extra_copies(refs, extras, b, h, rows, wg, st), own_bar)
         q_ids = ops.load(qid_s.at[wg], "rows")
         row_keys, u_rows = _load_query_extras(ops, extras, wg, st)
@@ -854,14 +854,14 @@ def _forward(q, k, v, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w
     out_type = (jax.ShapeDtypeStruct((batch, st.t_pad, heads, dim_v), dtype),
                 jax.ShapeDtypeStruct((batch, heads, st.t_pad), jnp.float32))
     return _key_block_kernel("toeplitz_attention_mgpu_fwd", consumer, own_buffers, 2, own_bytes, out_type,
-                             ("q", "k", "v", "tiles", "bases", "qseg", "kseg", "visits"), q, k, v, tiles, bases,
-                             visits, st, dict(q=q, k=k, v=v, qseg=qseg, kseg=kseg, visits=visits),
+                             ("q", "k", "v", "tiles", "bases", "q_pieces", "k_pieces", "visits"), q, k, v, tiles, bases,
+                             visits, st, dict(q=q, k=k, v=v, q_pieces=q_pieces, k_pieces=k_pieces, visits=visits),
                              (row_keys, pair_u, pair_w))
 
 
 # --- dQ --------------------------------------------------------------------------------------------------------
 
-def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w, st: _Static):
+def _dq(q, k, v, do, lse, delta, tiles, bases, q_pieces, k_pieces, visits, row_keys, pair_u, pair_w, st: _Static):
     """dQ [B, T_pad, H, D]: the forward's walk over key blocks, with dS = P * (dP - delta) times K; with a pair
     term also du [B, H, r, T_pad] = dS w (float32)."""
     plgpu = _plgpu()
@@ -874,7 +874,7 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
         rows = pl.ds(row0, HALF)
         _own_rows(wg, [(refs["q"].at[b, rows, h], q_s.at[wg]), (refs["do"].at[b, rows, h], do_s.at[wg]),
                        (refs["lse"].at[b, h, rows], lse_s.at[wg]), (refs["delta"].at[b, h, rows], delta_s.at[wg]),
-                       (refs["qseg"].at[b, rows], qid_s.at[wg])]
+                       (refs["q_pieces"].at[b, rows], qid_s.at[wg])]
                   + _query_extra_copies(refs, extras, b, h, rows, wg, st), own_bar)
         q_ids, lse, delta = (ops.load(ref.at[wg], "rows") for ref in (qid_s, lse_s, delta_s))
         row_keys, u_rows = _load_query_extras(ops, extras, wg, st)
@@ -932,14 +932,15 @@ def _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pai
     if st.pair_rank:
         out_type = (out_type, jax.ShapeDtypeStruct(pair_u.shape, jnp.float32))
     return _key_block_kernel("toeplitz_attention_mgpu_dq", consumer, own_buffers, 5, own_bytes, out_type,
-                             ("q", "k", "v", "do", "lse", "delta", "tiles", "bases", "qseg", "kseg", "visits"),
+                             ("q", "k", "v", "do", "lse", "delta", "tiles", "bases", "q_pieces", "k_pieces", "visits"),
                              q, k, v, tiles, bases, visits, st,
-                             dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, qseg=qseg, kseg=kseg, visits=visits),
+                             dict(q=q, k=k, v=v, do=do, lse=lse, delta=delta, q_pieces=q_pieces, k_pieces=k_pieces,
+                                  visits=visits),
                              (row_keys, pair_u, pair_w))
 
 # --- dK, dV ----------------------------------------------------------------------------------------------------
 
-def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys, pair_u, pair_w, st: _Static):
+def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, q_pieces, k_pieces, visits, row_keys, pair_u, pair_w, st: _Static):
     """dK [B, S_pad, H, D] and dV [B, S_pad, H, Dv]: per key block, over the query blocks of its visit list, on
     transposed tiles (keys as rows): dV += P^T dO, dK += dS^T Q."""
     plgpu = _plgpu()
@@ -1071,7 +1072,7 @@ def _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits, row_keys,
     tiles_t, bases = _table_operands(tiles_t, bases, dtype)
     call = _kernel(body, (jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)), scratch,
                    (st.nk, heads, batch), ("k", "heads", "batch"), st, "toeplitz_attention_mgpu_dkdv")
-    return call(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg, visits,
+    return call(q, k, v, do, lse, delta, tiles_t, bases, q_pieces, k_pieces, visits,
                 *_optional_inputs(row_keys, pair_u, pair_w))
 
 
@@ -1098,7 +1099,7 @@ def _gradient_splits(batch: int, heads: int, group: int, st: _Static) -> int:
     return math.ceil(longest / piece)
 
 
-def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, row_keys, pair_u, pair_w,
+def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, q_pieces, k_pieces, visits, row_keys, pair_u, pair_w,
                     st: _Static):
     """dS summed over each block diagonal's tiles, batch rows and (shared table) heads -> [H', nd, 128, 128]
     float32, w.r.t. natural-log logits; each diagonal's walk cut into `_gradient_splits` CTAs whose partial tiles
@@ -1235,45 +1236,46 @@ def _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits, r
     call = _kernel(body, jax.ShapeDtypeStruct((splits, table_heads, diagonals, BLOCK, BLOCK), jnp.float32),
                    scratch, (diagonals, table_heads, splits), ("diagonal", "heads", "split"), st,
                    "toeplitz_attention_mgpu_table_grad")
-    partials = call(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, visits,
+    partials = call(q, k, v, do, lse, delta, tiles, bases, q_pieces, k_pieces, visits,
                     *_optional_inputs(row_keys, pair_u, pair_w))
     return jnp.sum(partials, axis=0)
 
 
 # --- the differentiable call -----------------------------------------------------------------------------------
 
-def _prepare(ext, qseg, kseg, dtype, st: _Static):
+def _prepare(ext, q_pieces, k_pieces, dtype, st: _Static):
     """Tiles, bases and the visit lists of one call (XLA)."""
     limit = st.q_offset + st.t_pad - 1 if st.causal_in_tiles else None  # ext index of key - query = q_offset
     tiles, bases = (None, None) if ext is None else _diagonal_tiles(ext, dtype, limit)
-    live = _live_tiles(qseg, kseg, st)
+    live = _live_tiles(q_pieces, k_pieces, st)
     return tiles, bases, live
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
-def _attention(q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, st):
-    return _attention_fwd(q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, st)[0]
+def _attention(q, k, v, ext, q_pieces, k_pieces, row_keys, pair_u, pair_w, st):
+    return _attention_fwd(q, k, v, ext, q_pieces, k_pieces, row_keys, pair_u, pair_w, st)[0]
 
 
-def _attention_fwd(q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, st):
-    tiles, bases, live = _prepare(ext, qseg, kseg, q.dtype, st)
-    out, lse = _forward(q, k, v, tiles, bases, qseg, kseg, _visit_lists(live), row_keys, pair_u, pair_w, st)
-    return out, (q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, out, lse)
+def _attention_fwd(q, k, v, ext, q_pieces, k_pieces, row_keys, pair_u, pair_w, st):
+    tiles, bases, live = _prepare(ext, q_pieces, k_pieces, q.dtype, st)
+    out, lse = _forward(q, k, v, tiles, bases, q_pieces, k_pieces, _visit_lists(live), row_keys, pair_u, pair_w, st)
+    return out, (q, k, v, ext, q_pieces, k_pieces, row_keys, pair_u, pair_w, out, lse)
 
 
 def _attention_bwd(st, residuals, do):
-    q, k, v, ext, qseg, kseg, row_keys, pair_u, pair_w, out, lse = residuals
-    tiles, bases, live = _prepare(ext, qseg, kseg, q.dtype, st)
+    q, k, v, ext, q_pieces, k_pieces, row_keys, pair_u, pair_w, out, lse = residuals
+    tiles, bases, live = _prepare(ext, q_pieces, k_pieces, q.dtype, st)
     delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), do.astype(jnp.float32))
     do = do.astype(q.dtype)
-    dq = _dq(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _visit_lists(live), row_keys, pair_u, pair_w, st)
+    dq = _dq(q, k, v, do, lse, delta, tiles, bases, q_pieces, k_pieces, _visit_lists(live), row_keys, pair_u, pair_w,
+             st)
     dq, du = dq if st.pair_rank else (dq, None)
     tiles_t = None if tiles is None else jnp.swapaxes(tiles, -1, -2)
-    dk, dv = _dkdv(q, k, v, do, lse, delta, tiles_t, bases, qseg, kseg,
+    dk, dv = _dkdv(q, k, v, do, lse, delta, tiles_t, bases, q_pieces, k_pieces,
                    _visit_lists(jnp.swapaxes(live, 1, 2)), row_keys, pair_u, pair_w, st)
     d_ext = None
     if ext is not None:
-        grads = _tile_gradients(q, k, v, do, lse, delta, tiles, bases, qseg, kseg, _diagonal_visits(live, st),
+        grads = _tile_gradients(q, k, v, do, lse, delta, tiles, bases, q_pieces, k_pieces, _diagonal_visits(live, st),
                                 row_keys, pair_u, pair_w, st)
         d_ext = _table_gradient(grads).astype(ext.dtype)
     d_w = None if pair_w is None else jnp.zeros_like(pair_w)  # w: key features, not differentiated
@@ -1283,15 +1285,15 @@ def _attention_bwd(st, residuals, do):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool, q_offset: int, use_q_ids: bool,
-                         masked: bool, interpret: bool, dropout_rate: float = 0.0,
+def mosaic_gpu_attention(q, k, v, ext, q_pieces, k_pieces, *, scale: float, causal: bool, q_offset: int,
+                         use_q_ids: bool, masked: bool, interpret: bool, dropout_rate: float = 0.0,
                          row_keys: jax.Array | None = None, pair_u: jax.Array | None = None,
                          pair_w: jax.Array | None = None) -> jax.Array:
     """The Mosaic GPU kernels on padded inputs -> out [B, T_pad, H, Dv_pad].
 
     q [B, T_pad, H, D], k [B, S_pad, H, D], v [B, S_pad, H, Dv] in bf16/f16 with T_pad, S_pad multiples of 128
     and D, Dv multiples of 64; ext [H'|1, T_pad + S_pad] float32 (`api._offset_table`) or None;
-    qseg [B, T_pad], kseg [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`; `masked`: the
+    q_pieces [B, T_pad], k_pieces [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`; `masked`: the
     ids can hide a key, else they are not read); with `dropout_rate`, row_keys [B, H, T_pad] int32, the queries'
     `dropout.row_keys`; a pair term u_i . w_j (per-head segment tables) as pair_u [B, H, r, T_pad] and pair_w
     [B, r, S_pad] float32, differentiable in u only.
@@ -1312,4 +1314,4 @@ def mosaic_gpu_attention(q, k, v, ext, qseg, kseg, *, scale: float, causal: bool
                                or pair_w is None or pair_w.shape != (batch, st.pair_rank, s_pad)):
         raise ValueError(f"a pair term needs pair_u [B, H, r, T_pad] and pair_w [B, r, S_pad], got "
                          f"{pair_u.shape} and {None if pair_w is None else pair_w.shape}")
-    return _attention(q, k, v, ext, qseg, kseg, row_keys if st.dropout else None, pair_u, pair_w, st)
+    return _attention(q, k, v, ext, q_pieces, k_pieces, row_keys if st.dropout else None, pair_u, pair_w, st)

@@ -63,7 +63,7 @@ class _Static:
     table_grad: str  # "tiles": the dq kernel sums each tile's diagonals; "diagonals": `_table_grad_kernel`
     t_pad: int
     s_pad: int
-    use_q_segments: bool
+    use_q_pieces: bool
     masked: bool  # any mask at all (key ids, query ids, causal or padded keys); else no mask arithmetic
     skip_tiles: bool  # ids given: test each tile for overlap (a branch in the loop, which stops Triton pipelining)
     dropout_rate: float  # attention dropout (0: none); the mask is `dropout.keep` of per-row keys
@@ -126,12 +126,12 @@ def _bias_tile(ext_ref, q_start, k_start, bq, bk, st: _Static):
 
 
 def _tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st: _Static):
-    """Boolean [bq, bk] from query ids [bq, 1] and key ids [1, bk]: key not padding, same segment (when query
+    """Boolean [bq, bk] from query ids [bq, 1] and key ids [1, bk]: key not padding, same piece (when query
     ids are given), causal; None: no mask."""
     if not st.masked:
         return None
     valid = k_ids != 0
-    if st.use_q_segments:
+    if st.use_q_pieces:
         valid = jnp.logical_and(valid, q_ids == k_ids)
     if st.causal:
         r = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
@@ -184,7 +184,7 @@ def _ids_range_from_vector(side, block, ids):
 def _overlaps(q_range, k_range, st: _Static):
     """Whether a (query block, key block) tile can hold an unmasked entry (from the id ranges alone)."""
     k_lo, k_hi = k_range
-    if not st.use_q_segments:
+    if not st.use_q_pieces:
         return k_hi > 0
     q_lo, q_hi = q_range
     return jnp.logical_and(k_lo <= q_hi, q_lo <= k_hi)
@@ -221,7 +221,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, 
     q_ids = qseg_ref[...]
     keys = None if keys_ref is None else keys_ref[...]
     u_cols = _pair_columns(u_ref, slice(None))
-    q_range = id_range("q", pl.program_id(2), q_ids) if st.skip_tiles and st.use_q_segments else None
+    q_range = id_range("q", pl.program_id(2), q_ids) if st.skip_tiles and st.use_q_pieces else None
     carry = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((bq, 1), NEG, jnp.float32),
              jnp.zeros((bq, 1), jnp.float32))
 
@@ -320,7 +320,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_
 
         if not st.skip_tiles:
             return compute(carry)
-        q_range = id_range("q", ib, q_ids) if st.use_q_segments else None
+        q_range = id_range("q", ib, q_ids) if st.use_q_pieces else None
         return lax.cond(_overlaps(q_range, k_range, st), compute, lambda c: c, carry)
 
     dk, dv = lax.fori_loop(_causal_q_begin(k_start, bq, st), st.t_pad // bq, body, carry)
@@ -400,7 +400,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
     u_cols = [_pair_columns(u_ref, r) for r in rows]
     rank = 0 if u_ref is None else u_ref.shape[-1]
     zeros_col = jnp.zeros((b, 1), jnp.float32)
-    q_ranges = [id_range("q", first + g, ids) if st.skip_tiles and st.use_q_segments else None
+    q_ranges = [id_range("q", first + g, ids) if st.skip_tiles and st.use_q_pieces else None
                 for g, ids in enumerate(q_ids)]
 
     def body(jb, carry):
@@ -502,7 +502,7 @@ def _block_ranges(ids, block: int):
     return jnp.stack([lo, hi], axis=-1).reshape(-1)
 
 
-def _call(kernel, st: _Static, grid, in_specs, out_specs, out_shape, name, args, qseg, kseg, reduces=False):
+def _call(kernel, st: _Static, grid, in_specs, out_specs, out_shape, name, args, q_pieces, k_pieces, reduces=False):
     """pallas_call of `kernel` on `args`. Mosaic with tile skipping: the blocks' id ranges come by scalar prefetch
     (SMEM) and the kernel's `id_range` reads them there, since a branch cannot hang on a vector reduced in a
     Mosaic kernel; Triton reduces the ids it has loaded."""
@@ -523,7 +523,7 @@ def _call(kernel, st: _Static, grid, in_specs, out_specs, out_shape, name, args,
         kernel(*refs, id_range=id_range)
 
     spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=in_specs, out_specs=out_specs)
-    ranges = _block_ranges(qseg[:, :, 0], b), _block_ranges(kseg[:, 0, :], b)
+    ranges = _block_ranges(q_pieces[:, :, 0], b), _block_ranges(k_pieces[:, 0, :], b)
     return pl.pallas_call(with_ranges, grid_spec=spec, **params)(*ranges, *args)
 
 
@@ -589,7 +589,7 @@ def _w_spec(w, st: _Static, cols: int, block=lambda i: i):
     return None if w is None else _spec(st, (None, w.shape[1], cols), lambda b, h, i: (b, 0, block(i)))
 
 
-def _forward(q, k, v, ext, qseg, kseg, keys, u, w, st: _Static):
+def _forward(q, k, v, ext, q_pieces, k_pieces, keys, u, w, st: _Static):
     batch, heads, t_pad, dim = _dims(q, st)
     dim_v = v.shape[-1]  # q and k may be wider (folded factors)
     bq = st.block_q
@@ -604,10 +604,11 @@ def _forward(q, k, v, ext, qseg, kseg, keys, u, w, st: _Static):
         out_specs=[_seq_spec(st, bq, dim_v), _column_spec(st, bq)],
         out_shape=[jax.ShapeDtypeStruct(q.shape[:-1] + (dim_v,), q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, t_pad, 1), jnp.float32)],
-        name="toeplitz_attention_fwd", args=(q, k, v, table, qseg, kseg, keys, u, w), qseg=qseg, kseg=kseg)
+        name="toeplitz_attention_fwd", args=(q, k, v, table, q_pieces, k_pieces, keys, u, w), q_pieces=q_pieces,
+        k_pieces=k_pieces)
 
 
-def _backward(q, k, v, ext, qseg, kseg, keys, u, w, out, lse, do, st: _Static):
+def _backward(q, k, v, ext, q_pieces, k_pieces, keys, u, w, out, lse, do, st: _Static):
     batch, heads, t_pad, dim = _dims(q, st)
     s_pad, bk = st.s_pad, st.block_k
     whole = lambda i: 0  # noqa: E731
@@ -624,8 +625,8 @@ def _backward(q, k, v, ext, qseg, kseg, keys, u, w, out, lse, do, st: _Static):
                   _keys_spec(keys, st, t_pad, whole), _u_spec(u, st, t_pad, whole), _w_spec(w, st, bk)],
         out_specs=[_seq_spec(st, bk, dim), _seq_spec(st, bk, dim_v)],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        name="toeplitz_attention_dkdv", args=(q, k, v, do, lse, delta, table, qseg, kseg, keys, u, w), qseg=qseg,
-        kseg=kseg)
+        name="toeplitz_attention_dkdv", args=(q, k, v, do, lse, delta, table, q_pieces, k_pieces, keys, u, w),
+        q_pieces=q_pieces, k_pieces=k_pieces)
 
     b, group = st.block_dq, st.dq_group
     groups, chunks = t_pad // (b * group), s_pad // b + group
@@ -663,12 +664,13 @@ def _backward(q, k, v, ext, qseg, kseg, keys, u, w, out, lse, do, st: _Static):
                   *_ids_specs(st, group * b, s_pad, k_block=whole), _keys_spec(keys, st, group * b),
                   _u_spec(u, st, group * b), _w_spec(w, st, s_pad, whole)],
         out_specs=out_specs, out_shape=out_shape, name="toeplitz_attention_dq",
-        args=(q, k, v, do, lse, delta, table, qseg, kseg, keys, u, w), qseg=qseg, kseg=kseg, reduces=accumulate)
+        args=(q, k, v, do, lse, delta, table, q_pieces, k_pieces, keys, u, w), q_pieces=q_pieces, k_pieces=k_pieces,
+        reduces=accumulate)
     dq, results = results[0], list(results[1:])  # then [du], [table rows], as the kernel's outputs
     du = results.pop(0) if u is not None else None
     d_ext = None
     if ext is not None and st.table_grad == "diagonals":
-        d_ext = _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, w, st)
+        d_ext = _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, q_pieces, k_pieces, keys, u, w, st)
     elif accumulate:
         d_ext = results[0].reshape(heads, -1)
         d_ext = jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
@@ -715,7 +717,7 @@ def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref,
     out_ref[1:2, :] = high
 
 
-def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, w, st: _Static):
+def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, q_pieces, k_pieces, keys, u, w, st: _Static):
     """Offset-table gradient [H'|1, T_pad + S_pad] by `_table_grad_kernel`, through windows [H, diagonals, 2, b]
     and the skews' scratch [H, diagonals, b, b] (H*(T + S)*(b + 2) floats), at the price of recomputing dS (the
     q.k and dO.v products) once more."""
@@ -733,7 +735,8 @@ def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, 
                   pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
                   pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
                   pl.BlockSpec((None, ext.shape[1]), lambda h, d: (0 if ext.shape[0] == 1 else h, 0)),
-                  pl.BlockSpec(qseg.shape, lambda h, d: (0, 0, 0)), pl.BlockSpec(kseg.shape, lambda h, d: (0, 0, 0)),
+                  pl.BlockSpec(q_pieces.shape, lambda h, d: (0, 0, 0)),
+                  pl.BlockSpec(k_pieces.shape, lambda h, d: (0, 0, 0)),
                   None if keys is None else pl.BlockSpec((batch, None, t_pad, 1), lambda h, d: (0, h, 0, 0)),
                   None if u is None else pl.BlockSpec((batch, None, t_pad, u.shape[-1]), lambda h, d: (0, h, 0, 0)),
                   None if w is None else pl.BlockSpec(w.shape, lambda h, d: (0, 0, 0))],
@@ -742,7 +745,7 @@ def _table_grad_by_diagonals(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, 
         out_shape=[jax.ShapeDtypeStruct((heads, diagonals, 2, b), jnp.float32),
                    jax.ShapeDtypeStruct((heads, diagonals, b, b), jnp.float32)],
         interpret=_interpret(st), compiler_params=_compiler_params(st), name="toeplitz_attention_table_grad",
-    )(q, k, v, do, lse, delta, ext, qseg, kseg, keys, u, w)
+    )(q, k, v, do, lse, delta, ext, q_pieces, k_pieces, keys, u, w)
     chunks = jnp.pad(windows[:, :, 0], ((0, 0), (0, 1), (0, 0))) + jnp.pad(windows[:, :, 1], ((0, 0), (1, 0), (0, 0)))
     d_ext = chunks.reshape(heads, -1)  # chunk d holds offsets d*b ... d*b + b - 1
     return jnp.sum(d_ext, axis=0, keepdims=True) if ext.shape[0] == 1 else d_ext
@@ -766,18 +769,18 @@ def _sum_rows(drow, table_heads, b):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
-def _attention(q, k, v, ext, qseg, kseg, keys, u, w, st):
-    return _forward(q, k, v, ext, qseg, kseg, keys, u, w, st)[0]
+def _attention(q, k, v, ext, q_pieces, k_pieces, keys, u, w, st):
+    return _forward(q, k, v, ext, q_pieces, k_pieces, keys, u, w, st)[0]
 
 
-def _attention_fwd(q, k, v, ext, qseg, kseg, keys, u, w, st):
-    out, lse = _forward(q, k, v, ext, qseg, kseg, keys, u, w, st)
-    return out, (q, k, v, ext, qseg, kseg, keys, u, w, out, lse)
+def _attention_fwd(q, k, v, ext, q_pieces, k_pieces, keys, u, w, st):
+    out, lse = _forward(q, k, v, ext, q_pieces, k_pieces, keys, u, w, st)
+    return out, (q, k, v, ext, q_pieces, k_pieces, keys, u, w, out, lse)
 
 
 def _attention_bwd(st, residuals, do):
-    q, k, v, ext, qseg, kseg, keys, u, w, out, lse = residuals
-    dq, dk, dv, d_ext, du = _backward(q, k, v, ext, qseg, kseg, keys, u, w, out, lse, do, st)
+    q, k, v, ext, q_pieces, k_pieces, keys, u, w, out, lse = residuals
+    dq, dk, dv, d_ext, du = _backward(q, k, v, ext, q_pieces, k_pieces, keys, u, w, out, lse, do, st)
     return dq, dk, dv, d_ext, None, None, None, du, None  # w (key features) takes no gradient
 
 

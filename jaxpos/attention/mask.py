@@ -1,0 +1,45 @@
+"""The one attention mask: padding, packed pieces and causality as piece ids and a flag, dense only on demand."""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class AttentionMask:
+    """Which keys each query may attend to, as the kernels read it.
+
+    q_piece_ids [B, Tq], kv_piece_ids [B, Tk]: packing-piece ids, 0 = padding (padded keys are never attended;
+    with query ids too, queries attend only within their own piece); None: not masked by ids. `causal` (static):
+    a key is visible when its position is <= the query's. `dense` gives the boolean mask for the paths that need one.
+    """
+
+    q_piece_ids: jax.Array | None = None
+    kv_piece_ids: jax.Array | None = None
+    causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+    @classmethod
+    def within_pieces(cls, piece_ids: jax.Array | None, causal: bool = False) -> AttentionMask:
+        """Self-attention over rows of packed pieces: piece_ids [B, T] on both sides (None: no padding, one
+        sequence per row)."""
+        return cls(q_piece_ids=piece_ids, kv_piece_ids=piece_ids, causal=causal)
+
+    def dense(self, q_pos: jax.Array | None = None, k_pos: jax.Array | None = None) -> jax.Array | None:
+        """True where query i may attend to key j: [B|1, 1, Tq, Tk] bool, or None when nothing is masked.
+        q_pos [Tq], k_pos [Tk]: positions, needed when `causal`."""
+        mask = None
+
+        def both(m):
+            return m if mask is None else jnp.logical_and(mask, m)
+
+        if self.kv_piece_ids is not None:
+            mask = both((self.kv_piece_ids != 0)[:, None, None, :])
+            if self.q_piece_ids is not None:
+                mask = both(self.q_piece_ids[:, None, :, None] == self.kv_piece_ids[:, None, None, :])
+        if self.causal:
+            if q_pos is None or k_pos is None:
+                raise ValueError("a causal mask needs q_pos and k_pos")
+            mask = both((k_pos[None, :] <= q_pos[:, None])[None, None])
+        return mask
