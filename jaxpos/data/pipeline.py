@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 
 from jaxpos.config.rng import MLM_EVAL_MASKS, MLM_ROW_ORDER, MLM_TRAIN_MASKS
+from jaxpos.config.validate import check_mlm_data_block
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.order import ShuffledBatches, padded_batches
 from jaxpos.data.mlm import (PackedExamples, encode_documents, masked_rows, pack_documents, split_sentences,
