@@ -75,7 +75,7 @@ def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout(monkeypat
                                           dict(kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset)), rtol=RTOL)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.bfloat16, marks=pytest.mark.slow), jnp.float16])
 def test_causal_limit_in_the_tiles_only_rows_that_see_no_key(dtype):
     """Causal T = S = 256 with a T5 table and no ids and no padding: the causal limit is the only mask, and it rides
     in the tiles (NEG past the limit in bf16, -inf in f16), so no kernel computes a mask. q_offset = -100 leaves
@@ -87,7 +87,7 @@ def test_causal_limit_in_the_tiles_only_rows_that_see_no_key(dtype):
                             dict(causal=True, q_offset=-100), rtol=RTOL)
 
 
-@pytest.mark.parametrize("pieces", [1, 2])
+@pytest.mark.parametrize("pieces", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_no_table_causal_wide_qk_f16(monkeypatch, pieces):
     """No table, f16, q and k 80 channels wide (folded factors: padded to 128) over v of 48 (padded to 64), T = 200
     queries at positions 126.. over S = 330 keys, causal (computed in the kernels: no table carries it) and the
