@@ -5,6 +5,7 @@ export and translate."""
 
 import json
 import os
+import pathlib
 import shutil
 
 import jax
@@ -205,3 +206,14 @@ def test_analyze_finetune_export_and_translate_read_a_url(mlm_run, translation_r
         assert_same_tree(jax.device_get(translator.params), jax.device_get(local_translator.params))
     _, params = load_export(str(tmp_path / "export"))
     assert_same_tree(jax.device_get(params), written_params(mlm_run, 1))
+
+
+def test_training_a_finished_run_again_keeps_its_report(mlm_run, tmp_path):
+    """`jaxpos train` on a run already at its last step trains and evaluates nothing: report.json keeps the train
+    and held-out metrics it was written with."""
+    again = str(tmp_path / "again")
+    shutil.copytree(mlm_run, again)
+    before = json.loads((pathlib.Path(again) / "report.json").read_text())
+    assert before["train"] and before["eval"] and before["step"] == 2
+    train_tiny_mlm(again, checkpoint_every=1)
+    assert json.loads((pathlib.Path(again) / "report.json").read_text()) == before

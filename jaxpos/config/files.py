@@ -82,6 +82,17 @@ def write_run_file(workdir: str, name: str, text: str) -> str:
     return str(path)
 
 
+def write_run_report(workdir: str, report: dict) -> dict:
+    """Writes WORKDIR/report.json; a field this invocation left empty (a run resumed at its last step trains and
+    evaluates nothing) keeps what the report on disk held. Returns the report written."""
+    path = epath.Path(workdir) / "report.json"
+    if path.exists():
+        kept = json.loads(path.read_text())
+        report = {**kept, **{k: v for k, v in report.items() if v not in ({}, None)}}
+    path.write_text(json.dumps(report, indent=2))
+    return report
+
+
 def load_run_config(workdir: str, task: str | None = None) -> ml_collections.ConfigDict:
     """WORKDIR/config.json of a `jaxpos train` run (local or a URL), checked to be a run of `task`
     (mlm | translation | finetune; None: any)."""

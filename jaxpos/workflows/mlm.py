@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 
@@ -11,7 +10,7 @@ import numpy as np
 from etils import epath
 
 from jaxpos.config import model_config
-from jaxpos.config.files import write_run_file
+from jaxpos.config.files import write_run_file, write_run_report
 from jaxpos.config.validate import check_run_config
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import BertForMaskedLM
@@ -57,7 +56,7 @@ def train_mlm(config, workdir: str):
     report = dict(train=result.final_metrics, eval=result.eval_metrics, unigram_entropy=data.unigram_entropy,
                   step=int(jax.device_get(result.state.step)))
     if main_process:
-        write_run_file(workdir, "report.json", json.dumps(report, indent=2))
+        write_run_report(workdir, report)
     train_loss, eval_loss = result.final_metrics.get("loss"), result.eval_metrics.get("loss")
     if train_loss is not None:
         status(f"final: train loss {train_loss:.3f}, eval loss {eval_loss:.3f}, eval accuracy "

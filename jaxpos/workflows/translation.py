@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Iterable
 
 import jax
@@ -11,7 +10,7 @@ from etils import epath
 
 from jaxpos.config import model_config
 from jaxpos.config.decode import decode_config
-from jaxpos.config.files import write_run_file
+from jaxpos.config.files import write_run_file, write_run_report
 from jaxpos.config.validate import check_run_config
 from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import BleuResult, corpus_bleu
@@ -90,7 +89,7 @@ def train_translation(config, workdir: str):
         status(f"test SacreBLEU {bleu.score:.2f} ({bleu.details}; {bleu.signature}) on {len(data.test)} "
                f"sentences; copying the source scores {copy.score:.2f}")
     if jax.process_index() == 0:
-        write_run_file(workdir, "report.json", json.dumps(report, indent=2))
+        report = write_run_report(workdir, report)
     return report
 
 
