@@ -98,6 +98,17 @@ def test_the_verdict_table_on_constructed_runs():
     assert missing["parts"][0]["why"] == "not measured"
 
 
+def test_one_seed_is_inconclusive_for_want_of_seeds_not_of_training():
+    """With one seed neither the comparison nor the training status can be tested: the reason names the seeds."""
+    table = {"none": [fake_run("none", 0, curve([0, 0, 0])(0))],
+             "tisa": [fake_run("tisa", 0, curve([0.0, 0.3, 0.6])(0), positional_attention=dict(
+                 locality=0.30, uniform_locality=0.10))]}
+    report = C.evaluate_claims(table, C.select_claims(["tisa_local"]))
+    [part] = report["claims"][0]["parts"]
+    assert part["verdict"] == S.INCONCLUSIVE and part["why"] == "one seed", part
+    assert C.training_status(table)["tisa"]["trained"] is None
+
+
 def test_a_mechanism_that_parts_and_rejoins_has_not_parted():
     table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in range(3)],
              "tisa": [fake_run("tisa", s, curve([0.5, 0.0, 0.5])(s)) for s in range(3)]}

@@ -655,11 +655,11 @@ def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: f
                 part.update(verdict=INCONCLUSIVE, why="not measured",
                             reason="not measured: no seed gives a value"
                                    + (f" ({', '.join(map(label, part['about']))})" if part["about"] else ""))
-            elif late:
-                part.update(verdict=INCONCLUSIVE, why=NOT_TRAINED, reason=late)
-            elif len(pairs) < 2:
+            elif len(pairs) < 2:  # before the training status, which one seed cannot test either
                 part.update(verdict=INCONCLUSIVE, why="one seed",
                             reason=f"one seed ({part['measured_mean']:+.3g}) gives no spread to judge it by")
+            elif late:
+                part.update(verdict=INCONCLUSIVE, why=NOT_TRAINED, reason=late)
             else:
                 tested.append((len(records), index, stats.paired_difference(part["a"], part["b"], alpha=alpha)))
         records.append(dict(id=claim.id, paper=claim.paper, reference=claim.reference, claim=claim.statement,

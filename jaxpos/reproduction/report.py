@@ -297,6 +297,17 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
     ]
 
 
+def resumed_line(plan: dict) -> list[str]:
+    """A line saying that the wall time is the last command's alone when the plan was resumed (one estimate is
+    kept per command that ran runs), with the time since the plan was made."""
+    commands = len(plan.get("estimates") or [])
+    if commands < 2:
+        return []
+    since = (time.time() - plan["started_unix"]) / 60
+    return [f"- resumed: the times above are the last of {commands} commands (a run's time counts only what that "
+            f"command ran); the plan was made at {plan['created']}, {since:.0f} min before this report"]
+
+
 def write_report(out: str, wall_s: float | None = None, command: str = "") -> dict:
     """Writes OUT/REPRODUCTION.md, OUT/figures/ and OUT/numbers.json from the finished runs of OUT/plan.json;
     returns the numbers. Runs that have not finished are listed as missing."""
@@ -329,6 +340,7 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
         f"- wall time {wall_s / 60:.1f} min" + (f" (estimated beforehand: {estimated['total_s'] / 60:.1f} min)"
                                                 if estimated else "")
         + f"; a run took {np.mean(run_wall):.0f} s on average; machine: {hardware}, {plan['workers']} worker(s)",
+        *resumed_line(plan),
         ""]
     if missing:
         lines += [f"**Missing runs** (not finished, left out below): {', '.join(missing)}", ""]
