@@ -68,19 +68,20 @@ def console_uses(path: str) -> list[tuple[str, str, int]]:
     return visitor.found
 
 
+def package_modules() -> list[tuple[str, str]]:
+    """(path, path relative to jaxpos/) of every module of the package, in a stable order."""
+    return [(os.path.join(root, name), os.path.relpath(os.path.join(root, name), PACKAGE))
+            for root, _, files in sorted(os.walk(PACKAGE)) for name in sorted(files) if name.endswith(".py")]
+
+
 def test_only_the_command_line_parses_arguments_or_prints():
     offences = []
-    for root, _, files in os.walk(PACKAGE):
-        if os.path.commonpath([root, CLI]) == CLI:
+    for path, relative in package_modules():
+        if os.path.commonpath([path, CLI]) == CLI:
             continue
-        for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(root, name)
-            relative = os.path.relpath(path, PACKAGE)
-            offences += [f"jaxpos/{relative}:{line} {what} (in {function or 'the module'})"
-                         for function, what, line in console_uses(path)
-                         if (relative, function, what) not in ALLOWED]
+        offences += [f"jaxpos/{relative}:{line} {what} (in {function or 'the module'})"
+                     for function, what, line in console_uses(path)
+                     if (relative, function, what) not in ALLOWED]
     assert not offences, "\n".join(offences)
 
 
@@ -112,16 +113,12 @@ def test_the_command_line_and_the_workflows_are_imported_only_from_above():
     """jaxpos.cli is the top; jaxpos.workflows sits below it and jaxpos.reproduction only."""
     above = {"cli": ("cli",), "workflows": ("cli", "workflows", "reproduction")}
     offences = []
-    for root, _, files in os.walk(PACKAGE):
-        for name in sorted(files):
-            if not name.endswith(".py"):
-                continue
-            path = os.path.join(root, name)
-            top = os.path.relpath(path, PACKAGE).split(os.sep)[0].removesuffix(".py")
-            for module in sorted(imported_modules(path)):
-                parts = module.split(".")
-                if len(parts) > 1 and parts[1] in above and top not in above[parts[1]]:
-                    offences.append(f"{os.path.relpath(path, PACKAGE)} imports {module}")
+    for path, relative in package_modules():
+        top = relative.split(os.sep)[0].removesuffix(".py")
+        for module in sorted(imported_modules(path)):
+            parts = module.split(".")
+            if len(parts) > 1 and parts[1] in above and top not in above[parts[1]]:
+                offences.append(f"{relative} imports {module}")
     assert not offences, "\n".join(offences)
 
 
@@ -158,14 +155,9 @@ def test_every_import_inside_a_function_says_why_it_is_lazy():
     """Imports sit at the top of their module unless start-up time needs them later (a command that loads no jax,
     an optional package that only some paths read); those say why, on their line or the line above."""
     unexplained = []
-    for root, _, files in os.walk(PACKAGE):
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(root, name)
-                relative = os.path.relpath(path, PACKAGE)
-                for function, module, explained in lazy_imports(path):
-                    if not explained:
-                        unexplained.append(f"jaxpos/{relative}: {function} imports {module} without a reason")
+    for path, relative in package_modules():
+        unexplained += [f"jaxpos/{relative}: {function} imports {module} without a reason"
+                        for function, module, explained in lazy_imports(path) if not explained]
     assert not unexplained, "\n".join(unexplained)
 
 
