@@ -89,7 +89,7 @@ def write_run_report(workdir: str, report: dict) -> dict:
     if path.exists():
         kept = json.loads(path.read_text())
         report = {**kept, **{k: v for k, v in report.items() if v not in ({}, None)}}
-    path.write_text(json.dumps(report, indent=2))
+    write_run_file(workdir, "report.json", json.dumps(report, indent=2))
     return report
 
 
