@@ -127,14 +127,18 @@ peers() {
 }
 
 REPRODUCE_OUT=runs/reproduce-full
+# A subset instead of the whole matrix: REPRODUCE="--mechanisms none,tisa --claims tisa_local --seeds 3" with a
+# shorter REPRODUCE_S.
 reproduce() {
-  # The whole matrix, 8 runs per GPU by default; this host's 16 cores feed 12. Seed-major order: a run cut short
-  # by the limit leaves every mechanism's first seeds finished, and the report says which runs are missing.
-  step 470 "jaxpos reproduce --profile full" "$PY" -m jaxpos.cli reproduce --profile full --workers 12 \
-    --out "$REPRODUCE_OUT"
+  # 8 runs per GPU by default; this host's 16 cores feed 12. Seed-major order: a run cut short by the limit leaves
+  # every mechanism's first seeds finished, and the report says which runs are missing.
+  # shellcheck disable=SC2086  # REPRODUCE holds several arguments
+  step "${REPRODUCE_S:-470}" "jaxpos reproduce --profile full" "$PY" -m jaxpos.cli reproduce --profile full \
+    --out "$REPRODUCE_OUT" ${REPRODUCE:---workers 12}
   step 45 "report of the finished runs" "$PY" -m jaxpos.cli reproduce --report-only --out "$REPRODUCE_OUT"
-  step 30 "pack the results (checkpoints and figures left out)" tar -czf "$LOG_DIR/reproduce-full.tar.gz" \
-    --exclude=checkpoints --exclude=jax_cache --exclude=tensorboard --exclude="*.png" "$REPRODUCE_OUT"
+  # what the report reads (plan.json, each run's result.json) and the logs: checkpoints and analyses stay behind
+  step 30 "pack the results" tar -czf "$LOG_DIR/reproduce-full.tar.gz" -C "$REPRODUCE_OUT" --exclude=checkpoints \
+    --exclude=analysis --exclude=tensorboard --exclude="*.png" plan.json numbers.json REPRODUCTION.md runs.txt runs
 }
 
 case "$STAGE" in

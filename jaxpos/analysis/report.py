@@ -29,6 +29,7 @@ import os
 import time
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -108,6 +109,11 @@ class _NoPlots:
 _NO_PLOTS = _NoPlots()
 
 
+# float32 matrix products at full precision in every diagnostic: a GPU's default (TF32, about 1e-3 relative) is
+# coarser than what they compare, e.g. Muppet's terms against the hidden states (1e-4)
+ANALYSIS_PRECISION = "highest"
+
+
 def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[int]], num_probe_words: int = 100,
             probe_length: int = 128, only: Sequence[str] | None = None, **options) -> dict:
     """Runs every applicable diagnostic on `model`, writes out_dir/report.json, arrays.npz and PNG figures, and
@@ -135,7 +141,8 @@ def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[
         bar.set_postfix_str(name)
         start = time.perf_counter()
         try:
-            report[name] = _DIAGNOSTIC_FUNCTIONS[name](ctx)
+            with jax.default_matmul_precision(ANALYSIS_PRECISION):
+                report[name] = _DIAGNOSTIC_FUNCTIONS[name](ctx)
         except Skip as why:
             report[name] = {"skipped": str(why)}
             report["skipped"][name] = str(why)

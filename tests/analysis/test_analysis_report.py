@@ -162,6 +162,32 @@ def test_tisa_run_skips_what_does_not_apply(tmp_path, spm_model, texts):
     figures_exist(report, out)
 
 
+def test_diagnostics_trace_full_precision_products(tmp_path, spm_model, texts, monkeypatch):
+    """A GPU's default float32 product (TF32, about 1e-3 relative) is coarser than what the diagnostics compare
+    (Muppet's terms sum to the hidden states within 1e-4): the encoder's program traced inside a diagnostic asks
+    for full precision in every dot product, and one traced outside keeps the default."""
+    from jaxpos.analysis import report as report_module
+    from jaxpos.analysis.taps import _encoder_taps
+
+    save_run(tmp_path / "run", spm_model, dict(kind="absolute"))
+    model = load_run(str(tmp_path / "run"))
+    ids = jnp.zeros((1, 16), jnp.int32)
+
+    def dot_precisions():
+        text = _encoder_taps(model.cfg).lower(model.params, ids, jnp.ones_like(ids), None).as_text()
+        return {line.split("precision = ")[1].split("]")[0] + "]" for line in text.splitlines()
+                if "dot_general" in line}
+
+    traced = {}
+    monkeypatch.setitem(report_module._DIAGNOSTIC_FUNCTIONS, "rank",
+                        lambda ctx: traced.setdefault("inside", dot_precisions()) and {})
+    with jax.default_matmul_precision("default"):  # jax's own default (this suite's conftest asks for highest)
+        analyze(model, str(tmp_path / "out"), sentences=corpus_sentences(model, texts, 4), only=["rank"], **FAST)
+        outside = dot_precisions()
+    assert traced["inside"] == {"[HIGHEST, HIGHEST]"}
+    assert "[DEFAULT, DEFAULT]" in outside
+
+
 def make_hf_folder(path, texts, vocab_size=300):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
