@@ -136,9 +136,11 @@ reproduce() {
   step "${REPRODUCE_S:-470}" "jaxpos reproduce --profile full" "$PY" -m jaxpos.cli reproduce --profile full \
     --out "$REPRODUCE_OUT" ${REPRODUCE:---workers 12}
   step 45 "report of the finished runs" "$PY" -m jaxpos.cli reproduce --report-only --out "$REPRODUCE_OUT"
-  # what the report reads (plan.json, each run's result.json) and the logs: checkpoints and analyses stay behind
+  # What the report reads (plan.json, each run's result.json), the logs and the tokenizer; checkpoints and analyses
+  # stay behind. Unpacked as $REPRODUCE_OUT on the next host, the folder resumes: its finished runs are kept.
   step 30 "pack the results" tar -czf "$LOG_DIR/reproduce-full.tar.gz" -C "$REPRODUCE_OUT" --exclude=checkpoints \
-    --exclude=analysis --exclude=tensorboard --exclude="*.png" plan.json numbers.json REPRODUCTION.md runs.txt runs
+    --exclude=analysis --exclude=tensorboard --exclude="*.png" plan.json numbers.json REPRODUCTION.md runs.txt \
+    tokenizer runs
 }
 
 case "$STAGE" in

@@ -9,11 +9,13 @@ import sys
 import pytest
 
 from bench import attention_bias
+from jaxpos.cli import build_parser
 from jaxpos.config.model import ATTENTION_IMPLS
 from jaxpos.positions import MECHANISMS
+from jaxpos.reproduction.runs import PROFILES
 from tests.test_launch import ROOT, dry_run
 
-STAGES = ("recipes", "attention", "variants", "peers")
+STAGES = ("recipes", "attention", "variants", "peers", "reproduce")
 STAGE_S = 600  # a stage's commands' limits together, with room for set-up
 
 
@@ -44,8 +46,27 @@ def test_gpu_runbook_names_what_exists_and_fits_ten_minutes(stage):
             assert opts["--kind"] in MECHANISMS and opts["--impl"] in ATTENTION_IMPLS
         elif "bench/decode_throughput.py" in command:
             assert set(opts["--kinds"].split(",")) <= set(MECHANISMS)
+        elif command[1:4] == ["-m", "jaxpos.cli", "reproduce"]:
+            assert build_parser().parse_args(command[3:]).out == opts["--out"]
+            assert opts.get("--profile", "full") in PROFILES
+        elif command[0] == "tar":
+            folder = command[command.index("-C") + 1]
+            assert folder == "runs/reproduce-full" and {"plan.json", "tokenizer", "runs"} <= set(command)
         else:
             pytest.fail(f"a command the test does not check: {command}")
+
+
+def test_gpu_runbook_reproduces_a_subset():
+    """REPRODUCE's arguments reach `jaxpos reproduce` and name mechanisms and claims that exist; REPRODUCE_S
+    limits it."""
+    from jaxpos.reproduction.reproduce import new_plan
+
+    subset = "--mechanisms none,tisa --claims tisa_local,muppet_exact --seeds 3 --workers 6"
+    command = dry_run("bench/gpu_runs.sh", "reproduce", REPRODUCE=subset, REPRODUCE_S="195")[0]
+    assert command[3] == "195" and command[-len(subset.split()):] == subset.split()
+    args = build_parser().parse_args(command[7:])
+    plan = new_plan(args.profile, args.seeds, args.workers, args.mechanisms.split(","), args.claims.split(","))
+    assert sorted(plan["runs"]) == sorted(f"{m}_s{s}" for m in ("none", "tisa") for s in range(3))
 
 
 def test_gpu_runbook_refuses_an_unknown_stage():

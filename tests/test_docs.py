@@ -117,7 +117,7 @@ def test_every_relative_link_resolves():
 
 
 # Documented commands that a test runs or dry-runs (a launch or benchmark script, which the parser cannot check),
-# each with that test; a script command missing here fails test_every_documented_command_is_accounted_for.
+# as shlex.join writes them, each with that test; a script command missing here fails test_every_documented_command_is_accounted_for.
 RUN_BY_TESTS = {
     "launch/tpu_pod.sh my-v4-32 us-central2-b configs/mlm/diet.py gs://BUCKET/runs/diet --config.mesh.fsdp=4 "
     "--config.data.tokenizer_path=gs://BUCKET/spm_diet.model":
@@ -128,6 +128,9 @@ RUN_BY_TESTS = {
         "tests/test_launch.py::test_local_runs_one_process_on_this_host",
     "launch/reproduce.sbatch /shared/repro --profile full":
         "tests/test_reproduce.py::test_the_slurm_array_script_dry_run",
+    "'REPRODUCE=--mechanisms none,tisa --claims tisa_local,muppet_exact --seeds 3 --workers 6' REPRODUCE_S=195 "
+    "bash bench/gpu_runs.sh reproduce":
+        "tests/test_bench.py::test_gpu_runbook_reproduces_a_subset",
 }
 
 SHELL_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -191,7 +194,7 @@ def command_problem(argv: list[str]) -> str | None:
     kind, words = target
     overrides = [w for w in words if w.startswith("--config.")]
     if kind == "script":
-        named = RUN_BY_TESTS.get(" ".join(argv))
+        named = RUN_BY_TESTS.get(shlex.join(argv))
         if named is None:
             return "a script command that RUN_BY_TESTS does not list with the test that runs it"
         config_file = next((w for w in words if w.startswith("configs/") and w.endswith(".py")), None)

@@ -5,6 +5,7 @@ structure, every number in numbers.json, verdicts recomputable from the runs, re
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -339,6 +340,13 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     os.remove(out / "runs" / "none_s1" / "result.json")
     assert repro.run_one(str(out), "none_s1") == "done"
     assert "resumed from checkpoint step 12" in (out / "runs" / "none_s1" / "run.log").read_text()
+    # The folder moved elsewhere (another host) resumes there: the plan names its tokenizer relative to itself.
+    moved = tmp_path / "moved"
+    shutil.move(out, moved)
+    assert json.loads((moved / "plan.json").read_text())["tokenizer"] == os.path.join("tokenizer", "spm_mlm.model")
+    os.remove(moved / "runs" / "none_s0" / "result.json")
+    assert repro.run_one(str(moved), "none_s0") == "done"
+    assert "resumed from checkpoint step 12" in (moved / "runs" / "none_s0" / "run.log").read_text()
 
 
 def test_the_slurm_array_script_dry_run(tmp_path):

@@ -134,9 +134,10 @@ PROFILES = {
     # three English Bibles (2.8M tokens), 64 rows a step. At 16 rows a step DIET-Rel's held-out loss parts from
     # the bag-of-words model's between steps 1,000 and 2,000 and learned absolute positions had not parted by
     # step 4,000; 64 rows a step cost a GPU no more time per step (a tiny model is latency-bound) and bring the
-    # parting forward, so 4,000 steps leave the slow mechanisms a margin. Fine-tuning: 600 steps of 32 pairs.
+    # parting forward, so 4,000 steps leave the slow mechanisms a margin (on an H200, learned absolute positions
+    # part by step 1,600). Fine-tuning: 600 steps of 32 pairs.
     "full": Profile(
-        "full", "the verdicts: every mechanism, 5 seeds; about 10 min on one GPU host, days on 2 CPU cores",
+        "full", "the verdicts: every mechanism, 5 seeds; about half an hour on one GPU host, days on 2 CPU cores",
         tuple(RUN_MECHANISMS), 5,
         model=dict(max_length=128),
         data=dict(source="bible", bible_editions=("web", "kjv", "bbe"), seq_len=128, vocab_size=4000),
@@ -299,18 +300,27 @@ def make_plan(profile: Profile, seeds: int, needs: Mapping[str, Sequence[str]], 
 
 
 def load_plan(out: str) -> dict | None:
+    """OUT/plan.json, its tokenizer's path made absolute; None where there is none."""
     path = os.path.join(out, PLAN_FILE)
     if not os.path.isfile(path):
         return None
     with open(path) as f:
-        return json.load(f)
+        plan = json.load(f)
+    if plan.get("tokenizer"):
+        plan["tokenizer"] = os.path.join(os.path.abspath(out), plan["tokenizer"])
+    return plan
 
 
 def save_plan(out: str, plan: dict) -> None:
+    """Writes OUT/plan.json, the tokenizer's path relative to OUT: the folder may move to another host and resume
+    there (finished runs are reused)."""
     os.makedirs(out, exist_ok=True)
+    saved = dict(plan)
+    if saved.get("tokenizer"):
+        saved["tokenizer"] = os.path.relpath(saved["tokenizer"], os.path.abspath(out))
     tmp = os.path.join(out, PLAN_FILE + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(plan, f, indent=1)
+        json.dump(saved, f, indent=1)
     os.replace(tmp, os.path.join(out, PLAN_FILE))
 
 
