@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Sequence
+
+import numpy as np
 
 from jaxpos.data.bible import bible_db_path
 from jaxpos.progress import status
@@ -60,19 +63,23 @@ def _shared_tokenizer(out: str, plan: dict) -> tuple[str, dict]:
 
 
 def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None = None) -> dict:
-    """The wall time of runs `names` (default: all) on `workers` processes from a timing of the recipe: each run's
-    pretraining and fine-tuning steps, its evaluations, an allowance per analysed checkpoint, and for a
-    mechanism's first run its compiling (the timing's first step, for each program it compiles; later seeds find
-    the programs in the compilation cache). {"run_s": {name: s}, "total_s", "workers"}."""
+    """The wall time of runs `names` (default: all) on `workers` processes from a timing of the recipe taken on
+    every worker at once (so a step's cost includes sharing the device): each run's pretraining and fine-tuning
+    steps, its evaluations, an allowance per analysed checkpoint, and its compiling (the timing's first step, for
+    each program it compiles) unless a run of its mechanism finished before it started (the programs are then in
+    the compilation cache; seeds running side by side each compile). The runs are scheduled as the pool takes
+    them: in plan order, each to the first free worker. {"run_s": {name: s}, "total_s", "workers"}."""
     profile = runs.profile_of(plan)
     step, compile_s = timing["step_s"], max(0.0, timing["first_step_s"] - timing["step_s"])
     pretrain_rows = profile.train["batch_size"] * profile.data["seq_len"]
     finetune_step = step * (profile.finetune_train["batch_size"] * profile.finetune_data["max_length"]) / pretrain_rows
-    seconds, compiled = {}, set()
+    free = [0.0] * max(1, workers)  # when each worker takes its next run
+    cached = {}  # mechanism -> when its first run finished
+    seconds = {}
     for name in names or plan["runs"]:
         stages, mechanism = set(plan["runs"][name]["stages"]), plan["runs"][name]["mechanism"]
-        compiles = mechanism not in compiled
-        compiled.add(mechanism)
+        start = min(free)
+        compiles = cached.get(mechanism, math.inf) > start
         s = profile.steps * step + profile.curve_points * profile.eval_batches * step / 3  # forward only: ~1/3
         s += COMPILED_PROGRAMS["pretrain"] * compile_s * compiles
         if "finetune" in stages:
@@ -82,15 +89,25 @@ def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None
                                                                                                        "final"}))
         s += analysed * ANALYSIS_STEP_EQUIVALENT * step
         seconds[name] = s
-    total = sum(seconds.values()) / max(1, min(workers, len(seconds)))
-    return dict(run_s=seconds, total_s=total, workers=workers)
+        free[free.index(start)] = start + s
+        cached[mechanism] = min(cached.get(mechanism, math.inf), start + s)
+    return dict(run_s=seconds, total_s=max(free), workers=workers)
+
+
+def time_on_every_worker(pool: runs.Pool) -> dict:
+    """The recipe timed on every worker of `pool` at once, as the runs will share the device and the cores: the
+    median over workers of the first step (compiling included) and of a step, and each worker's timing."""
+    timings = pool.call_on_every_worker("time_recipe", runs.TIMING_MECHANISM)
+    return dict(first_step_s=float(np.median([t["first_step_s"] for t in timings])),
+                step_s=float(np.median([t["step_s"] for t in timings])), mechanism=runs.TIMING_MECHANISM,
+                workers=timings)
 
 
 def describe_estimate(plan: dict, estimated: dict, device: str) -> str:
     timing = plan["timing"]
     return (f"estimated wall time: {estimated['total_s'] / 60:.1f} min for {len(estimated['run_s'])} run(s) on "
             f"{device} (a step {timing['step_s'] * 1000:.0f} ms and {timing['first_step_s']:.1f} s to compile, "
-            f"timed alone on one worker: workers sharing a GPU or busy cores run slower)")
+            f"timed on every worker at once; fine-tuning and analyses are rough allowances)")
 
 
 @dataclasses.dataclass
@@ -134,7 +151,7 @@ def reproduce(out: str, profile: str, seeds: int | None = None, workers: int | N
         pending = [n for n in names if runs.read_result(out, n) is None]
         if pending:
             if "timing" not in plan:
-                plan["timing"] = pool.call("time_recipe", runs.TIMING_MECHANISM)
+                plan["timing"] = time_on_every_worker(pool)
                 runs.save_plan(out, plan)
             estimated = estimate(plan, plan["timing"], pool.workers, pending)
             plan.setdefault("estimates", []).append(dict(estimated, at=time.strftime("%Y-%m-%d %H:%M:%S")))

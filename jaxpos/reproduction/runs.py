@@ -426,6 +426,12 @@ class Pool:
         """pipeline.`function`(out, name) on one worker; its return value."""
         return self.executor.submit(_call_in_worker, function, self.out, name).result()
 
+    def call_on_every_worker(self, function: str, name: str) -> list:
+        """pipeline.`function`(out, name) as many times as there are workers, submitted at once so that each
+        worker takes one (each call outlasts the workers' start); the return values."""
+        futures = [self.executor.submit(_call_in_worker, function, self.out, name) for _ in range(self.workers)]
+        return [future.result() for future in futures]
+
     def map(self, function: str, names: Sequence[str], on_result: Callable[[str, object], None]) -> dict:
         """pipeline.`function`(out, name) for each name, the first free worker taking the next; `on_result`
         sees each as it ends. Returns {name: return value, or "failed: why" where the worker died}."""
