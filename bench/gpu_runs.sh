@@ -130,7 +130,7 @@ REPRODUCE_OUT=runs/reproduce-full
 # A subset instead of the whole matrix: REPRODUCE="--mechanisms none,tisa --claims tisa_local --seeds 3" with a
 # shorter REPRODUCE_S.
 reproduce() {
-  # 8 runs per GPU by default; this host's 16 cores feed 12. Seed-major order: a run cut short by the limit leaves
+  # 8 runs per GPU by default; a 16-core GPU host feeds 12. Seed-major order: a run cut short by the limit leaves
   # every mechanism's first seeds finished, and the report says which runs are missing.
   # shellcheck disable=SC2086  # REPRODUCE holds several arguments
   step "${REPRODUCE_S:-470}" "jaxpos reproduce --profile full" "$PY" -m jaxpos.cli reproduce --profile full \
