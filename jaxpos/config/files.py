@@ -82,6 +82,15 @@ def write_run_file(workdir: str, name: str, text: str) -> str:
     return str(path)
 
 
+def write_json_atomically(path: str, value, **dump_options) -> None:
+    """Writes `value` as JSON to the local file `path` through a temporary file and a rename: a reader (a resumed
+    command, a report step) never sees half a file. `dump_options` go to json.dump (indent, allow_nan)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, **dump_options)
+    os.replace(tmp, path)
+
+
 def write_run_report(workdir: str, report: dict) -> dict:
     """Writes WORKDIR/report.json; a field this invocation left empty (a run resumed at its last step trains and
     evaluates nothing) keeps what the report on disk held. Returns the report written."""

@@ -25,6 +25,7 @@ from jaxpos.analysis.locality import locality, symmetry
 from jaxpos.analysis.over_training import analyze_over_training
 from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences
 from jaxpos.config import model_config
+from jaxpos.config.files import write_json_atomically
 from jaxpos.data.classification import load_examples
 from jaxpos.data.mlm import PackedExamples
 from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
@@ -159,18 +160,20 @@ def execute_run(out: str, name: str) -> dict:
     pretrain_dir = os.path.join(folder, "pretrain")
     timing = {}
 
-    def timed(key, fn, *args, **kwargs):
+    @contextlib.contextmanager
+    def timed(key):  # the seconds of each stage, in result.json
         start = time.perf_counter()
-        value = fn(*args, **kwargs)
+        yield
         timing[key] = round(time.perf_counter() - start, 3)
-        return value
 
     config = pretrain_config(plan, mechanism, seed)
-    timed("pretrain_s", train_mlm, config, pretrain_dir)
+    with timed("pretrain_s"):
+        train_mlm(config, pretrain_dir)
     with open(os.path.join(pretrain_dir, "report.json")) as f:
         pretrain = json.load(f)
     _check_finished("pretraining", pretrain["step"], profile.steps, pretrain_dir)
-    curve = timed("curve_s", learning_curve, config, pretrain_dir, profile.curve_steps())
+    with timed("curve_s"):
+        curve = learning_curve(config, pretrain_dir, profile.curve_steps())
     model = load_run(pretrain_dir)
     seq_len = config.data.seq_len
     result = dict(
@@ -186,16 +189,18 @@ def execute_run(out: str, name: str) -> dict:
     if "finetune" in stages:
         ft_config = finetune_config(plan, seed)
         ft_dir = os.path.join(folder, "paraphrase")
-        report = timed("finetune_s", finetune, ft_config, pretrain_dir, ft_dir, log=False)
+        with timed("finetune_s"):
+            report = finetune(ft_config, pretrain_dir, ft_dir, log=False)
         _check_finished("fine-tuning", report["step"], ft_config.train.num_steps, ft_dir)
         result["finetune"] = dict(task=report["task"], last=report["dev"]["dev"]["accuracy"],
                                   best=report["best"]["dev"]["accuracy"], chance=report["chance"]["accuracy"],
                                   steps=ft_config.train.num_steps, step_time_s=report["train"].get("step_time"))
         if "probe" in stages:
             examples = load_examples(ft_config.data, "test")[:profile.probe_examples]
-            result["probe"] = timed("probe_s", paraphrase_probe, load_finetuned(ft_dir), examples,
-                                    tuple(ft_config.data.offline_windows), ft_config.data.offline_min_distance,
-                                    seed)
+            with timed("probe_s"):
+                result["probe"] = paraphrase_probe(load_finetuned(ft_dir), examples,
+                                                   tuple(ft_config.data.offline_windows),
+                                                   ft_config.data.offline_min_distance, seed)
 
     analysis_dir = os.path.join(folder, "analysis")
     options = dict(profile.analysis, figures=False)  # the report draws its own figures from the numbers
@@ -203,10 +208,10 @@ def execute_run(out: str, name: str) -> dict:
     sentences = corpus_sentences(model, analysis_texts(None), profile.max_sentences) if needs_sentences else None
     skipped = {}
     if stages & {"last", "over_training"}:
-        start = time.perf_counter()
         steps = profile.analysis_steps() if "over_training" in stages else profile.analysis_steps()[-1:]
-        over = analyze_over_training(model, analysis_dir, sentences=sentences, steps=steps, only=OVER_TRAINING,
-                                     **options)
+        with timed("analysis_s"):
+            over = analyze_over_training(model, analysis_dir, sentences=sentences, steps=steps, only=OVER_TRAINING,
+                                         **options)
         with open(os.path.join(analysis_dir, over["reports"][str(over["steps"][-1])])) as f:
             last = json.load(f)
         decomposition, rank = last.get("decomposition", {}), last.get("rank", {})
@@ -220,24 +225,20 @@ def execute_run(out: str, name: str) -> dict:
                 importance=decomposition["importance"],
                 max_reconstruction_error=decomposition["max_reconstruction_error"]))
         skipped.update(last.get("skipped", {}))
-        timing["analysis_s"] = round(time.perf_counter() - start, 3)
     if "final" in stages:
-        start = time.perf_counter()
-        final = analyze(model, os.path.join(analysis_dir, "final"), sentences=sentences, only=FINAL_ONLY, **options)
+        with timed("final_s"):
+            final = analyze(model, os.path.join(analysis_dir, "final"), sentences=sentences, only=FINAL_ONLY,
+                            **options)
         effective, ident = final.get("effective_attention", {}), final.get("identifiability", {})
         result["final"] = dict(
             effective_attention=None if "skipped" in effective else dict(lengths=effective["lengths"],
                                                                          correlation=effective["correlation"]),
             identifiability=None if "skipped" in ident else dict(rates=ident["rates"]))
         skipped.update(final.get("skipped", {}))
-        timing["final_s"] = round(time.perf_counter() - start, 3)
     result["skipped"] = skipped
     timing["wall_s"] = round(time.perf_counter() - wall, 3)
     result["timing"] = timing
-    tmp = os.path.join(folder, RESULT_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1, allow_nan=False)
-    os.replace(tmp, os.path.join(folder, RESULT_FILE))
+    write_json_atomically(os.path.join(folder, RESULT_FILE), result, indent=1, allow_nan=False)
     status(f"wrote {os.path.join(folder, RESULT_FILE)} ({timing['wall_s']:.0f} s)")
     return result
 

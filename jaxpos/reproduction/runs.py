@@ -25,7 +25,7 @@ from importlib.metadata import version
 from typing import Callable, Mapping, Sequence
 
 from jaxpos.config import MECHANISMS, position_config
-from jaxpos.config.files import load_config
+from jaxpos.config.files import load_config, write_json_atomically
 from jaxpos.progress import status
 
 PLAN_FILE = "plan.json"
@@ -318,10 +318,7 @@ def save_plan(out: str, plan: dict) -> None:
     saved = dict(plan)
     if saved.get("tokenizer"):
         saved["tokenizer"] = os.path.relpath(saved["tokenizer"], os.path.abspath(out))
-    tmp = os.path.join(out, PLAN_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(saved, f, indent=1)
-    os.replace(tmp, os.path.join(out, PLAN_FILE))
+    write_json_atomically(os.path.join(out, PLAN_FILE), saved, indent=1)
 
 
 def profile_of(plan: dict) -> Profile:

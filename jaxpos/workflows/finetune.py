@@ -23,7 +23,7 @@ from etils import epath
 from jaxpos.analysis.loading import load_hf
 from jaxpos.checkpoints import huggingface as hf
 from jaxpos.config import ModelConfig
-from jaxpos.config.files import load_json_config
+from jaxpos.config.files import load_json_config, write_json_atomically
 from jaxpos.config.validate import check_run_config
 from jaxpos.data.classification import (ClassificationTrainIterator, encode_examples, eval_batches, hf_tokenizer,
                                         jaxpos_tokenizer, load_examples, task_spec)
@@ -190,10 +190,7 @@ def load_encoded(dcfg, split: str, tokenizer, spec, need_labels: bool = True):
 
 def _write_json(path: str, value) -> None:
     if jax.process_index() == 0:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(value, f, indent=2)
-        os.replace(tmp, path)  # never a half-written file for the sweep to read
+        write_json_atomically(path, value, indent=2)  # never a half-written file for the sweep to read
 
 
 def read_evals(workdir: str) -> list[dict]:
