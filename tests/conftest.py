@@ -2,10 +2,12 @@
 
 import os
 
-# The suite's programs are tiny and compile once each: compiling without LLVM's optimisations cuts the cold run by
-# about a third (the same flags as the reproduction's short runs).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-                                   "--xla_llvm_disable_expensive_passes=true")
+from tests.xla_flags import quick_compile_flags
+
+# The suite's programs are tiny and compile once each: unoptimised code with XLA's older CPU emitters compiles them
+# in about a third of the default's time (tests/xla_flags.py).
+if "XLA_FLAGS" not in os.environ:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 {quick_compile_flags()}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The Mosaic GPU interpreter runs a kernel's three warpgroups as concurrent host callbacks on the CPU client's
 # thread pool (one thread per core by default: two on CI, where they would wait on each other for ever).

@@ -14,6 +14,7 @@ from jaxpos.config.model import ATTENTION_IMPLS
 from jaxpos.positions import MECHANISMS
 from jaxpos.reproduction.runs import PROFILES
 from tests.test_launch import ROOT, dry_run
+from tests.xla_flags import quick_compile_flags
 
 STAGES = ("recipes", "attention", "variants", "peers", "reproduce")
 STAGE_S = 600  # a stage's commands' limits together, with room for set-up
@@ -100,7 +101,8 @@ def test_training_benchmark_paths_and_peer_in_concurrent_workers():
     proc = subprocess.run([sys.executable, "bench/train_throughput.py", "--size", "tiny", "--shapes", "8x32",
                            "--kinds", "none", "--paths", "xla@0,xla@0.1", "--steps", "2", "--jobs", "2",
                            "--repeat-first", "--peers", "plain_jax"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, XLA_FLAGS=quick_compile_flags()))  # one device: half the time
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table_rows(proc.stdout)
     assert len(rows) == 8, proc.stdout  # four as measured, four in row order

@@ -13,6 +13,7 @@ import pytest
 from jaxpos.analysis.over_training import headline, select_steps
 from jaxpos.cli import main
 from jaxpos.training.checkpoint import saved_steps
+from tests.xla_flags import quick_compile_flags
 
 OPTIONS = ["--quick", "--only", "position_gram,identical_word,rank,decomposition", "--max-sentences", "24",
            "--probe-words", "4", "--probe-length", "16", "--lengths", "16"]
@@ -31,8 +32,7 @@ def workdir(tmp_path_factory):
     process: one CPU device and unoptimised code compile far faster than the tests' 8 simulated devices."""
     path = str(tmp_path_factory.mktemp("ot") / "run")
     overrides = [f"--config.{block}.{k}={v}" for block, values in TRAIN.items() for k, v in values.items()]
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=quick_compile_flags())
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     subprocess.run([sys.executable, "-m", "jaxpos.cli", "train", "--config", "configs/mlm/tiny.py", "--workdir", path,
                     "--config.model.position.kind=absolute"] + overrides, cwd=root, env=env, check=True,

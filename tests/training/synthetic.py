@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import sys
 
+import jax
 import ml_collections
 import numpy as np
 
 from jaxpos.config import model_config
 from jaxpos.config.defaults import mesh_block, model_block, train_block
 from jaxpos.models import BertForMaskedLM
+from jaxpos.sharding import make_mesh
 from jaxpos.training.loop import Trainer
 from jaxpos.training.mlm import MaskedLMTask
 
@@ -60,7 +62,10 @@ def config(num_steps: int, checkpoint_every: int = 5, accum: int = 1, kind: str 
 def run(workdir: str, num_steps: int, checkpoint_every: int = 5, poison_at=None, accum: int = 1, log=False,
         kind: str = "tisa"):
     c = config(num_steps, checkpoint_every, accum, kind)
-    trainer = Trainer(c, workdir, MaskedLMTask(BertForMaskedLM(model_config(c.model)), SEQ), log=log)
+    # One device: these runs test the loop, whose sharded runs tests/training/test_mesh_training.py and
+    # test_multiprocess.py check (8 simulated devices take a third longer to compile and step).
+    mesh = make_mesh(devices=jax.devices()[:1])
+    trainer = Trainer(c, workdir, MaskedLMTask(BertForMaskedLM(model_config(c.model)), SEQ), log=log, mesh=mesh)
     try:
         return trainer.run(SyntheticData(poison_at=poison_at))
     finally:

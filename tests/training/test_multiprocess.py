@@ -21,6 +21,8 @@ import time
 import numpy as np
 import pytest
 
+from tests.xla_flags import quick_compile_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, CHECKPOINT_EVERY, MESH = 6, 3, (2, 2, 2)
 PROCESSES, LOCAL_DEVICES = 2, 4
@@ -135,7 +137,7 @@ def start_workers(workdir: str, tokenizer: str, out: str, cache: str, stall_afte
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
                # Each process has 4 devices (jax_num_cpu_devices), not the conftest's 8; cheaper compilation.
-               XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+               XLA_FLAGS=quick_compile_flags())
     procs = []
     for i in range(PROCESSES):
         command = [sys.executable, "-m", "tests.training.test_multiprocess", "worker", str(i), str(port), workdir,
