@@ -51,7 +51,8 @@ def plot_tisa_scores(params: dict, max_offset: int, path: str, profiles: np.ndar
     return path
 
 
-def _save(fig, path: str) -> str:
+def save_figure(fig, path: str) -> str:
+    """Lays out FIG, writes it to PATH (a PNG at 110 dpi) and closes it; returns PATH."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -75,7 +76,7 @@ def plot_position_gram(gram: np.ndarray, r2: float, path: str, title: str = "") 
     ax.set_xlabel("position j")
     ax.set_ylabel("position i")
     ax.set_title(f"{title + ': ' if title else ''}$E_P E_P^T$, Toeplitz $R^2$ = {r2:.3f}", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_positional_matrices(matrices: np.ndarray, titles: list[str], path: str, suptitle: str = "") -> str:
@@ -90,7 +91,7 @@ def plot_positional_matrices(matrices: np.ndarray, titles: list[str], path: str,
         ax.set_ylabel("query position")
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_ranks(logit_rank: np.ndarray, head_dim: int, length: int, path: str,
@@ -112,7 +113,7 @@ def plot_ranks(logit_rank: np.ndarray, head_dim: int, length: int, path: str,
         ax.set_ylabel("numerical rank")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_term_importance(importance: np.ndarray, path: str, terms=("i", "h", "f", "c"), title: str = "") -> str:
@@ -127,7 +128,7 @@ def plot_term_importance(importance: np.ndarray, path: str, terms=("i", "h", "f"
     ax.set_xticks(np.arange(len(importance)))
     ax.set_title(title or "additive decomposition: term importance", fontsize=9)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_effective_attention(raw: np.ndarray, effective: np.ndarray, lengths, correlation: np.ndarray,
@@ -153,7 +154,7 @@ def plot_effective_attention(raw: np.ndarray, effective: np.ndarray, lengths, co
     ax.set_ylabel("Pearson r (raw, effective)")
     ax.set_title("correlation of raw and effective attention", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_identifiability(rates: dict, path: str, title: str = "") -> str:
@@ -166,7 +167,7 @@ def plot_identifiability(rates: dict, path: str, title: str = "") -> str:
     ax.set_ylabel("identifiability rate (test)")
     ax.set_title(title or "token identifiability", fontsize=9)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_attribution(by_distance: np.ndarray, self_share: np.ndarray, top_share: np.ndarray, path: str) -> str:
@@ -189,7 +190,7 @@ def plot_attribution(by_distance: np.ndarray, self_share: np.ndarray, top_share:
     axes[1].set_xlabel("layer")
     axes[1].set_title("the token's own contribution", fontsize=9)
     axes[1].legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_over_training(steps, series: dict, path: str, head_dim: int | None = None, title: str = "") -> str:
@@ -234,4 +235,4 @@ def plot_over_training(steps, series: dict, path: str, head_dim: int | None = No
         ax.legend(fontsize=6)
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -152,20 +152,20 @@ def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[
     bar.close()
     if ctx.arrays:
         np.savez_compressed(os.path.join(out_dir, "arrays.npz"), **ctx.arrays)
-    report = _jsonable(report)
+    report = jsonable(report)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1, allow_nan=False)
     return report
 
 
-def _jsonable(x):
+def jsonable(x):
     """Numpy scalars and arrays as Python numbers and lists; NaN and infinities as None (strict JSON)."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
+        return jsonable(x.tolist())
     if isinstance(x, (np.bool_, bool)):
         return bool(x)
     if isinstance(x, (np.integer, int)):

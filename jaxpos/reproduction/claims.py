@@ -98,7 +98,7 @@ PAPER_FIGURES = {
 
 # --- reading the runs --------------------------------------------------------------------------------------------
 
-def _get(result: dict, path: str):
+def value_at(result: dict, path: str):
     """result['a']['b'][i]... for a dotted path with integer indices; None where anything is missing."""
     node = result
     for key in path.split("."):
@@ -113,11 +113,11 @@ def _get(result: dict, path: str):
 
 
 def field(path: str) -> Callable[[dict], float | None]:
-    return lambda r: _get(r, path)
+    return lambda r: value_at(r, path)
 
 
 def accuracy(r):  # DIET's protocol: the maximum dev accuracy over evaluations
-    return _get(r, "finetune.best")
+    return value_at(r, "finetune.best")
 
 
 def by_seed(table: dict, mechanism: str, value: Callable[[dict], float | None]) -> dict[int, float | None]:
@@ -157,7 +157,7 @@ def fmt(s: dict, digits: int = 3) -> str:
 def first_last(series: str) -> Callable[[dict], float | None]:
     """The change of an over-training series from the first to the last analysed checkpoint."""
     def change(r):
-        values = _get(r, f"over_training.series.{series}")
+        values = value_at(r, f"over_training.series.{series}")
         if not values or len(values) < 2 or values[0] is None or values[-1] is None:
             return None
         return values[-1] - values[0]
@@ -281,7 +281,7 @@ def _diet_per_head(table, trained):
 
 def _diet_rank(table, trained):
     def excess(r):  # the run's largest logit rank relative to its head dim
-        rank = _get(r, "last.rank.logit_rank_max")
+        rank = value_at(r, "last.rank.logit_rank_max")
         return None if rank is None else rank - r["head_dim"]
 
     ape = [v for m in ("absolute", "sinusoidal") for v in by_seed(table, m, excess).values()]
@@ -289,8 +289,8 @@ def _diet_rank(table, trained):
     parts = [bound(ape, lambda x: x <= 0, "input positions: largest logit rank − D", "<= 0"),
              bound(biased, lambda x: x > 0, "DIET-Rel / DIET-Abs: largest logit rank − D", "> 0")]
     head_dim = next((r["head_dim"] for runs in table.values() for r in runs), None)
-    length = next((_get(r, "last.rank.length") for runs in table.values() for r in runs
-                   if _get(r, "last.rank.length")), None)
+    length = next((value_at(r, "last.rank.length") for runs in table.values() for r in runs
+                   if value_at(r, "last.rank.length")), None)
     return parts, dict(head_dim=head_dim, length=length, logit_rank_max={
         m: describe(by_seed(table, m, field("last.rank.logit_rank_max")))
         for m in ("absolute", "sinusoidal", "diet_rel", "diet_abs") if table.get(m)})
@@ -369,7 +369,7 @@ def _chen_correlation(table, trained):
     for name in ("locality", "symmetry"):
         rho = {}
         for s in seeds:
-            pairs = [(_get(r, f"last.headline.{name}"), accuracy(r)) for m in pool for r in table[m]
+            pairs = [(value_at(r, f"last.headline.{name}"), accuracy(r)) for m in pool for r in table[m]
                      if r["seed"] == s]
             pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
             rho[s] = rank_correlation([a for a, _ in pairs], [b for _, b in pairs])
@@ -404,7 +404,7 @@ def _chen_swaps(table, trained):
 # --- Muppet ------------------------------------------------------------------------------------------------------
 
 def _muppet_exact(table, trained):
-    errors = [v for runs in table.values() for v in (_get(r, "last.decomposition.max_reconstruction_error")
+    errors = [v for runs in table.values() for v in (value_at(r, "last.decomposition.max_reconstruction_error")
                                                       for r in runs) if v is not None]
     parts = [bound(errors, lambda x: x <= EXACT_TOLERANCE, "largest |i + h + f + c − e|", f"<= {EXACT_TOLERANCE:g}")]
     return parts, dict(max_error=describe(errors))
@@ -413,7 +413,7 @@ def _muppet_exact(table, trained):
 def _importance_change(term: int) -> Callable[[dict], float | None]:
     """mu of a term at the last layer minus at the first layer (rows 0 = embeddings, 1..L = layers)."""
     def change(r):
-        importance = _get(r, "last.decomposition.importance")
+        importance = value_at(r, "last.decomposition.importance")
         if not importance or len(importance) < 3:
             return None
         return importance[-1][term] - importance[1][term]
@@ -434,7 +434,8 @@ def _muppet_depth(table, trained):
 
 def _identifiability_effective(table, trained):
     def change(r):
-        lengths, corr = _get(r, "final.effective_attention.lengths"), _get(r, "final.effective_attention.correlation")
+        lengths = value_at(r, "final.effective_attention.lengths")
+        corr = value_at(r, "final.effective_attention.correlation")
         if not lengths:
             return None
         below = [c for n, c in zip(lengths, corr) if n <= r["head_dim"] and c is not None]
@@ -446,8 +447,8 @@ def _identifiability_effective(table, trained):
                         None, -1, ["absolute"])]
     curves = [v for v in by_seed(table, "absolute", field("final.effective_attention.correlation")).values() if v]
     return parts, dict(change=describe(diffs),
-                       lengths=next((_get(r, "final.effective_attention.lengths") for r in table.get("absolute", [])),
-                                    None),
+                       lengths=next((value_at(r, "final.effective_attention.lengths")
+                                     for r in table.get("absolute", [])), None),
                        correlation_mean=np.mean(curves, axis=0).tolist() if curves else None)
 
 

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from jaxpos.analysis.plots import _save, plt  # plots chooses matplotlib's file-only backend
-from jaxpos.analysis.report import _jsonable  # numpy -> JSON, NaN -> null
+from jaxpos.analysis.plots import plt, save_figure  # plots chooses matplotlib's file-only backend
+from jaxpos.analysis.report import jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.reproduction import claims as C
 from jaxpos.reproduction.runs import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
 
@@ -175,7 +175,7 @@ def _learning_curves_figure(path: str, curve: dict, entropy: float | None) -> st
     ax.set_ylabel("held-out MLM loss (nats/token)")
     ax.set_title("learning curves (mean ± sd over seeds)", fontsize=9)
     ax.legend(fontsize=6, ncol=3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | None) -> dict:
@@ -193,7 +193,7 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     _bars(axes[1], names, [numbers[m]["mlm_eval_loss"] for m in names], "held-out MLM loss, last step", "loss",
           entropy, "unigram entropy")
     _bars(axes[2], names, [numbers[m]["step_time_ms"] for m in names], "pretraining step time", "ms / step")
-    paths["mechanisms"] = _save(fig, os.path.join(folder, "mechanisms.png"))
+    paths["mechanisms"] = save_figure(fig, os.path.join(folder, "mechanisms.png"))
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
     for ax, series, title in zip(axes, ("toeplitz_r2", "locality", "symmetry"),
@@ -212,7 +212,7 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
         ax.set_title(title + " (mean ± sd over seeds)", fontsize=9)
         if ax.lines:
             ax.legend(fontsize=6, ncol=2)
-    paths["over_training"] = _save(fig, os.path.join(folder, "over_training.png"))
+    paths["over_training"] = save_figure(fig, os.path.join(folder, "over_training.png"))
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
     absolute = table.get("absolute", [])
@@ -245,7 +245,7 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
         axes[2].set_xticks(np.arange(rates.shape[1]))
         axes[2].set_xlabel("layer (0 = embeddings)")
     axes[2].set_title("token identifiability, linear probe (absolute)", fontsize=9)
-    paths["muppet_identifiability"] = _save(fig, os.path.join(folder, "muppet_identifiability.png"))
+    paths["muppet_identifiability"] = save_figure(fig, os.path.join(folder, "muppet_identifiability.png"))
 
     probed = [m for m in names if any(r.get("probe") for r in table[m])]
     fig, ax = plt.subplots(figsize=(10, 3.6))
@@ -253,7 +253,7 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     for offset, key, text in ((-width, "local_drop", "accuracy drop, local shuffles (mean over x = 2..5)"),
                               (0.0, "paraphrase_share", "share called paraphrase: unswapped paraphrases"),
                               (width, "swapped_paraphrase_share", "share called paraphrase: globally swapped")):
-        values = [C.describe([C._get(r, f"probe.{key}") for r in table[m]]) for m in probed]
+        values = [C.describe([C.value_at(r, f"probe.{key}") for r in table[m]]) for m in probed]
         ax.bar(np.arange(len(probed)) + offset, [v["mean"] if v["n"] else np.nan for v in values], width,
                yerr=[v["sd"] or 0 for v in values], capsize=2, label=text)
     ax.axhline(0, color="grey", lw=0.5)
@@ -261,7 +261,7 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     ax.set_xticklabels(probed, rotation=60, ha="right", fontsize=7)
     ax.set_title("Chen et al.'s word-order probe on the paraphrase task", fontsize=9)
     ax.legend(fontsize=7)
-    paths["word_order_probe"] = _save(fig, os.path.join(folder, "word_order_probe.png"))
+    paths["word_order_probe"] = save_figure(fig, os.path.join(folder, "word_order_probe.png"))
     return {k: os.path.relpath(v, out) for k, v in paths.items()}
 
 
@@ -397,5 +397,5 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
                   training=evaluated["training"], comparisons=evaluated["comparisons"], family=evaluated["family"],
                   alpha=evaluated["alpha"], claims=claims, runs={r["name"]: r for runs in table.values() for r in runs})
     with open(os.path.join(out, NUMBERS_FILE), "w") as f:
-        json.dump(_jsonable(result), f, indent=1, allow_nan=False)
+        json.dump(jsonable(result), f, indent=1, allow_nan=False)
     return result
