@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from jaxpos.analysis.plots import plt, save_figure  # plots chooses matplotlib's file-only backend
 from jaxpos.analysis.report import jsonable  # numpy -> JSON, NaN -> null
+from jaxpos.config.files import write_json_atomically
 from jaxpos.reproduction import claims as C
 from jaxpos.reproduction.runs import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
 
@@ -396,6 +396,5 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
     result = dict(plan=plan, wall_s=wall_s, missing=missing, figures=paths, mechanisms=numbers, curves=curve,
                   training=evaluated["training"], comparisons=evaluated["comparisons"], family=evaluated["family"],
                   alpha=evaluated["alpha"], claims=claims, runs={r["name"]: r for runs in table.values() for r in runs})
-    with open(os.path.join(out, NUMBERS_FILE), "w") as f:
-        json.dump(jsonable(result), f, indent=1, allow_nan=False)
+    write_json_atomically(os.path.join(out, NUMBERS_FILE), jsonable(result), indent=1, allow_nan=False)
     return result
