@@ -117,7 +117,8 @@ def test_every_relative_link_resolves():
 
 
 # Documented commands that a test runs or dry-runs (a launch or benchmark script, which the parser cannot check),
-# as shlex.join writes them, each with that test; a script command missing here fails test_every_documented_command_is_accounted_for.
+# as shlex.join writes them, each with that test; a script command missing here fails
+# test_every_documented_command_is_accounted_for.
 RUN_BY_TESTS = {
     "launch/tpu_pod.sh my-v4-32 us-central2-b configs/mlm/diet.py gs://BUCKET/runs/diet --config.mesh.fsdp=4 "
     "--config.data.tokenizer_path=gs://BUCKET/spm_diet.model":
