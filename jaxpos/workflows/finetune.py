@@ -153,13 +153,14 @@ def make_predict_fn(task: ClassificationTask, trainer: Trainer | None = None) ->
 
 def predict(predict_fn, params, batches: Iterable[dict], put: Callable = lambda b: b):
     """(logits [N, C], losses [N], labels [N]) over the real rows of `batches` (weight > 0), in order."""
+    # Every batch is dispatched before any result is read: one wait for the device, not one per batch.
+    pending = [predict_fn(params, put(batch)) for batch in batches]
+    if not pending:
+        raise ValueError("the evaluation data yielded no batch")
     out = []
-    for batch in batches:
-        logits, losses, labels, weights = jax.device_get(predict_fn(params, put(batch)))
+    for logits, losses, labels, weights in jax.device_get(pending):
         keep = np.asarray(weights) > 0
         out.append((np.asarray(logits)[keep], np.asarray(losses)[keep], np.asarray(labels)[keep]))
-    if not out:
-        raise ValueError("the evaluation data yielded no batch")
     return tuple(np.concatenate(parts) for parts in zip(*out))
 
 
