@@ -186,7 +186,7 @@ def test_profiles_are_fixed_recipes():
 
 
 def test_the_estimate_adds_up():
-    from jaxpos.reproduction.reproduce import ANALYSIS_STEP_EQUIVALENT, estimate
+    from jaxpos.reproduction.reproduce import ANALYSIS_S, estimate
 
     profile = PROFILES["micro"]
     plan = make_plan(profile, 2, {"none": (), "tisa": ("finetune",)}, workers=2)
@@ -205,7 +205,11 @@ def test_the_estimate_adds_up():
     alone = estimate(plan, timing, workers=1)
     assert alone["run_s"]["tisa_s1"] == pytest.approx(pretrain + finetune)
     assert alone["total_s"] == pytest.approx(sum(alone["run_s"].values()))
-    assert ANALYSIS_STEP_EQUIVALENT > 0
+    # Analyses: an allowance per analysed checkpoint, every analysed one over training, else the last only.
+    plan = make_plan(profile, 1, {"tisa": ("last",), "absolute": ("last", "over_training")}, workers=1)
+    result = estimate(plan, timing, workers=1)
+    assert result["run_s"]["tisa_s0"] == pytest.approx(pretrain + 3 * 2.0 + ANALYSIS_S)
+    assert result["run_s"]["absolute_s0"] == pytest.approx(pretrain + 3 * 2.0 + 2 * ANALYSIS_S)
 
 
 # --- the pool's bookkeeping ------------------------------------------------------------------------------------------
@@ -244,6 +248,7 @@ def test_a_failed_run_is_recorded_and_finished_runs_are_reused(tmp_path, monkeyp
         runs.execute(out, ["tisa_s0", "absolute_s0", "diet_rel_s0"], pool, log=lines.append)
     assert pool.asked == [["absolute_s0", "diet_rel_s0"]]  # tisa_s0 had finished
     assert any("finished before" in line for line in lines)
+    assert any(line.startswith("  diet_rel_s0: done (") and "of 2" in line for line in lines)
 
 
 def test_worker_environment():
@@ -254,7 +259,14 @@ def test_worker_environment():
     assert cpu["XLA_FLAGS"].endswith("--flag=1") and cpu["JAX_COMPILATION_CACHE_DIR"] == "/x/jax_cache"
     gpu = worker_env("/x", 9, 8)
     assert gpu["CUDA_VISIBLE_DEVICES"] == "1" and gpu["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
-    assert "JAX_PLATFORMS" not in gpu
+    assert "JAX_PLATFORMS" not in gpu and "--xla_cpu_multi_thread_eigen=false" in gpu["XLA_FLAGS"]
+
+
+def test_the_pace_of_the_runs_so_far():
+    from jaxpos.reproduction.runs import pace
+
+    assert pace(4, 10, 120.0) == "4 of 10; the rest about 3.0 min at the pace so far"  # 6 runs at 30 s each
+    assert pace(10, 10, 999.0) == "10 of 10"
 
 
 # --- the command ---------------------------------------------------------------------------------------------------

@@ -68,6 +68,17 @@ def learning_curve(config, workdir: str, steps: list[int]) -> list[dict]:
     return curve
 
 
+def host_cpu():
+    """The device the diagnostics run on: the host's CPU (as jax.default_device), where there is one. They are
+    many small programs, each read back at once; on a GPU shared by the pool's workers every read waits its turn
+    (4-33 s a checkpoint on an H200 shared by 12 runs), on a CPU core these tiny models take about a second, and
+    float32 products are exact there."""
+    try:
+        return jax.default_device(jax.devices("cpu")[0])
+    except RuntimeError:  # JAX_PLATFORMS names no CPU
+        return contextlib.nullcontext()
+
+
 def parameter_counts(params: dict) -> dict:
     """Parameters of an encoder: positional (the `position` module), segment (type embeddings or per-head
     segment tables) and all."""
@@ -184,7 +195,9 @@ def execute_run(out: str, name: str) -> dict:
         pretrain=dict(eval_loss=pretrain["eval"].get("loss"), eval_accuracy=pretrain["eval"].get("accuracy"),
                       train_loss=pretrain["train"].get("loss"), step_time_s=pretrain["train"].get("step_time"),
                       unigram_entropy=pretrain.get("unigram_entropy")),
-        curve=curve, positional_attention=positional_attention(model.cfg, model.params, seq_len))
+        curve=curve)
+    with host_cpu():
+        result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
 
     if "finetune" in stages:
         ft_config = finetune_config(plan, seed)
@@ -202,7 +215,18 @@ def execute_run(out: str, name: str) -> dict:
                                                    tuple(ft_config.data.offline_windows),
                                                    ft_config.data.offline_min_distance, seed)
 
-    analysis_dir = os.path.join(folder, "analysis")
+    with host_cpu():
+        result["skipped"] = analyses(model, stages, profile, os.path.join(folder, "analysis"), result, timed)
+    timing["wall_s"] = round(time.perf_counter() - wall, 3)
+    result["timing"] = timing
+    write_json_atomically(os.path.join(folder, RESULT_FILE), result, indent=1, allow_nan=False)
+    status(f"wrote {os.path.join(folder, RESULT_FILE)} ({timing['wall_s']:.0f} s)")
+    return result
+
+
+def analyses(model, stages: set, profile, analysis_dir: str, result: dict, timed) -> dict:
+    """The analysis stages of a run (`last`, `over_training`, `final`) into `result`; returns the diagnostics
+    skipped ({name: why})."""
     options = dict(profile.analysis, figures=False)  # the report draws its own figures from the numbers
     needs_sentences = stages & {"last", "over_training", "final"}
     sentences = corpus_sentences(model, analysis_texts(None), profile.max_sentences) if needs_sentences else None
@@ -235,12 +259,7 @@ def execute_run(out: str, name: str) -> dict:
                                                                          correlation=effective["correlation"]),
             identifiability=None if "skipped" in ident else dict(rates=ident["rates"]))
         skipped.update(final.get("skipped", {}))
-    result["skipped"] = skipped
-    timing["wall_s"] = round(time.perf_counter() - wall, 3)
-    result["timing"] = timing
-    write_json_atomically(os.path.join(folder, RESULT_FILE), result, indent=1, allow_nan=False)
-    status(f"wrote {os.path.join(folder, RESULT_FILE)} ({timing['wall_s']:.0f} s)")
-    return result
+    return skipped
 
 
 def time_recipe(out: str, mechanism: str) -> dict:

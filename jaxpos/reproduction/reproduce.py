@@ -22,7 +22,9 @@ from jaxpos.reproduction.claims import runs_needed, select_claims
 WALL_FILE = "wall_time.json"
 RUNS_LIST_FILE = "runs.txt"
 COMPILED_PROGRAMS = dict(pretrain=3, finetune=2)  # programs a stage compiles: train step, evaluation(s)
-ANALYSIS_STEP_EQUIVALENT = 40  # an analysed checkpoint costs about this many training steps (a rough allowance)
+# An analysed checkpoint of configs/mlm/tiny.py on one CPU core, where every worker runs its analyses: about 2 s
+# (a rough allowance; 11 s for five on a 2-core AMD EPYC, compiling included)
+ANALYSIS_S = 2.0
 
 
 def new_plan(profile: str, seeds: int | None = None, workers: int | None = None,
@@ -87,7 +89,7 @@ def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None
             s += COMPILED_PROGRAMS["finetune"] * compile_s * compiles
         analysed = len(profile.analysis_steps()) if "over_training" in stages else int(bool(stages & {"last",
                                                                                                        "final"}))
-        s += analysed * ANALYSIS_STEP_EQUIVALENT * step
+        s += analysed * ANALYSIS_S
         seconds[name] = s
         free[free.index(start)] = start + s
         cached[mechanism] = min(cached.get(mechanism, math.inf), start + s)

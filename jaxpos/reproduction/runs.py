@@ -361,8 +361,9 @@ def failure(out: str, name: str) -> str | None:
 
 def worker_env(out: str, slot: int, gpu_count: int, xla_flags: str = "") -> dict:
     """The environment of the worker in `slot`: its GPU share (no preallocation, so several fit on one GPU), or
-    XLA on one thread of the CPU (each worker has its own core); a compilation cache shared by the runs (the
-    seeds of a mechanism compile the same programs); the profile's XLA flags."""
+    the CPU alone (each worker has its own core); XLA's CPU programs (a GPU worker's analyses) on one thread; a
+    compilation cache shared by the runs (the seeds of a mechanism compile the same programs); the profile's XLA
+    flags."""
     env = {}
     flags = os.environ.get("XLA_FLAGS", "")
     flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
@@ -371,7 +372,7 @@ def worker_env(out: str, slot: int, gpu_count: int, xla_flags: str = "") -> dict
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     else:
         env["JAX_PLATFORMS"] = "cpu"
-        flags += " --xla_cpu_multi_thread_eigen=false"
+    flags += " --xla_cpu_multi_thread_eigen=false"  # the pool fills the cores: one thread for its CPU programs
     env["XLA_FLAGS"] = " ".join((flags + " " + xla_flags).split())
     env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.path.abspath(out), "jax_cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.3"
@@ -458,6 +459,15 @@ class Pool:
                 worker.kill()
 
 
+def pace(ended: int, total: int, elapsed_s: float) -> str:
+    """'ENDED of TOTAL', and while runs remain, their wall time at the pool's pace so far (runs ended per second
+    since the pool started: the measured counterpart of the estimate printed before)."""
+    left = total - ended
+    if not left:
+        return f"{ended} of {total}"
+    return f"{ended} of {total}; the rest about {left * elapsed_s / ended / 60:.1f} min at the pace so far"
+
+
 def execute(out: str, names: Sequence[str], pool: Pool, *, log=status) -> dict:
     """Executes the unfinished runs of `names` on `pool`; finished ones (result.json) are reused. Returns
     {name: outcome}; raises RuntimeError naming the runs that did not finish."""
@@ -467,9 +477,12 @@ def execute(out: str, names: Sequence[str], pool: Pool, *, log=status) -> dict:
     log(f"{len(pending)} run(s) on {pool.device}"
         + (f"; {len(names) - len(pending)} finished before" if len(pending) < len(names) else ""))
 
+    start, ended = time.perf_counter(), []
+
     def report(name, outcome):
-        log(f"  {name}: {outcome}" + ("" if outcome == "done" else
-                                       f"; see {os.path.join(run_dir(out, name), LOG_FILE)}"))
+        ended.append(name)
+        where = "" if outcome == "done" else f"; see {os.path.join(run_dir(out, name), LOG_FILE)}"
+        log(f"  {name}: {outcome}{where} ({pace(len(ended), len(pending), time.perf_counter() - start)})")
 
     outcomes = pool.map("execute_logged", pending, report)
     failed = [n for n in pending if outcomes.get(n) != "done"]
