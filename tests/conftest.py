@@ -14,6 +14,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("PJRT_NPROC", "4")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -48,3 +49,13 @@ def _compile_interpreter_threads_once():
 
 
 _compile_interpreter_threads_once()
+
+
+@pytest.fixture(scope="module")
+def one_device_training():
+    """tests.helpers.one_device_training for a whole module (`pytestmark = pytest.mark.usefixtures(...)`), its
+    module-scoped fixtures included."""
+    from tests.helpers import one_device_training as block
+
+    with block():
+        yield

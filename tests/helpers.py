@@ -36,9 +36,25 @@ def tiny_config(position: dict, **overrides):
     return model_config(values)
 
 
+@contextlib.contextmanager
+def one_device_training():
+    """Runs trained through config.mesh in the block (a workflow or the CLI) use the first device only, so their
+    programs compile for one device, not the 8 simulated ones: for tests of what a run writes and reads, not of how
+    it shards (tests/training/test_mesh_training.py and test_multiprocess.py train on meshes)."""
+    import jax
+    import pytest
+
+    from jaxpos.sharding import make_mesh
+    from jaxpos.training import loop
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "make_mesh", lambda **sizes: make_mesh(**sizes, devices=jax.devices()[:1]))
+        yield
+
+
 def train_tiny_mlm(workdir: str, checkpoint_every: int = 2) -> str:
-    """A tiny TISA masked-LM run of two steps, as `jaxpos train` leaves it (its tokenizer trained on the embedded
-    corpus); returns the workdir."""
+    """A tiny TISA masked-LM run of two steps on one device, as `jaxpos train` leaves it (its tokenizer trained on
+    the embedded corpus); returns the workdir."""
     from jaxpos.config.defaults import mlm_config
     from jaxpos.workflows.mlm import train_mlm
 
@@ -48,7 +64,8 @@ def train_tiny_mlm(workdir: str, checkpoint_every: int = 2) -> str:
     config.data.update(seq_len=32, vocab_size=300, max_documents=20, tokenizer_max_sentences=2000)
     config.train.update(num_steps=2, batch_size=8, log_every=1, eval_every=2, eval_batches=1,
                         checkpoint_every=checkpoint_every)
-    train_mlm(config, workdir)
+    with one_device_training():
+        train_mlm(config, workdir)
     return workdir
 
 

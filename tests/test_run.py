@@ -22,6 +22,8 @@ from jaxpos.run import Run
 from jaxpos.sharding import logical_sharding, make_mesh
 from tests.helpers import fake_gcs, train_tiny_mlm
 
+pytestmark = pytest.mark.usefixtures("one_device_training")  # what runs write and read, not sharding
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLM_URL, TRANSLATION_URL = "gs://bucket/runs/tiny_mlm", "gs://bucket/runs/tiny_translation"
 GERMAN = ["Haus", "Garten", "Baum", "Fluss", "Berg", "Stadt", "Straße", "Fenster"]

@@ -11,6 +11,8 @@ from jaxpos.cli import main
 from jaxpos.decoding import corpus_bleu
 from jaxpos.positions import LengthError
 
+pytestmark = pytest.mark.usefixtures("one_device_training")  # what runs write and read, not sharding
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GERMAN = ["Haus", "Garten", "Baum", "Fluss", "Berg", "Stadt", "Straße", "Fenster"]
 ENGLISH = ["house", "garden", "tree", "river", "mountain", "city", "road", "window"]
