@@ -2,9 +2,10 @@
 (checkpoints at the learning curve's steps), the held-out masked-LM loss at each of them (the data layer's held-out
 rows and masking: `held_out_rows`, `eval_batches`), then the stages the plan gives the run (`runs.STAGES`):
 fine-tuning on the paraphrase task with `finetune`, Chen et al.'s word-order probe on its test pairs
-(`paraphrase_probe`), the analyses over training (`analyze_over_training`) and at the last checkpoint. Everything
-measured goes to OUT/runs/NAME/result.json (the report reads nothing else). Each stage resumes: a finished
-pretraining or fine-tuning is not repeated, an unfinished one continues from its last checkpoint.
+(`paraphrase_probe`), the analyses over training (`analyze_over_training`) and at the last checkpoint (on the
+host's CPU: `on_host_cpu`). Everything measured goes to OUT/runs/NAME/result.json (the report reads nothing else).
+Each stage resumes: a finished pretraining or fine-tuning is not repeated, an unfinished one continues from its
+last checkpoint.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def learning_curve(config, workdir: str, steps: list[int]) -> list[dict]:
     return curve
 
 
-def host_cpu():
-    """The device the diagnostics run on: the host's CPU (as jax.default_device), where there is one. They are
-    many small programs, each read back at once; on a GPU shared by the pool's workers every read waits its turn
+def on_host_cpu():
+    """A block whose computations default to the host's CPU (where JAX_PLATFORMS has one): the diagnostics'. They
+    are many small programs, each read back at once; on a GPU shared by the pool's workers every read waits its turn
     (4-33 s a checkpoint on an H200 shared by 12 runs), on a CPU core these tiny models take about a second, and
     float32 products are exact there."""
     try:
@@ -196,7 +197,7 @@ def execute_run(out: str, name: str) -> dict:
                       train_loss=pretrain["train"].get("loss"), step_time_s=pretrain["train"].get("step_time"),
                       unigram_entropy=pretrain.get("unigram_entropy")),
         curve=curve)
-    with host_cpu():
+    with on_host_cpu():
         result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
 
     if "finetune" in stages:
@@ -215,7 +216,7 @@ def execute_run(out: str, name: str) -> dict:
                                                    tuple(ft_config.data.offline_windows),
                                                    ft_config.data.offline_min_distance, seed)
 
-    with host_cpu():
+    with on_host_cpu():
         result["skipped"] = analyses(model, stages, profile, os.path.join(folder, "analysis"), result, timed)
     timing["wall_s"] = round(time.perf_counter() - wall, 3)
     result["timing"] = timing
@@ -264,7 +265,8 @@ def analyses(model, stages: set, profile, analysis_dir: str, result: dict, timed
 
 def time_recipe(out: str, mechanism: str) -> dict:
     """A short timing on this worker: `profile.timing_steps` pretraining steps of the plan's recipe for
-    `mechanism` on random rows, in a scratch folder. Returns {"first_step_s" (compiling included), "step_s"}; it
+    `mechanism` on random rows, in a scratch folder, the steps after the first taken while every worker of the
+    pool takes them. Returns {"first_step_s" (compiling included), "step_s" (the mean of the last half)}; it
     estimates the wall time and changes nothing in the recipe."""
     plan = load_plan(out)
     profile = profile_of(plan)
@@ -280,14 +282,17 @@ def time_recipe(out: str, mechanism: str) -> dict:
     data = MLMTrainIterator(rows, tokenizer, batch)
     task = MaskedLMTask(BertForMaskedLM(model_config(config.model)), length, config.train.max_predictions)
     with tempfile.TemporaryDirectory() as scratch:
-        start = time.perf_counter()
         trainer = Trainer(config, scratch, task, log=False)
         try:
+            start = time.perf_counter()
+            config.train.num_steps = 1  # compiling, then one step
+            jax.block_until_ready(trainer.run(data).state.params)
+            first_step = time.perf_counter() - start
+            runs.wait_for_every_worker()  # the timed steps of every worker share the device, as the runs will
+            config.train.num_steps = steps  # the same trainer resumes from step 1: nothing compiles again
             result = trainer.run(data)
             jax.block_until_ready(result.state.params)
         finally:
             trainer.close()
-        wall = time.perf_counter() - start
-    step = result.final_metrics["step_time"]
-    return dict(first_step_s=max(wall - (steps - 1) * step, step), step_s=step, steps=steps,
+    return dict(first_step_s=first_step, step_s=result.final_metrics["step_time"], steps=steps,
                 mechanism=mechanism)

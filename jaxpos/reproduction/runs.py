@@ -18,6 +18,7 @@ import platform
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -145,7 +146,8 @@ PROFILES = {
         finetune_data=dict(max_length=128, offline_train_examples=4000, offline_dev_examples=1000,
                            offline_test_examples=1000),
         finetune_train=dict(num_steps=600, batch_size=32, learning_rate=1e-3),
-        analysis=_TINY_ANALYSIS, max_sentences=64, probe_examples=1000, curve_points=10, analysis_points=5),
+        analysis=_TINY_ANALYSIS, max_sentences=64, probe_examples=1000, curve_points=10, analysis_points=5,
+        timing_steps=40),
     # A first look in minutes on 2 CPU cores: a d = 64 model on 64-token rows of one Bible, 2 seeds, four
     # mechanisms. Its models are judged as untrained where they are: the verdicts are the full profile's to give.
     "smoke": Profile(
@@ -379,8 +381,25 @@ def worker_env(out: str, slot: int, gpu_count: int, xla_flags: str = "") -> dict
     return env
 
 
-def _start_worker(out: str, slots, gpu_count: int, pin: bool, xla_flags: str) -> None:
-    """A pool worker's initializer: takes a slot, sets its environment and pins it to its core."""
+_EVERY_WORKER = None  # in a pool worker: the pool's barrier (a multiprocessing.Barrier of all its workers)
+
+
+def wait_for_every_worker(timeout_s: float = 900.0) -> None:
+    """In a pool worker, inside a call of `Pool.call_on_every_worker`: returns once every worker has reached this
+    point (or after `timeout_s`, if one never does); elsewhere at once."""
+    if _EVERY_WORKER is None:
+        return
+    try:
+        _EVERY_WORKER.wait(timeout_s)
+    except threading.BrokenBarrierError:  # a worker failed or was late: the timing goes on without it
+        pass
+
+
+def _start_worker(out: str, slots, barrier, gpu_count: int, pin: bool, xla_flags: str) -> None:
+    """A pool worker's initializer: takes a slot, keeps the pool's barrier, sets its environment and pins it to its
+    core."""
+    global _EVERY_WORKER
+    _EVERY_WORKER = barrier
     slot = slots.get()
     os.environ.update(worker_env(out, slot, gpu_count, xla_flags))
     if pin and hasattr(os, "sched_setaffinity"):
@@ -411,7 +430,8 @@ class Pool:
         self.out, self.workers = out, workers
         self.device = f"{gpu_count} GPU(s), {workers} worker(s)" if gpu_count else f"{workers} CPU worker(s)"
         self.executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                                            initargs=(out, slots, gpu_count, pin, xla_flags))
+                                            initargs=(out, slots, context.Barrier(workers), gpu_count, pin,
+                                                      xla_flags))
 
     def __enter__(self):
         def interrupted(signum, frame):
