@@ -99,6 +99,19 @@ def test_the_verdict_table_on_constructed_runs():
     assert missing["parts"][0]["why"] == "not measured"
 
 
+def test_the_time_by_stage_is_the_mean_over_the_runs_that_have_the_stage():
+    from jaxpos.reproduction.report import stages_line
+
+    def run(pretrain, curve, **later):
+        return dict(timing=dict(pretrain_s=pretrain, curve_s=curve, **later))
+
+    table = {"none": [run(100.0, 10.0)],
+             "tisa": [run(120.0, 20.0, finetune_s=80.0, analysis_s=30.0), run(140.0, 30.0, finetune_s=90.0,
+                                                                             analysis_s=50.0)]}
+    assert stages_line(table) == ("- a run's time by stage (mean over the runs that have the stage): pretraining "
+                                  "120 s, learning curve 20 s, fine-tuning 85 s, analyses 40 s")
+
+
 def test_one_seed_is_inconclusive_for_want_of_seeds_not_of_training():
     """With one seed neither the comparison nor the training status can be tested: the reason names the seeds."""
     table = {"none": [fake_run("none", 0, curve([0, 0, 0])(0))],
@@ -316,6 +329,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     assert "## DIET" not in report  # no DIET claim was chosen
     assert "profile `micro`" in report and "12 steps of 8 rows × 32 tokens" in report
     assert "Unigram entropy of the training corpus" in report and "| step | `none` | `tisa` |" in report
+    assert "a run's time by stage (mean over the runs that have the stage): pretraining " in report
     assert set(numbers["mechanisms"]) == {"none", "tisa"} and numbers["missing"] == []
     for path in numbers["figures"].values():
         assert os.path.getsize(out / path) > 1000

@@ -297,6 +297,19 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
     ]
 
 
+STAGE_LABELS = dict(pretrain_s="pretraining", curve_s="learning curve", finetune_s="fine-tuning",
+                    probe_s="word-order probe", analysis_s="analyses", final_s="final analyses")
+
+
+def stages_line(table: dict) -> str:
+    """Where a run's time went: the mean seconds of each stage (`timing` of result.json) over the runs that have
+    it."""
+    timings = [r["timing"] for runs in table.values() for r in runs]
+    parts = [f"{label} {np.mean([t[key] for t in timings if key in t]):.0f} s"
+             for key, label in STAGE_LABELS.items() if any(key in t for t in timings)]
+    return "- a run's time by stage (mean over the runs that have the stage): " + ", ".join(parts)
+
+
 def resumed_line(plan: dict) -> list[str]:
     """A line saying that the wall time is the last command's alone when the plan was resumed (one estimate is
     kept per command that ran runs), with the time since the plan was made."""
@@ -341,6 +354,7 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
         f"- wall time {wall_s / 60:.1f} min" + (f" (estimated beforehand: {estimated['total_s'] / 60:.1f} min)"
                                                 if estimated else "")
         + f"; a run took {np.mean(run_wall):.0f} s on average; machine: {hardware}, {plan['workers']} worker(s)",
+        stages_line(table),
         *resumed_line(plan),
         ""]
     if missing:
