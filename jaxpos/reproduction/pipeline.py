@@ -282,9 +282,9 @@ def time_recipe(out: str, mechanism: str) -> dict:
     data = MLMTrainIterator(rows, tokenizer, batch)
     task = MaskedLMTask(BertForMaskedLM(model_config(config.model)), length, config.train.max_predictions)
     with tempfile.TemporaryDirectory() as scratch:
+        start = time.perf_counter()
         trainer = Trainer(config, scratch, task, log=False)
         try:
-            start = time.perf_counter()
             config.train.num_steps = 1  # compiling, then one step
             jax.block_until_ready(trainer.run(data).state.params)
             first_step = time.perf_counter() - start
