@@ -24,8 +24,6 @@ from jaxpos.training.checkpoint import Checkpointer
 from jaxpos.training.optim import make_optimizer
 from jaxpos.training.state import init_state
 
-pytestmark = pytest.mark.usefixtures("one_device_training")  # what runs write and read, not sharding
-
 TINY_MODEL = dict(d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=32, dropout=0.0,
                   attention_dropout=0.0)  # head dim D = 8
 FAST = dict(num_probe_words=6, probe_length=16, lengths=(8, 16), windows=2, probe_epochs=4, probe_patience=2,
