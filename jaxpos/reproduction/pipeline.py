@@ -217,7 +217,7 @@ def execute_run(out: str, name: str) -> dict:
                                                    ft_config.data.offline_min_distance, seed)
 
     with on_host_cpu():
-        result["skipped"] = analyses(model, stages, profile, os.path.join(folder, "analysis"), result, timed)
+        result.update(analyses(model, stages, profile, os.path.join(folder, "analysis"), timed))
     timing["wall_s"] = round(time.perf_counter() - wall, 3)
     result["timing"] = timing
     write_json_atomically(os.path.join(folder, RESULT_FILE), result, indent=1, allow_nan=False)
@@ -225,9 +225,10 @@ def execute_run(out: str, name: str) -> dict:
     return result
 
 
-def analyses(model, stages: set, profile, analysis_dir: str, result: dict, timed) -> dict:
-    """The analysis stages of a run (`last`, `over_training`, `final`) into `result`; returns the diagnostics
-    skipped ({name: why})."""
+def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:
+    """The analysis stages of a run (`last`, `over_training`, `final`) that `stages` names: their entries of
+    result.json, and "skipped" ({diagnostic: why})."""
+    result = {}
     options = dict(profile.analysis, figures=False)  # the report draws its own figures from the numbers
     needs_sentences = stages & {"last", "over_training", "final"}
     sentences = corpus_sentences(model, analysis_texts(None), profile.max_sentences) if needs_sentences else None
@@ -260,7 +261,8 @@ def analyses(model, stages: set, profile, analysis_dir: str, result: dict, timed
                                                                          correlation=effective["correlation"]),
             identifiability=None if "skipped" in ident else dict(rates=ident["rates"]))
         skipped.update(final.get("skipped", {}))
-    return skipped
+    result["skipped"] = skipped
+    return result
 
 
 def time_recipe(out: str, mechanism: str) -> dict:
