@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -273,6 +275,28 @@ def test_worker_environment():
     gpu = worker_env("/x", 9, 8)
     assert gpu["CUDA_VISIBLE_DEVICES"] == "1" and gpu["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert "JAX_PLATFORMS" not in gpu and "--xla_cpu_multi_thread_eigen=false" in gpu["XLA_FLAGS"]
+
+
+def test_workers_wait_for_each_other_before_their_timed_steps(monkeypatch):
+    from jaxpos.reproduction import runs
+
+    monkeypatch.setattr(runs, "_EVERY_WORKER", threading.Barrier(2))
+    passed = threading.Event()
+    other = threading.Thread(target=lambda: (runs.wait_for_every_worker(), passed.set()))
+    other.start()
+    assert not passed.wait(0.3)  # alone at the barrier, it waits
+    runs.wait_for_every_worker()
+    other.join(5)
+    assert passed.is_set()
+    # A worker that never arrives: the barrier breaks after the timeout and the timing goes on.
+    monkeypatch.setattr(runs, "_EVERY_WORKER", threading.Barrier(2))
+    start = time.perf_counter()
+    runs.wait_for_every_worker(timeout_s=0.2)
+    assert 0.2 <= time.perf_counter() - start < 5
+    monkeypatch.setattr(runs, "_EVERY_WORKER", None)  # outside a pool: at once
+    start = time.perf_counter()
+    runs.wait_for_every_worker()
+    assert time.perf_counter() - start < 0.1
 
 
 def test_the_pace_of_the_runs_so_far():
