@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from unittest import mock
 
@@ -50,6 +51,19 @@ def one_device_training():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loop, "make_mesh", lambda **sizes: make_mesh(**sizes, devices=jax.devices()[:1]))
         yield
+
+
+def folder_digest(path) -> dict:
+    """{relative path: sha256} of every file under `path`, and every folder (as None): equal digests, an unchanged
+    folder."""
+    digest = {}
+    for root, folders, files in os.walk(path):
+        for name in folders:
+            digest[os.path.relpath(os.path.join(root, name), path)] = None
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                digest[os.path.relpath(os.path.join(root, name), path)] = hashlib.sha256(f.read()).hexdigest()
+    return digest
 
 
 def train_tiny_mlm(workdir: str, checkpoint_every: int = 2) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 import jaxpos
@@ -88,8 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     unrestorable run); `--debug` shows their traceback instead. Real faults raise as usual."""
     args, overrides = parse_command(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from jaxpos.training.interrupt import RunStopped, stop_on_signals  # lazy: no jax; the signals' one path
+
     try:
-        args.run(args, overrides)
+        with stop_on_signals():
+            args.run(args, overrides)
+    except RunStopped as stopped:
+        print(f"jaxpos: {stopped}", file=sys.stderr, flush=True)
+        return stopped.exit_status
+    except KeyboardInterrupt:  # a second Ctrl-C while a run was saving its stop
+        print("jaxpos: aborted by a second Ctrl-C; the checkpoints saved before are kept (a partial one is moved "
+              "aside on resume)", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
     except Exception as error:
         status = None if args.debug else user_error_status(error)
         if status is None:

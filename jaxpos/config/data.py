@@ -5,6 +5,15 @@ from __future__ import annotations
 
 import ml_collections
 
+MLM_SOURCES = ("embedded", "text", "tfds", "bible")  # config.data.source of masked-LM pretraining
+TRANSLATION_SOURCES = ("bible", "tfds", "files")  # config.data.source of translation
+
+
+def check_source(source, known: tuple[str, ...]) -> None:
+    """Raises a ValueError naming the choices when `source` is not one of `known`."""
+    if source not in known:
+        raise ValueError(f"data.source={source!r}; choose {', '.join(map(repr, known[:-1]))} or {known[-1]!r}")
+
 
 def default_data_config() -> ml_collections.ConfigDict:
     """`config.data` for masked-LM pretraining (the global batch size is `config.train.batch_size`)."""

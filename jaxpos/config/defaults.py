@@ -87,6 +87,8 @@ def translation_config() -> ml_collections.ConfigDict:
         schedule="inverse_sqrt", label_smoothing=0.1, num_steps=250_000, batch_size=256, clip_norm=0.0)
     config.train.bleu_every = 10_000  # decode the dev set and report SacreBLEU every this many steps (0 = never)
     config.train.bleu_sentences = 0  # dev sentences decoded for that BLEU (0 = all)
+    config.train.test_bleu = True  # beam-decode the test split at the end of training and report its SacreBLEU
+    config.train.test_sentences = 0  # test sentences decoded for it (0 = all; the first ones of the split)
     config.decode = decode_block(beam_size=10, alpha=0.6)  # DIET section 4.3
     config.mesh = mesh_block()
     return config

@@ -106,6 +106,8 @@ def load_run_config(workdir: str, task: str | None = None) -> ml_collections.Con
     """WORKDIR/config.json of a `jaxpos train` run (local or a URL), checked to be a run of `task`
     (mlm | translation | finetune; None: any)."""
     folder = epath.Path(workdir)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"workdir {workdir!r} is a file, not a run's folder")
     if not folder.is_dir():
         raise FileNotFoundError(f"workdir {workdir!r} does not exist")
     path = folder / "config.json"

@@ -10,6 +10,7 @@ config inside a forward pass: what the config alone decides is refused here or b
 from __future__ import annotations
 
 from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.data import MLM_SOURCES, TRANSLATION_SOURCES, check_source
 from jaxpos.config.decode import decode_config
 from jaxpos.config.defaults import FINETUNE_ZERO_DEFAULTS
 from jaxpos.config.model import ModelConfig, model_config
@@ -43,7 +44,8 @@ def check_train_block(train, zero_means_default: tuple[str, ...] = ()) -> None:
 
     for name, least in (("batch_size", 1), ("grad_accum_steps", 1), ("log_every", 1), ("eval_every", 1),
                         ("checkpoint_every", 1), ("keep_checkpoints", 1), ("num_steps", 0), ("max_predictions", 0),
-                        ("eval_batches", 0), ("eval_batch_size", 0), ("warmup_steps", 0)):
+                        ("eval_batches", 0), ("eval_batch_size", 0), ("warmup_steps", 0), ("bleu_every", 0),
+                        ("bleu_sentences", 0), ("test_sentences", 0)):
         if given(name):
             check_count(f"train.{name}", train[name], least)
     for name, low, high, open_low, open_high in (
@@ -57,6 +59,8 @@ def check_train_block(train, zero_means_default: tuple[str, ...] = ()) -> None:
 
 def check_mlm_data_block(data) -> None:
     """Raises a ValueError naming the first masked-LM `config.data` value out of its range."""
+    if "source" in data:
+        check_source(data.source, MLM_SOURCES)
     if "mask_prob" in data:
         check_number("data.mask_prob", data.mask_prob, 0.0, 1.0, open_low=True, open_high=False)
     if "eval_fraction" in data:
@@ -68,6 +72,8 @@ def check_mlm_data_block(data) -> None:
 
 def check_translation_data_block(data) -> None:
     """Raises a ValueError naming the first translation `config.data` value out of its range."""
+    if "source" in data:
+        check_source(data.source, TRANSLATION_SOURCES)
     for name, least in (("max_length", 2), ("eval_max_length", 2), ("max_pairs", 0), ("tokenizer_max_sentences", 1)):
         if name in data:  # a side needs a token and EOS (BOS is the decoder's start)
             check_count(f"data.{name}", data[name], least)
@@ -115,3 +121,16 @@ def check_run_config(config, *, task: str | None, model: ModelConfig | None = No
         mesh = config.mesh
         check_mesh_sizes(mesh.get("data", -1), mesh.get("fsdp", 1), mesh.get("tensor", 1))
     return model
+
+
+def run_config_warnings(config) -> list[str]:
+    """What a run config allows but a user most likely did not mean, one line each (the workflows print them):
+    a warmup longer than the run, so that the learning rate never reaches its peak."""
+    train, warnings = config.train, []
+    warmup = train.get("warmup_steps")
+    if warmup is not None and 0 < train.num_steps < warmup:
+        warnings.append(f"train.warmup_steps={warmup} is more than train.num_steps={train.num_steps}: the learning "
+                        f"rate never reaches its peak train.learning_rate={train.learning_rate:g} (it stops at "
+                        f"{(train.num_steps - 1) / warmup:.0%} of it); lower train.warmup_steps or set it to None to use "
+                        "train.warmup_fraction")
+    return warnings

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 
 from etils import epath
 
+from jaxpos.config.data import MLM_SOURCES, check_source
 from jaxpos.data.bible import chapter_documents, is_held_out_chapter
 from jaxpos.data.tfds_records import record_value, tfds_records
 
@@ -193,7 +194,7 @@ def source_documents(config, stats: DataStats) -> Iterator[str]:
     elif config.source == "bible":
         yield from (text for _, _, text in bible_documents(config))
     else:
-        raise ValueError(f"data.source={config.source!r}; choose 'embedded', 'text', 'tfds' or 'bible'")
+        check_source(config.source, MLM_SOURCES)
 
 
 def bible_documents(config) -> Iterator[tuple[int, int, str]]:

@@ -17,6 +17,7 @@ import dataclasses
 import os
 from typing import Sequence
 
+from jaxpos.config.data import TRANSLATION_SOURCES, check_source
 from jaxpos.data.bible import SPLITS, check_fractions, chapter_split, clean_verse, edition_verses, verse_reference
 from jaxpos.data.tfds_records import record_value, tfds_records
 
@@ -160,7 +161,7 @@ def load_parallel(config, stats: dict[str, TranslationStats], splits_wanted: Seq
                                                 config.max_pairs if split == "train" else 0) if source \
                 else ParallelText()
     else:
-        raise ValueError(f"data.source={config.source!r}; choose 'bible', 'tfds' or 'files'")
+        check_source(config.source, TRANSLATION_SOURCES)
     splits = {split: text if split in splits_wanted else ParallelText() for split, text in splits.items()}
     if "train" in splits_wanted and not splits["train"]:
         raise ValueError(f"the {config.source!r} source has no non-empty training pair")

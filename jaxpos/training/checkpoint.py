@@ -101,6 +101,7 @@ class Checkpointer:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
             except Exception as err:  # noqa: BLE001 - any failure means this checkpoint is unusable
+                self.check_state(abstract_state, step)  # whole, but not this run's: refused, and left in place
                 aside = self._move_aside(step)
                 message = f"checkpoint step {step} in {self.directory} is corrupt or partial ({type(err).__name__}: " \
                           f"{str(err).splitlines()[0][:200] if str(err) else ''}); moved it to {aside} and " \
@@ -113,6 +114,33 @@ class Checkpointer:
         if failures:
             raise CheckpointError(f"no checkpoint in {self.directory} could be restored (tried steps {failures}); "
                                   "move the directory away to start afresh")
+        return None
+
+    def check_state(self, abstract_state, step: int | None = None) -> None:
+        """Raises ValueError, naming the first difference, when checkpoint `step` (default: the newest) holds a
+        state of other paths or shapes than `abstract_state`. Reads the metadata only; a step whose metadata does
+        not read passes (restoring it then fails, and it is moved aside as corrupt)."""
+        steps = self.steps()
+        step = steps[-1] if step is None and steps else step
+        other_model = None if step is None else self.state_mismatch(step, abstract_state)
+        if other_model:
+            raise ValueError(f"checkpoint step {step} in {self.directory} was saved for another model "
+                             f"({other_model}); resume with the checkpoint's config or use a new workdir")
+
+    def state_mismatch(self, step: int, abstract_state) -> str | None:
+        """The first difference between the state saved as `step` (its metadata: paths and shapes) and
+        `abstract_state`, in words; None when they agree or the metadata does not read (a corrupt step)."""
+        try:
+            saved = _shapes(ocp.PyTreeCheckpointHandler().metadata(self.directory / str(step) / "state"))
+        except Exception:  # noqa: BLE001 - no readable metadata: the caller treats the step as corrupt
+            return None
+        if not saved:
+            return None
+        wanted = _shapes(abstract_state)
+        for path in sorted(set(saved) | set(wanted)):
+            there, here = saved.get(path, "absent"), wanted.get(path, "absent")
+            if there != here:
+                return f"{path} is {there} in the checkpoint, {here} in this run"
         return None
 
     def restore_params(self, step: int, abstract_params):
@@ -159,6 +187,19 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def _shapes(tree) -> dict[str, str]:
+    """{"params/bert/...": "shape (4, 8)"} of a state's array leaves (orbax metadata or ShapeDtypeStructs), keyed
+    alike for dicts, dataclasses and named tuples."""
+    def name(key) -> str:
+        for attribute in ("key", "name", "idx"):
+            if hasattr(key, attribute):
+                return str(getattr(key, attribute))
+        return str(key)
+
+    return {"/".join(name(k) for k in path): f"shape {tuple(leaf.shape)}"
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(leaf, "shape")}
 
 
 def abstract_like(tree, shardings):

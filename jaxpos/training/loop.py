@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import json
 import math
-import signal
 import time
 from typing import Callable, Iterable, Protocol
 
@@ -25,6 +24,7 @@ from jaxpos.config.validate import check_run_config
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
 from jaxpos.training.checkpoint import Checkpointer, abstract_like
+from jaxpos.training.interrupt import RunStopped, deferred_stop
 from jaxpos.training.metrics import MetricWriter
 from jaxpos.training.optim import learning_rate_schedule, make_optimizer
 from jaxpos.training.state import TrainState, init_state
@@ -175,12 +175,6 @@ class Trainer:
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,
                                          async_save=tcfg.async_checkpoints)
         self.model_config = model_config_dict(task.model)
-        if self.model_config is not None:
-            try:
-                self.checkpointer.check_model_config(self.model_config)
-            except ValueError:
-                self.checkpointer.close()
-                raise
         self.tx = make_optimizer(tcfg)
         self.schedule = learning_rate_schedule(tcfg)
         args, kwargs = task.init_inputs()
@@ -188,6 +182,13 @@ class Trainer:
         boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
         self.state_shardings = logical_sharding(boxed, self.mesh)
         self.abstract_state = nn.unbox(boxed)
+        try:  # a checkpoint of another model is refused here, before the run writes anything
+            if self.model_config is not None:
+                self.checkpointer.check_model_config(self.model_config)
+            self.checkpointer.check_state(self.abstract_state)
+        except ValueError:
+            self.checkpointer.close()
+            raise
         on_mesh = functools.partial(with_activation_sharding, mesh=self.mesh)
         self._init = jax.jit(lambda rng: nn.unbox(init(rng)), out_shardings=self.state_shardings)
         self.batch_sharding = batch_sharding(self.mesh)
@@ -225,15 +226,14 @@ class Trainer:
 
     def run(self, data, eval_batches: Callable[[], Iterable[dict]] | None = None,
             hooks: Iterable[Callable[[int, TrainState], dict | None]] = ()) -> TrainResult:
-        """Trains to train.num_steps from wherever the workdir's checkpoints left off."""
+        """Trains to train.num_steps from wherever the workdir's checkpoints left off. SIGTERM or SIGINT during the
+        loop checkpoints the step in progress and raises `RunStopped` (jaxpos.training.interrupt)."""
         tcfg = self.config.train
         state, resumed = self.initial_state(data)
         start = int(jax.device_get(state.step))
         writer = MetricWriter(self.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0)
         if resumed is not None and self.log:
             writer.write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints")
-        stop = {"signal": None}
-        previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
         pending, window, final_metrics, eval_metrics = None, [], {}, {}
         tokens_per_step = tcfg.batch_size * self.task.tokens_per_example
         tick = time.perf_counter()
@@ -255,48 +255,51 @@ class Trainer:
             last = f"The last good checkpoint is step {saved[-1]}" if saved else "There is no checkpoint"
             raise TrainingDiverged(f"{what} at step {step}; stopping. {last} in {self.workdir}")
 
-        try:
-            for step in range(start, tcfg.num_steps):
-                batch = self.global_batch(next(data))
-                state, metrics = self.train_step(state, batch)
-                if pending is not None:  # read the previous step's metrics while this one runs
-                    window.append(read(*pending))
-                pending = (metrics, step + 1)
-                writer.advance()
-                done = step + 1
-                if done % tcfg.log_every == 0 or done == tcfg.num_steps:
-                    window.append(read(*pending))
-                    pending = None
-                    elapsed = time.perf_counter() - tick
-                    tick = time.perf_counter()
-                    final_metrics = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
-                    final_metrics["step_time"] = elapsed / len(window)
-                    final_metrics["tokens_per_s"] = tokens_per_step / final_metrics["step_time"]
-                    writer.postfix(loss=final_metrics["loss"])
-                    if done == tcfg.num_steps:
-                        writer.finish_bar()
-                    writer.scalars(done, final_metrics)
-                    window = []
-                if eval_batches is not None and (done % tcfg.eval_every == 0 or done == tcfg.num_steps):
-                    eval_metrics = self.evaluate(state.params, eval_batches())
-                    writer.scalars(done, eval_metrics, prefix="eval")
-                for hook in hooks:
-                    extra = hook(done, state)
-                    if extra:
-                        writer.scalars(done, extra, prefix="eval")
-                        eval_metrics.update(extra)
-                if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop["signal"]:
-                    if pending is not None:  # never checkpoint a state not known to be finite
+        with deferred_stop() as stop:
+            try:
+                for step in range(start, tcfg.num_steps):
+                    batch = self.global_batch(next(data))
+                    state, metrics = self.train_step(state, batch)
+                    if pending is not None:  # read the previous step's metrics while this one runs
+                        window.append(read(*pending))
+                    pending = (metrics, step + 1)
+                    writer.advance()
+                    done = step + 1
+                    if done % tcfg.log_every == 0 or done == tcfg.num_steps:
                         window.append(read(*pending))
                         pending = None
-                    self.checkpointer.save(done, state, data.get_state(), self.model_config)
-                if stop["signal"]:
-                    writer.write(f"received signal {stop['signal']}: checkpointed step {done}, stopping")
-                    break
-        finally:
-            self.checkpointer.wait()
-            writer.close()
-            signal.signal(signal.SIGTERM, previous_handler)
+                        elapsed = time.perf_counter() - tick
+                        tick = time.perf_counter()
+                        final_metrics = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
+                        final_metrics["step_time"] = elapsed / len(window)
+                        final_metrics["tokens_per_s"] = tokens_per_step / final_metrics["step_time"]
+                        writer.postfix(loss=final_metrics["loss"])
+                        if done == tcfg.num_steps:
+                            writer.finish_bar()
+                        writer.scalars(done, final_metrics)
+                        window = []
+                    if not stop and eval_batches is not None and (done % tcfg.eval_every == 0
+                                                                  or done == tcfg.num_steps):
+                        eval_metrics = self.evaluate(state.params, eval_batches())
+                        writer.scalars(done, eval_metrics, prefix="eval")
+                    for hook in () if stop else hooks:
+                        extra = hook(done, state)
+                        if extra:
+                            writer.scalars(done, extra, prefix="eval")
+                            eval_metrics.update(extra)
+                    if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop:
+                        if pending is not None:  # never checkpoint a state not known to be finite
+                            window.append(read(*pending))
+                            pending = None
+                        self.checkpointer.save(done, state, data.get_state(), self.model_config)
+                    if stop:
+                        break
+            finally:
+                self.checkpointer.wait()
+                writer.close()
+        if stop:  # the step in progress was checkpointed (or the run had just ended): say so instead of going on
+            saved = self.checkpointer.steps()
+            raise RunStopped(stop.signum, saved[-1] if saved else None, f"{self.workdir}/checkpoints")
         return TrainResult(state, final_metrics, eval_metrics, resumed)
 
     def close(self):

@@ -24,7 +24,7 @@ from jaxpos.analysis.loading import load_hf
 from jaxpos.checkpoints import huggingface as hf
 from jaxpos.config import ModelConfig
 from jaxpos.config.files import load_json_config, write_json_atomically
-from jaxpos.config.validate import check_run_config
+from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.classification import (ClassificationTrainIterator, encode_examples, eval_batches, hf_tokenizer,
                                         jaxpos_tokenizer, load_examples, task_spec)
 from jaxpos.evaluation.metrics import compute_metrics
@@ -35,6 +35,7 @@ from jaxpos.run import Run
 from jaxpos.sharding import replicated
 from jaxpos.training.finetune import ClassificationTask, example_losses, predictions_from_logits
 from jaxpos.training.loop import Trainer, with_activation_sharding
+from jaxpos.workflows.workdir import claimed_workdir
 
 EVALS_FILE, REPORT_FILE = "evals.json", "report.json"
 
@@ -232,13 +233,21 @@ def best_evaluation(history: list[dict], split: str, metric: str) -> dict | None
 
 def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bool = True) -> dict:
     """Fine-tunes the encoder at INIT on config.data.task (resuming from WORKDIR's checkpoints); evaluates on the
-    dev split(s) every train.eval_every steps. Returns the report (also WORKDIR/report.json)."""
-    dcfg, tcfg = config.data, config.train
-    spec = task_spec(dcfg.task)
+    dev split(s) every train.eval_every steps. Returns the report (also WORKDIR/report.json). A refused run leaves
+    WORKDIR as it was; SIGTERM or SIGINT checkpoints and raises RunStopped (jaxpos.training.interrupt)."""
+    task_spec(config.data.task)  # an unknown task is refused before the encoder is read
     pretrained = load_pretrained(init)
     # The whole config, once the model is known, before any data is read (0 = default fields resolved below).
     cfg = check_run_config(config, task="finetune", model=_resolve_model(config, pretrained))
-    os.makedirs(workdir, exist_ok=True)
+    for warning in run_config_warnings(config):
+        status(f"warning: {warning}")
+    with claimed_workdir(workdir) as admission:
+        return _finetune(config, pretrained, cfg, init, workdir, admission, log)
+
+
+def _finetune(config, pretrained: Pretrained, cfg: ModelConfig, init: str, workdir: str, admission, log: bool):
+    dcfg, tcfg = config.data, config.train
+    spec = task_spec(dcfg.task)
     kind = "regression" if spec.num_labels == 1 else f"{spec.num_labels} classes"
     status(f"jaxpos: fine-tuning on {spec.name} ({kind}, {'sentence pairs' if spec.pair else 'single sentences'}), "
            f"encoder from {init} "
@@ -259,13 +268,13 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
 
     main_split = spec.dev_splits[0]
     chance = chance_scores(spec, dev[main_split].labels)
+    task = ClassificationTask(BertForSequenceClassification(cfg, spec.num_labels), dcfg.max_length)
+    trainer = FinetuneTrainer(config, workdir, task, pretrained, log=log)  # refuses a checkpoint of another model
+    admission.admit()  # every check passed: from here on the folder is the run's
     saved = config.copy_and_resolve_references()
     saved.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
     saved.init = pretrained.info
     _write_json(os.path.join(workdir, "config.json"), json.loads(saved.to_json_best_effort()))
-
-    task = ClassificationTask(BertForSequenceClassification(cfg, spec.num_labels), dcfg.max_length)
-    trainer = FinetuneTrainer(config, workdir, task, pretrained, log=log)
     predict_fn = make_predict_fn(task, trainer)
     evals_path = os.path.join(workdir, EVALS_FILE)
     evals = {e["step"]: e for e in read_evals(workdir)}

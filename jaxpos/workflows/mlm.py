@@ -11,19 +11,27 @@ from etils import epath
 
 from jaxpos.config import model_config
 from jaxpos.config.files import write_run_file, write_run_report
-from jaxpos.config.validate import check_run_config
+from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
 from jaxpos.training.loop import Trainer
 from jaxpos.training.mlm import MaskedLMTask
+from jaxpos.workflows.workdir import claimed_workdir
 
 
 def train_mlm(config, workdir: str):
     """Pretrains a BERT-style model as configured; resumes from WORKDIR's checkpoints (local or gs://...).
-    Returns the TrainResult."""
+    Returns the TrainResult. A refused run (config, data, a checkpoint of another model) leaves WORKDIR as it was;
+    SIGTERM or SIGINT checkpoints and raises RunStopped (jaxpos.training.interrupt)."""
     check_run_config(config, task="mlm")  # before any data is read
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    for warning in run_config_warnings(config):
+        status(f"warning: {warning}")
+    with claimed_workdir(workdir) as admission:
+        return _train_mlm(config, workdir, admission)
+
+
+def _train_mlm(config, workdir: str, admission):
     dcfg, tcfg = config.data, config.train
     main_process = jax.process_index() == 0  # files of the run are written once
     status(f"jaxpos: masked-LM pretraining, position={config.model.position.kind}, "
@@ -35,16 +43,17 @@ def train_mlm(config, workdir: str):
     else:
         status(f"data ({dcfg.source}): {data.stats.summary()}; held-out examples={len(data.eval_examples)}")
     status(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
-    if config.model.vocab_size != data.tokenizer.vocab_size:
-        config.model.vocab_size = data.tokenizer.vocab_size  # the embedding table follows the tokenizer
-    if main_process:
-        write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
+    config = config.copy_and_resolve_references()  # the caller's config stays as given
+    config.model.vocab_size = data.tokenizer.vocab_size  # the embedding table follows the tokenizer
     status(f"baseline: unigram entropy of the {'held-out rows' if streaming else 'corpus'} = "
            f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)")
 
     cfg = model_config(config.model)
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
-    trainer = Trainer(config, workdir, task)
+    trainer = Trainer(config, workdir, task)  # refuses a checkpoint of another model, a batch the mesh cannot split
+    admission.admit()  # every check passed: from here on the folder is the run's
+    if main_process:
+        write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
     try:
         result = trainer.run(
             data.train,
@@ -57,9 +66,9 @@ def train_mlm(config, workdir: str):
                   step=int(jax.device_get(result.state.step)))
     if main_process:
         write_run_report(workdir, report)
-    train_loss, eval_loss = result.final_metrics.get("loss"), result.eval_metrics.get("loss")
-    if train_loss is not None:
-        status(f"final: train loss {train_loss:.3f}, eval loss {eval_loss:.3f}, eval accuracy "
+    if result.final_metrics:  # a run resumed at its last step trains nothing
+        status(f"final: train loss {result.final_metrics['loss']:.3f}, eval loss "
+               f"{result.eval_metrics.get('loss', float('nan')):.3f}, eval accuracy "
                f"{result.eval_metrics.get('accuracy', float('nan')):.3f}, vs unigram entropy "
                f"{data.unigram_entropy:.3f}")
     if cfg.position.kind == "tisa" and main_process:
@@ -69,7 +78,8 @@ def train_mlm(config, workdir: str):
         tisa = params["bert"]["encoder"]["position"]
         with tempfile.TemporaryDirectory() as scratch:  # matplotlib writes local files; epath copies them anywhere
             local = plot_tisa_scores({k: np.asarray(tisa[k]) for k in "abc"}, dcfg.seq_len,
-                                     os.path.join(scratch, "tisa_scores.png"))
+                                     os.path.join(scratch, "tisa_scores.png"),
+                                     step=int(jax.device_get(result.state.step)))
             path = epath.Path(workdir) / "tisa_scores.png"
             path.write_bytes(epath.Path(local).read_bytes())
         status(f"wrote {path}")

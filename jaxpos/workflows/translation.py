@@ -11,7 +11,7 @@ from etils import epath
 from jaxpos.config import model_config
 from jaxpos.config.decode import decode_config
 from jaxpos.config.files import write_run_file, write_run_report
-from jaxpos.config.validate import check_run_config
+from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import BleuResult, corpus_bleu
 from jaxpos.decoding.translate import Translator, read_sentences
@@ -20,6 +20,7 @@ from jaxpos.progress import status
 from jaxpos.run import Run
 from jaxpos.training.loop import Trainer
 from jaxpos.training.translation import TranslationTask
+from jaxpos.workflows.workdir import claimed_workdir
 
 
 def _loss_batches(data, tcfg):
@@ -30,10 +31,11 @@ def _loss_batches(data, tcfg):
 
 
 def _setup(config, workdir: str):
-    """(data, typed model config, task) for a translation config; the model's vocabulary follows the tokenizer."""
+    """(data, the config as the run keeps it, typed model config, task) for a translation config; the model's
+    vocabulary follows the tokenizer (in a copy: the caller's config stays as given)."""
     data = build_translation_data(config.data, config.train.batch_size, workdir)
-    if config.model.vocab_size != data.tokenizer.vocab_size:
-        config.model.vocab_size = data.tokenizer.vocab_size
+    config = config.copy_and_resolve_references()
+    config.model.vocab_size = data.tokenizer.vocab_size
     cfg = model_config(config.model)
     # The longest sources and targets the run will see, traced now: a mechanism whose tables are too short raises
     # its own LengthError at start-up rather than at the first evaluation or at the final decoding.
@@ -42,23 +44,32 @@ def _setup(config, workdir: str):
                    jax.ShapeDtypeStruct((1, max(longest, config.decode.target_width)), "int32"))
     task = TranslationTask(EncoderDecoder(cfg), config.data.max_length, config.data.max_length,
                            config.train.label_smoothing)
-    return data, cfg, task
+    return data, config, cfg, task
 
 
 def train_translation(config, workdir: str):
     """Trains an encoder-decoder as configured (resuming from WORKDIR), reports dev loss and BLEU along the way,
-    then test BLEU with beam search against the copy-the-source baseline. Returns the report dict."""
+    then test BLEU with beam search against the copy-the-source baseline (train.test_bleu, capped at
+    train.test_sentences). Returns the report dict. A refused run leaves WORKDIR as it was; SIGTERM or SIGINT
+    checkpoints and raises RunStopped (jaxpos.training.interrupt)."""
     check_run_config(config, task="translation")  # before any data is read
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    for warning in run_config_warnings(config):
+        status(f"warning: {warning}")
+    with claimed_workdir(workdir) as admission:
+        return _train_translation(config, workdir, admission)
+
+
+def _train_translation(config, workdir: str, admission):
     tcfg = config.train
     status(f"jaxpos: translation, position={config.model.position.kind}, devices={jax.device_count()}x"
            f"{jax.devices()[0].device_kind}, workdir={workdir}")
-    data, cfg, task = _setup(config, workdir)
+    data, config, cfg, task = _setup(config, workdir)
     status(data.summary())
+    dcfg = decode_config(config.decode)
+    trainer = Trainer(config, workdir, task)  # refuses a checkpoint of another model, a batch the mesh cannot split
+    admission.admit()  # every check passed: from here on the folder is the run's
     if jax.process_index() == 0:
         write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
-    dcfg = decode_config(config.decode)
-    trainer = Trainer(config, workdir, task)
 
     has_dev = len(data.dev) > 0
     if not has_dev:
@@ -76,20 +87,25 @@ def train_translation(config, workdir: str):
     finally:
         trainer.close()
     params = result.state.params
-    translator = Translator(cfg, params, data.tokenizer, dcfg, data.test.inputs.shape[1])
     report = dict(step=int(jax.device_get(result.state.step)), train=result.final_metrics,
                   dev=result.eval_metrics, position=cfg.position.kind)
-    if len(data.test):
-        bleu, hypotheses = translator.evaluate(data.test, progress=True)
-        copy = corpus_bleu(data.test.sources, data.test.references)
+    if len(data.test) and tcfg.get("test_bleu", True):
+        translator = Translator(cfg, params, data.tokenizer, dcfg, data.test.inputs.shape[1])
+        bleu, hypotheses = translator.evaluate(data.test, tcfg.get("test_sentences", 0), progress=True)
+        count = len(hypotheses)
+        copy = corpus_bleu(data.test.sources[:count], data.test.references[:count])
         report.update(test_bleu=bleu.score, test_bleu_signature=bleu.signature, test_bleu_details=bleu.details,
-                      copy_source_bleu=copy.score, test_sentences=len(data.test))
+                      copy_source_bleu=copy.score, test_sentences=count)
         if jax.process_index() == 0:
             write_run_file(workdir, "test_translations.txt", "".join(h + "\n" for h in hypotheses))
-        status(f"test SacreBLEU {bleu.score:.2f} ({bleu.details}; {bleu.signature}) on {len(data.test)} "
-               f"sentences; copying the source scores {copy.score:.2f}")
+        status(f"test SacreBLEU {bleu.score:.2f} ({bleu.details}; {bleu.signature}) on {count} of "
+               f"{len(data.test)} sentences; copying the source scores {copy.score:.2f}")
+    elif len(data.test):
+        status(f"no test BLEU (train.test_bleu=False): jaxpos eval-bleu --workdir {workdir} decodes the test split")
     if jax.process_index() == 0:
         report = write_run_report(workdir, report)
+    status(f"checkpoints: {epath.Path(workdir) / 'checkpoints'}  TensorBoard: {epath.Path(workdir) / 'tensorboard'}"
+           f"  report: {epath.Path(workdir) / 'report.json'}")
     return report
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from jaxpos.models import BertEncoder, BertForSequenceClassification
 from jaxpos.training.finetune import ClassificationTask
-from tests.helpers import tiny_config, train_tiny_mlm
+from tests.helpers import folder_digest, tiny_config, train_tiny_mlm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -302,11 +302,17 @@ def finetuned(mlm_run, glue_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("task", [pytest.param("cola", marks=pytest.mark.slow), "mrpc", "stsb"])
-def test_finetune_resume_and_evaluate_on_glue_files(task, finetuned):
+def test_finetune_resume_and_evaluate_on_glue_files(task, finetuned, mlm_run, glue_dir):
     from jaxpos.data.classification import TASKS
 
     workdir, out = finetuned(task)
     assert "resumed from checkpoint step 2" in out
+    before = folder_digest(workdir)
+    other = "mrpc" if task == "stsb" else "stsb"  # another number of outputs: another classifier's shape
+    with pytest.raises(ValueError, match="was saved for another model .*classifier"):  # refused, nothing changed
+        finetune_cli(["finetune", "--config", FT, "--init", mlm_run, "--workdir", workdir, f"--config.data.task={other}",
+                      f"--config.data.glue_dir={glue_dir}", *SMALL, "--config.train.num_steps=6"])
+    assert folder_digest(workdir) == before
     spec = TASKS[task]
     evals = json.load(open(os.path.join(workdir, "evals.json")))["evals"]
     assert [e["step"] for e in evals] == [2, 4]

@@ -74,6 +74,37 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
     assert "checkpoint step 10" in capsys.readouterr().out
 
 
+def test_a_checkpoint_of_another_shape_is_refused_and_left_in_place(tmp_path, monkeypatch):
+    """A whole checkpoint of another model saved without its model config (as older jaxpos did) is refused when
+    the Trainer is built, naming the first difference; it is not a corrupt step to move aside."""
+    import orbax.checkpoint as ocp
+
+    from jaxpos.config import model_config
+    from jaxpos.models import BertForMaskedLM
+    from jaxpos.sharding import make_mesh
+    from jaxpos.training.checkpoint import _shapes
+    from jaxpos.training.mlm import MaskedLMTask
+
+    monkeypatch.setattr(loop, "model_config_dict", lambda model: None)  # checkpoints without their model config
+    synthetic.run(str(tmp_path), 5, checkpoint_every=5)
+
+    def trainer(mlp_dim):
+        c = synthetic.config(10)
+        c.model.mlp_dim = mlp_dim
+        return loop.Trainer(c, str(tmp_path), MaskedLMTask(BertForMaskedLM(model_config(c.model)), synthetic.SEQ),
+                            log=False, mesh=make_mesh(devices=jax.devices()[:1]))
+
+    same = trainer(64)
+    saved = _shapes(ocp.PyTreeCheckpointHandler().metadata(same.checkpointer.directory / "5" / "state"))
+    assert saved == _shapes(same.abstract_state)  # the same names and shapes for the same state
+    same.close()
+    with pytest.raises(ValueError, match=r"checkpoint step 5 .* was saved for another model \(opt_state/.*"
+                                         r"mlp/wi/bias is shape \(64,\) in the checkpoint, shape \(48,\) in "
+                                         r"this run\)"):
+        trainer(48)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["5"] and not (tmp_path / "checkpoints_corrupt").exists()
+
+
 def test_gradient_accumulation_matches_one_large_batch(tmp_path):
     c1 = synthetic.config(3)
     c1.model.dropout = c1.model.attention_dropout = 0.0

@@ -10,6 +10,7 @@ import pytest
 from jaxpos.cli import main
 from jaxpos.decoding import corpus_bleu
 from jaxpos.positions import LengthError
+from tests.helpers import folder_digest
 
 pytestmark = pytest.mark.usefixtures("one_device_training")  # what runs write and read, not sharding
 
@@ -46,7 +47,12 @@ def run(tmp_path_factory):
 
 def test_train_resume_translate_and_eval_bleu(run, capsys):
     tmp, workdir, args = run
-    main(args + ["--config.train.num_steps=4"])
+    main(args + ["--config.train.num_steps=4", "--config.train.test_sentences=2"])
+    assert json.load(open(os.path.join(workdir, "report.json")))["test_sentences"] == 2  # the final decode capped
+    before = folder_digest(workdir)
+    assert main(args + ["--config.train.num_steps=6", "--config.model.position.kind=sinusoidal"]) == 2
+    assert "was saved for another model" in capsys.readouterr().err
+    assert folder_digest(workdir) == before  # a refused resume leaves the run as it was
     main(args + ["--config.train.num_steps=6"])
     out = capsys.readouterr()
     assert "resumed from checkpoint step 4" in out.out + out.err
