@@ -125,6 +125,23 @@ def test_one_seed_is_inconclusive_for_want_of_seeds_not_of_training():
     assert C.training_status(table)["tisa"]["trained"] is None
 
 
+def test_a_seed_with_a_nan_value_is_dropped_from_both_sides():
+    """The NaN policy of the paired test: two seeds of which one diverged leave one seed, which is inconclusive for
+    want of seeds (not an error); three seeds with one NaN are tested on the two that count."""
+    def table(localities):
+        runs = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in range(len(localities))]}
+        runs["tisa"] = [fake_run("tisa", s, curve([0.0, 0.3, 0.6])(s), positional_attention=dict(
+            locality=value, uniform_locality=0.10)) for s, value in enumerate(localities)]
+        return runs
+
+    [part] = C.evaluate_claims(table([0.30, float("nan")]), C.select_claims(["tisa_local"]))["claims"][0]["parts"]
+    assert part["verdict"] == S.INCONCLUSIVE and part["why"] == "one seed", part
+    assert part["measured_mean"] == pytest.approx(0.20)
+    [part] = C.evaluate_claims(table([0.30, float("nan"), 0.32]),
+                               C.select_claims(["tisa_local"]))["claims"][0]["parts"]
+    assert part["test"]["n"] == 2 and part["test"]["dropped"] == 1
+
+
 def test_a_mechanism_that_parts_and_rejoins_has_not_parted():
     table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in range(3)],
              "tisa": [fake_run("tisa", s, curve([0.5, 0.0, 0.5])(s)) for s in range(3)]}
