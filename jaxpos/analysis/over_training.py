@@ -4,7 +4,7 @@ masked-LM run, and their headline numbers against the training step (`jaxpos ana
 OUT/step_<N>/ holds each checkpoint's report.json, arrays.npz and figures exactly as `jaxpos analyze` writes
 them for that checkpoint; OUT/over_training.json gathers the headline numbers per step (`series`) and
 OUT/over_training.png draws them: Toeplitz R^2 of P = E_P E_P^T, identical-word locality and symmetry, attention
-logit rank, and Muppet term importance at the last layer.
+logit rank (with its bounds, the head dim D and the analysis length T), and Muppet term importance at the last layer.
 """
 
 from __future__ import annotations
@@ -115,8 +115,11 @@ def analyze_over_training(newest: AnalyzedModel, out_dir: str, *, sentences: Seq
                   steps=sorted(reports), series=series, reports={str(s): p for s, p in paths.items()},
                   figure="over_training.png" if options.get("figures", True) else None)
     if result["figure"]:
+        # The rank panel marks both bounds, D and the window length T the ranks were taken at (the same every step).
+        rank_lengths = {rank["length"] for rank in (_section(r, "rank") for r in reports.values()) if rank}
         plot_over_training(result["steps"], series, os.path.join(out_dir, result["figure"]),
-                           head_dim=cfg.head_dim, title=f"{newest.name} ({cfg.position.kind}) over training")
+                           head_dim=cfg.head_dim, title=f"{newest.name} ({cfg.position.kind}) over training",
+                           length=max(rank_lengths) if rank_lengths else None)
     with open(os.path.join(out_dir, OVER_TRAINING_FILE), "w") as f:
         json.dump(result, f, indent=1, allow_nan=False)
     return result

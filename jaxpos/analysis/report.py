@@ -270,7 +270,7 @@ def _positional_profile(ctx: _Context) -> dict:
     fit = tisa_fit.fit_tisa_kernels(scores, offsets, num_kernels=cfg.position.tisa.num_kernels)
     kernels = {k: np.asarray(fit[k])[None] for k in "abc"}  # one "layer": the first
     ctx.plots.plot_tisa_scores(kernels, n, ctx.figure("positional_profile.png"), profiles=scores[None],
-                               titles=[f"layer 1: fit r² {' '.join(f'{r:.2f}' for r in fit['r2'])}"],
+                               titles=[f"{plots.layer_label(0)}: fit r² {' '.join(f'{r:.2f}' for r in fit['r2'])}"],
                                suptitle=f"{ctx.model.name}: F̂_P rows by offset (dashed), fitted TISA kernels")
     ctx.arrays["positional_profile"] = profile
     return dict(layer=0, toeplitz_r2=toeplitz.toeplitz_r2(profile), fit_r2=fit["r2"],
@@ -310,7 +310,7 @@ def _identical_word(ctx: _Context) -> dict:
     head_scores = np.asarray([[scores(m) for m in layer] for layer in weights])  # [L, H, 2]
     overall_scores = scores(overall)
     ctx.arrays["identical_word_attention"] = weights
-    titles = [f"layer {l + 1}: Loc {a:.3f}, Sym {b:.3f}" for l, (a, b) in enumerate(layer_scores)]
+    titles = [f"{plots.layer_label(l)}: Loc {a:.3f}, Sym {b:.3f}" for l, (a, b) in enumerate(layer_scores)]
     titles.append(f"all layers: Loc {overall_scores[0]:.3f}, Sym {overall_scores[1]:.3f}")
     ctx.plots.plot_positional_matrices(np.concatenate([per_layer, overall[None]]), titles,
                                        ctx.figure("identical_word.png"),
@@ -372,7 +372,8 @@ def _rank(ctx: _Context) -> dict:
     result = dict(length=length, windows=len(rows), head_dim=cfg.head_dim, rtol=rtol,
                   logit_rank=logit_rank.mean(axis=1), logit_rank_mean=float(logit_rank.mean()),
                   logit_rank_max=int(logit_rank.max()))
-    terms = {"input": (_input_positional_logits(ctx, length), "input positions (P W_Q)(P W_K)^T, layer 1"),
+    first_layer = plots.layer_label(0)
+    terms = {"input": (_input_positional_logits(ctx, length), f"input positions (P W_Q)(P W_K)^T, {first_layer}"),
              "bias": (bias_logits(cfg, ctx.params, length), "positional bias")}
     plotted = None
     for key, (matrices, label) in terms.items():
@@ -443,7 +444,8 @@ def _effective_attention(ctx: _Context) -> dict:
     raw, effective, length, example_rank = example
     ctx.plots.plot_effective_attention(raw, effective, lengths, by_layer, cfg.head_dim,
                                        ctx.figure("effective_attention.png"),
-                                       f"layer {cfg.num_layers}, head 1, T = {length}, rank {example_rank} of {length}")
+                                       f"{plots.layer_label(cfg.num_layers - 1)}, {plots.head_label(0)}, T = {length}, "
+                                       f"rank {example_rank} of {length}")
     found = ", ".join(f"T={n}: rank {r.min()}" + (f"-{r.max()}" if r.max() > r.min() else "") + f" of {n}"
                       + f" (tolerance {tol:.3g})" for n, r, tol in zip(lengths, ranks, tolerances))
     return dict(lengths=lengths, windows=[len(c) for c in per_length], head_dim=cfg.head_dim,

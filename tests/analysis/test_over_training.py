@@ -10,7 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from jaxpos.analysis import over_training
 from jaxpos.analysis.over_training import headline, select_steps
+from jaxpos.analysis.plots import plot_over_training
 from jaxpos.cli import main
 from jaxpos.training.checkpoint import saved_steps
 from tests.xla_flags import quick_compile_flags
@@ -55,14 +57,22 @@ def comparable(report: dict) -> dict:
     return out
 
 
-def test_every_checkpoint_matches_the_single_analysis(workdir, tmp_path, capsys):
+def test_every_checkpoint_matches_the_single_analysis(workdir, tmp_path, capsys, monkeypatch):
     assert saved_steps(workdir) == [2, 4]
     out = tmp_path / "over"
+    drawn = []  # the figure's arguments: its rank panel marks D and the analysis length T
+
+    def record(*args, **kwargs):
+        drawn.append(kwargs)
+        return plot_over_training(*args, **kwargs)
+
+    monkeypatch.setattr(over_training, "plot_over_training", record)
     assert main(["analyze", "--workdir", workdir, "--checkpoints", "all", "--out", str(out)] + OPTIONS) == 0
     printed = capsys.readouterr().out
     result = json.loads((out / "over_training.json").read_text())
     assert result["steps"] == [2, 4] and os.path.getsize(out / "over_training.png") > 1000
     assert "step  Toeplitz R^2(P)" in printed
+    assert [(d["head_dim"], d["length"]) for d in drawn] == [(8, 16)]  # D = 32 / 4 heads; T = --lengths 16
 
     reports = {}
     for index, step in enumerate((2, 4)):
