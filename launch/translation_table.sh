@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # DIET Table 4 at small scale: the tiny encoder-decoder on the offline Bible corpus (de -> en), one run per
-# positional mechanism, each pinned to its own 2 CPU cores and stopped (SIGTERM: checkpoint, then test BLEU)
-# after MINUTES of training; prints test SacreBLEU per mechanism against copying the source.
+# positional mechanism, each pinned to its own 2 CPU cores and stopped (SIGTERM: it checkpoints and exits) after
+# MINUTES of training; then `jaxpos eval-bleu` decodes each run's test split, and the table gives test SacreBLEU per
+# mechanism against copying the source.
 #
 #   MINUTES=20 launch/translation_table.sh runs/table4 tisa diet_rel diet_abs absolute "absolute --config.data.pack=False"
 #
@@ -21,12 +22,21 @@ for spec in "$@"; do
     --config.train.num_steps=100000 --config.train.eval_every=500 $extra >"$OUT/$name.log" 2>&1 &
   core=$((core + 2))
 done
-wait || true
+wait || true  # each run ends on its SIGTERM: checkpointed, exit status 143
+for spec in "$@"; do
+  read -r kind extra <<<"$spec"
+  name=$kind$(echo "$extra" | tr -dc 'a-zA-Z0-9=' | sed 's/configdata//g; s/=/_/g')
+  JAX_PLATFORMS=cpu $JAXPOS eval-bleu --workdir "$OUT/$name" >"$OUT/$name.bleu" 2>>"$OUT/$name.log" &
+done
+wait
 python3 - "$OUT" <<'PY'
-import glob, json, os, sys
-print(f"{'run':<28} {'steps':>6} {'dev loss':>9} {'test BLEU':>10} {'copy BLEU':>10}")
-for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "report.json"))):
-    r = json.load(open(path))
-    print(f"{os.path.basename(os.path.dirname(path)):<28} {r['step']:>6} {r['dev'].get('loss', float('nan')):>9.3f} "
-          f"{r.get('test_bleu', float('nan')):>10.2f} {r.get('copy_source_bleu', float('nan')):>10.2f}")
+import glob, os, re, sys
+print(f"{'run':<28} {'steps':>6} {'test BLEU':>10} {'copy BLEU':>10}")
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.bleu"))):
+    text = open(path).read()
+    step, bleu, copy = (re.search(p, text) for p in (r"step (\d+)", r"SacreBLEU ([\d.]+)", r"copying the source: ([\d.]+)"))
+    if not (step and bleu and copy):
+        print(f"{os.path.basename(path)[:-5]:<28} no checkpoint decoded (see its .log)")
+        continue
+    print(f"{os.path.basename(path)[:-5]:<28} {step[1]:>6} {float(bleu[1]):>10.2f} {float(copy[1]):>10.2f}")
 PY

@@ -64,9 +64,9 @@ def test_errors_raised_outside_jaxpos_are_faults(monkeypatch, tmp_path):
     def broken(args, overrides):
         np.reshape(np.zeros(3), (2, 2))  # a ValueError raised inside numpy: a bug, not a user error
 
-    monkeypatch.setattr(cli, "_smoke", broken)
+    monkeypatch.setattr(cli, "_mechanisms", broken)
     with pytest.raises(ValueError):
-        cli.main(["smoke"])
+        cli.main(["mechanisms"])
 
 
 def test_console_script_exit_status_and_stderr(tmp_path):
@@ -77,3 +77,28 @@ def test_console_script_exit_status_and_stderr(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "jaxpos: error: unknown position mechanism 'bogus'; choose one of none, absolute, sinusoidal, tisa, "
         "diet_rel, diet_abs, t5, shaw, tupe, rope, alibi, attenuated"]
+
+
+def test_the_commands_are_listed_in_one_order_and_say_whether_they_take_overrides(capsys):
+    parser = cli.build_parser()
+    [subcommands] = [a for a in parser._actions if a.dest == "command"]
+    listed = cli.__doc__.split(":", 1)[1].replace("\n", " ").rstrip(".").split(", ")
+    assert [name.strip() for name in listed] == list(subcommands.choices)  # the description and the usage line
+    takes = {name for name, sub in subcommands.choices.items() if sub.get_default("takes_overrides")}
+    assert takes == {"train", "tokenizer", "finetune", "evaluate", "finetune-sweep", "probe-word-order", "translate",
+                     "eval-bleu"}
+    for name in takes:
+        assert "Takes --config.a.b=value overrides: " in subcommands.choices[name].format_help()
+    for argv in (["analyze", "--workdir", "x"], ["export", "--workdir", "x", "--out", "y"], ["curves", "x"],
+                 ["reproduce", "--out", "x"], ["mechanisms"]):
+        assert cli.main([*argv, "--config.model.dropout=0"]) == 2
+        assert _error_lines(capsys) == [f"jaxpos: error: `jaxpos {argv[0]}` takes no --config overrides (got "
+                                        "--config.model.dropout=0)"]
+
+
+def test_version(capsys):
+    import jaxpos
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"jaxpos {jaxpos.__version__}\n"

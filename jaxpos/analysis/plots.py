@@ -382,3 +382,27 @@ def plot_over_training(steps, series: dict, path: str, head_dim: int | None = No
                        length: int | None = None) -> str:
     """`over_training_figure` written to PATH; returns PATH."""
     return save_figure(over_training_figure(steps, series, head_dim, title, length), path)
+
+
+def curves_figure(runs: dict, metric: str = "loss"):
+    """Training and held-out `metric` of several runs against the step, one line per run in each of two panels.
+    `runs`: {name: {tag: {step: value}}} as jaxpos.training.metrics.read_scalars returns them."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
+    for ax, split, title in zip(axes[0], ("train", "eval"), ("training", "held-out")):
+        for name, scalars in runs.items():
+            points = sorted(scalars.get(f"{split}/{metric}", {}).items())
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, marker="o" if len(points) < 4 else None, label=name)
+        ax.set(title=f"{title} {metric}", xlabel="step", ylabel=metric)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, f"no {split}/{metric} logged", ha="center", va="center", transform=ax.transAxes)
+    return fig
+
+
+def plot_curves(runs: dict, path: str, metric: str = "loss") -> str:
+    """Writes `curves_figure` to `path`."""
+    return save_figure(curves_figure(runs, metric), path)

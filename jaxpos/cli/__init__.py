@@ -1,5 +1,5 @@
-"""The `jaxpos` command: train, translate, eval-bleu, analyze, finetune, evaluate, finetune-sweep, probe-word-order,
-reproduce, smoke, tokenizer, export."""
+"""The `jaxpos` command: train, tokenizer, finetune, evaluate, finetune-sweep, probe-word-order, analyze, curves,
+export, translate, eval-bleu, reproduce, mechanisms."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 
 import jaxpos
 from jaxpos.cli.analyze import add_analyze_parser
+from jaxpos.cli.common import add_command
 from jaxpos.cli.export import add_export_parser
 from jaxpos.cli.finetune import add_finetune_parser
 from jaxpos.cli.reproduce import add_reproduce_parser
@@ -18,10 +19,39 @@ from jaxpos.cli.train import add_tokenizer_parser, add_train_parser
 from jaxpos.cli.translate import add_translate_parsers
 
 
-def _smoke(args, overrides):
-    from jaxpos.workflows.smoke import smoke_table  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
+def _mechanisms(args, overrides):
+    from jaxpos.workflows.mechanisms import mechanisms_table  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
-    print(smoke_table(seq_len=args.seq_len))
+    print(mechanisms_table(seq_len=args.seq_len))
+
+
+def add_mechanisms_parser(subparsers) -> None:
+    """Registers `mechanisms`: a forward and backward pass of every positional mechanism, as a table."""
+    parser = add_command(subparsers, "mechanisms", "a forward and backward pass of every positional mechanism on a "
+                         "small random BERT: parameters, loss, gradient norm, compile and step time (seconds on a "
+                         "CPU; checks an installation)")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per row (default 64; batch of 4)")
+    parser.set_defaults(run=_mechanisms)
+
+
+def _curves(args, overrides):
+    from jaxpos.workflows.curves import compare_runs, curves_table  # lazy: reads event files, draws with matplotlib
+
+    rows = compare_runs(args.workdirs, args.out, args.metric)
+    print(curves_table(rows, args.metric) + f"\nwrote {args.out}")
+    return rows
+
+
+def add_curves_parser(subparsers) -> None:
+    """Registers `curves`: the logged curves of several runs in one figure and one table."""
+    parser = add_command(subparsers, "curves", "the training and held-out loss (or --metric) of one or more runs "
+                         "in one PNG, and a table of the last and best values")
+    parser.add_argument("workdirs", nargs="+", metavar="WORKDIR", help="workdirs of `jaxpos train` or `jaxpos "
+                        "finetune` runs (their tensorboard/ event files)")
+    parser.add_argument("--out", default="curves.png", help="the PNG to write (default: ./curves.png)")
+    parser.add_argument("--metric", default="loss", help="a logged metric: loss (default), accuracy, perplexity, "
+                        "bleu (translation), a GLUE score (fine-tuning), ...")
+    parser.set_defaults(run=_curves)
 
 
 # Errors that jaxpos's own checks raise about what the user gave (config, paths, data); shown as one line.
@@ -57,17 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The `jaxpos` argument parser with every subcommand; `--config.a.b=value` overrides pass through unparsed."""
     parser = argparse.ArgumentParser(prog="jaxpos", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show the traceback of every error (any position)")
+    parser.add_argument("--version", action="version", version=f"jaxpos {jaxpos.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_train_parser(sub)
-    add_translate_parsers(sub)
-    smoke = sub.add_parser("smoke", help="forward/backward of every positional mechanism; prints a table")
-    smoke.add_argument("--seq-len", type=int, default=64)
-    smoke.set_defaults(run=_smoke)
-    add_tokenizer_parser(sub)
-    add_analyze_parser(sub)
-    add_finetune_parser(sub)
-    add_export_parser(sub)
-    add_reproduce_parser(sub)
+    for register in (add_train_parser, add_tokenizer_parser, add_finetune_parser, add_analyze_parser,
+                     add_curves_parser, add_export_parser, add_translate_parsers, add_reproduce_parser,
+                     add_mechanisms_parser):  # the order of the module docstring (tests/cli checks it)
+        register(sub)
     return parser
 
 
@@ -88,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     """Runs one `jaxpos` command. User errors print `jaxpos: error: ...` and return 2 (1 for a diverged or
     unrestorable run); `--debug` shows their traceback instead. Real faults raise as usual."""
     args, overrides = parse_command(argv)
+    if overrides and not args.takes_overrides:
+        print(f"jaxpos: error: `jaxpos {args.command}` takes no --config overrides (got {' '.join(overrides)})",
+              file=sys.stderr, flush=True)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from jaxpos.training.interrupt import RunStopped, stop_on_signals  # lazy: no jax; the signals' one path
 

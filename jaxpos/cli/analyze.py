@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 
+from jaxpos.cli.common import add_command
+
 
 def add_analyze_parser(subparsers) -> None:
     """Registers the `analyze` subcommand on an argparse subparsers object."""
-    parser = subparsers.add_parser(
-        "analyze", help="diagnostics of a trained model (Toeplitzness, F-hat_P, locality/symmetry, ranks, "
-                        "Muppet decomposition, effective attention, identifiability, attribution)",
-        description=__doc__)
+    parser = add_command(
+        subparsers, "analyze", "diagnostics of a trained model (Toeplitzness, F-hat_P, locality/symmetry, ranks, "
+                        "Muppet decomposition, effective attention, identifiability, attribution)", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", help="a `jaxpos train` masked-LM workdir (config.json, checkpoints/, tokenizer)")
     source.add_argument("--hf", metavar="PATH", help="a local Hugging Face BERT/ALBERT folder (config.json, "
@@ -37,9 +38,6 @@ def add_analyze_parser(subparsers) -> None:
 def _analyze(args, overrides):
     from jaxpos.workflows.analyze import analyze_model  # lazy: loads jax (~3 s), which `jaxpos --help` does not need
 
-    if overrides:
-        raise ValueError(f"`jaxpos analyze` takes no --config overrides (got {' '.join(overrides)}); the model's "
-                         "own config is used")
     lengths = tuple(int(n) for n in args.lengths.split(",") if n.strip()) if args.lengths else None
     only = [n.strip() for n in args.only.split(",")] if args.only else None
     done = analyze_model(args.workdir, args.hf, args.out, text=args.text, quick=args.quick,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from jaxpos.cli.common import add_command
+
 
 def add_export_parser(subparsers) -> None:
     """Registers the `export` subcommand on an argparse subparsers object."""
-    parser = subparsers.add_parser(
-        "export", help="a run's parameters without optimiser state: an orbax checkpoint that "
+    parser = add_command(
+        subparsers, "export", "a run's parameters without optimiser state: an orbax checkpoint that "
                        "jaxpos.checkpoints.load_export restores onto any mesh, or a Hugging Face folder")
     parser.add_argument("--workdir", required=True, help="the workdir of a `jaxpos train` or `jaxpos finetune` run")
     parser.add_argument("--out", required=True, help="a new folder (local or gs://...)")
@@ -21,8 +23,6 @@ def add_export_parser(subparsers) -> None:
 
 def _export(args, overrides) -> dict:
     """Exports, then prints one line saying what was written."""
-    if overrides:
-        raise ValueError(f"`jaxpos export` takes no --config overrides (got {' '.join(overrides)})")
     from jaxpos.checkpoints.export import export_run  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
 
     done = export_run(args.workdir, args.out, format=args.format, dtype=args.dtype, step=args.step)

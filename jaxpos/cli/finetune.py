@@ -5,29 +5,32 @@ from __future__ import annotations
 
 import os
 
+from jaxpos.cli.common import add_command
+
 
 def add_finetune_parser(subparsers) -> None:
     """Registers the fine-tuning subcommands on an argparse subparsers object."""
-    overrides = "Override any config field with --config.a.b=value, e.g. --config.data.task=mrpc " \
-                "--config.data.source=glue_dir --config.data.glue_dir=/data/glue"
-    parser = subparsers.add_parser(
-        "finetune", help="fine-tune a jaxpos run or a Hugging Face BERT/ALBERT folder on a classification or "
-                         "regression task; resumes from the workdir's latest checkpoint", epilog=overrides)
+    overrides = "any field of the config, e.g. --config.data.task=mrpc --config.data.source=glue_dir " \
+                "--config.data.glue_dir=/data/glue"
+    data_only = "--config.data.* fields only, to point at other data, e.g. another glue_dir"
+    parser = add_command(
+        subparsers, "finetune", "fine-tune a jaxpos run or a Hugging Face BERT/ALBERT folder on a classification or "
+        "regression task; resumes from the workdir's latest checkpoint", overrides=overrides)
     parser.add_argument("--config", required=True, help="config file, e.g. configs/finetune/glue.py")
     parser.add_argument("--init", required=True, help="a `jaxpos train` masked-LM workdir or a local Hugging Face "
                                                       "BERT/ALBERT folder")
     parser.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, evals.json, report.json")
     parser.set_defaults(run=_finetune)
 
-    parser = subparsers.add_parser("evaluate", help="scores of a fine-tuned run's latest checkpoint on a split",
-                                   epilog="--config.data.* overrides point at other data, e.g. another glue_dir")
+    parser = add_command(subparsers, "evaluate", "scores of a fine-tuned run's latest checkpoint on a split",
+                         overrides=data_only)
     parser.add_argument("--workdir", required=True, help="the workdir of a `jaxpos finetune` run")
     parser.add_argument("--split", help="a labelled split (default: the task's first dev split)")
     parser.set_defaults(run=_evaluate)
 
-    parser = subparsers.add_parser(
-        "finetune-sweep", help="the papers' protocol: seeds x learning rates per model and task; the median over "
-                               "seeds of each run's maximum dev score over checkpoints", epilog=overrides)
+    parser = add_command(
+        subparsers, "finetune-sweep", "the papers' protocol: seeds x learning rates per model and task; the median "
+        "over seeds of each run's maximum dev score over checkpoints", overrides=overrides)
     parser.add_argument("--config", required=True, help="config file, e.g. configs/finetune/glue.py")
     parser.add_argument("--init", required=True, action="append",
                         help="NAME=PATH (or PATH, named by its folder) of a pretrained model; repeat for several")
@@ -37,9 +40,10 @@ def add_finetune_parser(subparsers) -> None:
     parser.add_argument("--out", required=True, help="one workdir per run under OUT/MODEL/TASK/, tables beside them")
     parser.set_defaults(run=_sweep)
 
-    parser = subparsers.add_parser(
-        "probe-word-order", help="accuracy of a fine-tuned run on local-swap (x=2..5) and global-swap variants of "
-                                 "the first sentence, and the drop from the original (Chen et al. Table 3)")
+    parser = add_command(
+        subparsers, "probe-word-order", "accuracy of a fine-tuned run on local-swap (x=2..5) and global-swap "
+        "variants of the first sentence, and the drop from the original (Chen et al. Table 3); for tasks whose "
+        "labels do not depend on word order (MRPC, RTE, SNLI, ...)", overrides=data_only)
     parser.add_argument("--workdir", required=True, help="the workdir of a `jaxpos finetune` classification run")
     parser.add_argument("--split", help="a labelled split (default: the task's first dev split)")
     parser.add_argument("--windows", default="2,3,4,5", help="local-swap windows (default 2,3,4,5)")

@@ -20,12 +20,14 @@ import os
 import shlex
 import sys
 
+from jaxpos.cli.common import add_command
+
 PROFILE_CHOICES = ("smoke", "full", "micro")  # jaxpos.reproduction.runs.PROFILES, named here to keep start-up light
 
 def add_reproduce_parser(subparsers) -> None:
     """Registers the `reproduce` subcommand on an argparse subparsers object."""
-    parser = subparsers.add_parser(
-        "reproduce", help="small-scale reproduction of the papers' claims: mechanisms x seeds with a fixed recipe, "
+    parser = add_command(
+        subparsers, "reproduce", "small-scale reproduction of the papers' claims: mechanisms x seeds with a fixed recipe, "
                           "pretrained, fine-tuned and analysed; REPRODUCTION.md with a verdict per claim",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder (plan.json, runs/, figures/, REPRODUCTION.md, "
@@ -65,8 +67,6 @@ def _names(text: str | None) -> list[str] | None:
 def _reproduce(args, overrides):
     from jaxpos.reproduction import reproduce as repro  # lazy: loads jax, which `jaxpos --help` does not need
 
-    if overrides:
-        raise ValueError(f"`jaxpos reproduce` takes no --config overrides (got {' '.join(overrides)})")
     out = args.out
     if args.run_name:
         print(f"{args.run_name}: {repro.run_one(out, args.run_name)}")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from jaxpos.cli.common import add_command
+
 
 def add_train_parser(subparsers) -> None:
     """Registers the `train` subcommand on an argparse subparsers object."""
-    train = subparsers.add_parser("train", help="train from a config; resumes from the workdir's latest checkpoint",
-                                  epilog="Override any config field with --config.a.b=value, e.g. "
-                                         "--config.model.position.kind=diet_rel")
+    train = add_command(subparsers, "train", "train from a config; resumes from the workdir's latest checkpoint; "
+                        "SIGTERM or Ctrl-C checkpoints and exits (143 / 130)",
+                        overrides="any field of the config, e.g. --config.model.position.kind=diet_rel")
     train.add_argument("--config", required=True, help="config file, e.g. configs/mlm/tiny.py (or file.py:arg)")
     train.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, tokenizer, figures")
     train.add_argument("--distributed", action="store_true",
@@ -17,9 +19,10 @@ def add_train_parser(subparsers) -> None:
 
 def add_tokenizer_parser(subparsers) -> None:
     """Registers the `tokenizer` subcommand on an argparse subparsers object."""
-    tokenizer = subparsers.add_parser(
-        "tokenizer", help="train a config's SentencePiece model once (before a multi-process run); then pass "
-                          "--config.data.tokenizer_path=OUT.model")
+    tokenizer = add_command(
+        subparsers, "tokenizer", "train a config's SentencePiece model once (before a multi-process run); then "
+        "pass --config.data.tokenizer_path=OUT.model", overrides="any field of the config, e.g. "
+        "--config.data.vocab_size=16000")
     tokenizer.add_argument("--config", required=True, help="the training config, e.g. configs/mlm/diet.py")
     tokenizer.add_argument("--out", required=True, help="writes OUT.model, OUT.vocab, OUT.json (local or gs://...)")
     tokenizer.set_defaults(run=_tokenizer)

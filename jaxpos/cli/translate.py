@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import sys
 
+from jaxpos.cli.common import add_command
+
 
 def add_translate_parsers(subparsers) -> None:
     """Registers the `translate` and `eval-bleu` subcommands on an argparse subparsers object."""
-    translate = subparsers.add_parser("translate", help="translate lines with a trained translation run (beam search)",
-                                      epilog="Decoding settings come from the run's config; override them with e.g. "
-                                             "--config.decode.beam_size=10 --config.decode.alpha=0.6")
+    decoding = "fields of the run's config as read, e.g. --config.decode.beam_size=10 --config.decode.alpha=0.6"
+    translate = add_command(subparsers, "translate", "translate lines with a trained translation run (beam search)",
+                            overrides=decoding)
     translate.add_argument("--workdir", required=True, help="the workdir of a `jaxpos train` translation run")
     translate.add_argument("--input", help="file with one sentence per line (default: stdin)")
     translate.add_argument("--output", help="file for the translations, one per line (default: stdout)")
     translate.set_defaults(run=_translate)
-    bleu = subparsers.add_parser("eval-bleu", help="decode a held-out split of a translation run; print SacreBLEU")
+    bleu = add_command(subparsers, "eval-bleu", "decode a held-out split of a translation run; print SacreBLEU",
+                       overrides=decoding)
     bleu.add_argument("--workdir", required=True, help="the workdir of a `jaxpos train` translation run")
-    bleu.add_argument("--split", default="test", choices=("dev", "test"))
+    bleu.add_argument("--split", default="test", choices=("dev", "test"),
+                      help="the held-out split of the run's data to decode (default: test)")
     bleu.add_argument("--max-sentences", type=int, default=0, help="decode only the first N sentences (0 = all)")
     bleu.set_defaults(run=_eval_bleu)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -95,3 +96,42 @@ def _fmt(v) -> str:
     if v == 0 or 1e-3 <= abs(v) < 1e5:
         return f"{v:.4g}"
     return f"{v:.3e}"
+
+
+def read_scalars(workdir: str) -> dict[str, dict[int, float]]:
+    """Every scalar a run logged to WORKDIR/tensorboard (local or a URL): {tag: {step: value}}, tags as written
+    ("train/loss", "eval/loss", ...). The event files are read in the order they were written, so the steps a
+    resumed run trained again keep their last value. Raises FileNotFoundError when there are none."""
+    from tensorboardX.proto import event_pb2  # lazy: protobuf, which only readers of the curves need
+
+    folder = epath.Path(workdir) / "tensorboard"
+    files = sorted((p for p in folder.glob("events.out.tfevents.*")), key=_written_at) if folder.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no TensorBoard event file: is {workdir!r} the workdir of a "
+                                "jaxpos training run?")
+    scalars: dict[str, dict[int, float]] = {}
+    for path in files:
+        for record in _records(path.read_bytes()):
+            event = event_pb2.Event.FromString(record)
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    scalars.setdefault(value.tag, {})[int(event.step)] = float(value.simple_value)
+    return scalars
+
+
+def _written_at(path: epath.Path) -> tuple[int, str]:
+    """events.out.tfevents.<unix time>.<host>...: the time a writer opened the file, then the name."""
+    parts = path.name.split(".")
+    return (int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else 0), path.name
+
+
+def _records(data: bytes):
+    """The payloads of a TFRecord file (length, its CRC, payload, its CRC); a record cut short ends the file."""
+    offset = 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        start, end = offset + 12, offset + 12 + length
+        if end + 4 > len(data):
+            return
+        yield data[start:end]
+        offset = end + 4

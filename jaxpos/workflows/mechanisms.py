@@ -1,4 +1,5 @@
-"""Forward and backward pass of every positional mechanism on a small BERT; a table of losses and times."""
+"""`jaxpos mechanisms`: a forward and backward pass of every positional mechanism on a small random BERT, as a
+table of parameters, losses, gradient norms and times (a check that an installation works)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from jaxpos.config import MECHANISMS, model_config
 from jaxpos.models import BertForMaskedLM
 
 
-def smoke_table(seq_len: int = 64, batch: int = 4) -> str:
+def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
+    """The table, one row per registered mechanism: rows of `seq_len` random tokens, `batch` of them."""
     rows = [f"{'mechanism':<12} {'params':>9} {'loss':>8} {'grad norm':>10} {'compile s':>9} {'step ms':>8}"]
     for kind in MECHANISMS:
         cfg = model_config(dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, mlp_dim=128,
