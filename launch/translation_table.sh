@@ -29,12 +29,14 @@ for spec in "$@"; do
   JAX_PLATFORMS=cpu $JAXPOS eval-bleu --workdir "$OUT/$name" >"$OUT/$name.bleu" 2>>"$OUT/$name.log" &
 done
 wait
+$JAXPOS curves "$OUT"/*/ --out "$OUT/curves.png"  # steps and dev loss of every run, one figure
 python3 - "$OUT" <<'PY'
 import glob, os, re, sys
 print(f"{'run':<28} {'steps':>6} {'test BLEU':>10} {'copy BLEU':>10}")
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.bleu"))):
     text = open(path).read()
-    step, bleu, copy = (re.search(p, text) for p in (r"step (\d+)", r"SacreBLEU ([\d.]+)", r"copying the source: ([\d.]+)"))
+    patterns = (r"step (\d+)", r"SacreBLEU ([\d.]+)", r"copying the source: ([\d.]+)")
+    step, bleu, copy = (re.search(p, text) for p in patterns)
     if not (step and bleu and copy):
         print(f"{os.path.basename(path)[:-5]:<28} no checkpoint decoded (see its .log)")
         continue

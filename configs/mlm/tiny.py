@@ -1,4 +1,4 @@
-"""Tiny BERT with TISA on the embedded corpus: the README demo, a few minutes on 2 CPU cores.
+"""Tiny BERT with TISA on the embedded corpus: the README demo, 900 steps in about 90 s on 2 CPU cores (2026-11-27).
 
     jaxpos train --config configs/mlm/tiny.py --workdir runs/tiny
     jaxpos train --config configs/mlm/tiny.py --workdir runs/tiny_rel --config.model.position.kind=diet_rel

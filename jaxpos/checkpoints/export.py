@@ -12,7 +12,8 @@ that `load_export` restores onto one device or any (data, fsdp, tensor) mesh. `h
 transformers can express: learned absolute positions, post-LN BERT, or ALBERT for shared layers) writes
 config.json + model.safetensors for `transformers.BertForMaskedLM` / `AlbertForMaskedLM.from_pretrained`, through
 the importer's own name mapping (jaxpos/checkpoints/huggingface.py), so an export imports back to the same
-parameters. Local paths or URLs that etils.epath and orbax handle (gs://...) work for EXPORT.
+parameters, and tokenizer.json + tokenizer_config.json for `AutoTokenizer.from_pretrained` (the run's ids). Local
+paths or URLs that etils.epath and orbax handle (gs://...) work for EXPORT.
 
     jaxpos export --workdir runs/tiny --out exports/tiny                       # newest checkpoint, float32
     jaxpos export --workdir runs/tiny --out exports/tiny_bf16 --dtype bfloat16 --step 450
@@ -38,6 +39,7 @@ from etils import epath
 from jaxpos.checkpoints.huggingface import (_ACTIVATIONS, CONFIG_FIELDS, ENCODER_PREFIX, MLM_HEAD_PREFIX,
                                             encoder_layout, mlm_head_layout, to_hf)
 from jaxpos.config import ModelConfig, model_config
+from jaxpos.data.tokenizer import transformers_tokenizer_files
 from jaxpos.run import Run, run_model
 from jaxpos.sharding import placement
 from jaxpos.training.checkpoint import abstract_like, checkpoint_path
@@ -96,6 +98,9 @@ def export_run(workdir: str, out: str, *, format: str = "orbax", dtype: str | No
         (folder / tokenizer.name).write_bytes(tokenizer.read_bytes())
     if format == "huggingface":
         save_huggingface(folder, cfg, params)
+        if tokenizer is not None:  # what AutoTokenizer.from_pretrained(OUT) reads, with the same ids
+            for name, text in transformers_tokenizer_files(tokenizer, cfg.max_length).items():
+                (folder / name).write_text(text)
     else:
         (folder / "run_config.json").write_text(json.dumps(config, indent=2))
         save_export(folder, cfg, params, task=task, num_labels=num_labels, step=step,

@@ -16,6 +16,7 @@ process 0, while the other processes wait for the file (`load_or_train_tokenizer
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -221,3 +222,48 @@ def load_or_train_tokenizer(workdir: str, sentences: Iterable[str], vocab_size: 
                              f"{prefix}.model to retrain")
         return load_tokenizer(prefix + ".model", special_tokens), False
     return train_tokenizer_file(sample, settings, prefix), True
+
+
+def transformers_tokenizer_files(model_path: str, max_length: int) -> dict[str, str]:
+    """{file name: text} of `tokenizer.json` and `tokenizer_config.json`, with which transformers' AutoTokenizer
+    gives the ids of this masked-LM SentencePiece model (`Tokenizer.encode`) framed as the model was trained:
+    [CLS] A [SEP], or [CLS] A [SEP] B [SEP] with token types 0 and 1. The same unigram vocabulary and scores, the
+    model's own normalisation (its precompiled character map, extra spaces removed) and its word-boundary marker;
+    written as JSON, so exporting needs neither transformers nor tokenizers. One difference, as transformers users
+    expect: a literal "[MASK]" in the text is the mask token there."""
+    from sentencepiece import sentencepiece_model_pb2  # lazy: protobuf, which only exports need
+
+    proto = sentencepiece_model_pb2.ModelProto.FromString(epath.Path(model_path).read_bytes())
+    if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
+        raise ValueError(f"{model_path} is not a unigram SentencePiece model; the Hugging Face tokenizer files "
+                         "are written for unigram models (data.tokenizer_model_type='unigram')")
+    pieces = [p.piece for p in proto.pieces]
+    if tuple(pieces[:NUM_MLM_SPECIAL]) != MLM_SPECIAL_TOKENS:
+        raise ValueError(f"{model_path} is not a masked-LM tokenizer: its first pieces are {pieces[:NUM_MLM_SPECIAL]}")
+    special = [dict(id=i, content=t, single_word=False, lstrip=False, rstrip=False, normalized=False, special=True)
+               for i, t in enumerate(MLM_SPECIAL_TOKENS)]
+    word_start = dict(type="Metaspace", replacement="\u2581", prepend_scheme="always", split=True)
+    normalizers = [dict(type="Replace", pattern=dict(Regex=" {2,}"), content=" "),
+                   dict(type="Strip", strip_left=True, strip_right=True)]
+    if proto.normalizer_spec.precompiled_charsmap:
+        charsmap = base64.b64encode(proto.normalizer_spec.precompiled_charsmap).decode()
+        normalizers.insert(0, dict(type="Precompiled", precompiled_charsmap=charsmap))
+
+    def piece(name: str, type_id: int) -> dict:
+        return {"SpecialToken" if name.startswith("[") else "Sequence": dict(id=name, type_id=type_id)}
+
+    framing = dict(type="TemplateProcessing",
+                   single=[piece("[CLS]", 0), piece("A", 0), piece("[SEP]", 0)],
+                   pair=[piece("[CLS]", 0), piece("A", 0), piece("[SEP]", 0), piece("B", 1), piece("[SEP]", 1)],
+                   special_tokens={t: dict(id=t, ids=[i], tokens=[t]) for t, i in (("[CLS]", CLS_ID),
+                                                                                   ("[SEP]", SEP_ID))})
+    tokenizer = dict(version="1.0", truncation=None, padding=None, added_tokens=special,
+                     normalizer=dict(type="Sequence", normalizers=normalizers), pre_tokenizer=word_start,
+                     post_processor=framing, decoder=word_start,
+                     model=dict(type="Unigram", unk_id=UNK_ID, byte_fallback=False,
+                                vocab=[[p.piece, p.score] for p in proto.pieces]))
+    config = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_length,
+                  model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+                  **{f"{name}_token": f"[{name.upper()}]" for name in ("pad", "unk", "cls", "sep", "mask")})
+    return {"tokenizer.json": json.dumps(tokenizer, ensure_ascii=False),
+            "tokenizer_config.json": json.dumps(config, indent=2)}

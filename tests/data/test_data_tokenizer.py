@@ -68,3 +68,34 @@ def test_training_input_is_a_bounded_deterministic_sample():
     assert sorted(sample, key=lambda t: int(t.split()[1])) == sample  # reading order kept
     assert max(int(t.split()[1]) for t in sample) > 5_000  # drawn from the whole stream, not its head
     assert sample_texts(["a", " ", "", "b"], 10) == ["a", "b"]
+
+
+def test_the_exported_transformers_tokenizer_gives_the_same_ids(sentences, tmp_path):
+    """AutoTokenizer on the files written beside a Hugging Face export: the ids of Tokenizer.encode framed as
+    [CLS] A [SEP] (B [SEP]) on the corpus's sentences and on text that exercises the normalisation. Where the two
+    Viterbi searches meet a tie (e.g. "IEEE" as I·EE·E or I·E·EE: the same pieces, the same score), they may break
+    it differently: such a sentence must give the same text and the same total score, and be rare."""
+    transformers = pytest.importorskip("transformers")
+    from jaxpos.data.tokenizer import CLS_ID, SEP_ID, transformers_tokenizer_files
+
+    tokenizer = train_sentencepiece(sentences, str(tmp_path / "spm"), 2000)
+    for name, text in transformers_tokenizer_files(tokenizer.path, 128).items():
+        (tmp_path / name).write_text(text)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    awkward = ["  leading, double  and trailing spaces  ", "ﬁ ligature, Ｆｕｌｌｗｉｄｔｈ", "tab\tand\nnewline",
+               "é accents ñ, ümlaut", "``quoted''", "", "3,5 digits 1,000"]
+    scores = [tokenizer.processor.get_score(i) for i in range(tokenizer.vocab_size)]
+    ties = 0
+    for text in [*sentences[:3000], *awkward]:
+        ours, got = [CLS_ID, *tokenizer.encode(text), SEP_ID], theirs(text)["input_ids"]
+        if got != ours:
+            ties += 1
+            assert tokenizer.decode(got) == tokenizer.decode(ours), text
+            assert sum(scores[i] for i in got) == pytest.approx(sum(scores[i] for i in ours), abs=1e-4), text
+    assert ties <= 3
+    pair = theirs("first part", "second part")
+    assert pair["input_ids"] == [CLS_ID, *tokenizer.encode("first part"), SEP_ID, *tokenizer.encode("second part"),
+                                 SEP_ID]
+    assert pair["token_type_ids"] == [0] * (len(tokenizer.encode("first part")) + 2) + \
+        [1] * (len(tokenizer.encode("second part")) + 1)
+    assert theirs.mask_token_id == 4 and theirs.pad_token_id == 0

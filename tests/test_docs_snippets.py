@@ -1,0 +1,54 @@
+"""Every Python block of the guides runs as written: the runs and exports it reads are made first, the way the
+guide's own commands make them (smaller models, a few steps), in a folder the block runs from."""
+
+import contextlib
+import io
+import os
+import re
+
+import pytest
+
+from jaxpos import cli
+from tests.helpers import one_device_training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "configs", "mlm", "tiny.py")
+SMALL = ["--config.model.d_model=32", "--config.model.num_layers=1", "--config.model.mlp_dim=48",
+         "--config.model.max_length=32", "--config.data.seq_len=32", "--config.data.vocab_size=300",
+         "--config.data.max_documents=20", "--config.data.tokenizer_max_sentences=2000", "--config.train.batch_size=8",
+         "--config.train.num_steps=4", "--config.train.log_every=2", "--config.train.eval_every=2",
+         "--config.train.eval_batches=1", "--config.train.checkpoint_every=4"]
+
+
+def python_blocks(document: str) -> list[str]:
+    with open(os.path.join(ROOT, "docs", document), encoding="utf-8") as f:
+        return re.findall(r"^```python\n(.*?)^```", f.read(), flags=re.M | re.S)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The folder holding runs/demo (TISA), runs/tiny_rel (DIET-Rel), runs/abs (absolute), exports/demo (orbax) and
+    exports/abs_hf (Hugging Face), as docs/using-results.md makes them."""
+    folder = tmp_path_factory.mktemp("guide")
+    commands = [["train", "--config", TINY, "--workdir", "runs/demo", *SMALL],
+                ["train", "--config", TINY, "--workdir", "runs/tiny_rel", *SMALL,
+                 "--config.model.position.kind=diet_rel"],
+                ["train", "--config", TINY, "--workdir", "runs/abs", *SMALL, "--config.model.position.kind=absolute"],
+                ["export", "--workdir", "runs/demo", "--out", "exports/demo"],
+                ["export", "--workdir", "runs/abs", "--out", "exports/abs_hf", "--format", "huggingface"]]
+    with contextlib.chdir(folder), one_device_training(), contextlib.redirect_stdout(io.StringIO()):
+        for argv in commands:
+            assert cli.main(argv) == 0, argv
+    return folder
+
+
+@pytest.mark.long
+def test_the_python_blocks_of_using_results_run(runs, capsys):
+    blocks = python_blocks("using-results.md")
+    assert len(blocks) == 4
+    if any("transformers" in b for b in blocks):
+        pytest.importorskip("transformers")
+    with contextlib.chdir(runs):
+        for block in blocks:
+            exec(compile(block, "docs/using-results.md", "exec"), {"__name__": "docs"})  # noqa: S102
+            assert capsys.readouterr().out.strip(), block  # each block prints what it shows
