@@ -20,7 +20,7 @@ from jaxpos.cli.translate import add_translate_parsers
 
 
 def _mechanisms(args, overrides):
-    from jaxpos.workflows.mechanisms import mechanisms_table  # lazy: loads jax (~2 s), which `jaxpos --help` does not need
+    from jaxpos.workflows.mechanisms import mechanisms_table  # lazy: loads jax (~2 s), which --help does not need
 
     print(mechanisms_table(seq_len=args.seq_len))
 

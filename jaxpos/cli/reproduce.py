@@ -24,11 +24,12 @@ from jaxpos.cli.common import add_command
 
 PROFILE_CHOICES = ("smoke", "full", "micro")  # jaxpos.reproduction.runs.PROFILES, named here to keep start-up light
 
+
 def add_reproduce_parser(subparsers) -> None:
     """Registers the `reproduce` subcommand on an argparse subparsers object."""
     parser = add_command(
-        subparsers, "reproduce", "small-scale reproduction of the papers' claims: mechanisms x seeds with a fixed recipe, "
-                          "pretrained, fine-tuned and analysed; REPRODUCTION.md with a verdict per claim",
+        subparsers, "reproduce", "small-scale reproduction of the papers' claims: mechanisms x seeds with a fixed "
+        "recipe, pretrained, fine-tuned and analysed; REPRODUCTION.md with a verdict per claim",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder (plan.json, runs/, figures/, REPRODUCTION.md, "
                                                      "numbers.json)")

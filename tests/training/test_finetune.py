@@ -310,8 +310,9 @@ def test_finetune_resume_and_evaluate_on_glue_files(task, finetuned, mlm_run, gl
     before = folder_digest(workdir)
     other = "mrpc" if task == "stsb" else "stsb"  # another number of outputs: another classifier's shape
     with pytest.raises(ValueError, match="was saved for another model .*classifier"):  # refused, nothing changed
-        finetune_cli(["finetune", "--config", FT, "--init", mlm_run, "--workdir", workdir, f"--config.data.task={other}",
-                      f"--config.data.glue_dir={glue_dir}", *SMALL, "--config.train.num_steps=6"])
+        finetune_cli(["finetune", "--config", FT, "--init", mlm_run, "--workdir", workdir,
+                      f"--config.data.task={other}", f"--config.data.glue_dir={glue_dir}", *SMALL,
+                      "--config.train.num_steps=6"])
     assert folder_digest(workdir) == before
     spec = TASKS[task]
     evals = json.load(open(os.path.join(workdir, "evals.json")))["evals"]
