@@ -29,6 +29,10 @@ def _error_lines(capsys) -> list[str]:
      "attention dropout needs attention_impl='auto', 'xla', 'pallas' or 'mosaic_gpu', not 'cudnn'"),
     (["--config", WMT_TINY, "--config.decode.beam_size=0"], "decode.beam_size=0 must be an integer >= 1"),
     (["--config.data.eval_fraction=1.5"], "data.eval_fraction=1.5 must be in [0, 1)"),
+    (["--config.model.attention_impl=pallas", "--config.model.position.kind=shaw"],
+     "attention_impl='pallas' cannot compute this model's attention here: it lacks Shaw's relative vectors"),
+    (["--config.model.attention_impl=cudnn", "--config.model.attention_dropout=0", "--config.model.dtype=bfloat16"],
+     "attention_impl='cudnn' cannot compute this model's attention here: it lacks the cpu backend"),
     (["--config", WMT_TINY, "--config.data.max_pairs=-1"], "data.max_pairs=-1 must be an integer >= 0"),
     (["--config.model.position.kind=diet_abs", "--config.model.position.diet_abs.linformer_k=4"],
      "mixes the sequences of packed rows"),  # masked-LM rows always pack

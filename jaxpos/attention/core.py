@@ -24,9 +24,10 @@ import jax.numpy as jnp
 from jaxpos.attention import auto, dropout
 from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, over_attended_keys,
                                   position_logits, segment_logits, segment_pair_factors)
-from jaxpos.attention.kernels import mosaic_gpu as mgpu
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.attention.mask import AttentionMask
+from jaxpos.config.attention import (ATTENTION_IMPLS, AUTO, IMPLEMENTATIONS, Call, can_take, lacks, names,
+                                     platform_facts)
 from jaxpos.sharding import HEADS, per_shard
 
 
@@ -69,56 +70,67 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
 
     `bias` is one layer's slice; `mask` the piece ids and causal flag (`AttentionMask`); q_types/k_types the
     token types used by a per-head segment table; q_pos [T], k_pos [S], or per example [B, T], [B, S] (packed
-    cross-attention). `content=False` drops q.k, `position=False` drops every positional logit term.
-    "pallas" and "mosaic_gpu" (the Toeplitz kernel, low-rank factors folded into q and k) read the mask's ids and
-    flag (causal with q_pos == k_pos); the other paths its dense form. They fall back where they cannot run
-    (`_pallas_blocker`). Attention dropout (`dropout_rng`,
-    `dropout_rate`) drops the same weights on "xla", "pallas" and "mosaic_gpu" (`dropout.keep_mask`); "jax" and
-    "cudnn" have none.
+    cross-attention). `content=False` drops q.k, `position=False` drops every positional logit term. Attention
+    dropout (`dropout_rng`, `dropout_rate`) drops the same weights on every path that has it (`dropout.keep_mask`).
+    `implementation` names a record of jaxpos.config.attention.IMPLEMENTATIONS, or "auto"; `resolve` says which
+    computes this call (an explicit choice hands the calls it cannot take to its fallbacks, noted once).
     """
-    if implementation == "auto":
-        implementation = _auto_implementation(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position,
-                                               dropout_rng, dropout_rate)
-    if implementation in ("pallas", "mosaic_gpu"):
-        blocker = _pallas_blocker(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position)
-        if blocker is None:
-            return _toeplitz_kernel(q_BTHD, k_BSHD, v_BSHD, bias, q_pos, k_pos, q_types, k_types, mask,
-                                    dropout_rng, dropout_rate, mosaic_gpu=implementation == "mosaic_gpu"), None
-        fallback = _pallas_fallback(bias, q_BTHD, k_BSHD, content, position, dropout_rng, dropout_rate)
-        _note_once(f"attention_impl={implementation!r} falls back to {fallback!r}: {blocker}")
-        implementation = fallback
-    dense_mask = None if mask is None else mask.dense(q_pos, k_pos)  # [B|1, 1, T, S] bool
-    bias = at_pieces(bias)  # packed rows: factors and dense matrices read at each token's piece position
-    bias = over_attended_keys(bias, dense_mask)  # fixed attenuated delta: a softmax over the attended keys only
-    head_dim = q_BTHD.shape[-1]
-    scale = bias.content_scale * head_dim**-0.5
-    factors = bias.factors if position else None
-    fold = factors is not None and (bias.fold_factors or implementation != "xla")
-    if implementation != "xla":
-        if not (content and position) or bias.rel_keys is not None or bias.rel_values is not None:
-            raise ValueError(f"attention implementation {implementation!r} supports neither Shaw relative "
-                             "vectors nor the content_only/position_only switches; use attention_impl='xla'")
-        if dropout_rng is not None and dropout_rate > 0.0:
-            raise ValueError(f"attention implementation {implementation!r} has no attention dropout; use "
-                             "attention_impl='pallas' or 'xla'")
-        if fold:
-            q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, factors, scale)
-        pairs = _segment_pairs(bias, q_types, k_types)
-        if pairs is not None:  # per-head segments as u_i . w_j folded into q.k: no [B, H, T, S] bias
-            u, w = pairs
-            q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, (jnp.swapaxes(u, 1, 2), w[:, None]), scale)
-            bias = bias.replace(segment_table=None)
-        logits_bias = _additive_terms(bias, q_pos, k_pos, q_types, k_types, include_factors=False,
-                                      dtype=q_BTHD.dtype)
-        # Zero channels change no dot product: q, k, v share a head width that cuDNN takes (a multiple of 8).
-        width = -(-q_BTHD.shape[-1] // 8) * 8
-        q_BTHD, k_BSHD, v_BSHD = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - x.shape[-1])))
-                                  for x in (q_BTHD, k_BSHD, v_BSHD))
-        out = jax.nn.dot_product_attention(
-            q_BTHD, k_BSHD, v_BSHD, bias=logits_bias, mask=dense_mask, scale=scale,
-            implementation=None if implementation == "jax" else implementation)
-        return out[..., :head_dim], None
+    call = call_facts(q_BTHD, k_BSHD, bias, q_pos, k_pos, mask, content, position, dropout_rng, dropout_rate)
+    name = resolve(implementation, call)
+    return IMPLEMENTATIONS[name].run()(q_BTHD, k_BSHD, v_BSHD, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask,
+                                       q_types=q_types, k_types=k_types, content=content, position=position,
+                                       dropout_rng=dropout_rng, dropout_rate=dropout_rate, implementation=name)
 
+
+def call_facts(q_BTHD, k_BSHD, bias: PositionalBias, q_pos, k_pos, mask: AttentionMask | None = None,
+               content: bool = True, position: bool = True, dropout_rng=None, dropout_rate: float = 0.0) -> Call:
+    """The facts of one call of `attend` that decide its implementation (jaxpos.config.attention.Call)."""
+    shaw = position and (bias.rel_keys is not None or bias.rel_values is not None)
+    if (shaw or bias.dense is not None or bias.kv_projection is not None
+            or (bias.table is not None and bias.table.ndim != 2)):
+        form = "other"
+    elif bias.table is not None:
+        form = "table"
+    elif bias.factors is not None or bias.segment_table is not None:
+        form = "factors"  # per-head segment tables reach both fast paths as folded factors or a pair term
+    else:
+        form = "none"
+    length, keys = q_BTHD.shape[1], k_BSHD.shape[1]
+    return Call(**platform_facts(), low_precision=q_BTHD.dtype in (jnp.bfloat16, jnp.float16), form=form,
+                dropout=dropout_rng is not None and dropout_rate > 0.0, shaw=shaw, switches=not (content and position),
+                per_example_positions=q_pos.ndim > 1 or k_pos.ndim > 1, linformer=bias.kv_projection is not None,
+                cached_causal=mask is not None and mask.causal and length != keys,
+                odd_length=bool(length % 2 or keys % 2))
+
+
+def resolve(implementation: str, call: Call) -> str:
+    """The implementation that computes `call`: "auto"'s choice (`auto.choose_for`, logged once), or the named one,
+    or else the first of its fallbacks that can (noted once); a named one without a fallback that can raises."""
+    if implementation == AUTO:
+        name, why = auto.choose_for(call)
+        _note_once(f"attention_impl='auto' chose {name!r}: {why}", level=logging.INFO)
+        return name
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {implementation!r}; choose {', '.join(ATTENTION_IMPLS)}")
+    record = IMPLEMENTATIONS[implementation]
+    missing = lacks(record, call)
+    if missing is None:
+        return implementation
+    fallback = next((f for f in record.fallbacks if lacks(IMPLEMENTATIONS[f], call) is None), None)
+    if fallback is None:
+        raise ValueError(f"attention implementation {implementation!r} cannot compute this call: it lacks {missing}; "
+                         f"use attention_impl={names(can_take(call))} (or 'auto')")
+    verb = "hands this call to" if IMPLEMENTATIONS[fallback].function == record.function else "falls back to"
+    _note_once(f"attention_impl={implementation!r} {verb} {fallback!r}: {missing}")
+    return fallback
+
+
+def reference_attention(q_BTHD, k_BSHD, v_BSHD, *, bias, q_pos, k_pos, mask, q_types, k_types, content, position,
+                        dropout_rng, dropout_rate, implementation="xla"):
+    """attend's "xla" path: exact logits (`pre_softmax_logits`), softmax, dropout, Shaw's value vectors; returns the
+    attention weights too, for the analyses."""
+    dense_mask = None if mask is None else mask.dense(q_pos, k_pos)  # [B|1, 1, T, S] bool
+    bias = over_attended_keys(at_pieces(bias), dense_mask)  # packed rows; the fixed attenuated delta
     logits = pre_softmax_logits(q_BTHD, k_BSHD, bias, q_pos=q_pos, k_pos=k_pos, q_types=q_types, k_types=k_types,
                                 content=content, position=position)
     if dense_mask is not None:
@@ -137,6 +149,33 @@ def attend(q_BTHD: jax.Array, k_BSHD: jax.Array, v_BSHD: jax.Array, *, bias: Pos
         per_offset = jnp.einsum(f"bhts,{pairs}->bhtw", dropped, one_hot)  # weight mass at each clipped offset
         out = out + jnp.einsum("bhtw,wd->bthd", per_offset, bias.rel_values.astype(dropped.dtype))
     return out, weights
+
+
+def dot_product_attention(q_BTHD, k_BSHD, v_BSHD, *, bias, q_pos, k_pos, mask, q_types, k_types, content, position,
+                          dropout_rng, dropout_rate, implementation="jax"):
+    """attend's "jax" / "cudnn" path: `jax.nn.dot_product_attention`, with position-only terms materialised once to
+    [1, H, T, S], low-rank factors and per-head segment tables (as u_i . w_j) folded into q and k, whose width is
+    padded to a multiple of 8 (cuDNN's rule)."""
+    del content, position, dropout_rng, dropout_rate  # refused by the registry: this path has none of them
+    dense_mask = None if mask is None else mask.dense(q_pos, k_pos)
+    bias = over_attended_keys(at_pieces(bias), dense_mask)
+    head_dim = q_BTHD.shape[-1]
+    scale = bias.content_scale * head_dim**-0.5
+    if bias.factors is not None:
+        q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, bias.factors, scale)
+    pairs = _segment_pairs(bias, q_types, k_types)
+    if pairs is not None:  # per-head segments as u_i . w_j folded into q.k: no [B, H, T, S] bias
+        u, w = pairs
+        q_BTHD, k_BSHD = fold_factors(q_BTHD, k_BSHD, (jnp.swapaxes(u, 1, 2), w[:, None]), scale)
+        bias = bias.replace(segment_table=None)
+    logits_bias = _additive_terms(bias, q_pos, k_pos, q_types, k_types, include_factors=False, dtype=q_BTHD.dtype)
+    # Zero channels change no dot product: q, k, v share a head width that cuDNN takes (a multiple of 8).
+    width = -(-q_BTHD.shape[-1] // 8) * 8
+    q_BTHD, k_BSHD, v_BSHD = (jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - x.shape[-1])))
+                              for x in (q_BTHD, k_BSHD, v_BSHD))
+    out = jax.nn.dot_product_attention(q_BTHD, k_BSHD, v_BSHD, bias=logits_bias, mask=dense_mask, scale=scale,
+                                       implementation=None if implementation == "jax" else implementation)
+    return out[..., :head_dim], None
 
 
 def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBias, *, q_pos: jax.Array,
@@ -177,10 +216,12 @@ def project_keys(projection_KS: jax.Array, k_BSHD: jax.Array, mask: jax.Array | 
     return jnp.einsum("ks,bshd->bkhd", projection_KS.astype(k_BSHD.dtype), k_BSHD)
 
 
-def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, mask, dropout_rng, dropout_rate,
-                     mosaic_gpu=False):
-    """attend's "pallas" / "mosaic_gpu" path: the Toeplitz kernel on each device's shard of the batch and heads
-    (`per_shard`); a per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
+def toeplitz_kernel_attention(q, k, v, *, bias, q_pos, k_pos, mask, q_types, k_types, content, position,
+                              dropout_rng, dropout_rate, implementation="pallas"):
+    """attend's "pallas" / "mosaic_gpu" path: the Toeplitz kernel (Pallas, or the Hopper kernels) on each device's
+    shard of the batch and heads (`per_shard`), masks as piece ids; low-rank factors folded into q and k; a
+    per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
+    del content, position  # refused by the registry: the kernels compute every term
     scale = bias.content_scale * q.shape[-1] ** -0.5
     if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
         q, k = fold_factors(q, k, at_pieces(bias).factors, scale)
@@ -189,13 +230,8 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, mask, dropou
     causal = mask.causal
     batch, length, heads, _ = q.shape
     pair_u, pair_w = _segment_pairs(bias, q_types, k_types) or (None, None)
-    backend = None  # the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
-    if mosaic_gpu:
-        reason = mgpu.unsupported(q.dtype)
-        if reason is None:
-            backend = "mosaic_gpu"
-        else:
-            _note_once(f"attention_impl='mosaic_gpu' hands this call to the 'pallas' kernel: {reason}")
+    # the Hopper kernels, or the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
+    backend = "mosaic_gpu" if implementation == "mosaic_gpu" else None
     args = dict(q=q, k=k, v=v, table=bias.table, q_piece_ids=mask.q_piece_ids, kv_piece_ids=mask.kv_piece_ids,
                 pair_u=pair_u, pair_w=pair_w,
                 q_offset=None if causal else q_pos[0] - k_pos[0],  # static 0 when causal
@@ -203,7 +239,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, mask, dropou
                 dropout_row_keys=dropout.row_keys(dropout.seed_from_key(dropout_rng), batch, heads, length)
                 if rate else None)
     table_names = None if bias.table is None else (None if bias.table.shape[0] == 1 else "heads", None)
-    names = dict(q=HEADS, k=HEADS, v=HEADS, table=table_names, q_piece_ids=("batch", None),
+    axes = dict(q=HEADS, k=HEADS, v=HEADS, table=table_names, q_piece_ids=("batch", None),
                  kv_piece_ids=("batch", None), q_offset=(), dropout_row_keys=("batch", "heads", None),
                  pair_u=HEADS, pair_w=("batch", "length", None))
 
@@ -215,7 +251,7 @@ def _toeplitz_kernel(q, k, v, bias, q_pos, k_pos, q_types, k_types, mask, dropou
                                   pair_bias=None if pair_u is None else (pair_u, pair_w), backend=backend)
 
     given = {name: x for name, x in args.items() if x is not None}
-    return per_shard(kernel, given, {name: names[name] for name in given}, HEADS)
+    return per_shard(kernel, given, {name: axes[name] for name in given}, HEADS), None
 
 
 def _segment_pairs(bias, q_types, k_types) -> tuple[jax.Array, jax.Array] | None:
@@ -249,56 +285,3 @@ def _note_once(message: str, level: int = logging.WARNING) -> None:
     if message not in _NOTED:
         _NOTED.add(message)
         logging.getLogger(__name__).log(level, message)
-
-
-def _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position) -> str | None:
-    """Why the Pallas Toeplitz kernel cannot compute this call (None: it can)."""
-    if not (content and position):
-        return "the content_only/position_only switches need the xla path"
-    if q_pos.ndim > 1 or k_pos.ndim > 1:
-        return "per-example positions (packed cross-attention)"
-    if position and any(x is not None for x in (bias.dense, bias.rel_keys, bias.rel_values)):
-        return "a positional term other than a Toeplitz table or low-rank factors (dense matrix or Shaw vectors)"
-    if bias.kv_projection is not None:
-        return "Linformer key projections"
-    if bias.table is not None and bias.table.ndim != 2:
-        return f"a table of shape {bias.table.shape} (expected [H|1, W])"
-    if mask is not None and mask.causal and q.shape[1] != k.shape[1]:
-        return "causal attention with T != S (decoding with a cache)"
-    return None
-
-
-def _pallas_fallback(bias, q, k, content, position, dropout_rng, dropout_rate) -> str:
-    """cuDNN where it can express the call (`_cudnn_can`) and there is no attention dropout, else the XLA
-    reference."""
-    dropping = dropout_rng is not None and dropout_rate > 0.0
-    return "cudnn" if _cudnn_can(bias, q, k, content, position) and not dropping else "xla"
-
-
-def _cudnn_can(bias, q, k, content, position) -> bool:
-    """Whether jax.nn.dot_product_attention's cuDNN path can train this call: a GPU, bf16/fp16 inputs, no Shaw
-    terms, even lengths (cuDNN trains with a bias only then)."""
-    return (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and content and position
-            and bias.rel_keys is None and bias.rel_values is None and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0)
-
-
-def _auto_implementation(q, k, bias, q_pos, k_pos, mask, content, position, dropout_rng, dropout_rate) -> str:
-    """attention_impl="auto" for this call (`auto.choose` on its facts); the choice is logged once."""
-    if not position or any(x is not None for x in (bias.dense, bias.rel_keys, bias.rel_values)):
-        form = "other"
-    elif bias.table is not None:
-        form = "table"
-    elif bias.factors is not None or bias.segment_table is not None:
-        form = "factors"  # per-head segment tables reach both fast paths as folded factors or a pair term
-    else:
-        form = "none"
-    platform = jax.default_backend()
-    hopper = platform == "gpu" and all(str(getattr(d, "compute_capability", "")).startswith("9")
-                                       for d in jax.devices())
-    kernel_can = _pallas_blocker(q, k, bias, q_pos, k_pos, mask, content, position) is None
-    impl, why = auto.choose(platform=platform, hopper=hopper,
-                            low_precision=q.dtype in (jnp.bfloat16, jnp.float16), form=form,
-                            dropout=dropout_rng is not None and dropout_rate > 0.0,
-                            cudnn_can=_cudnn_can(bias, q, k, content, position), kernel_can=kernel_can)
-    _note_once(f"attention_impl='auto' chose {impl!r}: {why}", level=logging.INFO)
-    return impl

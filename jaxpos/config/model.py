@@ -10,6 +10,7 @@ import dataclasses
 import typing
 from typing import Any, Mapping
 
+from jaxpos.config.attention import ATTENTION_IMPLS
 from jaxpos.config.checks import check_count, check_number
 from jaxpos.config.mechanisms import MECHANISMS
 
@@ -19,7 +20,6 @@ SEGMENT_MODES = ("input", "per_head", "none")
 SHARING_MODES = ("none", "head", "layer")
 ATTENUATED_FORMS = ("fixed", "matrix", "offset", "abs_offset")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")  # float64: exact analysis (needs jax_enable_x64)
-ATTENTION_IMPLS = ("auto", "xla", "jax", "cudnn", "pallas", "mosaic_gpu")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ config inside a forward pass: what the config alone decides is refused here or b
 
 from __future__ import annotations
 
+from jaxpos.config.attention import check_attention
 from jaxpos.config.checks import check_count, check_number
 from jaxpos.config.data import MLM_SOURCES, TRANSLATION_SOURCES, check_source
 from jaxpos.config.decode import decode_config
@@ -17,10 +18,9 @@ from jaxpos.config.model import ModelConfig, model_config
 
 
 def check_training(cfg: ModelConfig) -> None:
-    """Errors for a model block that evaluates but cannot train (checked before a training run reads data)."""
-    if cfg.attention_dropout > 0.0 and cfg.attention_impl in ("jax", "cudnn"):
-        raise ValueError(f"attention dropout needs attention_impl='auto', 'xla', 'pallas' or 'mosaic_gpu', not "
-                         f"{cfg.attention_impl!r}; or set model.attention_dropout=0")
+    """Errors for a model block that evaluates but cannot train here (checked before a training run reads data):
+    an attention implementation that cannot compute its attention, attention dropout included."""
+    check_attention(cfg, training=True)
 
 
 def check_packing(model, packed: bool) -> None:
@@ -131,6 +131,6 @@ def run_config_warnings(config) -> list[str]:
     if warmup is not None and 0 < train.num_steps < warmup:
         warnings.append(f"train.warmup_steps={warmup} is more than train.num_steps={train.num_steps}: the learning "
                         f"rate never reaches its peak train.learning_rate={train.learning_rate:g} (it stops at "
-                        f"{(train.num_steps - 1) / warmup:.0%} of it); lower train.warmup_steps or set it to None to use "
-                        "train.warmup_fraction")
+                        f"{(train.num_steps - 1) / warmup:.0%} of it); lower train.warmup_steps or set it to None "
+                        "to use train.warmup_fraction")
     return warnings

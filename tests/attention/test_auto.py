@@ -99,8 +99,8 @@ def test_attend_reads_the_facts_of_its_call(monkeypatch, bias, dtype, dropout, e
     monkeypatch.setattr(core.jax, "devices", lambda: [types.SimpleNamespace(compute_capability="9.0")])
     q, k, _ = qkv(dtype)
     positions = jnp.arange(16)
-    impl = core._auto_implementation(q, k, bias, positions, positions, None, True, True,
-                                     jax.random.PRNGKey(0) if dropout else None, 0.1 if dropout else 0.0)
+    impl = core.resolve("auto", core.call_facts(q, k, bias, positions, positions, None, True, True,
+                                                jax.random.PRNGKey(0) if dropout else None, 0.1 if dropout else 0.0))
     assert impl == expected
 
 

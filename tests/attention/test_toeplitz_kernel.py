@@ -190,7 +190,7 @@ def test_grouped_query_blocks_give_the_same_gradients(group, packed, rate):
 def test_table_gradient_rows_grow_linearly():
     """The automatic group keeps the table-gradient rows within twice q's size (2*T*D floats per batch and head),
     with one query block per program up to T = S = 2048 (the measured configurations); a group must divide."""
-    from jaxpos.attention.kernels.pallas import _dq_group
+    from jaxpos.attention.kernels.pallas import default_dq_group as _dq_group
 
     b, dim = 32, 64
     assert [_dq_group(t, t, b, dim) for t in (512, 2048, 8192, 32768)] == [1, 1, 4, 16]
@@ -251,14 +251,14 @@ def test_attend_pallas_path_and_fallbacks(caplog):
 def test_fallback_takes_cudnn_only_where_it_can_train(monkeypatch):
     """On a GPU, calls the kernel cannot take go to cuDNN only with half-precision inputs, no Shaw terms, no
     dropout and even lengths (cuDNN trains with a bias only then); else to the XLA reference."""
-    from jaxpos.attention.core import _pallas_fallback
+    from jaxpos.attention.core import call_facts, resolve
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     dense = PositionalBias(dense=jnp.zeros((HEADS, 8, 8)))
 
     def choice(t=8, s=8, dtype=jnp.bfloat16, bias=dense, rng=None, rate=0.0):
         q, k = jnp.zeros((1, t, HEADS, D), dtype), jnp.zeros((1, s, HEADS, D), dtype)
-        return _pallas_fallback(bias, q, k, True, True, rng, rate)
+        return resolve("pallas", call_facts(q, k, bias, jnp.arange(t), jnp.arange(s), None, True, True, rng, rate))
 
     assert choice() == "cudnn"
     assert choice(t=7) == choice(s=9) == choice(dtype=jnp.float32) == "xla"

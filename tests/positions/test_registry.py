@@ -13,8 +13,9 @@ import pytest
 
 import jaxpos.positions
 from jaxpos.attention.auto import BIAS_FORMS
-from jaxpos.attention.core import _pallas_blocker
+from jaxpos.attention.core import call_facts
 from jaxpos.config import MECHANISMS
+from jaxpos.config.attention import IMPLEMENTATIONS, lacks
 from jaxpos.config.mechanisms import KERNEL_FORMS, trait_text
 from jaxpos.positions import PositionMechanism, make_position, mechanism_class
 from tests.helpers import KIND_OPTIONS, KIND_VARIANTS, VARIANTS, tiny_config
@@ -79,7 +80,7 @@ def test_kernel_form_and_input_only_match_the_bias_the_module_returns(name, posi
     assert (not jax.tree.leaves(bias)) == mechanism.input_only, "input_only: no term reaches attention"
     layer = bias.for_layer(0)
     q = jnp.zeros((1, 9, cfg.num_heads, cfg.head_dim))
-    blocker = _pallas_blocker(q, q, layer, pos, pos, None, True, True)
+    blocker = lacks(IMPLEMENTATIONS["pallas"], call_facts(q, q, layer, pos, pos, None, True, True))
     if form is None:
         assert blocker is not None, "the kernels would take it"
     else:

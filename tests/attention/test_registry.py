@@ -1,0 +1,106 @@
+"""The attention implementations' records: every implementation computes what its record claims as the XLA
+reference does (on the calls this host can run), `auto` and the fallbacks only pick records that can take a call,
+and a configuration naming one that cannot run its model is refused in one line."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention.core import attend, call_facts, resolve
+from jaxpos.attention.mask import AttentionMask
+from jaxpos.config.attention import AUTO, IMPLEMENTATIONS, Call, can_take, check_attention, lacks, model_call
+from tests.helpers import tiny_config
+
+BATCH, LENGTH, HEADS, D, RANK = 2, 16, 2, 8, 3
+DROPOUT_RNG = jax.random.PRNGKey(7)
+
+
+def random(shape, seed, dtype=jnp.float32):
+    return jax.random.normal(jax.random.PRNGKey(seed), shape).astype(dtype)
+
+
+def bias_of(form: str) -> PositionalBias:
+    """One layer's positional terms of each form."""
+    if form == "table":
+        return PositionalBias(table=random((HEADS, 2 * LENGTH - 1), 3))
+    if form == "factors":
+        return PositionalBias(factors=(random((HEADS, LENGTH, RANK), 4), random((HEADS, LENGTH, RANK), 5)))
+    if form == "other":
+        return PositionalBias(dense=random((HEADS, LENGTH, LENGTH), 6))
+    return PositionalBias()
+
+
+# Every claimed (implementation, form, dropout); the Hopper kernels' interpreted runs beyond one case are slow.
+CLAIMS = [pytest.param(name, form, dropout, id=f"{name}-{form}-{'dropout' if dropout else 'plain'}",
+                       marks=[pytest.mark.slow] if name == "mosaic_gpu" and (form, dropout) != ("table", True) else [])
+          for name, impl in IMPLEMENTATIONS.items() for form in impl.forms for dropout in (False, True)
+          if impl.dropout or not dropout]
+
+
+@pytest.mark.parametrize("name,form,dropout", CLAIMS)
+def test_every_implementation_computes_what_its_record_claims_as_the_reference_does(name, form, dropout):
+    impl = IMPLEMENTATIONS[name]
+    dtype = jnp.bfloat16 if impl.low_precision_only else jnp.float32
+    q, k, v = (random((BATCH, LENGTH, HEADS, D), seed, dtype) for seed in (0, 1, 2))
+    pos = jnp.arange(LENGTH)
+    piece_ids = jnp.ones((BATCH, LENGTH), jnp.int32).at[1, 10:].set(2).at[0, 13:].set(0)  # pieces and padding
+    mask = AttentionMask.within_pieces(piece_ids)
+    bias = bias_of(form)
+    rng, rate = (DROPOUT_RNG, 0.2) if dropout else (None, 0.0)
+    call = call_facts(q, k, bias, pos, pos, mask, True, True, rng, rate)
+    missing = lacks(impl, call)
+    if missing is not None:  # e.g. cuDNN on a CPU host: the record says why, and no other claim is made of it here
+        assert call.platform not in impl.platforms or impl.hopper_only, missing
+        pytest.skip(f"{name} cannot run here: {missing}")
+    assert resolve(name, call) == name  # no fallback for a call the record takes
+    got, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask, implementation=name, dropout_rng=rng,
+                    dropout_rate=rate)
+    want, _ = attend(*(x.astype(jnp.float32) for x in (q, k, v)), bias=bias, q_pos=pos, k_pos=pos, mask=mask,
+                     implementation="xla", dropout_rng=rng, dropout_rate=rate)
+    real = np.asarray(piece_ids != 0)
+    tolerance = 3e-2 if dtype == jnp.bfloat16 else 1e-5
+    np.testing.assert_allclose(np.asarray(got, np.float32)[real], np.asarray(want)[real], rtol=tolerance,
+                               atol=tolerance)
+
+
+@pytest.mark.parametrize("form", ["none", "table", "factors", "other"])
+@pytest.mark.parametrize("dropout", [False, True])
+def test_auto_and_fallbacks_pick_only_records_that_can_take_the_call(form, dropout):
+    for platform, capability in (("cpu", ""), ("gpu", "9.0"), ("gpu", "8.0"), ("tpu", "")):
+        for low_precision in (False, True):
+            call = Call(platform=platform, gpu_capability=capability, low_precision=low_precision, form=form,
+                        dropout=dropout)
+            assert lacks(IMPLEMENTATIONS[resolve(AUTO, call)], call) is None
+            for name in IMPLEMENTATIONS:
+                try:
+                    chosen = resolve(name, call)
+                except ValueError as error:  # no fallback can: the message names what it lacks and who can
+                    assert not [f for f in IMPLEMENTATIONS[name].fallbacks if f in can_take(call)]
+                    assert lacks(IMPLEMENTATIONS[name], call) in str(error)
+                    continue
+                assert lacks(IMPLEMENTATIONS[chosen], call) is None
+                assert chosen == name or chosen in IMPLEMENTATIONS[name].fallbacks
+
+
+def test_a_config_naming_an_implementation_that_cannot_run_its_model_is_refused_in_one_line():
+    cpu = dict(platform="cpu")
+    check_attention(tiny_config(dict(kind="tisa"), attention_impl="pallas"), training=True, **cpu)
+    with pytest.raises(ValueError, match=r"^attention_impl='pallas' cannot compute this model's attention here: it "
+                                         r"lacks Shaw's relative vectors; use attention_impl='xla' \(or 'auto'\)$"):
+        check_attention(tiny_config(dict(kind="shaw", shaw=dict(clip=3)), attention_impl="pallas"), training=False,
+                        **cpu)
+    with pytest.raises(ValueError, match="attention_impl='cudnn' cannot compute .* it lacks the cpu backend"):
+        check_attention(tiny_config(dict(kind="tisa"), attention_impl="cudnn", dtype="bfloat16"), training=False,
+                        **cpu)
+    with pytest.raises(ValueError, match="it lacks float32 inputs"):
+        check_attention(tiny_config(dict(kind="tisa"), attention_impl="mosaic_gpu"), training=False, **cpu)
+    with pytest.raises(ValueError, match="attention dropout needs attention_impl='auto', 'xla', 'pallas' or "
+                                         "'mosaic_gpu', not 'jax'"):
+        check_attention(tiny_config(dict(kind="tisa"), attention_impl="jax", attention_dropout=0.1), training=True,
+                        **cpu)
+    # Training facts are the config's: per-head segments reach the kernels as factors; Linformer as "other".
+    segments = model_call(tiny_config(dict(kind="none", segment="per_head")), training=True, **cpu)
+    linformer = model_call(tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=4))), training=True, **cpu)
+    assert segments.form == "factors" and linformer.form == "other" and linformer.linformer
