@@ -24,11 +24,11 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 from etils import epath
 
-from jaxpos.config import ModelConfig, model_config
+from jaxpos.config import ModelConfig
 from jaxpos.config.files import apply_overrides, load_run_config
+from jaxpos.config.run import RunConfig, run_config
 from jaxpos.data.classification import task_spec
 from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer,
                                    load_tokenizer)
@@ -55,7 +55,7 @@ def run_model(task: str, cfg: ModelConfig, num_labels: int | None = None) -> tup
 @dataclasses.dataclass(frozen=True)
 class Run:
     workdir: str  # as given: messages name it so
-    config: ml_collections.ConfigDict  # WORKDIR/config.json, with the overrides `open` was given
+    config: RunConfig  # WORKDIR/config.json, with the overrides `open` was given
 
     @classmethod
     def open(cls, workdir, task: str | None = None, overrides: Sequence[str] = ()) -> Run:
@@ -63,7 +63,11 @@ class Run:
         (`--config.a.b=value`) change its config as read, e.g. data paths or decoding settings. Raises
         FileNotFoundError for a missing workdir or config.json, ValueError for a run of another task."""
         workdir = os.fspath(workdir)
-        return cls(workdir, apply_overrides(load_run_config(workdir, task), list(overrides)))
+        config = apply_overrides(load_run_config(workdir, task), list(overrides))
+        try:
+            return cls(workdir, run_config(config))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{epath.Path(workdir) / 'config.json'}: not a jaxpos run config: {err}") from err
 
     @property
     def path(self) -> epath.Path:
@@ -85,14 +89,11 @@ class Run:
 
     @property
     def task(self) -> str:
-        return self.config.get("task", "mlm")
+        return self.config.task
 
     @property
     def model_config(self) -> ModelConfig:
-        try:
-            return model_config(self.config["model"])
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{self.config_path}: its model block is not a jaxpos model config: {err}") from err
+        return self.config.model
 
     @property
     def num_labels(self) -> int | None:
@@ -100,7 +101,7 @@ class Run:
         if self.task != "finetune":
             return None
 
-        return task_spec(self.config["data"]["task"]).num_labels
+        return task_spec(self.config.data.task).num_labels
 
     def module(self) -> tuple[nn.Module, tuple]:
         """(the run's flax module, its init inputs): see `run_model`."""
@@ -112,9 +113,9 @@ class Run:
         one training cached as WORKDIR/spm_<task>.model; a fine-tuned run's is its encoder's (None for a Hugging
         Face encoder, whose folder holds its vocabulary)."""
         if self.task == "finetune":
-            path = self.config.get("init", {}).get("tokenizer")
+            path = (self.config.init or {}).get("tokenizer")
             return epath.Path(path) if path else None
-        named = self.config.get("data", {}).get("tokenizer_path")
+        named = self.config.data.tokenizer_path
         return epath.Path(named) if named else self.path / f"{RUN_TOKENIZER_NAMES[self.task]}.model"
 
     def tokenizer(self) -> Tokenizer:
@@ -122,7 +123,7 @@ class Run:
         path = self.tokenizer_file
         if path is None:
             raise FileNotFoundError(f"{self.config_path}: the encoder came from the Hugging Face folder "
-                                    f"{self.config.init.path}, which holds the run's vocabulary")
+                                    f"{(self.config.init or {}).get('path')}, which holds the run's vocabulary")
         if not path.is_file():
             raise FileNotFoundError(f"the run's SentencePiece model {path} is missing")
         special = TRANSLATION_SPECIAL_TOKENS if self.task == "translation" else MLM_SPECIAL_TOKENS

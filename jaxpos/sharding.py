@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxpos.config.validate import check_mesh_sizes
+from jaxpos.config.run import MeshConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -56,7 +56,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices: Sequence[
     devices = list(devices if devices is not None else jax.devices())
     have = f"have {len(devices)}" + (f" ({jax.process_count()} processes x {jax.local_device_count()} devices)"
                                      if jax.process_count() > 1 else "")
-    check_mesh_sizes(data, fsdp, tensor)
+    MeshConfig(data, fsdp, tensor)  # checks the sizes
     if data == -1:
         if len(devices) % (fsdp * tensor):
             raise ValueError(f"config.mesh fsdp={fsdp} x tensor={tensor} does not divide the devices: {have}")

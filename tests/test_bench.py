@@ -109,5 +109,7 @@ def test_training_benchmark_paths_and_peer_in_concurrent_workers():
     jaxpos, peer = [row for row in rows[4:] if row[0] == "jaxpos"], [row for row in rows[4:] if row[0] == "plain"]
     assert [(row[1], row[2]) for row in jaxpos] == [("none", "xla@0"), ("none", "xla@0"), ("none", "xla@0.1")]
     assert len(peer) == 1 and peer[0][3] == "8x32" and float(peer[0][4]) > 0, proc.stdout
-    assert all(row[4] != "failed" and float(row[4]) >= float(row[5]) > 0 for row in rows), proc.stdout
+    # jaxpos rows give the fastest step beside the median; the peer's has no such column
+    assert all(row[4] != "failed" and float(row[4]) >= float(row[5]) > 0 for row in rows if row[0] == "jaxpos"), \
+        proc.stdout
     assert "fastest none       with attention dropout: xla@0.1" in proc.stdout

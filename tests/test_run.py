@@ -128,7 +128,7 @@ def test_a_fine_tuned_run_names_its_encoders_tokenizer(mlm_run, tmp_path):
     """Task and tokenizer as `jaxpos finetune` records them: config.task and config.init (config.json only)."""
     config = finetune_config()
     config.data.task = "stsb"
-    config.model = Run.open(mlm_run).config.model
+    config.model = Run.open(mlm_run).config.to_dict()["model"]
     config.init = dict(kind="jaxpos", path=os.path.abspath(mlm_run),
                        tokenizer=os.path.join(mlm_run, "spm_mlm.model"), step=2)
     (tmp_path / "config.json").write_text(config.to_json_best_effort())
@@ -194,7 +194,7 @@ def test_analyze_finetune_export_and_translate_read_a_url(mlm_run, translation_r
         main(["finetune", "--config", os.path.join(ROOT, "configs", "finetune", "tiny.py"), "--init", MLM_URL,
               "--workdir", finetuned, "--config.data.max_length=32", "--config.train.num_steps=1",
               "--config.train.batch_size=8", "--config.train.log_every=1"])
-        assert Run.open(finetuned, "finetune").config.init.path == MLM_URL
+        assert Run.open(finetuned, "finetune").config.init["path"] == MLM_URL
         main(["evaluate", "--workdir", finetuned])  # reads the tokenizer at the URL again
 
         done = export_run(MLM_URL, str(tmp_path / "export"), step=1)  # jaxpos export

@@ -1,10 +1,12 @@
 """Configuration, one concern a file.
 
 - `model.py`: the typed, frozen model config (`ModelConfig`) that the model code sees, converted from ConfigDicts;
+- `run.py`: the typed run config (`RunConfig`: model, data, train, mesh, decode blocks), every default in one place;
 - `mechanisms.py`: the registry of positional mechanisms (`MECHANISMS`), the kinds `model.position.kind` accepts;
-- `defaults.py`: the base ConfigDicts (`config.model`, `.train`, `.mesh`, `.decode`) that files in configs/ extend;
-- `data.py`, `decode.py`: the data blocks of each task, and the typed decode block;
-- `validate.py`: the one check of a whole run config (`check_run_config`), made before a run reads data;
+- `attention.py`: the registry of attention implementations (`IMPLEMENTATIONS`), what `model.attention_impl` names;
+- `defaults.py`, `data.py`: the base ConfigDicts (the user's format) that files in configs/ extend;
+- `decode.py`: the typed decode block of translation;
+- `validate.py`: the one check of a whole run config (`check_run_config`), made once when a command starts;
 - `rng.py`: the named random streams that keep data order, masking, sampling and dropout apart;
 - `files.py`: loading `configs/*.py` and saved `config.json` files, and `--config.a.b=value` overrides.
 """

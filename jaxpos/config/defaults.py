@@ -1,4 +1,5 @@
-"""Base ConfigDicts that the files under configs/ start from (one place for every default and its meaning)."""
+"""Base ConfigDicts that the files under configs/ start from: each block's fields and defaults come from its typed
+block (jaxpos/config/model.py, run.py, decode.py), each task's settings are here."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ml_collections
 from jaxpos.config.data import default_data_config, default_finetune_data_config, default_translation_data_config
 from jaxpos.config.decode import DecodeConfig
 from jaxpos.config.model import ModelConfig
+from jaxpos.config.run import MeshConfig, TrainConfig
 
 
 def model_block(**overrides) -> ml_collections.ConfigDict:
@@ -19,36 +21,15 @@ def model_block(**overrides) -> ml_collections.ConfigDict:
 
 
 def train_block(**overrides) -> ml_collections.ConfigDict:
-    """`config.train`: optimisation, logging and checkpointing."""
-    block = ml_collections.ConfigDict(dict(
-        num_steps=10_000,
-        batch_size=32,  # global batch (all hosts); split evenly over data-parallel devices
-        grad_accum_steps=1,  # micro-batches per step, for batches that do not fit
-        optimizer="adamw",  # adamw | lamb (large batches) | adam
-        learning_rate=1e-4,  # peak
-        warmup_fraction=0.01,  # warmup steps as a fraction of num_steps ...
-        warmup_steps=None,  # ... unless given as a number
-        schedule="linear",  # linear decay to 0 | inverse_sqrt | constant after warmup
-        b1=0.9, b2=0.999, eps=1e-6,
-        weight_decay=0.01,  # on matrices only
-        clip_norm=1.0,  # global gradient-norm clipping; 0 disables
-        max_predictions=0,  # MLM: run the output head at most at this many masked positions per row (0 = all)
-        label_smoothing=0.0,
-        seed=0,
-        log_every=50,
-        eval_every=1_000,
-        eval_batches=20,  # held-out batches per evaluation (0 = the whole held-out split)
-        checkpoint_every=1_000,
-        keep_checkpoints=3,
-        async_checkpoints=True,
-    ))
+    """`config.train`: optimisation, logging, evaluation and checkpoints (`TrainConfig`'s fields and defaults)."""
+    block = ml_collections.ConfigDict(dataclasses.asdict(TrainConfig()))
     block.update(overrides)
     return block
 
 
 def mesh_block(**overrides) -> ml_collections.ConfigDict:
-    """`config.mesh`: device mesh sizes; data=-1 takes all devices the other axes leave."""
-    block = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    """`config.mesh`: device mesh sizes (`MeshConfig`); data=-1 takes all devices the other axes leave."""
+    block = ml_collections.ConfigDict(dataclasses.asdict(MeshConfig()))
     block.update(overrides)
     return block
 
@@ -85,17 +66,10 @@ def translation_config() -> ml_collections.ConfigDict:
     config.train = train_block(
         optimizer="adam", learning_rate=7e-4, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, warmup_steps=4000,
         schedule="inverse_sqrt", label_smoothing=0.1, num_steps=250_000, batch_size=256, clip_norm=0.0)
-    config.train.bleu_every = 10_000  # decode the dev set and report SacreBLEU every this many steps (0 = never)
-    config.train.bleu_sentences = 0  # dev sentences decoded for that BLEU (0 = all)
-    config.train.test_bleu = True  # beam-decode the test split at the end of training and report its SacreBLEU
-    config.train.test_sentences = 0  # test sentences decoded for it (0 = all; the first ones of the split)
+    config.train.bleu_every = 10_000  # decode the dev set and report SacreBLEU every this many steps
     config.decode = decode_block(beam_size=10, alpha=0.6)  # DIET section 4.3
     config.mesh = mesh_block()
     return config
-
-
-# Fine-tuning fields whose 0 means a default that `finetune` resolves from the data (see finetune_config).
-FINETUNE_ZERO_DEFAULTS = ("num_steps", "eval_every", "checkpoint_every")
 
 
 def finetune_config() -> ml_collections.ConfigDict:

@@ -300,7 +300,7 @@ def load_examples(data_cfg, split: str, stats: ExampleStats | None = None) -> li
 
 def offline_examples(data_cfg, split: str) -> list[Example]:
     """The examples of `split` of an offline task (`TaskSpec.offline`), built as `data_cfg` says."""
-    num_examples = data_cfg[f"offline_{split}_examples"]
+    num_examples = getattr(data_cfg, f"offline_{split}_examples")
     if data_cfg.task == "word_order":
         return offline_word_order_examples(split, num_examples=num_examples, seed=data_cfg.seed,
                                            windows=tuple(data_cfg.offline_windows),
@@ -310,7 +310,7 @@ def offline_examples(data_cfg, split: str) -> list[Example]:
                                          editions=tuple(data_cfg.bible_editions),
                                          dev_fraction=data_cfg.bible_dev_fraction,
                                          test_fraction=data_cfg.bible_test_fraction,
-                                         books=tuple(data_cfg.get("bible_books", ())))
+                                         books=tuple(data_cfg.bible_books))
     raise ValueError(f"task {data_cfg.task!r} is not built offline")
 
 

@@ -151,7 +151,7 @@ def load_parallel(config, stats: dict[str, TranslationStats], splits_wanted: Seq
     elif config.source == "files":
         splits = {}
         for split in SPLITS:
-            source, target = config[f"{split}_source"], config[f"{split}_target"]
+            source, target = getattr(config, f"{split}_source"), getattr(config, f"{split}_target")
             if split not in splits_wanted:
                 source = target = ""
             if bool(source) != bool(target):

@@ -25,11 +25,10 @@ import json
 import zlib
 from typing import Iterable, Iterator
 
-import ml_collections
 import numpy as np
 
 from jaxpos.config.rng import MLM_EVAL_MASKS, MLM_ROW_ORDER, MLM_TRAIN_MASKS
-from jaxpos.config.validate import check_mlm_data_block
+from jaxpos.config.run import MLMDataConfig
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.order import ShuffledBatches, padded_batches
 from jaxpos.data.mlm import (PackedExamples, encode_documents, masked_rows, pack_documents, split_sentences,
@@ -120,7 +119,7 @@ def _sentences(documents: Iterable[str], config) -> Iterator[str]:
 def tokenizer_training_sentences(config) -> Iterator[str]:
     """The sentences a run with data config `config` trains its tokenizer on (before `sample_texts`): every
     training sentence in memory; streaming, a bounded read of the shards (`ShardReader.sentences`)."""
-    if config.get("streaming", False):
+    if config.streaming:
         return ShardReader(config, None, DataStats()).sentences(list_shards(config), config.tokenizer_max_sentences)
     train_documents, _ = load_documents(config, DataStats(), DataStats())
     return _sentences(train_documents, config)
@@ -139,7 +138,7 @@ def _empty_held_out(config, training: str) -> ValueError:
                       "data.eval_fraction or add documents")
 
 
-def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: str, *,
+def build_mlm_data(config: MLMDataConfig, batch_size: int, workdir: str, *,
                    process_index: int | None = None, process_count: int | None = None,
                    eval_rows: int = 0) -> MLMData:
     """Reads the configured corpus, trains (or loads) the tokenizer, packs both splits; `batch_size` is global.
@@ -147,9 +146,9 @@ def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: 
     rows are read shard by shard as the iterator runs.
 
     Raises ValueError for an empty corpus, an empty held-out split, or fewer packed examples than one batch. The
-    block's ranges are checked before, with the whole run config (`jaxpos.config.validate.check_run_config`).
+    block's ranges were checked when it was built (`MLMDataConfig`).
     """
-    if config.get("streaming", False):
+    if config.streaming:
         return _build_streaming(config, batch_size, workdir, process_index, process_count, eval_rows)
     stats, eval_stats = DataStats(), DataStats()
     train_documents, eval_documents = load_documents(config, stats, eval_stats)
@@ -160,16 +159,15 @@ def build_mlm_data(config: ml_collections.ConfigDict, batch_size: int, workdir: 
     train = build_examples(train_documents, tokenizer, config.seq_len, stats, config.newline_ends_sentence)
     held_out = build_examples(eval_documents, tokenizer, config.seq_len, eval_stats, config.newline_ends_sentence)
     iterator = MLMTrainIterator(train, tokenizer, batch_size, seed=config.seed, mask_prob=config.mask_prob,
-                                shuffle=config.get("shuffle", True), process_index=process_index,
+                                shuffle=config.shuffle, process_index=process_index,
                                 process_count=process_count)
     return MLMData(tokenizer, iterator, held_out, stats, eval_stats, unigram_entropy(train.tokens), trained)
 
 
-def held_out_rows(config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> PackedExamples:
+def held_out_rows(config: MLMDataConfig, tokenizer: Tokenizer) -> PackedExamples:
     """The held-out rows [N, seq_len] that `build_mlm_data` evaluates on, packed with `tokenizer`, without
     tokenizing the training split (an in-memory source)."""
-    check_mlm_data_block(config)
-    if config.get("streaming", False):
+    if config.streaming:
         raise ValueError("held_out_rows reads an in-memory source; with data.streaming use build_mlm_data")
     stats, eval_stats = DataStats(), DataStats()
     train_documents, eval_documents = load_documents(config, stats, eval_stats)
@@ -187,7 +185,7 @@ def _build_streaming(config, batch_size: int, workdir: str, process_index, proce
     tokenizer, trained = _tokenizer(config, workdir, sentences, index, count)
     stats, eval_stats = DataStats(), DataStats()
     # What the stream position depends on besides the shards: a changed setting or vocabulary is refused on resume.
-    reading = {k: config[k] for k in ("source", "doc_separator", "newline_ends_sentence", "eval_fraction",
+    reading = {k: getattr(config, k) for k in ("source", "doc_separator", "newline_ends_sentence", "eval_fraction",
                                       "tfds_name", "tfds_eval_split", "text_field", "mask_prob")}
     fingerprint = zlib.crc32(tokenizer.processor.serialized_model_proto(),
                              zlib.crc32(json.dumps(reading, sort_keys=True).encode()))

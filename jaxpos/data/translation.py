@@ -21,10 +21,10 @@ import dataclasses
 import zlib
 from typing import Iterator, Sequence
 
-import ml_collections
 import numpy as np
 
 from jaxpos.config.rng import TRANSLATION_PACKING, TRANSLATION_ROW_ORDER
+from jaxpos.config.run import TranslationDataConfig
 from jaxpos.data.order import ShuffledBatches, padded_batches
 from jaxpos.data.parallel import SPLITS, ParallelText, TranslationStats, load_parallel
 from jaxpos.data.tokenizer import RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
@@ -220,11 +220,11 @@ class TranslationData:
         return "\n".join([f"{split}: {self.stats[split]}" for split in SPLITS] + [f"tokenizer: {self.tokenizer}"])
 
 
-def build_translation_data(config: ml_collections.ConfigDict, batch_size: int, workdir: str, *,
+def build_translation_data(config: TranslationDataConfig, batch_size: int, workdir: str, *,
                            process_index: int | None = None, process_count: int | None = None) -> TranslationData:
     """Reads the configured pairs, trains (or loads) the shared tokenizer on both sides of the training pairs,
-    packs the training rows and tokenizes dev/test; `batch_size` is global. The block's ranges are checked before,
-    with the whole run config (`jaxpos.config.validate.check_run_config`)."""
+    packs the training rows and tokenizes dev/test; `batch_size` is global. The block's ranges were checked when it
+    was built (`TranslationDataConfig`)."""
     stats = {split: TranslationStats() for split in SPLITS}
     splits = load_parallel(config, stats)
     train = splits["train"]
@@ -237,7 +237,7 @@ def build_translation_data(config: ml_collections.ConfigDict, batch_size: int, w
     if not sources:
         raise ValueError(f"every training pair has a side longer than data.max_length={config.max_length} tokens")
     order = np.random.default_rng([config.seed, TRANSLATION_PACKING]).permutation(len(sources))
-    layout = pack_pairs if config.get("pack", True) else one_pair_per_row
+    layout = pack_pairs if config.pack else one_pair_per_row
     packed = layout([sources[i] for i in order], [targets[i] for i in order], config.max_length)
     stats["train"].packed_rows = len(packed)
     iterator = TranslationTrainIterator(packed, batch_size, seed=config.seed, process_index=process_index,

@@ -11,6 +11,7 @@ last checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -25,8 +26,9 @@ from jaxpos.analysis.loading import load_run
 from jaxpos.analysis.locality import locality, symmetry
 from jaxpos.analysis.over_training import analyze_over_training
 from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences
-from jaxpos.config import model_config
 from jaxpos.config.files import write_json_atomically
+from jaxpos.config.run import FinetuneDataConfig, run_config, typed_block
+from jaxpos.config.validate import check_run_config
 from jaxpos.data.classification import load_examples
 from jaxpos.data.mlm import PackedExamples
 from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
@@ -52,16 +54,17 @@ def learning_curve(config, workdir: str, steps: list[int]) -> list[dict]:
     WORKDIR: `train.eval_batches` batches of `train.batch_size` rows, masked as the run's own evaluation masks
     them (data.seed), so runs with the same seed are scored on the same predictions."""
     run = Run.open(workdir, "mlm")
+    recipe = run_config(config, task="mlm")
+    data, train = recipe.data, recipe.train
     tokenizer = run.tokenizer()
-    rows = held_out_rows(config.data, tokenizer)
-    task = MaskedLMTask(BertForMaskedLM(run.model_config), config.data.seq_len, config.train.max_predictions)
+    rows = held_out_rows(data, tokenizer)
+    task = MaskedLMTask(BertForMaskedLM(run.model_config), data.seq_len, train.max_predictions)
     sums_of = jax.jit(lambda params, batch: task.loss(params, batch, None, False)[1])
     curve = []
     for step in steps:
         _, params = run.params(step)
         total = None
-        for batch in eval_batches(rows, tokenizer, config.train.batch_size, config.train.eval_batches,
-                                  config.data.seed, config.data.mask_prob):
+        for batch in eval_batches(rows, tokenizer, train.batch_size, train.eval_batches, data.seed, data.mask_prob):
             sums = sums_of(params, batch)
             total = sums if total is None else jax.tree.map(lambda a, b: a + b, total, sums)
         summary = jax.device_get(task.summarize(total))
@@ -210,7 +213,8 @@ def execute_run(out: str, name: str) -> dict:
                                   best=report["best"]["dev"]["accuracy"], chance=report["chance"]["accuracy"],
                                   steps=ft_config.train.num_steps, step_time_s=report["train"].get("step_time"))
         if "probe" in stages:
-            examples = load_examples(ft_config.data, "test")[:profile.probe_examples]
+            examples = load_examples(typed_block(FinetuneDataConfig, ft_config.data, "data"),
+                                     "test")[:profile.probe_examples]
             with timed("probe_s"):
                 result["probe"] = paraphrase_probe(load_finetuned(ft_dir), examples,
                                                    tuple(ft_config.data.offline_windows),
@@ -276,22 +280,23 @@ def time_recipe(out: str, mechanism: str) -> dict:
     steps = max(2, profile.timing_steps)
     config.train.update(num_steps=steps, log_every=steps // 2, eval_every=steps, checkpoint_every=steps)
     tokenizer = load_tokenizer(plan["tokenizer"])
-    config.model.vocab_size = tokenizer.vocab_size
+    config.model.vocab_size = tokenizer.vocab_size  # this scratch copy of the recipe only
     batch, length = config.train.batch_size, config.data.seq_len
     rng = np.random.default_rng(0)
     rows = PackedExamples(rng.integers(5, tokenizer.vocab_size, (2 * batch, length)).astype(np.int32),
                           np.ones((2 * batch, length), np.int32))
     data = MLMTrainIterator(rows, tokenizer, batch)
-    task = MaskedLMTask(BertForMaskedLM(model_config(config.model)), length, config.train.max_predictions)
+    run = check_run_config(config, task="mlm")
+    task = MaskedLMTask(BertForMaskedLM(run.model), length, run.train.max_predictions)
     with tempfile.TemporaryDirectory() as scratch:
         start = time.perf_counter()
-        trainer = Trainer(config, scratch, task, log=False)
+        trainer = Trainer(run.train, scratch, task, mesh=run.mesh, log=False)
         try:
-            config.train.num_steps = 1  # compiling, then one step
+            trainer.train = dataclasses.replace(run.train, num_steps=1)  # compiling, then one step
             jax.block_until_ready(trainer.run(data).state.params)
             first_step = time.perf_counter() - start
             runs.wait_for_every_worker()  # the timed steps of every worker share the device, as the runs will
-            config.train.num_steps = steps  # the same trainer resumes from step 1: nothing compiles again
+            trainer.train = run.train  # the same trainer resumes from step 1: nothing compiles again
             result = trainer.run(data)
             jax.block_until_ready(result.state.params)
         finally:

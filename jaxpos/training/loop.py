@@ -20,7 +20,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxpos.config.validate import check_run_config
+from jaxpos.config.run import MeshConfig, TrainConfig
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
 from jaxpos.training.checkpoint import Checkpointer, abstract_like
@@ -163,14 +163,14 @@ class TrainResult:
 class Trainer:
     """Builds the mesh, shardings and jitted steps for a task, then runs and resumes training."""
 
-    def __init__(self, config, workdir: str, task: Task, *, log: bool = True, mesh: Mesh | None = None):
-        """`mesh`: the device mesh (default: config.mesh over every device of every process)."""
-        self.config, self.workdir, self.task = config, workdir, task
-        tcfg = config.train
-        # User errors first, each naming both sides, before anything is traced or compiled: the workflows' check
-        # again (cheap), for callers that build a Trainer themselves.
-        check_run_config(config, task=config.get("task"), model=getattr(task.model, "cfg", None))
-        self.mesh = mesh if mesh is not None else make_mesh(**config.mesh.to_dict())
+    def __init__(self, train: TrainConfig, workdir: str, task: Task, *, mesh: MeshConfig | Mesh | None = None,
+                 log: bool = True):
+        """`train`: the run's checked train block; `mesh`: a Mesh, or the sizes of one over every device of every
+        process (None: MeshConfig's defaults). Refuses, before anything is written or compiled, a batch the mesh
+        cannot split and a workdir whose newest checkpoint holds another model."""
+        self.train, self.workdir, self.task = train, workdir, task
+        tcfg = train
+        self.mesh = mesh if isinstance(mesh, Mesh) else make_mesh(**dataclasses.asdict(mesh or MeshConfig()))
         check_batch_divisible(tcfg.batch_size, self.mesh, jax.process_count(), tcfg.grad_accum_steps)
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,
                                          async_save=tcfg.async_checkpoints)
@@ -210,7 +210,7 @@ class Trainer:
     def initial_state(self, data) -> tuple[TrainState, int | None]:
         restored = self.checkpointer.restore_latest(abstract_like(self.abstract_state, self.state_shardings))
         if restored is None:
-            return self._init(jax.random.PRNGKey(self.config.train.seed)), None
+            return self._init(jax.random.PRNGKey(self.train.seed)), None
         step, state, data_state = restored
         data.set_state(data_state)
         return state, step
@@ -228,7 +228,7 @@ class Trainer:
             hooks: Iterable[Callable[[int, TrainState], dict | None]] = ()) -> TrainResult:
         """Trains to train.num_steps from wherever the workdir's checkpoints left off. SIGTERM or SIGINT during the
         loop checkpoints the step in progress and raises `RunStopped` (jaxpos.training.interrupt)."""
-        tcfg = self.config.train
+        tcfg = self.train
         state, resumed = self.initial_state(data)
         start = int(jax.device_get(state.step))
         writer = MetricWriter(self.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0)

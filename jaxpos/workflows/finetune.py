@@ -24,6 +24,7 @@ from jaxpos.analysis.loading import load_hf
 from jaxpos.checkpoints import huggingface as hf
 from jaxpos.config import ModelConfig
 from jaxpos.config.files import load_json_config, write_json_atomically
+from jaxpos.config.run import RunConfig, TrainConfig
 from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.classification import (ClassificationTrainIterator, encode_examples, eval_batches, hf_tokenizer,
                                         jaxpos_tokenizer, load_examples, task_spec)
@@ -120,8 +121,8 @@ def merge_params(params: dict, pretrained: Pretrained, shardings) -> dict:
 class FinetuneTrainer(Trainer):
     """The shared Trainer; a fresh run starts from the pretrained encoder instead of a random one."""
 
-    def __init__(self, config, workdir: str, task: ClassificationTask, pretrained: Pretrained, **kwargs):
-        super().__init__(config, workdir, task, **kwargs)
+    def __init__(self, train: TrainConfig, workdir: str, task: ClassificationTask, pretrained: Pretrained, **kwargs):
+        super().__init__(train, workdir, task, **kwargs)
         self.pretrained = pretrained
 
     def initial_state(self, data):
@@ -237,16 +238,17 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
     WORKDIR as it was; SIGTERM or SIGINT checkpoints and raises RunStopped (jaxpos.training.interrupt)."""
     task_spec(config.data.task)  # an unknown task is refused before the encoder is read
     pretrained = load_pretrained(init)
-    # The whole config, once the model is known, before any data is read (0 = default fields resolved below).
-    cfg = check_run_config(config, task="finetune", model=_resolve_model(config, pretrained))
-    for warning in run_config_warnings(config):
+    # The whole config, once the model is known, before any data is read (0 = fields resolved from the data).
+    run = check_run_config(config, task="finetune", model=_resolve_model(config, pretrained))
+    run = dataclasses.replace(run, init=pretrained.info)
+    for warning in run_config_warnings(run):
         status(f"warning: {warning}")
     with claimed_workdir(workdir) as admission:
-        return _finetune(config, pretrained, cfg, init, workdir, admission, log)
+        return _finetune(run, pretrained, init, workdir, admission, log)
 
 
-def _finetune(config, pretrained: Pretrained, cfg: ModelConfig, init: str, workdir: str, admission, log: bool):
-    dcfg, tcfg = config.data, config.train
+def _finetune(run: RunConfig, pretrained: Pretrained, init: str, workdir: str, admission, log: bool):
+    dcfg, cfg = run.data, run.model
     spec = task_spec(dcfg.task)
     kind = "regression" if spec.num_labels == 1 else f"{spec.num_labels} classes"
     status(f"jaxpos: fine-tuning on {spec.name} ({kind}, {'sentence pairs' if spec.pair else 'single sentences'}), "
@@ -256,12 +258,10 @@ def _finetune(config, pretrained: Pretrained, cfg: ModelConfig, init: str, workd
 
     _, train = load_encoded(dcfg, "train", pretrained.tokenizer, spec)
     dev = {split: load_encoded(dcfg, split, pretrained.tokenizer, spec)[1] for split in spec.dev_splits}
+    run = dataclasses.replace(run, train=run.train.resolved_for_epochs(len(train.labels)))
+    tcfg = run.train
     steps_per_epoch = math.ceil(len(train.labels) / tcfg.batch_size)
-    if not tcfg.num_steps:
-        tcfg.num_steps = max(1, math.ceil(tcfg.num_epochs * steps_per_epoch))
-    tcfg.eval_every = tcfg.eval_every or min(steps_per_epoch, tcfg.num_steps)
-    tcfg.checkpoint_every = tcfg.checkpoint_every or tcfg.eval_every
-    eval_batch_size = tcfg.get("eval_batch_size") or tcfg.batch_size
+    eval_batch_size = tcfg.eval_batch_size or tcfg.batch_size
     status(f"data ({dcfg.source}): {len(train.labels)} train examples ({train.truncated} cut to {dcfg.max_length} "
            "tokens), " + ", ".join(f"{len(e.labels)} {s}" for s, e in dev.items())
            + f"; {tcfg.num_steps} steps of {tcfg.batch_size} ({tcfg.num_steps / steps_per_epoch:.2f} epochs)")
@@ -269,12 +269,10 @@ def _finetune(config, pretrained: Pretrained, cfg: ModelConfig, init: str, workd
     main_split = spec.dev_splits[0]
     chance = chance_scores(spec, dev[main_split].labels)
     task = ClassificationTask(BertForSequenceClassification(cfg, spec.num_labels), dcfg.max_length)
-    trainer = FinetuneTrainer(config, workdir, task, pretrained, log=log)  # refuses a checkpoint of another model
+    # Refuses a checkpoint of another model and a batch the mesh cannot split.
+    trainer = FinetuneTrainer(tcfg, workdir, task, pretrained, mesh=run.mesh, log=log)
     admission.admit()  # every check passed: from here on the folder is the run's
-    saved = config.copy_and_resolve_references()
-    saved.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
-    saved.init = pretrained.info
-    _write_json(os.path.join(workdir, "config.json"), json.loads(saved.to_json_best_effort()))
+    _write_json(os.path.join(workdir, "config.json"), run.to_dict())
     predict_fn = make_predict_fn(task, trainer)
     evals_path = os.path.join(workdir, EVALS_FILE)
     evals = {e["step"]: e for e in read_evals(workdir)}
@@ -317,7 +315,7 @@ def _finetune(config, pretrained: Pretrained, cfg: ModelConfig, init: str, workd
 
 @dataclasses.dataclass
 class FinetunedRun:
-    config: ml_collections.ConfigDict
+    config: RunConfig
     spec: Any  # TaskSpec
     task: ClassificationTask
     params: dict
@@ -338,7 +336,7 @@ class FinetunedRun:
         return self.predict_encoded(encoded, batch_size)
 
     def predict_encoded(self, encoded, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        batch_size = batch_size or self.config.train.get("eval_batch_size") or self.config.train.batch_size
+        batch_size = batch_size or self.config.train.eval_batch_size or self.config.train.batch_size
         if self._predict_fn is None:  # one jitted function for every set this run scores
             self._predict_fn = make_predict_fn(self.task)
         return predict(self._predict_fn, self.params, eval_batches(encoded, batch_size))
@@ -350,7 +348,7 @@ def load_finetuned(workdir: str, overrides: Iterable[str] = ()) -> FinetunedRun:
     run = Run.open(workdir, "finetune", overrides)
     config = run.config
     spec = task_spec(config.data.task)
-    init = config.get("init", {})
+    init = config.init or {}
     if not init.get("path") or not epath.Path(init["path"]).is_dir():
         raise FileNotFoundError(f"{run.config_path}: the pretrained model {init.get('path')!r} (needed for its "
                                 "tokenizer) is gone")

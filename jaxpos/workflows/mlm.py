@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -9,8 +10,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from jaxpos.config import model_config
 from jaxpos.config.files import write_run_file, write_run_report
+from jaxpos.config.run import RunConfig
 from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import BertForMaskedLM
@@ -21,39 +22,40 @@ from jaxpos.workflows.workdir import claimed_workdir
 
 
 def train_mlm(config, workdir: str):
-    """Pretrains a BERT-style model as configured; resumes from WORKDIR's checkpoints (local or gs://...).
-    Returns the TrainResult. A refused run (config, data, a checkpoint of another model) leaves WORKDIR as it was;
-    SIGTERM or SIGINT checkpoints and raises RunStopped (jaxpos.training.interrupt)."""
-    check_run_config(config, task="mlm")  # before any data is read
-    for warning in run_config_warnings(config):
+    """Pretrains a BERT-style model as configured (a ConfigDict, or a checked RunConfig); resumes from WORKDIR's
+    checkpoints (local or gs://...). Returns the TrainResult. A refused run (config, data, a checkpoint of another
+    model) leaves WORKDIR as it was; SIGTERM or SIGINT checkpoints and raises RunStopped
+    (jaxpos.training.interrupt)."""
+    run = check_run_config(config, task="mlm")  # once, before any data is read
+    for warning in run_config_warnings(run):
         status(f"warning: {warning}")
     with claimed_workdir(workdir) as admission:
-        return _train_mlm(config, workdir, admission)
+        return _train_mlm(run, workdir, admission)
 
 
-def _train_mlm(config, workdir: str, admission):
-    dcfg, tcfg = config.data, config.train
+def _train_mlm(run: RunConfig, workdir: str, admission):
+    dcfg, tcfg = run.data, run.train
     main_process = jax.process_index() == 0  # files of the run are written once
-    status(f"jaxpos: masked-LM pretraining, position={config.model.position.kind}, "
+    status(f"jaxpos: masked-LM pretraining, position={run.model.position.kind}, "
            f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}")
     data = build_mlm_data(dcfg, tcfg.batch_size, workdir, eval_rows=tcfg.eval_batches * tcfg.batch_size)
-    streaming = dcfg.get("streaming", False)
+    streaming = dcfg.streaming
     if streaming:
         status(f"data ({dcfg.source}): {data.train.describe()}; held-out examples={len(data.eval_examples)}")
     else:
         status(f"data ({dcfg.source}): {data.stats.summary()}; held-out examples={len(data.eval_examples)}")
     status(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
-    config = config.copy_and_resolve_references()  # the caller's config stays as given
-    config.model.vocab_size = data.tokenizer.vocab_size  # the embedding table follows the tokenizer
+    run = run.replace_model(vocab_size=data.tokenizer.vocab_size)  # the embedding table follows the tokenizer
     status(f"baseline: unigram entropy of the {'held-out rows' if streaming else 'corpus'} = "
            f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)")
 
-    cfg = model_config(config.model)
+    cfg = run.model
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
-    trainer = Trainer(config, workdir, task)  # refuses a checkpoint of another model, a batch the mesh cannot split
+    # Refuses a checkpoint of another model and a batch the mesh cannot split.
+    trainer = Trainer(tcfg, workdir, task, mesh=run.mesh)
     admission.admit()  # every check passed: from here on the folder is the run's
     if main_process:
-        write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
+        write_run_file(workdir, "config.json", json.dumps(run.to_dict(), indent=2))
     try:
         result = trainer.run(
             data.train,

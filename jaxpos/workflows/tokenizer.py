@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jaxpos.config.validate import check_run_config
 from jaxpos.data.parallel import SPLITS, TranslationStats, load_parallel
 from jaxpos.data.pipeline import train_tokenizer
 from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, Tokenizer, tokenizer_settings, train_tokenizer_file
@@ -11,15 +12,15 @@ def train_config_tokenizer(config, out: str, source: str) -> Tokenizer:
     """Trains the tokenizer a run of `config` would train (masked-LM or translation: same sentences, settings and
     model) and writes OUT.model, OUT.vocab and OUT.json (`out` may end in .model; local or a URL), so that every
     process of a multi-process run reads it (data.tokenizer_path=OUT.model). `source` names the config in errors."""
-    dcfg = config.data
+    if config.task not in ("mlm", "translation"):
+        raise ValueError(f"{source} is a {config.task!r} config; `jaxpos tokenizer` trains the tokenizer of a "
+                         "masked-LM or translation config (fine-tuning reuses the pretrained model's)")
+    dcfg = check_run_config(config).data
     if config.task == "mlm":
         return train_tokenizer(dcfg, out)
-    if config.task == "translation":
-        train = load_parallel(dcfg, {s: TranslationStats() for s in SPLITS}, splits_wanted=("train",))["train"]
-        sample, settings = tokenizer_settings(
-            (sentence for pair in zip(train.sources, train.targets) for sentence in pair), dcfg.vocab_size,
-            special_tokens=TRANSLATION_SPECIAL_TOKENS, model_type=dcfg.tokenizer_model_type,
-            max_sentences=dcfg.tokenizer_max_sentences, seed=dcfg.seed)
-        return train_tokenizer_file(sample, settings, out[:-len(".model")] if out.endswith(".model") else out)
-    raise ValueError(f"{source} is a {config.task!r} config; `jaxpos tokenizer` trains the tokenizer of a "
-                     "masked-LM or translation config (fine-tuning reuses the pretrained model's)")
+    train = load_parallel(dcfg, {s: TranslationStats() for s in SPLITS}, splits_wanted=("train",))["train"]
+    sample, settings = tokenizer_settings(
+        (sentence for pair in zip(train.sources, train.targets) for sentence in pair), dcfg.vocab_size,
+        special_tokens=TRANSLATION_SPECIAL_TOKENS, model_type=dcfg.tokenizer_model_type,
+        max_sentences=dcfg.tokenizer_max_sentences, seed=dcfg.seed)
+    return train_tokenizer_file(sample, settings, out[:-len(".model")] if out.endswith(".model") else out)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Iterable
 
 import jax
 from etils import epath
 
-from jaxpos.config import model_config
-from jaxpos.config.decode import decode_config
 from jaxpos.config.files import write_run_file, write_run_report
+from jaxpos.config.run import RunConfig
 from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import BleuResult, corpus_bleu
@@ -30,21 +30,19 @@ def _loss_batches(data, tcfg):
         yield {k: v for k, v in batch.items() if k != "index"}
 
 
-def _setup(config, workdir: str):
-    """(data, the config as the run keeps it, typed model config, task) for a translation config; the model's
-    vocabulary follows the tokenizer (in a copy: the caller's config stays as given)."""
-    data = build_translation_data(config.data, config.train.batch_size, workdir)
-    config = config.copy_and_resolve_references()
-    config.model.vocab_size = data.tokenizer.vocab_size
-    cfg = model_config(config.model)
+def _setup(run: RunConfig, workdir: str):
+    """(data, the run config as the run keeps it, task) for a translation run; the model's vocabulary follows the
+    tokenizer."""
+    data = build_translation_data(run.data, run.train.batch_size, workdir)
+    run = run.replace_model(vocab_size=data.tokenizer.vocab_size)
+    cfg = run.model
     # The longest sources and targets the run will see, traced now: a mechanism whose tables are too short raises
     # its own LengthError at start-up rather than at the first evaluation or at the final decoding.
-    longest = max(config.data.max_length, config.data.eval_max_length)
+    longest = max(run.data.max_length, run.data.eval_max_length)
     jax.eval_shape(EncoderDecoder(cfg).init, jax.random.PRNGKey(0), jax.ShapeDtypeStruct((1, longest), "int32"),
-                   jax.ShapeDtypeStruct((1, max(longest, config.decode.target_width)), "int32"))
-    task = TranslationTask(EncoderDecoder(cfg), config.data.max_length, config.data.max_length,
-                           config.train.label_smoothing)
-    return data, config, cfg, task
+                   jax.ShapeDtypeStruct((1, max(longest, run.decode.target_width)), "int32"))
+    task = TranslationTask(EncoderDecoder(cfg), run.data.max_length, run.data.max_length, run.train.label_smoothing)
+    return data, run, task
 
 
 def train_translation(config, workdir: str):
@@ -52,24 +50,25 @@ def train_translation(config, workdir: str):
     then test BLEU with beam search against the copy-the-source baseline (train.test_bleu, capped at
     train.test_sentences). Returns the report dict. A refused run leaves WORKDIR as it was; SIGTERM or SIGINT
     checkpoints and raises RunStopped (jaxpos.training.interrupt)."""
-    check_run_config(config, task="translation")  # before any data is read
-    for warning in run_config_warnings(config):
+    run = check_run_config(config, task="translation")  # once, before any data is read
+    for warning in run_config_warnings(run):
         status(f"warning: {warning}")
     with claimed_workdir(workdir) as admission:
-        return _train_translation(config, workdir, admission)
+        return _train_translation(run, workdir, admission)
 
 
-def _train_translation(config, workdir: str, admission):
-    tcfg = config.train
-    status(f"jaxpos: translation, position={config.model.position.kind}, devices={jax.device_count()}x"
+def _train_translation(run: RunConfig, workdir: str, admission):
+    tcfg = run.train
+    status(f"jaxpos: translation, position={run.model.position.kind}, devices={jax.device_count()}x"
            f"{jax.devices()[0].device_kind}, workdir={workdir}")
-    data, config, cfg, task = _setup(config, workdir)
+    data, run, task = _setup(run, workdir)
+    cfg, dcfg = run.model, run.decode
     status(data.summary())
-    dcfg = decode_config(config.decode)
-    trainer = Trainer(config, workdir, task)  # refuses a checkpoint of another model, a batch the mesh cannot split
+    # Refuses a checkpoint of another model and a batch the mesh cannot split.
+    trainer = Trainer(tcfg, workdir, task, mesh=run.mesh)
     admission.admit()  # every check passed: from here on the folder is the run's
     if jax.process_index() == 0:
-        write_run_file(workdir, "config.json", config.to_json_best_effort(indent=2))
+        write_run_file(workdir, "config.json", json.dumps(run.to_dict(), indent=2))
 
     has_dev = len(data.dev) > 0
     if not has_dev:
@@ -89,9 +88,9 @@ def _train_translation(config, workdir: str, admission):
     params = result.state.params
     report = dict(step=int(jax.device_get(result.state.step)), train=result.final_metrics,
                   dev=result.eval_metrics, position=cfg.position.kind)
-    if len(data.test) and tcfg.get("test_bleu", True):
+    if len(data.test) and tcfg.test_bleu:
         translator = Translator(cfg, params, data.tokenizer, dcfg, data.test.inputs.shape[1])
-        bleu, hypotheses = translator.evaluate(data.test, tcfg.get("test_sentences", 0), progress=True)
+        bleu, hypotheses = translator.evaluate(data.test, tcfg.test_sentences, progress=True)
         count = len(hypotheses)
         copy = corpus_bleu(data.test.sources[:count], data.test.references[:count])
         report.update(test_bleu=bleu.score, test_bleu_signature=bleu.signature, test_bleu_details=bleu.details,
@@ -116,8 +115,7 @@ def load_translator(workdir: str, overrides: list[str] = ()):
     tokenizer = run.tokenizer()
     step, params = run.params(on=jax.devices()[0])
     config = run.config
-    translator = Translator(run.model_config, params, tokenizer, decode_config(config.decode),
-                            config.data.eval_max_length)
+    translator = Translator(run.model_config, params, tokenizer, config.decode, config.data.eval_max_length)
     return translator, config, step
 
 

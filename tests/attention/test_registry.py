@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention import core
 from jaxpos.attention.core import attend, call_facts, resolve
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.attention import AUTO, IMPLEMENTATIONS, Call, can_take, check_attention, lacks, model_call
@@ -40,7 +41,9 @@ CLAIMS = [pytest.param(name, form, dropout, id=f"{name}-{form}-{'dropout' if dro
 
 
 @pytest.mark.parametrize("name,form,dropout", CLAIMS)
-def test_every_implementation_computes_what_its_record_claims_as_the_reference_does(name, form, dropout):
+def test_every_implementation_computes_what_its_record_claims_as_the_reference_does(name, form, dropout,
+                                                                                    monkeypatch):
+    monkeypatch.setattr(core, "_NOTED", set())
     impl = IMPLEMENTATIONS[name]
     dtype = jnp.bfloat16 if impl.low_precision_only else jnp.float32
     q, k, v = (random((BATCH, LENGTH, HEADS, D), seed, dtype) for seed in (0, 1, 2))
@@ -67,7 +70,8 @@ def test_every_implementation_computes_what_its_record_claims_as_the_reference_d
 
 @pytest.mark.parametrize("form", ["none", "table", "factors", "other"])
 @pytest.mark.parametrize("dropout", [False, True])
-def test_auto_and_fallbacks_pick_only_records_that_can_take_the_call(form, dropout):
+def test_auto_and_fallbacks_pick_only_records_that_can_take_the_call(form, dropout, monkeypatch):
+    monkeypatch.setattr(core, "_NOTED", set())  # the notes of these pretended calls stay here
     for platform, capability in (("cpu", ""), ("gpu", "9.0"), ("gpu", "8.0"), ("tpu", "")):
         for low_precision in (False, True):
             call = Call(platform=platform, gpu_capability=capability, low_precision=low_precision, form=form,

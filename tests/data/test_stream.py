@@ -187,7 +187,7 @@ def test_a_resumed_training_run_continues_the_stream_exactly(corpus, tmp_path):
     """Through the loop's checkpoints (orbax JSON): 2 steps, stop, resume to 4 == 4 steps straight."""
     import jax
 
-    from jaxpos.config import model_config
+    from jaxpos.config.run import run_config
     from jaxpos.models import BertForMaskedLM
     from jaxpos.training.loop import Trainer
     from jaxpos.training.mlm import MaskedLMTask
@@ -201,8 +201,8 @@ def test_a_resumed_training_run_continues_the_stream_exactly(corpus, tmp_path):
         shards = [Shard(str(root / f"shard{i}.txt")) for i in range(5)]
         data = StreamingMLMIterator(shards, ShardReader(data_config(root, tokenizer), tokenizer, DataStats()), 16, 8,
                                     vocab_size=tokenizer.vocab_size, window=5, process_index=0, process_count=1)
-        trainer = Trainer(config, str(workdir), MaskedLMTask(BertForMaskedLM(model_config(config.model)), 16),
-                          log=False)
+        run = run_config(config, task="mlm")
+        trainer = Trainer(run.train, str(workdir), MaskedLMTask(BertForMaskedLM(run.model), 16), log=False)
         try:
             return trainer.run(data), data
         finally:

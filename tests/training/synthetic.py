@@ -9,8 +9,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxpos.config import model_config
 from jaxpos.config.defaults import mesh_block, model_block, train_block
+from jaxpos.config.run import run_config
 from jaxpos.models import BertForMaskedLM
 from jaxpos.sharding import make_mesh
 from jaxpos.training.loop import Trainer
@@ -65,7 +65,8 @@ def run(workdir: str, num_steps: int, checkpoint_every: int = 5, poison_at=None,
     # One device: these runs test the loop, whose sharded runs tests/training/test_mesh_training.py and
     # test_multiprocess.py check (8 simulated devices take a third longer to compile and step).
     mesh = make_mesh(devices=jax.devices()[:1])
-    trainer = Trainer(c, workdir, MaskedLMTask(BertForMaskedLM(model_config(c.model)), SEQ), log=log, mesh=mesh)
+    run = run_config(c, task="mlm")
+    trainer = Trainer(run.train, workdir, MaskedLMTask(BertForMaskedLM(run.model), SEQ), log=log, mesh=mesh)
     try:
         return trainer.run(SyntheticData(poison_at=poison_at))
     finally:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jaxpos.config import model_config
+from jaxpos.config.run import MeshConfig, run_config
 from jaxpos.models import BertForMaskedLM
 from jaxpos.sharding import make_mesh
 from jaxpos.training.checkpoint import abstract_like
@@ -29,8 +30,9 @@ def trainer(workdir, mesh_shape=None, **model):
     mesh = None
     if mesh_shape is not None:
         mesh = make_mesh(*mesh_shape, devices=jax.devices()[:int(np.prod(mesh_shape))])
-    task = MaskedLMTask(BertForMaskedLM(model_config(config.model)), synthetic.SEQ)
-    return Trainer(config, str(workdir), task, log=False, mesh=mesh)
+    run = run_config(config, task="mlm")
+    return Trainer(run.train, str(workdir), MaskedLMTask(BertForMaskedLM(run.model), synthetic.SEQ), log=False,
+                   mesh=mesh)
 
 
 def random_state(t: Trainer):
@@ -105,14 +107,12 @@ def test_a_bad_mesh_or_batch_is_refused_before_compiling(tmp_path):
     config = synthetic.config(10)
     task = MaskedLMTask(BertForMaskedLM(model_config(config.model)), synthetic.SEQ)
     with no_compilation():
-        config.mesh.update(data=3, fsdp=2, tensor=2)
+        run = run_config(config, task="mlm")
         with pytest.raises(ValueError, match=r"config.mesh data=3 x fsdp=2 x tensor=2 needs 12 devices, have 8"):
-            Trainer(config, str(tmp_path), task, log=False)
-        config.mesh.update(data=-1, fsdp=3, tensor=1)
+            Trainer(run.train, str(tmp_path), task, log=False, mesh=MeshConfig(data=3, fsdp=2, tensor=2))
         with pytest.raises(ValueError, match=r"config.mesh fsdp=3 x tensor=1 does not divide the devices: have 8"):
-            Trainer(config, str(tmp_path), task, log=False)
-        config.mesh.update(data=-1, fsdp=1, tensor=1)
-        config.train.batch_size = 12  # 8 data-parallel devices
+            Trainer(run.train, str(tmp_path), task, log=False, mesh=MeshConfig(data=-1, fsdp=3, tensor=1))
+        # 8 data-parallel devices
         with pytest.raises(ValueError, match=r"global batch size 12 \(train.batch_size\) is not divisible by the 8 "
                                              r"data-parallel devices \(data x fsdp\)"):
-            Trainer(config, str(tmp_path), task, log=False)
+            Trainer(dataclasses.replace(run.train, batch_size=12), str(tmp_path), task, log=False)

@@ -386,7 +386,7 @@ def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
     the PyTorch model; then two steps on MRPC."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from jaxpos.config.defaults import finetune_config
+    from jaxpos.config.run import TrainConfig
     from jaxpos.workflows.finetune import FinetuneTrainer, load_pretrained
 
     folder = str(tmp_path / "bert")
@@ -401,12 +401,10 @@ def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
     hf.save_pretrained(folder)
 
     pretrained = load_pretrained(folder)
-    config = finetune_config()
-    config.model.update(dropout=0.0, attention_dropout=0.0)
-    config.train.update(num_steps=1, batch_size=8, eval_every=1, checkpoint_every=1)  # as finetune() resolves them
+    train = TrainConfig(num_steps=1, batch_size=8, eval_every=1, checkpoint_every=1)  # as finetune() resolves them
     cfg = dataclasses.replace(pretrained.cfg, dropout=0.0, attention_dropout=0.0)
     task = ClassificationTask(BertForSequenceClassification(cfg, 2), 12)
-    trainer = FinetuneTrainer(config, str(tmp_path / "init"), task, pretrained, log=False)
+    trainer = FinetuneTrainer(train, str(tmp_path / "init"), task, pretrained, log=False)
     state, resumed = trainer.initial_state(data=None)
     trainer.close()
     assert resumed is None

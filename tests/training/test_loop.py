@@ -80,6 +80,7 @@ def test_a_checkpoint_of_another_shape_is_refused_and_left_in_place(tmp_path, mo
     import orbax.checkpoint as ocp
 
     from jaxpos.config import model_config
+    from jaxpos.config.run import run_config
     from jaxpos.models import BertForMaskedLM
     from jaxpos.sharding import make_mesh
     from jaxpos.training.checkpoint import _shapes
@@ -91,8 +92,9 @@ def test_a_checkpoint_of_another_shape_is_refused_and_left_in_place(tmp_path, mo
     def trainer(mlp_dim):
         c = synthetic.config(10)
         c.model.mlp_dim = mlp_dim
-        return loop.Trainer(c, str(tmp_path), MaskedLMTask(BertForMaskedLM(model_config(c.model)), synthetic.SEQ),
-                            log=False, mesh=make_mesh(devices=jax.devices()[:1]))
+        return loop.Trainer(run_config(c, task="mlm").train, str(tmp_path),
+                            MaskedLMTask(BertForMaskedLM(model_config(c.model)), synthetic.SEQ), log=False,
+                            mesh=make_mesh(devices=jax.devices()[:1]))
 
     same = trainer(64)
     saved = _shapes(ocp.PyTreeCheckpointHandler().metadata(same.checkpointer.directory / "5" / "state"))
@@ -108,7 +110,7 @@ def test_a_checkpoint_of_another_shape_is_refused_and_left_in_place(tmp_path, mo
 def test_gradient_accumulation_matches_one_large_batch(tmp_path):
     c1 = synthetic.config(3)
     c1.model.dropout = c1.model.attention_dropout = 0.0
-    from jaxpos.config import model_config
+    from jaxpos.config.run import run_config
     from jaxpos.models import BertForMaskedLM
     from jaxpos.training.loop import Trainer
     from jaxpos.training.mlm import MaskedLMTask
@@ -117,8 +119,9 @@ def test_gradient_accumulation_matches_one_large_batch(tmp_path):
     for accum in (1, 4):
         c = synthetic.config(3, checkpoint_every=100, accum=accum)
         c.model.dropout = c.model.attention_dropout = 0.0
-        trainer = Trainer(c, str(tmp_path / f"a{accum}"), MaskedLMTask(BertForMaskedLM(model_config(c.model)),
-                                                                        synthetic.SEQ), log=False)
+        run = run_config(c, task="mlm")
+        trainer = Trainer(run.train, str(tmp_path / f"a{accum}"), MaskedLMTask(BertForMaskedLM(run.model),
+                                                                                synthetic.SEQ), log=False)
         results.append(trainer.run(synthetic.SyntheticData()))
         trainer.close()
     for a, b in zip(leaves(results[0].state), leaves(results[1].state)):

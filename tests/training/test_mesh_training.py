@@ -92,21 +92,22 @@ def synthetic_batches(task: str, config, steps: int) -> list[dict]:
 def make_trainer(task: str, config, mesh_shape, workdir: str):
     import jax
 
-    from jaxpos.config import model_config
+    from jaxpos.config.run import run_config
     from jaxpos.models import BertForMaskedLM, EncoderDecoder
     from jaxpos.sharding import make_mesh
     from jaxpos.training.loop import Trainer
     from jaxpos.training.mlm import MaskedLMTask
     from jaxpos.training.translation import TranslationTask
 
-    cfg = model_config(config.model)
+    run = run_config(config, task=task)
+    cfg = run.model
     if task == "mlm":
-        model_task = MaskedLMTask(BertForMaskedLM(cfg), config.data.seq_len, config.train.max_predictions)
+        model_task = MaskedLMTask(BertForMaskedLM(cfg), run.data.seq_len, run.train.max_predictions)
     else:
-        model_task = TranslationTask(EncoderDecoder(cfg), config.data.max_length, config.data.max_length,
-                                     config.train.label_smoothing)
+        model_task = TranslationTask(EncoderDecoder(cfg), run.data.max_length, run.data.max_length,
+                                     run.train.label_smoothing)
     devices = jax.devices()[:int(np.prod(mesh_shape))]
-    return Trainer(config, workdir, model_task, log=False, mesh=make_mesh(*mesh_shape, devices=devices))
+    return Trainer(run.train, workdir, model_task, log=False, mesh=make_mesh(*mesh_shape, devices=devices))
 
 
 def batch_collectives(hlo: str, batch: int, length: int) -> list[str]:

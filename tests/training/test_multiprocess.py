@@ -44,17 +44,17 @@ def run_config(tokenizer_path: str = "", mesh=MESH):
 def build(config, workdir: str, mesh=None, vocab_size: int | None = None):
     """(data, trainer) for `config`; the data iterator reads this process's share of every batch. With
     `vocab_size` (the tokenizer's), no data is built: (None, trainer)."""
-    from jaxpos.config import model_config
+    from jaxpos.config.validate import check_run_config
     from jaxpos.data.pipeline import build_mlm_data
     from jaxpos.models import BertForMaskedLM
     from jaxpos.training.loop import Trainer
     from jaxpos.training.mlm import MaskedLMTask
 
-    data = None if vocab_size else build_mlm_data(config.data, config.train.batch_size, workdir)
-    config.model.vocab_size = vocab_size or data.tokenizer.vocab_size
-    task = MaskedLMTask(BertForMaskedLM(model_config(config.model)), config.data.seq_len,
-                        config.train.max_predictions)
-    return data, Trainer(config, workdir, task, log=False, mesh=mesh)
+    run = check_run_config(config, task="mlm")
+    data = None if vocab_size else build_mlm_data(run.data, run.train.batch_size, workdir)
+    run = run.replace_model(vocab_size=vocab_size or data.tokenizer.vocab_size)
+    task = MaskedLMTask(BertForMaskedLM(run.model), run.data.seq_len, run.train.max_predictions)
+    return data, Trainer(run.train, workdir, task, log=False, mesh=mesh or run.mesh)
 
 
 def gathered(state) -> dict[str, np.ndarray]:
@@ -200,7 +200,7 @@ def test_two_processes_train_kill_resume_and_restore_across_process_counts(tmp_p
         procs = start_workers(workdir, tokenizer, out, cache, stall_after=CHECKPOINT_EVERY)
         started += procs
         # ... while this process trains the one-process reference on its 8 devices (the same mesh) ...
-        start = gathered(one_trainer._init(jax.random.PRNGKey(one_trainer.config.train.seed)))
+        start = gathered(one_trainer._init(jax.random.PRNGKey(one_trainer.train.seed)))
         try:
             reference = one_trainer.run(one_data.train)
         finally:
