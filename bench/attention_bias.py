@@ -147,9 +147,9 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
     if name == "xla+table":
         return heads * length * length * 4  # [H, T, T] float32 expansion
     if name in ("pallas+table", "pallas+dropout", "pallas+segments"):  # dropout: one int32 key per query row
-        from jaxpos.attention.kernels.pallas import _dq_group
+        from jaxpos.attention.kernels.pallas import default_dq_group
 
-        group = _dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
+        group = default_dq_group(length, length, block_dq, head_dim)  # query blocks per row of dS diagonal sums
         rows = batch * heads * (length // block_dq // group) * (length + group * block_dq) * 4
         return heads * 2 * length * 4 + rows
     if name in ("mgpu+table", "mgpu+dropout", "mgpu+segments"):
@@ -158,9 +158,9 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
 
         padded = -(-length // 128) * 128
         tiles = heads * (2 * padded // 128 - 1) * 128 * 128
-        st = mgpu._Static(scale=1.0, causal=causal, q_offset=0, t_pad=padded, s_pad=padded, use_q_ids=False,
-                          masked=False, interpret=False)
-        return heads * 2 * length * 4 + tiles * (2 + 2 + 4 * mgpu._gradient_splits(batch, heads, 1, st))
+        spec = mgpu.MosaicGpuSpec(scale=1.0, causal=causal, q_offset=0, t_pad=padded, s_pad=padded,
+                                  use_q_ids=False, masked=False, interpret=False)
+        return heads * 2 * length * 4 + tiles * (2 + 2 + 4 * mgpu.table_gradient_splits(batch, heads, 1, spec))
     if name == "pallas+diag":  # the table, and per (head, block diagonal) a window [2, b] and the skew's [b, b]
         diagonals = 2 * length // block_dq - 1
         return heads * 2 * length * 4 + heads * diagonals * (2 * block_dq + block_dq**2) * 4

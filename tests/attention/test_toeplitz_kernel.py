@@ -190,14 +190,14 @@ def test_grouped_query_blocks_give_the_same_gradients(group, packed, rate):
 def test_table_gradient_rows_grow_linearly():
     """The automatic group keeps the table-gradient rows within twice q's size (2*T*D floats per batch and head),
     with one query block per program up to T = S = 2048 (the measured configurations); a group must divide."""
-    from jaxpos.attention.kernels.pallas import default_dq_group as _dq_group
+    from jaxpos.attention.kernels.pallas import default_dq_group
 
     b, dim = 32, 64
-    assert [_dq_group(t, t, b, dim) for t in (512, 2048, 8192, 32768)] == [1, 1, 4, 16]
+    assert [default_dq_group(t, t, b, dim) for t in (512, 2048, 8192, 32768)] == [1, 1, 4, 16]
     for t in (512, 2048, 8192, 32768):
-        group = _dq_group(t, t, b, dim)
+        group = default_dq_group(t, t, b, dim)
         assert (t // b // group) * (t + group * b) <= 2 * t * dim
-    assert _dq_group(96, 96, 32, 64) == 1  # 3 query blocks: no power of two above 1 divides
+    assert default_dq_group(96, 96, 32, 64) == 1  # 3 query blocks: no power of two above 1 divides
     q = random((1, 48, HEADS, D), 24)
     with pytest.raises(ValueError, match="dq_group=2 must divide the 3 query blocks"):
         toeplitz_attention(q, q, q, random((HEADS, 95), 25), block_dq=16, block_q=16, dq_group=2)

@@ -1,8 +1,9 @@
 """The Mosaic GPU (Hopper) Toeplitz kernels against the XLA reference `attend`, and their pieces against brute force.
 
 On the CPU the kernels run in Pallas's Mosaic GPU interpreter: the three warpgroups as threads with simulated
-shared memory, TMA copies and barriers, and a race detector that fails the call (`_raise_on_races`). On a GPU
-(`JAX_PLATFORMS=cuda pytest tests/attention/test_toeplitz_mosaic_gpu.py`) the same tests run the compiled kernels.
+shared memory, TMA copies and barriers, and a race detector that fails the call (`mosaic_gpu_common.run_kernel`).
+On a GPU (`JAX_PLATFORMS=cuda pytest tests/attention/test_toeplitz_mosaic_gpu.py`) the same tests run the compiled
+kernels.
 Inputs are bf16 (f16 once), so outputs and gradients are compared at bf16 tolerances: what would catch a wrong
 tile, base, mask or diagonal (errors of order one) but not bf16 rounding. Each call compiles four kernels in the
 interpreter and simulates every pipeline step through host callbacks (tests/conftest.py keeps jax 0.10 from
@@ -19,6 +20,10 @@ import pytest
 
 from jaxpos.attention.kernels import mosaic_gpu as mgpu
 from jaxpos.attention.kernels import toeplitz_attention
+from jaxpos.attention.kernels.mosaic_gpu_common import (LOG2E, NEG, MosaicGpuSpec, check_interpreter_threads,
+                                                        pipeline_stages)
+from jaxpos.attention.kernels.mosaic_gpu_tiles import (diagonal_tiles, diagonal_visits, live_tiles, table_gradient,
+                                                       visit_lists)
 from tests.attention.test_toeplitz_kernel import (DROPOUT_RNG, HEADS, check_against_reference, mechanism, random,
                                                   with_dropout)
 
@@ -38,7 +43,7 @@ def test_tisa_and_alibi_heads_padded_and_packed_with_segments(monkeypatch):
     from the dQ kernel). (T5, DIET-Rel and the attenuated offset form reach the kernels the same way, as an
     [H|1, W] table.) The dK/dV kernel takes each query block and the dQ kernel each key block in two pieces, as
     at head width 128 (the table's tile, the ids, u and w read a piece at a time; du sums both pieces)."""
-    monkeypatch.setattr(mgpu, "_pieces", lambda *args: 2)
+    monkeypatch.setattr(mgpu, "block_pieces", lambda *args: 2)
     length = 300
     (tisa, tisa_params), (alibi, alibi_params) = (mechanism(dict(kind=kind), length) for kind in ("tisa", "alibi"))
 
@@ -63,8 +68,8 @@ def test_causal_cross_lengths_shared_clipped_table_key_padding_dropout(monkeypat
     walk of each diagonal is cut into 3 CTAs, over 4 or 2 (head, tile) pairs: 2 + 2 + 0 and 1 + 1 + 0. The dK/dV
     and dQ kernels take each streamed block in two pieces, as at head width 128 (each piece hashes its own keep
     mask)."""
-    monkeypatch.setattr(mgpu, "_gradient_splits", lambda *args: 3)
-    monkeypatch.setattr(mgpu, "_pieces", lambda *args: 2)
+    monkeypatch.setattr(mgpu, "table_gradient_splits", lambda *args: 3)
+    monkeypatch.setattr(mgpu, "block_pieces", lambda *args: 2)
     t, s, offset = 130, 300, 170
     q = bf16(random((1, t, HEADS, 16), 3))[0]
     k, v = bf16(random((1, s, HEADS, 16), 4), random((1, s, HEADS, 16), 5))
@@ -93,9 +98,9 @@ def test_no_table_causal_wide_qk_f16(monkeypatch, pieces):
     queries at positions 126.. over S = 330 keys, causal (computed in the kernels: no table carries it) and the
     padded keys, an explicit scale: out and dq, dk, dv of sum(out * g) against the einsum formula in float32.
     Every kernel's walk has tiles wholly inside the causal limit (no mask arithmetic) and tiles across it, and
-    some CTA walks only one kind (`_walk`); a tile one key past the limit is walked as one across it. Streamed
-    blocks whole, and in two pieces each masked on its own, as at head width 128 (`_pieces`)."""
-    monkeypatch.setattr(mgpu, "_pieces", lambda *args: pieces)
+    some CTA walks only one kind (`walk`); a tile one key past the limit is walked as one across it. Streamed
+    blocks whole, and in two pieces each masked on its own, as at head width 128 (`block_pieces`)."""
+    monkeypatch.setattr(mgpu, "block_pieces", lambda *args: pieces)
     q = random((1, 200, 1, 80), 10).astype(jnp.float16)
     k = random((1, 330, 1, 80), 11).astype(jnp.float16)
     v = random((1, 330, 1, 48), 12).astype(jnp.float16)
@@ -163,29 +168,29 @@ def test_model_through_mosaic_gpu_matches_xla(caplog):
 
 def test_diagonal_tiles_and_their_gradient():
     """Tile d [r, c] + base d = ext[d*128 + 127 + c - r] * log2(e) (bf16 residuals around the main diagonal), and
-    `_table_gradient` is the adjoint of that expansion: <tiles(ext), G> = <ext, grad(G)> for any G."""
+    `table_gradient` is the adjoint of that expansion: <tiles(ext), G> = <ext, grad(G)> for any G."""
     rng = np.random.default_rng(0)
     ext = jnp.asarray(rng.normal(size=(2, 512)) * 50, jnp.float32)  # 3 block diagonals of 128
-    tiles, bases = mgpu._diagonal_tiles(ext, jnp.bfloat16)
+    tiles, bases = diagonal_tiles(ext, jnp.bfloat16)
     assert tiles.shape == (2, 3, 128, 128) and bases.shape == (2, 32)
     r, c = np.meshgrid(np.arange(128), np.arange(128), indexing="ij")
     for d in range(3):
-        want = np.asarray(ext)[:, d * 128 + 127 + c - r] * mgpu.LOG2E
+        want = np.asarray(ext)[:, d * 128 + 127 + c - r] * LOG2E
         got = np.asarray(tiles[:, d], np.float32) + np.asarray(bases[:, d])[:, None, None]
         np.testing.assert_allclose(got, want, rtol=0, atol=np.abs(want - want[:, :1, :1]).max() * 2**-8)
         np.testing.assert_array_equal(np.asarray(tiles[:, d]).diagonal(axis1=1, axis2=2), 0.0)
     limit = 300  # a causal limit: entries of ext index > 300 are NEG, the rest and the bases unchanged
-    causal_tiles, causal_bases = mgpu._diagonal_tiles(ext, jnp.bfloat16, limit)
+    causal_tiles, causal_bases = diagonal_tiles(ext, jnp.bfloat16, limit)
     np.testing.assert_array_equal(causal_bases, bases)
     index = np.arange(3)[:, None, None] * 128 + 127 + c - r
     np.testing.assert_array_equal(np.asarray(causal_tiles, np.float32),
                                   np.where(index <= limit, np.asarray(tiles, np.float32), np.float32(
-                                      jnp.asarray(mgpu.NEG, jnp.bfloat16))))
+                                      jnp.asarray(NEG, jnp.bfloat16))))
     grads = rng.normal(size=(2, 3, 128, 128))
     d_ext = np.zeros((2, 512))
     for d in range(3):  # brute force: every tile entry back onto its offset
         np.add.at(d_ext, (slice(None), d * 128 + 127 + c - r), grads[:, d])
-    np.testing.assert_allclose(mgpu._table_gradient(jnp.asarray(grads, jnp.float32)), d_ext, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(table_gradient(jnp.asarray(grads, jnp.float32)), d_ext, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("batch,length,heads,group,causal", [
@@ -196,8 +201,8 @@ def test_table_gradient_grid_keeps_every_sm_busy(batch, length, heads, group, ca
     SM's share of all tiles (counted by brute force over the tile grid), or one tile each; no more pieces than
     needed for that (one fewer would break it)."""
     padded = -(-length // 128) * 128
-    st = mgpu._Static(scale=1.0, causal=causal, q_offset=0, t_pad=padded, s_pad=padded, use_q_ids=False,
-                      masked=False, interpret=False)
+    st = MosaicGpuSpec(scale=1.0, causal=causal, q_offset=0, t_pad=padded, s_pad=padded, use_q_ids=False,
+                       masked=False, interpret=False)
     blocks = padded // 128
     live = {(qc, kc) for qc in range(blocks) for kc in range(blocks) if not causal or kc * 128 <= qc * 128 + 127}
     longest = max(sum((qc, qc + d) in live for qc in range(blocks)) for d in range(1 - blocks, blocks)) * batch * group
@@ -206,13 +211,13 @@ def test_table_gradient_grid_keeps_every_sm_busy(batch, length, heads, group, ca
     def fits(splits):
         return -(-longest // splits) <= share / 2 or splits >= longest
 
-    splits = mgpu._gradient_splits(batch, heads, group, st)
+    splits = mgpu.table_gradient_splits(batch, heads, group, st)
     assert fits(splits) and (splits == 1 or not fits(splits - 1))
 
 
-def _static(t, s, use_q_ids, causal, q_offset=0):
-    return mgpu._Static(scale=1.0, causal=causal, q_offset=q_offset, t_pad=t, s_pad=s, use_q_ids=use_q_ids,
-                        masked=True, interpret=True)
+def interpreted_spec(t, s, use_q_ids, causal, q_offset=0):
+    return MosaicGpuSpec(scale=1.0, causal=causal, q_offset=q_offset, t_pad=t, s_pad=s, use_q_ids=use_q_ids,
+                         masked=True, interpret=True)
 
 
 @pytest.mark.parametrize("use_q_ids,causal,q_offset", [(True, False, 0), (False, True, 40), (True, True, -130)])
@@ -225,25 +230,25 @@ def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
     q_pieces = np.sort(rng.integers(0, 4, (batch, t)), axis=1)  # packed pieces 1..3 after some padding (0)
     k_pieces = np.sort(rng.integers(0, 4, (batch, s)), axis=1)
     k_pieces[2] = 0  # a row of padding only: no tile visited
-    st = _static(t, s, use_q_ids, causal, q_offset)
+    st = interpreted_spec(t, s, use_q_ids, causal, q_offset)
     visible = k_pieces[:, None, :] != 0
     if use_q_ids:
         visible = visible & (q_pieces[:, :, None] == k_pieces[:, None, :])
     if causal:
         visible = visible & (np.arange(s)[None, None, :] - np.arange(t)[None, :, None] <= q_offset)
     want = visible.reshape(batch, t // 128, 128, s // 128, 128).any(axis=(2, 4))
-    live = mgpu._live_tiles(jnp.asarray(q_pieces, jnp.int32), jnp.asarray(k_pieces, jnp.int32), st)
+    live = live_tiles(jnp.asarray(q_pieces, jnp.int32), jnp.asarray(k_pieces, jnp.int32), st)
     live_np = np.asarray(live)
     assert np.all(live_np >= want)  # no tile with a visible entry is skipped
     if not use_q_ids:  # key ids and the causal limit decide exactly; id ranges may only over-approximate
         np.testing.assert_array_equal(live_np, want)
-    for lists, live_rows in ((mgpu._visit_lists(live), np.asarray(live)),
-                             (mgpu._visit_lists(jnp.swapaxes(live, 1, 2)), np.asarray(live).swapaxes(1, 2))):
+    for lists, live_rows in ((visit_lists(live), np.asarray(live)),
+                             (visit_lists(jnp.swapaxes(live, 1, 2)), np.asarray(live).swapaxes(1, 2))):
         assert lists.shape[-1] % 32 == 0
         for index in np.ndindex(live_rows.shape[:-1]):
             row = np.asarray(lists[index])
             assert list(row[1:1 + row[0]]) == list(np.flatnonzero(live_rows[index]))
-    diagonal = mgpu._diagonal_visits(live, st)
+    diagonal = diagonal_visits(live, st)
     for d in range(t // 128 + s // 128 - 1):
         row = np.asarray(diagonal[d])
         want_entries = [b * (t // 128) + qc for b in range(batch) for qc in range(t // 128)
@@ -291,10 +296,10 @@ def test_calls_it_does_not_take_are_refused_by_name(monkeypatch):
     with pytest.raises(ValueError, match="drop block_q"):
         toeplitz_attention(q, q, q, table, backend="mosaic_gpu", block_q=64)
     with pytest.raises(ValueError, match="more than .*head widths too large"):
-        mgpu._stages(per_stage=200 * 1024, fixed=64 * 1024, what="forward")
+        pipeline_stages(per_stage=200 * 1024, fixed=64 * 1024, what="forward")
     monkeypatch.setenv("PJRT_NPROC", "2")
     with pytest.raises(RuntimeError, match="needs 3 CPU threads"):
-        mgpu._check_interpreter_threads()
+        check_interpreter_threads()
 
 
 def test_only_hopper_gpus_and_the_cpu_interpreter(monkeypatch):

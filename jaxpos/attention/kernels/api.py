@@ -8,7 +8,7 @@ gradient returned here into parameter gradients.
 Masks: `kv_piece_ids` [B, S] with 0 = padding (never attended), `q_piece_ids` [B, T] (queries attend only to
 keys of the same non-zero id), `causal` (key position <= query position): `mask.AttentionMask`'s convention.
 A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is skipped (Mosaic
-reads the blocks' id ranges from SMEM, `pallas._call`). Fully masked rows (padding queries) give
+reads the blocks' id ranges from SMEM, `pallas_common.call_kernel`). Fully masked rows (padding queries) give
 out = 0 and zero gradients; the XLA reference gives the mean of v there (softmax of equal logits), a value no loss
 should read.
 
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from jaxpos.attention import dropout
 from jaxpos.attention.kernels import mosaic_gpu as mgpu
-from jaxpos.attention.kernels.pallas import _attention, _dq_group, _Static
+from jaxpos.attention.kernels.pallas import PallasSpec, default_dq_group, pallas_attention
 
 
 def _next_pow2(n: int) -> int:
@@ -63,8 +63,9 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     are scale*q.k + bias (scale None: 1/sqrt(D)), accumulated in float32 whatever the input dtype; the table
     gradient is float32. Block sizes are powers of two (None: 64, 64 and 32 on Triton, 128 on Mosaic TPU, where
     the three must be equal multiples of 128); T and S are padded to them (padded keys are masked). `dq_group`:
-    query blocks per program of the dq / table-gradient kernel (None: `pallas._dq_group`, 1 up to T = S = 2048 at
-    D = 64, which bounds the table-gradient rows by twice q's size; it must divide the padded T / block_dq).
+    query blocks per program of the dq / table-gradient kernel (None: `pallas.default_dq_group`, 1 up to
+    T = S = 2048 at D = 64, which bounds the table-gradient rows by twice q's size; it must divide the padded
+    T / block_dq).
     `table_grad` (Triton): "tiles", the dq kernel sums each tile's dS along its diagonals (a skew per tile, rows
     as above), or "diagonals", a kernel per (head, block diagonal) recomputes dS and sums it over the batch before
     one skew (H*(T + S)*(b + 2) floats; dS computed twice); Mosaic sums in the dq kernel. Attention dropout at
@@ -126,7 +127,7 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
 
     def pad(x, length):
         x = jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width(x.shape[-1]) - x.shape[-1])))
-        return x.transpose(0, 2, 1, 3) if tpu else x  # the kernels' layout (_Static.heads_major)
+        return x.transpose(0, 2, 1, 3) if tpu else x  # the kernels' layout (PallasSpec.heads_major)
 
     use_q = q_piece_ids is not None
     q_pieces, k_pieces = _padded_piece_ids(q_piece_ids, kv_piece_ids, (batch, t, s), t_pad, s_pad)
@@ -142,17 +143,18 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         u = u.transpose(0, 2, 1, 3)
         w = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, s_pad - s), (0, rank - w.shape[-1]))).transpose(0, 2, 1)
     if dq_group is None:
-        dq_group = _dq_group(t_pad, s_pad, block_dq, width(dim)) if table is not None and table_grad == "tiles" else 1
+        rows_of_sums = table is not None and table_grad == "tiles"  # what a group > 1 keeps within 2*T*D floats
+        dq_group = default_dq_group(t_pad, s_pad, block_dq, width(dim)) if rows_of_sums else 1
     elif dq_group < 1 or (t_pad // block_dq) % dq_group:
         raise ValueError(f"dq_group={dq_group} must divide the {t_pad // block_dq} query blocks of {block_dq} rows")
-    st = _Static(scale=dim**-0.5 if scale is None else float(scale), causal=causal,
-                 q_offset=q_offset if causal else 0, block_q=block_q, block_k=block_k, block_dq=block_dq,
-                 dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad, use_q_pieces=use_q,
-                 masked=use_q or kv_piece_ids is not None or causal or s_pad != s,
-                 skip_tiles=use_q or kv_piece_ids is not None, dropout_rate=float(dropout_rate),
-                 interpret=bool(interpret), backend=backend,
-                 num_warps=num_warps, num_stages=num_stages)
-    out = _attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, q_pieces, k_pieces, keys, u, w, st)
+    st = PallasSpec(scale=dim**-0.5 if scale is None else float(scale), causal=causal,
+                    q_offset=q_offset if causal else 0, block_q=block_q, block_k=block_k, block_dq=block_dq,
+                    dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad, use_q_pieces=use_q,
+                    masked=use_q or kv_piece_ids is not None or causal or s_pad != s,
+                    skip_tiles=use_q or kv_piece_ids is not None, dropout_rate=float(dropout_rate),
+                    interpret=bool(interpret), backend=backend,
+                    num_warps=num_warps, num_stages=num_stages)
+    out = pallas_attention(pad(q, t_pad), pad(k, s_pad), pad(v, s_pad), ext, q_pieces, k_pieces, keys, u, w, st)
     if tpu:
         out = out.transpose(0, 2, 1, 3)
     return out[:, :t, :, :dim_v]
