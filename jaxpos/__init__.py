@@ -10,13 +10,14 @@ by `make test`):
                    diagnostics and plots; beam search and BLEU; GLUE metrics, the fine-tuning protocol, probes
     checkpoints    Hugging Face import and export of trained runs
     run            a trained run directory (local or a URL): config, task, tokenizer, steps, parameters
-    training       the jitted train step, the loop, checkpointing, optimisers
-    data           corpora, tokenizers, masked-LM packing, translation and classification batches
-    models         BERT, the encoder-decoder, the classifier
+    training       the jitted train step, the loop, checkpointing, optimisers, the task's losses
+    data | models  siblings that never import each other: corpora, tokenizers, masked-LM packing, translation
+                   and classification batches | BERT, the encoder-decoder, the classifier
     positions      the positional mechanisms: parameters -> compact biases (tables, factors)
-    attention      attention with positional biases, its kernels by backend, the path choice (auto)
+    attention      attention with positional biases, its implementations and kernels, the path choice (auto)
     sharding | initializers | progress
-    config         the configuration schemas and their checks, the registry of mechanisms
+    config         the typed configurations and their checks, the registries of mechanisms and of attention
+                   implementations
 """
 
 __version__ = "0.1.0"

@@ -15,7 +15,6 @@ import os
 from typing import Any, Callable, Iterable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from etils import epath
@@ -24,7 +23,7 @@ from jaxpos.analysis.loading import load_hf
 from jaxpos.checkpoints import huggingface as hf
 from jaxpos.config import ModelConfig
 from jaxpos.config.files import load_json_config, write_json_atomically
-from jaxpos.config.run import RunConfig, TrainConfig
+from jaxpos.config.run import RunConfig
 from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.classification import (ClassificationTrainIterator, encode_examples, eval_batches, hf_tokenizer,
                                         jaxpos_tokenizer, load_examples, task_spec)
@@ -33,9 +32,8 @@ from jaxpos.evaluation.protocol import best_of
 from jaxpos.models import BertForSequenceClassification
 from jaxpos.progress import status
 from jaxpos.run import Run
-from jaxpos.sharding import replicated
-from jaxpos.training.finetune import ClassificationTask, example_losses, predictions_from_logits
-from jaxpos.training.loop import Trainer, with_activation_sharding
+from jaxpos.training.finetune import (ClassificationTask, FinetuneTrainer, make_predict_fn, predict,
+                                     predictions_from_logits)
 from jaxpos.workflows.workdir import claimed_workdir
 
 EVALS_FILE, REPORT_FILE = "evals.json", "report.json"
@@ -97,74 +95,7 @@ def load_pretrained(path: str, weights: bool = True) -> Pretrained:
     return Pretrained(cfg, encoder, pooler, hf_tokenizer(path), info)
 
 
-def merge_params(params: dict, pretrained: Pretrained, shardings) -> dict:
-    """`params` (a fresh BertForSequenceClassification init) with the pretrained encoder (and pooler) in place,
-    put onto `shardings`. A shape or name mismatch is a clear error."""
-    new = {"bert": pretrained.encoder}
-    if pretrained.pooler is not None:
-        new["pooler"] = pretrained.pooler
-    for name, tree in new.items():
-        want = jax.tree_util.tree_structure(params[name])
-        if jax.tree_util.tree_structure(tree) != want:
-            have = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
-            need = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params[name])[0]}
-            raise ValueError(f"the pretrained {name} parameters do not fit the model: missing "
-                             f"{sorted(need - have)[:5]}, unexpected {sorted(have - need)[:5]}")
-        for (key, a), b in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(params[name])):
-            if np.shape(a) != b.shape:
-                raise ValueError(f"pretrained {name}{jax.tree_util.keystr(key)} has shape {np.shape(a)}, the model "
-                                 f"needs {b.shape}")
-    out = dict(params, **new)
-    return jax.tree.map(lambda x, ref, s: jax.device_put(np.asarray(x, dtype=ref.dtype), s), out, params, shardings)
-
-
-class FinetuneTrainer(Trainer):
-    """The shared Trainer; a fresh run starts from the pretrained encoder instead of a random one."""
-
-    def __init__(self, train: TrainConfig, workdir: str, task: ClassificationTask, pretrained: Pretrained, **kwargs):
-        super().__init__(train, workdir, task, **kwargs)
-        self.pretrained = pretrained
-
-    def initial_state(self, data):
-        state, resumed = super().initial_state(data)
-        if resumed is None:
-            # Adam's moments start at zero whatever the parameters, so only the parameters are replaced.
-            state = state.replace(params=merge_params(state.params, self.pretrained, self.state_shardings.params))
-        return state, resumed
-
-
 # --- prediction and scores ---------------------------------------------------------------------------------------
-
-def make_predict_fn(task: ClassificationTask, trainer: Trainer | None = None) -> Callable:
-    """jitted (params, batch) -> (logits [B, C], losses [B], labels [B], weights [B]); with a trainer, sharded
-    like its steps (inputs are global batches; outputs replicated on every host)."""
-
-    def fn(params, batch):
-        logits = task.logits(params, batch)
-        losses, _ = example_losses(logits, batch["labels"].astype(jnp.float32), task.model.num_labels)
-        return logits, losses, batch["labels"], batch["weights"]
-
-    if trainer is None:
-        return jax.jit(fn)
-
-    # under the trainer's mesh, as its steps: activation constraints, and the Pallas kernel per device
-    return jax.jit(with_activation_sharding(fn, trainer.mesh),
-                   in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
-                   out_shardings=replicated(trainer.mesh))
-
-
-def predict(predict_fn, params, batches: Iterable[dict], put: Callable = lambda b: b):
-    """(logits [N, C], losses [N], labels [N]) over the real rows of `batches` (weight > 0), in order."""
-    # Every batch is dispatched before any result is read: one wait for the device, not one per batch.
-    pending = [predict_fn(params, put(batch)) for batch in batches]
-    if not pending:
-        raise ValueError("the evaluation data yielded no batch")
-    out = []
-    for logits, losses, labels, weights in jax.device_get(pending):
-        keep = np.asarray(weights) > 0
-        out.append((np.asarray(logits)[keep], np.asarray(losses)[keep], np.asarray(labels)[keep]))
-    return tuple(np.concatenate(parts) for parts in zip(*out))
-
 
 def scores(spec, logits, losses, labels) -> dict:
     """The task's metrics (the first is its main score) and the mean loss."""
@@ -270,7 +201,7 @@ def _finetune(run: RunConfig, pretrained: Pretrained, init: str, workdir: str, a
     chance = chance_scores(spec, dev[main_split].labels)
     task = ClassificationTask(BertForSequenceClassification(cfg, spec.num_labels), dcfg.max_length)
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
-    trainer = FinetuneTrainer(tcfg, workdir, task, pretrained, mesh=run.mesh, log=log)
+    trainer = FinetuneTrainer(tcfg, workdir, task, pretrained.encoder, pretrained.pooler, mesh=run.mesh, log=log)
     admission.admit()  # every check passed: from here on the folder is the run's
     _write_json(os.path.join(workdir, "config.json"), run.to_dict())
     predict_fn = make_predict_fn(task, trainer)

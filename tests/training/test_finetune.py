@@ -387,7 +387,8 @@ def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from jaxpos.config.run import TrainConfig
-    from jaxpos.workflows.finetune import FinetuneTrainer, load_pretrained
+    from jaxpos.training.finetune import FinetuneTrainer
+    from jaxpos.workflows.finetune import load_pretrained
 
     folder = str(tmp_path / "bert")
     os.makedirs(folder)
@@ -404,7 +405,7 @@ def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
     train = TrainConfig(num_steps=1, batch_size=8, eval_every=1, checkpoint_every=1)  # as finetune() resolves them
     cfg = dataclasses.replace(pretrained.cfg, dropout=0.0, attention_dropout=0.0)
     task = ClassificationTask(BertForSequenceClassification(cfg, 2), 12)
-    trainer = FinetuneTrainer(train, str(tmp_path / "init"), task, pretrained, log=False)
+    trainer = FinetuneTrainer(train, str(tmp_path / "init"), task, pretrained.encoder, pretrained.pooler, log=False)
     state, resumed = trainer.initial_state(data=None)
     trainer.close()
     assert resumed is None
