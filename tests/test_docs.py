@@ -128,7 +128,7 @@ RUN_BY_TESTS = {
     "launch/local.sh configs/mlm/bert_base.py runs/base":
         "tests/test_launch.py::test_local_runs_one_process_on_this_host",
     "launch/reproduce.sbatch /shared/repro --profile full":
-        "tests/test_reproduce.py::test_the_slurm_array_script_dry_run",
+        "tests/reproduction/test_reproduce.py::test_the_slurm_array_script_dry_run",
     "'REPRODUCE=--mechanisms none,tisa --claims tisa_local,muppet_exact --seeds 3 --workers 6' REPRODUCE_S=195 "
     "bash bench/gpu_runs.sh reproduce":
         "tests/test_bench.py::test_gpu_runbook_reproduces_a_subset",

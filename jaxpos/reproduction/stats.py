@@ -1,5 +1,5 @@
 """Paired tests over seeds for the reproduction's claims, with Holm's correction across claims; checked against
-scipy (and statsmodels' Holm where installed) in tests/test_reproduce_stats.py.
+scipy (and statsmodels' Holm where installed) in tests/reproduction/test_stats.py.
 
 Runs with the same seed share data order and masking, so two mechanisms are compared seed by seed: the per-seed
 differences d = a - b [n] are tested with a paired t test (n - 1 degrees of freedom).

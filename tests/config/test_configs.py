@@ -10,7 +10,7 @@ from jaxpos.config import model_config
 from jaxpos.config.files import apply_overrides, load_config
 from jaxpos.models import BertForMaskedLM, EncoderDecoder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.py"), recursive=True))
 
 

@@ -18,7 +18,7 @@ from jaxpos.reproduction import claims as C
 from jaxpos.reproduction import stats as S
 from jaxpos.reproduction.runs import PROFILES, make_plan
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --- constructed runs ------------------------------------------------------------------------------------------------

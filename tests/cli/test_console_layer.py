@@ -11,7 +11,8 @@ import subprocess
 import sys
 import tokenize
 
-PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jaxpos")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(ROOT, "jaxpos")
 CLI = os.path.join(PACKAGE, "cli")
 ALLOWED = {("progress.py", "status", "print")}  # the plain line under every bar and status message
 PARSER_METHODS = {"add_subparsers", "add_parser", "add_argument", "add_mutually_exclusive_group", "parse_args",

@@ -83,7 +83,7 @@ def test_train_resume_translate_and_eval_bleu(run, capsys):
 
 def test_clear_errors(run, tmp_path):
     _, _, args = run
-    args = ["--debug", *args]  # the errors themselves (without --debug each is one line: tests/test_cli.py)
+    args = ["--debug", *args]  # the errors themselves (without --debug each is one line: tests/cli/test_main.py)
     with pytest.raises(FileNotFoundError, match="config.json is missing"):
         main(["--debug", "eval-bleu", "--workdir", str(tmp_path)])
     with pytest.raises(LengthError, match="'absolute' has learned parameters for 24 positions .* length 32"):

@@ -8,8 +8,9 @@ import pytest
 
 from jaxpos import cli
 
-TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "mlm", "tiny.py")
-WMT_TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "wmt", "tiny.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "configs", "mlm", "tiny.py")
+WMT_TINY = os.path.join(ROOT, "configs", "wmt", "tiny.py")
 
 
 def _error_lines(capsys) -> list[str]:
