@@ -15,7 +15,7 @@ MLM_SHARD_ORDER = 3  # streaming: the shard order of each epoch and process
 TRANSLATION_PACKING = 0  # the order in which pairs are packed into rows
 TRANSLATION_ROW_ORDER = 1  # the row permutation of each epoch
 
-# Fine-tuning data, from data.seed (jaxpos/data/classification.py, word_order.py, paraphrase.py).
+# Fine-tuning data, from data.seed (jaxpos/data/classification/, word_order.py, paraphrase.py).
 FINETUNE_ROW_ORDER = 3  # the row permutation of each epoch
 FINETUNE_SUBSAMPLE = 4  # the data.max_train_examples subset
 WORD_ORDER_LOCAL = 1  # a local shuffle of example i: (seed, stream, window, i)

@@ -1,5 +1,5 @@
 """The unit of fine-tuning data, one labelled sentence or sentence pair: made by the readers of
-jaxpos/data/classification.py and by the offline task builders (word_order.py, paraphrase.py), which the readers
+jaxpos/data/classification/ and by the offline task builders (word_order.py, paraphrase.py), which the readers
 call."""
 
 from __future__ import annotations
