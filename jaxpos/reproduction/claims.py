@@ -1,4 +1,5 @@
-"""The papers' claims as functions of the runs' numbers, each with the paper's own figure, and their verdicts.
+"""The papers' claims as functions of the runs' numbers, each with the paper's own figure (their verdicts:
+jaxpos/reproduction/verdicts.py).
 
 A claim is made of parts of two kinds:
   * a comparison: per-seed values of two sides paired by seed (runs with the same seed share data order and
@@ -23,7 +24,6 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpos.reproduction import stats
 from jaxpos.reproduction.runs import BAG_OF_WORDS, RUN_MECHANISMS, STAGES
 from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE
 
@@ -561,124 +561,3 @@ def runs_needed(claims: Sequence[Claim], mechanisms: Sequence[str]) -> dict[str,
             if stage in stages:
                 stages.update(implied)
     return {m: tuple(s for s in STAGES if s in needs[m]) for m in RUN_MECHANISMS if m in needs}
-
-
-# --- is a mechanism trained? ---------------------------------------------------------------------------------------
-
-def training_status(table: dict, alpha: float = ALPHA) -> dict[str, dict]:
-    """For each mechanism but the bag-of-words model: does its held-out MLM loss lie below the bag-of-words
-    model's (paired by seed, two-sided (1 - alpha) interval of none − mechanism above 0), at each curve step?
-    {mechanism: {"trained": bool | None (None: cannot tell), "parted_at": first step from which it stays below,
-    or None, "last_step", "difference" (the test at the last step, or None), "reason"}}."""
-    base = {r["seed"]: {p["step"]: p["loss"] for p in r.get("curve", [])} for r in table.get(BAG_OF_WORDS, [])}
-    status = {}
-    for m, results in table.items():
-        if m == BAG_OF_WORDS:
-            continue
-        curves = {r["seed"]: {p["step"]: p["loss"] for p in r.get("curve", [])} for r in results}
-        steps = sorted({s for c in curves.values() for s in c})
-        seeds = sorted(set(curves) & set(base))
-        if not base or len(seeds) < 2 or not steps:
-            why = ("cannot be compared: no bag-of-words runs" if not base else
-                   f"cannot be compared with bag of words: {len(seeds)} seed(s) with both curves, a paired test "
-                   "needs 2")
-            status[m] = dict(trained=None, parted_at=None, last_step=steps[-1] if steps else None, difference=None,
-                             below=[], reason=why)
-            continue
-        below, tests = [], {}
-        for step in steps:
-            a = [base[s].get(step) for s in seeds]
-            b = [curves[s].get(step) for s in seeds]
-            try:
-                tests[step] = stats.paired_difference(a, b, alpha=alpha)
-            except ValueError:
-                tests[step] = None
-            below.append(tests[step] is not None and tests[step].ci_low > 0)
-        parted_at = None
-        for k in range(len(steps) - 1, -1, -1):  # the start of the final run of steps where it stays below
-            if not below[k]:
-                break
-            parted_at = steps[k]
-        last = tests[steps[-1]]
-        said = "" if last is None else (f" (held-out loss {last.mean:+.3g} below it, 95% CI {last.ci_low:+.3g} to "
-                                        f"{last.ci_high:+.3g})")
-        if below[-1]:
-            reason = f"parts from bag of words at step {parted_at}{said}"
-        else:
-            reason = f"has not parted from bag of words by step {steps[-1]}{said}"
-        status[m] = dict(trained=bool(below[-1]), parted_at=parted_at, last_step=steps[-1],
-                         difference=None if last is None else _test_dict(last), below=below, reason=reason)
-    return status
-
-
-def _test_dict(result: stats.PairedDifference) -> dict:
-    return dict(n=result.n, dropped=result.dropped, mean=result.mean, sd=result.sd, ci_low=result.ci_low,
-                ci_high=result.ci_high, t=result.t, p=result.p, mdd=result.mdd)
-
-
-# --- verdicts ----------------------------------------------------------------------------------------------------
-
-def _not_trained_reason(about: Sequence[str], training: dict) -> str | None:
-    """Why a comparison about `about` cannot be tested yet, or None when every mechanism uses positions."""
-    late = [m for m in about if not (training.get(m) or {}).get("trained")]
-    if not late:
-        return None
-    said = [f"{label(m)} has no runs here" if m not in training else f"{label(m)} {training[m]['reason']}"
-            for m in late]
-    return f"{NOT_TRAINED}: " + "; ".join(said)
-
-
-def _finite(value) -> bool:
-    """Whether a seed's value counts (the NaN policy of jaxpos.reproduction.stats: None, NaN and inf do not)."""
-    return value is not None and bool(np.isfinite(value))
-
-
-def _direction(mean: float | None, expected_sign: int) -> str | None:
-    if mean is None or mean == 0:
-        return None
-    return "agrees" if np.sign(mean) == expected_sign else "disagrees"
-
-
-def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: float = ALPHA) -> dict:
-    """Every claim's record (id, paper, reference, claim, figure, parts, measured, verdict, reason, caveat), the
-    training status of each mechanism, and `comparisons`: the tested comparisons with their Holm-adjusted
-    p-values. Deterministic in `table`."""
-    claims = CLAIMS if claims is None else claims
-    training = training_status(table, alpha)
-    trained = {m for m, info in training.items() if info["trained"]}
-    records = []
-    tested = []  # (record index, part index, PairedDifference)
-    for claim in claims:
-        parts, measured = claim.judge(table, trained)
-        for index, part in enumerate(parts):
-            if part["kind"] != "comparison":
-                continue
-            pairs = [(a, b) for a, b in zip(part["a"], part["b"]) if _finite(a) and _finite(b)]  # stats' NaN policy
-            part["measured_mean"] = float(np.mean([a - b for a, b in pairs])) if pairs else None
-            part["direction"] = _direction(part["measured_mean"], part["expected_sign"])
-            late = _not_trained_reason(part["about"], training)
-            if not pairs:
-                part.update(verdict=INCONCLUSIVE, why="not measured",
-                            reason="not measured: no seed gives a value"
-                                   + (f" ({', '.join(map(label, part['about']))})" if part["about"] else ""))
-            elif len(pairs) < 2:  # before the training status, which one seed cannot test either
-                part.update(verdict=INCONCLUSIVE, why="one seed",
-                            reason=f"one seed ({part['measured_mean']:+.3g}) gives no spread to judge it by")
-            elif late:
-                part.update(verdict=INCONCLUSIVE, why=NOT_TRAINED, reason=late)
-            else:
-                tested.append((len(records), index, stats.paired_difference(part["a"], part["b"], alpha=alpha)))
-        records.append(dict(id=claim.id, paper=claim.paper, reference=claim.reference, claim=claim.statement,
-                            figure=dataclasses.asdict(claim.figure), parts=parts, measured=measured,
-                            caveat=claim.caveat))
-    adjusted, _ = stats.holm([t.p for _, _, t in tested], alpha)
-    comparisons = []
-    for (r, k, result), p_holm in zip(tested, adjusted):
-        part = records[r]["parts"][k]
-        value, reason = stats.verdict(result, float(p_holm), alpha, part["expected_sign"])
-        why = "decided" if value != INCONCLUSIVE else "not detected"
-        part.update(verdict=value, why=why, reason=reason, test=dict(_test_dict(result), p_holm=float(p_holm)))
-        comparisons.append(dict(claim=records[r]["id"], part=part["what"], verdict=value, **part["test"]))
-    for record in records:
-        record["verdict"], record["reason"] = all_of(record["parts"])
-    return dict(claims=records, training=training, comparisons=comparisons, alpha=alpha, family=len(tested))

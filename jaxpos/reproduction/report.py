@@ -11,6 +11,7 @@ from jaxpos.analysis.plots import plt, save_figure  # plots chooses matplotlib's
 from jaxpos.analysis.report import jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.config.files import write_json_atomically
 from jaxpos.reproduction import claims as C
+from jaxpos.reproduction import verdicts as V
 from jaxpos.reproduction.runs import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
 
 REPORT_FILE, NUMBERS_FILE, FIGURES = "REPRODUCTION.md", "numbers.json", "figures"
@@ -333,7 +334,7 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
     finished = {r["name"] for runs in table.values() for r in runs}
     missing = [n for n in plan["runs"] if n not in finished]
     numbers = mechanism_numbers(table)
-    evaluated = C.evaluate_claims(table, C.select_claims(plan["claims"]))
+    evaluated = V.evaluate_claims(table, C.select_claims(plan["claims"]))
     claims = evaluated["claims"]
     curve = curves(table)
     entropy = plan.get("corpus", {}).get("unigram_entropy")

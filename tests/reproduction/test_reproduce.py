@@ -16,6 +16,7 @@ import pytest
 
 from jaxpos.reproduction import claims as C
 from jaxpos.reproduction import stats as S
+from jaxpos.reproduction import verdicts as V
 from jaxpos.reproduction.runs import PROFILES, make_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,14 +60,14 @@ def test_the_verdict_table_on_constructed_runs():
     table["shaw"] = [fake_run("shaw", s, flat(s), pretrain=dict(step_time_s=0.1 + 0.02 * (-1) ** s)) for s in seeds]
     table["diet_abs"] = [fake_run("diet_abs", s, flat(s)) for s in seeds]
 
-    training = C.training_status(table)
+    training = V.training_status(table)
     assert training["tisa"]["trained"] and training["tisa"]["parted_at"] == 200
     assert training["absolute"]["trained"] and training["absolute"]["parted_at"] == 300
     assert training["diet_rel"]["trained"] is False and training["diet_rel"]["parted_at"] is None
     assert "has not parted from bag of words by step 300" in training["diet_rel"]["reason"]
 
     chosen = C.select_claims(["tisa_local", "muppet_depth", "diet_per_head", "diet_step_time"])
-    evaluated = C.evaluate_claims(table, chosen)
+    evaluated = V.evaluate_claims(table, chosen)
     by_id = {c["id"]: c for c in evaluated["claims"]}
     assert by_id["tisa_local"]["verdict"] == S.HOLDS
     assert by_id["muppet_depth"]["parts"][0]["verdict"] == S.CONTRADICTED  # Δμ(i) > 0, claimed < 0
@@ -93,11 +94,11 @@ def test_the_verdict_table_on_constructed_runs():
 
     # With one seed nothing is tested, and a missing mechanism is "not measured".
     single = {m: runs[:1] for m, runs in table.items()}
-    evaluated = C.evaluate_claims(single, chosen)
+    evaluated = V.evaluate_claims(single, chosen)
     assert evaluated["family"] == 0
     assert all(p["verdict"] != S.HOLDS for c in evaluated["claims"] for p in c["parts"])
-    assert C.training_status(single)["tisa"]["trained"] is None
-    missing = C.evaluate_claims({"none": table["none"]}, C.select_claims(["tisa_local"]))["claims"][0]
+    assert V.training_status(single)["tisa"]["trained"] is None
+    missing = V.evaluate_claims({"none": table["none"]}, C.select_claims(["tisa_local"]))["claims"][0]
     assert missing["parts"][0]["why"] == "not measured"
 
 
@@ -119,10 +120,10 @@ def test_one_seed_is_inconclusive_for_want_of_seeds_not_of_training():
     table = {"none": [fake_run("none", 0, curve([0, 0, 0])(0))],
              "tisa": [fake_run("tisa", 0, curve([0.0, 0.3, 0.6])(0), positional_attention=dict(
                  locality=0.30, uniform_locality=0.10))]}
-    report = C.evaluate_claims(table, C.select_claims(["tisa_local"]))
+    report = V.evaluate_claims(table, C.select_claims(["tisa_local"]))
     [part] = report["claims"][0]["parts"]
     assert part["verdict"] == S.INCONCLUSIVE and part["why"] == "one seed", part
-    assert C.training_status(table)["tisa"]["trained"] is None
+    assert V.training_status(table)["tisa"]["trained"] is None
 
 
 def test_a_seed_with_a_nan_value_is_dropped_from_both_sides():
@@ -134,10 +135,10 @@ def test_a_seed_with_a_nan_value_is_dropped_from_both_sides():
             locality=value, uniform_locality=0.10)) for s, value in enumerate(localities)]
         return runs
 
-    [part] = C.evaluate_claims(table([0.30, float("nan")]), C.select_claims(["tisa_local"]))["claims"][0]["parts"]
+    [part] = V.evaluate_claims(table([0.30, float("nan")]), C.select_claims(["tisa_local"]))["claims"][0]["parts"]
     assert part["verdict"] == S.INCONCLUSIVE and part["why"] == "one seed", part
     assert part["measured_mean"] == pytest.approx(0.20)
-    [part] = C.evaluate_claims(table([0.30, float("nan"), 0.32]),
+    [part] = V.evaluate_claims(table([0.30, float("nan"), 0.32]),
                                C.select_claims(["tisa_local"]))["claims"][0]["parts"]
     assert part["test"]["n"] == 2 and part["test"]["dropped"] == 1
 
@@ -145,7 +146,7 @@ def test_a_seed_with_a_nan_value_is_dropped_from_both_sides():
 def test_a_mechanism_that_parts_and_rejoins_has_not_parted():
     table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in range(3)],
              "tisa": [fake_run("tisa", s, curve([0.5, 0.0, 0.5])(s)) for s in range(3)]}
-    status = C.training_status(table)["tisa"]
+    status = V.training_status(table)["tisa"]
     assert status["below"] == [True, False, True] and status["parted_at"] == 300
 
 
@@ -156,9 +157,9 @@ def test_bounds_are_decided_run_by_run():
     assert C.bound([2, -1], le, "x", "<= 0")["verdict"] == S.INCONCLUSIVE
     ranks = {m: [fake_run(m, 0, BAG, last=dict(rank=dict(logit_rank_max=r, length=16)))]
              for m, r in (("absolute", 8), ("diet_rel", 15), ("diet_abs", 12))}
-    assert C.evaluate_claims(ranks, C.select_claims(["diet_rank"]))["claims"][0]["verdict"] == S.HOLDS
+    assert V.evaluate_claims(ranks, C.select_claims(["diet_rank"]))["claims"][0]["verdict"] == S.HOLDS
     ranks["absolute"][0]["last"]["rank"]["logit_rank_max"] = 9
-    assert C.evaluate_claims(ranks, C.select_claims(["diet_rank"]))["claims"][0]["verdict"] == S.CONTRADICTED
+    assert V.evaluate_claims(ranks, C.select_claims(["diet_rank"]))["claims"][0]["verdict"] == S.CONTRADICTED
 
 
 def test_every_claim_has_its_paper_figure():
@@ -400,7 +401,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
         assert f"### {claim['claim']}" in report and f"- the paper ({claim['figure']['source']})" in report
     # The verdicts are a function of the runs' numbers alone.
     table = {m: [runs[f"{m}_s{s}"] for s in range(2)] for m in ("none", "tisa")}
-    again = C.evaluate_claims(table, C.select_claims([c["id"] for c in claims]))
+    again = V.evaluate_claims(table, C.select_claims([c["id"] for c in claims]))
     assert json.loads(json.dumps(again["claims"])) == claims
 
     # A second call resumes the plan; other settings in the same folder are refused.
