@@ -24,7 +24,6 @@ from jaxpos.checkpoints import huggingface as hf
 from jaxpos.config import ModelConfig
 from jaxpos.config.files import load_json_config, write_json_atomically
 from jaxpos.config.run import RunConfig
-from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.classification import (ClassificationTrainIterator, encode_examples, eval_batches, hf_tokenizer,
                                         jaxpos_tokenizer, load_examples, task_spec)
 from jaxpos.evaluation.metrics import compute_metrics
@@ -34,7 +33,7 @@ from jaxpos.progress import status
 from jaxpos.run import Run
 from jaxpos.training.finetune import (ClassificationTask, FinetuneTrainer, make_predict_fn, predict,
                                      predictions_from_logits)
-from jaxpos.workflows.workdir import claimed_workdir
+from jaxpos.workflows.workdir import started_run
 
 EVALS_FILE, REPORT_FILE = "evals.json", "report.json"
 
@@ -170,12 +169,8 @@ def finetune(config: ml_collections.ConfigDict, init: str, workdir: str, log: bo
     task_spec(config.data.task)  # an unknown task is refused before the encoder is read
     pretrained = load_pretrained(init)
     # The whole config, once the model is known, before any data is read (0 = fields resolved from the data).
-    run = check_run_config(config, task="finetune", model=_resolve_model(config, pretrained))
-    run = dataclasses.replace(run, init=pretrained.info)
-    for warning in run_config_warnings(run):
-        status(f"warning: {warning}")
-    with claimed_workdir(workdir) as admission:
-        return _finetune(run, pretrained, init, workdir, admission, log)
+    with started_run(config, "finetune", workdir, model=_resolve_model(config, pretrained)) as (run, admission):
+        return _finetune(dataclasses.replace(run, init=pretrained.info), pretrained, init, workdir, admission, log)
 
 
 def _finetune(run: RunConfig, pretrained: Pretrained, init: str, workdir: str, admission, log: bool):

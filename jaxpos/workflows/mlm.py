@@ -12,13 +12,12 @@ from etils import epath
 
 from jaxpos.config.files import write_run_file, write_run_report
 from jaxpos.config.run import RunConfig
-from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
 from jaxpos.training.loop import Trainer
 from jaxpos.training.mlm import MaskedLMTask
-from jaxpos.workflows.workdir import claimed_workdir
+from jaxpos.workflows.workdir import started_run
 
 
 def train_mlm(config, workdir: str):
@@ -26,10 +25,7 @@ def train_mlm(config, workdir: str):
     checkpoints (local or gs://...). Returns the TrainResult. A refused run (config, data, a checkpoint of another
     model) leaves WORKDIR as it was; SIGTERM or SIGINT checkpoints and raises RunStopped
     (jaxpos.training.interrupt)."""
-    run = check_run_config(config, task="mlm")  # once, before any data is read
-    for warning in run_config_warnings(run):
-        status(f"warning: {warning}")
-    with claimed_workdir(workdir) as admission:
+    with started_run(config, "mlm", workdir) as (run, admission):  # checked once, before any data is read
         return _train_mlm(run, workdir, admission)
 
 

@@ -11,7 +11,6 @@ from etils import epath
 
 from jaxpos.config.files import write_run_file, write_run_report
 from jaxpos.config.run import RunConfig
-from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.data.translation import build_translation_data, eval_batches, load_eval_set
 from jaxpos.decoding.bleu import BleuResult, corpus_bleu
 from jaxpos.decoding.translate import Translator, read_sentences
@@ -20,7 +19,7 @@ from jaxpos.progress import status
 from jaxpos.run import Run
 from jaxpos.training.loop import Trainer
 from jaxpos.training.translation import TranslationTask
-from jaxpos.workflows.workdir import claimed_workdir
+from jaxpos.workflows.workdir import started_run
 
 
 def _loss_batches(data, tcfg):
@@ -50,10 +49,7 @@ def train_translation(config, workdir: str):
     then test BLEU with beam search against the copy-the-source baseline (train.test_bleu, capped at
     train.test_sentences). Returns the report dict. A refused run leaves WORKDIR as it was; SIGTERM or SIGINT
     checkpoints and raises RunStopped (jaxpos.training.interrupt)."""
-    run = check_run_config(config, task="translation")  # once, before any data is read
-    for warning in run_config_warnings(run):
-        status(f"warning: {warning}")
-    with claimed_workdir(workdir) as admission:
+    with started_run(config, "translation", workdir) as (run, admission):  # checked once, before any data is read
         return _train_translation(run, workdir, admission)
 
 

@@ -1,4 +1,5 @@
-"""A training command's hold on its workdir: a refused command leaves the folder as it found it.
+"""A training command's start (`started_run`: the config checked once, then the workdir claimed) and its hold on
+the workdir: a refused command leaves the folder as it found it.
 
 Every check that can refuse a run (the config, the data, the tokenizer's vocabulary, the checkpoint's model, the
 mesh) comes before the run writes its own files (config.json, TensorBoard events, checkpoints). What the checks
@@ -14,6 +15,10 @@ from typing import Iterator
 
 import jax
 from etils import epath
+
+from jaxpos.config.run import RunConfig
+from jaxpos.config.validate import check_run_config, run_config_warnings
+from jaxpos.progress import status
 
 
 def check_workdir(workdir: str) -> None:
@@ -50,3 +55,15 @@ def claimed_workdir(workdir: str) -> Iterator[Admission]:
         if made and not admission.admitted and jax.process_index() == 0 and path.exists():
             path.rmtree()  # what the checks wrote here (a cached tokenizer) goes with it
         raise
+
+
+@contextlib.contextmanager
+def started_run(config, task: str, workdir: str, **typed) -> Iterator[tuple[RunConfig, Admission]]:
+    """A training command's start: the run config checked once (`check_run_config`; `typed`: its `model` where
+    config.model holds overrides only), its warnings printed, then WORKDIR claimed (`claimed_workdir`). Yields
+    (RunConfig, Admission)."""
+    run = check_run_config(config, task=task, **typed)
+    for warning in run_config_warnings(run):
+        status(f"warning: {warning}")
+    with claimed_workdir(workdir) as admission:
+        yield run, admission
