@@ -170,10 +170,10 @@ class ModelConfig:
     causal: bool = False  # causal self-attention in the encoder stack (decoder-only use)
     tie_embeddings: bool = True  # MLM head / decoder output shares the input embedding matrix
     cross_attention_position: bool = False  # relative/positional bias in encoder-decoder attention too
-    # auto (per call, the fastest measured path that can run it: jaxpos/attention/auto.py) | xla (einsum
-    # reference) | jax (jax.nn.dot_product_attention) | cudnn | pallas (the Toeplitz-table kernel,
-    # jaxpos/attention/kernels/pallas.py; falls back to cudnn/xla for terms it cannot take) | mosaic_gpu (its
-    # Hopper kernels, kernels/mosaic_gpu.py, bf16/f16; other GPUs and CPU meshes take the pallas kernel)
+    # auto (per call, the fastest measured path that can run it: jaxpos/attention/auto.py) or a record of
+    # jaxpos/config/attention.py: xla (einsum reference) | jax (jax.nn.dot_product_attention) | cudnn | pallas
+    # (the Toeplitz-table kernel) | mosaic_gpu (its Hopper kernels, bf16/f16); what each can run is checked when
+    # a run starts, and calls it cannot take at run time go to its record's fallbacks
     attention_impl: str = "auto"
     dtype: str = "float32"  # compute dtype; parameters stay param_dtype
     param_dtype: str = "float32"
