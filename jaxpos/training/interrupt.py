@@ -20,6 +20,12 @@ from typing import Iterator
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def _handled() -> list[int]:
+    """The stop signals this process does not ignore (a shell starts background jobs with SIGINT ignored, so that
+    Ctrl-C reaches the foreground only; Python keeps that, and so does jaxpos)."""
+    return [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+
+
 class RunStopped(BaseException):
     """A command stopped by SIGTERM or SIGINT. `step`: the newest checkpoint once the loop stopped (None when the
     signal came outside the loop, or before anything was saved). A BaseException, like KeyboardInterrupt, so that
@@ -47,7 +53,7 @@ def _in_main_thread() -> bool:
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Inside: SIGTERM and SIGINT raise `RunStopped` where the program is (the loop defers them: `deferred_stop`).
-    The previous handlers come back on leaving. A no-op outside the main thread."""
+    The previous handlers come back on leaving. A no-op outside the main thread; an ignored signal stays ignored."""
     if not _in_main_thread():
         yield
         return
@@ -55,7 +61,7 @@ def stop_on_signals() -> Iterator[None]:
     def stop(signum, frame):
         raise RunStopped(signum)
 
-    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    previous = {s: signal.signal(s, stop) for s in _handled()}
     try:
         yield
     finally:
@@ -89,7 +95,7 @@ def deferred_stop() -> Iterator[StopRequest]:
         if request.signum is None:
             request.signum = signum
 
-    previous = {s: signal.signal(s, record) for s in STOP_SIGNALS}
+    previous = {s: signal.signal(s, record) for s in _handled()}
     try:
         yield request
     finally:

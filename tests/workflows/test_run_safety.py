@@ -99,7 +99,15 @@ def start_training(workdir, *overrides) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "jaxpos.cli", "train", "--config", TINY, "--workdir",
                              str(workdir), *SMALL, "--config.train.num_steps=100000", "--config.train.log_every=1",
                              "--config.train.checkpoint_every=100000", *overrides],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=listen_to_stop_signals)
+
+
+def listen_to_stop_signals() -> None:
+    """In the child before it starts: SIGINT and SIGTERM at their defaults, as in a terminal's foreground (a suite
+    run as a background job passes them on ignored, and an ignored signal stays ignored)."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
 
 
 def signal_when(proc: subprocess.Popen, seen: str, signum: int, timeout: float = 240) -> list[str]:
@@ -146,6 +154,11 @@ def test_sigint_and_sigterm_before_and_after_the_first_evaluation_checkpoint_and
 def test_the_loop_defers_a_stop_and_a_second_ctrl_c_aborts():
     from jaxpos.training.interrupt import RunStopped, deferred_stop, stop_on_signals
 
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    ignored = {s for s, handler in before.items() if handler is signal.SIG_IGN}
+    for s in ignored:  # as in a terminal, where this suite may run as a background job that ignores them
+        signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+    watching = {s: signal.getsignal(s) for s in before}
     with stop_on_signals():
         with deferred_stop() as stop:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -158,4 +171,22 @@ def test_the_loop_defers_a_stop_and_a_second_ctrl_c_aborts():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.01)
         assert stopped.value.exit_status == 143 and stopped.value.step is None
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert {s: signal.getsignal(s) for s in before} == watching  # the handlers as they were
+    for s in ignored:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    """A background job of a shell starts with SIGINT ignored: jaxpos keeps it so (as Python does), and a Ctrl-C
+    at the terminal leaves the job running."""
+    from jaxpos.training.interrupt import deferred_stop, stop_on_signals
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop_on_signals(), deferred_stop() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            assert stop.signum is None
+    finally:
+        signal.signal(signal.SIGINT, previous)
