@@ -96,18 +96,16 @@ def test_a_warmup_longer_than_the_run_is_a_one_line_warning(tmp_path, capsys):
 def start_training(workdir, *overrides) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=quick_compile_flags(), PYTHONUNBUFFERED="1",
                JAX_COMPILATION_CACHE_DIR=os.path.join(ROOT, ".jax_cache"))
-    return subprocess.Popen([sys.executable, "-m", "jaxpos.cli", "train", "--config", TINY, "--workdir",
+    return subprocess.Popen([sys.executable, "-c", AS_IN_A_TERMINAL, "train", "--config", TINY, "--workdir",
                              str(workdir), *SMALL, "--config.train.num_steps=100000", "--config.train.log_every=1",
                              "--config.train.checkpoint_every=100000", *overrides],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=listen_to_stop_signals)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def listen_to_stop_signals() -> None:
-    """In the child before it starts: SIGINT and SIGTERM at their defaults, as in a terminal's foreground (a suite
-    run as a background job passes them on ignored, and an ignored signal stays ignored)."""
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_DFL)
+# `jaxpos` with SIGINT and SIGTERM at their defaults, as in a terminal's foreground: a suite run as a background job
+# passes them on ignored, and an ignored signal stays ignored.
+AS_IN_A_TERMINAL = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "signal.signal(signal.SIGTERM, signal.SIG_DFL); from jaxpos.cli import main; sys.exit(main())")
 
 
 def signal_when(proc: subprocess.Popen, seen: str, signum: int, timeout: float = 240) -> list[str]:
