@@ -113,3 +113,15 @@ def test_training_benchmark_paths_and_peer_in_concurrent_workers():
     assert all(row[4] != "failed" and float(row[4]) >= float(row[5]) > 0 for row in rows if row[0] == "jaxpos"), \
         proc.stdout
     assert "fastest none       with attention dropout: xla@0.1" in proc.stdout
+
+
+def test_loop_overhead_benchmark_runs_the_three_ways_at_a_tiny_size():
+    proc = subprocess.run([sys.executable, "bench/loop_overhead.py", "--steps", "3", "--repeats", "1", "--overrides",
+                           "model.d_model=32", "model.num_layers=1", "model.mlp_dim=48", "data.vocab_size=300",
+                           "data.max_documents=20", "data.tokenizer_max_sentences=2000", "train.batch_size=8"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, XLA_FLAGS=quick_compile_flags()))  # one device
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("jaxpos train loop", "bare jitted"))]
+    assert len(rows) == 3 and rows[-1].split()[-1] == "1.00", proc.stdout
+    assert all(float(row.split()[-2]) > 0 for row in rows), proc.stdout

@@ -182,6 +182,8 @@ class TrainConfig:
     checkpoint_every: int = 1_000  # fine-tuning: 0 = at every evaluation
     keep_checkpoints: int = 3
     async_checkpoints: bool = True
+    prefetch_batches: int = 0  # batches a background thread makes and places ahead of the step (0: the loop makes
+    # each while the previous step runs; a thread pays where making one takes longer than a step: streaming)
     bleu_every: int = 0  # translation: decode the dev set and report SacreBLEU every this many steps (0 = never)
     bleu_sentences: int = 0  # translation: dev sentences decoded for that BLEU (0 = all)
     test_bleu: bool = True  # translation: beam-decode the test split at the end and report its SacreBLEU
@@ -221,7 +223,7 @@ def check_train_block(train, zero_means_default: tuple[str, ...] = ()) -> None:
     for name, least in (("batch_size", 1), ("grad_accum_steps", 1), ("log_every", 1), ("eval_every", 1),
                         ("checkpoint_every", 1), ("keep_checkpoints", 1), ("num_steps", 0), ("max_predictions", 0),
                         ("eval_batches", 0), ("eval_batch_size", 0), ("warmup_steps", 0), ("bleu_every", 0),
-                        ("bleu_sentences", 0), ("test_sentences", 0)):
+                        ("bleu_sentences", 0), ("test_sentences", 0), ("prefetch_batches", 0)):
         if given(name):
             check_count(f"train.{name}", value(name), least)
     for name, low, high, open_low, open_high in (

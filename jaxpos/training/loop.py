@@ -1,5 +1,6 @@
-"""The training loop shared by every task: sharded jitted steps, metrics one step late, evaluation,
-checkpoints with the data position, automatic resume, NaN stop.
+"""The training loop shared by every task: sharded jitted steps fed by batches made ahead (`Prefetcher`), metrics
+read in one transfer at each log line, evaluation and checkpoint, checkpoints with the data position, automatic
+resume, NaN stop.
 
 A task supplies the model-specific parts (see `Task`); the loop owns everything else.
 """
@@ -27,6 +28,7 @@ from jaxpos.training.checkpoint import Checkpointer, abstract_like
 from jaxpos.training.interrupt import RunStopped, deferred_stop
 from jaxpos.training.metrics import MetricWriter
 from jaxpos.training.optim import learning_rate_schedule, make_optimizer
+from jaxpos.training.prefetch import Prefetcher
 from jaxpos.training.state import TrainState, init_state
 
 
@@ -118,6 +120,8 @@ def make_global_batch(local: dict, sharding: NamedSharding) -> dict:
     parallelism across hosts, where every process needs every row) they are assembled split by process and
     then resharded on the devices, which moves rows between processes."""
     count, index = jax.process_count(), jax.process_index()
+    if count == 1:  # every row is this process's: one batched transfer for the whole batch
+        return jax.device_put({key: np.asarray(value) for key, value in local.items()}, sharding)
     out = {}
     for key, value in local.items():
         value = np.asarray(value)
@@ -145,6 +149,12 @@ def _process_sharding(mesh) -> NamedSharding:
     devices = sorted(mesh.devices.flat, key=lambda d: (d.process_index, d.id))
     grid = np.asarray(devices, dtype=object).reshape(jax.process_count(), -1)
     return NamedSharding(Mesh(grid, ("process", "local")), PartitionSpec("process"))
+
+
+@jax.jit
+def _stacked(metrics: list[dict]) -> dict:
+    """Steps' metric dicts -> one dict of [steps] arrays (on the device: one transfer a metric to read them)."""
+    return jax.tree.map(lambda *values: jnp.stack(values), *metrics)
 
 
 @functools.lru_cache(maxsize=None)
@@ -234,40 +244,39 @@ class Trainer:
         writer = MetricWriter(self.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0)
         if resumed is not None and self.log:
             writer.write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints")
-        pending, window, final_metrics, eval_metrics = None, [], {}, {}
+        final_metrics, eval_metrics = {}, {}
+        pending: list[tuple[int, dict]] = []  # (step, device metrics) not read yet
+        window: list[dict] = []  # host metrics of the steps since the last logged one
         tokens_per_step = tcfg.batch_size * self.task.tokens_per_example
         tick = time.perf_counter()
 
-        def read(metrics, step):
-            """Host copy of a step's metrics; stops the run when the loss, the gradient norm or the updated state
-            is not finite (the metrics are read one step late, and always before the state is checkpointed)."""
-            host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            state_finite = host.pop("state_finite") == 1.0
-            if math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"]) and state_finite:
-                return host
-            if not math.isfinite(host["loss"]):
-                what = f"loss is {host['loss']}"
-            elif not math.isfinite(host["grad_norm"]):
-                what = f"gradient norm is {host['grad_norm']}"
-            else:
-                what = "the updated parameters or optimizer state are not finite"
-            saved = self.checkpointer.steps()  # only states read finite here are ever saved
-            last = f"The last good checkpoint is step {saved[-1]}" if saved else "There is no checkpoint"
-            raise TrainingDiverged(f"{what} at step {step}; stopping. {last} in {self.workdir}")
+        def read_pending() -> None:
+            """Host copies of the unread steps' metrics, in one transfer (the steps ran ahead meanwhile); stops
+            the run at the first step whose loss, gradient norm or updated state is not finite. Called before
+            every log line, evaluation and checkpoint: a state not read finite is never saved."""
+            if not pending:
+                return
+            stacked = jax.device_get(_stacked([m for _, m in pending]))  # one transfer a metric, not a step
+            for k, (step, _) in enumerate(pending):
+                host = {name: float(values[k]) for name, values in stacked.items()}
+                state_finite = host.pop("state_finite") == 1.0
+                if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"]) and state_finite):
+                    raise self._diverged(host, state_finite, step)
+                window.append(host)
+            pending.clear()
 
+        batches = Prefetcher(data, self.global_batch, tcfg.prefetch_batches)
+        data_state = data.get_state()  # the position after the last batch a step took
         with deferred_stop() as stop:
             try:
                 for step in range(start, tcfg.num_steps):
-                    batch = self.global_batch(next(data))
+                    batch, data_state = next(batches)
                     state, metrics = self.train_step(state, batch)
-                    if pending is not None:  # read the previous step's metrics while this one runs
-                        window.append(read(*pending))
-                    pending = (metrics, step + 1)
+                    pending.append((step + 1, metrics))
                     writer.advance()
                     done = step + 1
                     if done % tcfg.log_every == 0 or done == tcfg.num_steps:
-                        window.append(read(*pending))
-                        pending = None
+                        read_pending()
                         elapsed = time.perf_counter() - tick
                         tick = time.perf_counter()
                         final_metrics = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
@@ -277,9 +286,10 @@ class Trainer:
                         if done == tcfg.num_steps:
                             writer.finish_bar()
                         writer.scalars(done, final_metrics)
-                        window = []
+                        window.clear()
                     if not stop and eval_batches is not None and (done % tcfg.eval_every == 0
                                                                   or done == tcfg.num_steps):
+                        read_pending()
                         eval_metrics = self.evaluate(state.params, eval_batches())
                         writer.scalars(done, eval_metrics, prefix="eval")
                     for hook in () if stop else hooks:
@@ -288,19 +298,30 @@ class Trainer:
                             writer.scalars(done, extra, prefix="eval")
                             eval_metrics.update(extra)
                     if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop:
-                        if pending is not None:  # never checkpoint a state not known to be finite
-                            window.append(read(*pending))
-                            pending = None
-                        self.checkpointer.save(done, state, data.get_state(), self.model_config)
+                        read_pending()  # never checkpoint a state not known to be finite
+                        self.checkpointer.save(done, state, data_state, self.model_config)
                     if stop:
                         break
             finally:
+                batches.close()
                 self.checkpointer.wait()
                 writer.close()
         if stop:  # the step in progress was checkpointed (or the run had just ended): say so instead of going on
             saved = self.checkpointer.steps()
             raise RunStopped(stop.signum, saved[-1] if saved else None, f"{self.workdir}/checkpoints")
         return TrainResult(state, final_metrics, eval_metrics, resumed)
+
+    def _diverged(self, host: dict, state_finite: bool, step: int) -> TrainingDiverged:
+        """The error that stops a run whose step `step` read `host` (its metrics) and `state_finite`."""
+        if not math.isfinite(host["loss"]):
+            what = f"loss is {host['loss']}"
+        elif not math.isfinite(host["grad_norm"]):
+            what = f"gradient norm is {host['grad_norm']}"
+        else:
+            what = "the updated parameters or optimizer state are not finite"
+        saved = self.checkpointer.steps()  # only states read finite are ever saved
+        last = f"The last good checkpoint is step {saved[-1]}" if saved else "There is no checkpoint"
+        return TrainingDiverged(f"{what} at step {step}; stopping. {last} in {self.workdir}")
 
     def close(self):
         self.checkpointer.close()

@@ -60,15 +60,17 @@ def config(num_steps: int, checkpoint_every: int = 5, accum: int = 1, kind: str 
 
 
 def run(workdir: str, num_steps: int, checkpoint_every: int = 5, poison_at=None, accum: int = 1, log=False,
-        kind: str = "tisa"):
+        kind: str = "tisa", prefetch: int = 0, data=None):
+    """A Trainer's run on SyntheticData (or `data`); `prefetch`: train.prefetch_batches."""
     c = config(num_steps, checkpoint_every, accum, kind)
+    c.train.prefetch_batches = prefetch
     # One device: these runs test the loop, whose sharded runs tests/training/test_mesh_training.py and
     # test_multiprocess.py check (8 simulated devices take a third longer to compile and step).
     mesh = make_mesh(devices=jax.devices()[:1])
     run = run_config(c, task="mlm")
     trainer = Trainer(run.train, workdir, MaskedLMTask(BertForMaskedLM(run.model), SEQ), log=log, mesh=mesh)
     try:
-        return trainer.run(SyntheticData(poison_at=poison_at))
+        return trainer.run(SyntheticData(poison_at=poison_at) if data is None else data)
     finally:
         trainer.close()
 

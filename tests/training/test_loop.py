@@ -162,3 +162,27 @@ def test_all_finite_flags_any_non_finite_floating_leaf():
     for value in (np.nan, np.inf, -np.inf):
         tree["c"][1] = value
         assert float(all_finite(tree)) == 0.0
+
+
+def test_batches_made_ahead_train_the_same_and_checkpoint_the_position_of_the_last_one_taken(tmp_path):
+    """With train.prefetch_batches=2 a background thread makes batches ahead of the step: the run equals the one
+    that makes each in turn, and each checkpoint saves the data position after the last batch a step took, not
+    after the ones made ahead; an error of the data iterator stops the run where its batch would have been taken."""
+    import json
+
+    ahead = synthetic.run(str(tmp_path / "ahead"), 10, checkpoint_every=5, prefetch=2)
+    in_turn = synthetic.run(str(tmp_path / "in_turn"), 10, checkpoint_every=5, prefetch=0)
+    for a, b in zip(leaves(ahead.state), leaves(in_turn.state)):
+        np.testing.assert_array_equal(a, b)
+    for step in (5, 10):
+        with open(tmp_path / "ahead" / "checkpoints" / str(step) / "data" / "metadata") as f:
+            assert json.load(f)["index"] == step
+
+    class Failing(synthetic.SyntheticData):
+        def __next__(self):
+            if self.index == 3:
+                raise ValueError("the corpus shard 3 is unreadable")
+            return super().__next__()
+
+    with pytest.raises(ValueError, match="shard 3 is unreadable"):
+        synthetic.run(str(tmp_path / "failing"), 10, checkpoint_every=100, prefetch=2, data=Failing())
