@@ -15,6 +15,7 @@ from jaxpos.config.rng import DROPOUT
 from jaxpos.config.run import TrainConfig
 from jaxpos.models import BertForSequenceClassification
 from jaxpos.sharding import replicated
+from jaxpos.training.flops import classification_step_flops
 from jaxpos.training.loop import Trainer, with_activation_sharding
 
 
@@ -50,6 +51,10 @@ class ClassificationTask:
     def init_inputs(self):
         ids = jnp.zeros((1, self.seq_len), jnp.int32)
         return (ids,), dict(piece_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
+
+    def step_flops(self, batch_size: int) -> float:
+        """Model FLOPs of a training step on `batch_size` rows."""
+        return classification_step_flops(self.model.cfg, batch_size, self.seq_len, self.model.num_labels)
 
     def logits(self, params, batch, rng=None, train: bool = False):
         """[B, num_labels] float32."""

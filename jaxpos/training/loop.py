@@ -25,6 +25,7 @@ from jaxpos.config.run import MeshConfig, TrainConfig
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
 from jaxpos.training.checkpoint import Checkpointer, abstract_like
+from jaxpos.training.flops import throughput
 from jaxpos.training.interrupt import RunStopped, deferred_stop
 from jaxpos.training.metrics import MetricWriter
 from jaxpos.training.optim import learning_rate_schedule, make_optimizer
@@ -50,6 +51,9 @@ class Task(Protocol):
 
     def summarize(self, sums: dict) -> dict:
         """Means from sums: loss, accuracy, perplexity..."""
+
+    def step_flops(self, batch_size: int) -> float:
+        """Model FLOPs of a training step on `batch_size` rows (jaxpos.training.flops); optional."""
 
 
 def train_step(state: TrainState, batch: dict, *, task: Task, tx: optax.GradientTransformation,
@@ -248,6 +252,8 @@ class Trainer:
         pending: list[tuple[int, dict]] = []  # (step, device metrics) not read yet
         window: list[dict] = []  # host metrics of the steps since the last logged one
         tokens_per_step = tcfg.batch_size * self.task.tokens_per_example
+        step_flops = self.task.step_flops(tcfg.batch_size) if hasattr(self.task, "step_flops") else None
+        compute_dtype = getattr(getattr(self.task.model, "cfg", None), "dtype", "float32")
         tick = time.perf_counter()
 
         def read_pending() -> None:
@@ -282,6 +288,8 @@ class Trainer:
                         final_metrics = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
                         final_metrics["step_time"] = elapsed / len(window)
                         final_metrics["tokens_per_s"] = tokens_per_step / final_metrics["step_time"]
+                        final_metrics.update(throughput(step_flops, final_metrics["step_time"], self.mesh.size,
+                                                        self.mesh.devices.flat[0].device_kind, compute_dtype))
                         writer.postfix(loss=final_metrics["loss"])
                         if done == tcfg.num_steps:
                             writer.finish_bar()

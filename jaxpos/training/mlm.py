@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from jaxpos.config.rng import DROPOUT
 from jaxpos.models import BertForMaskedLM
+from jaxpos.training.flops import mlm_step_flops
 
 
 def token_cross_entropy(logits, targets, weights, label_smoothing: float = 0.0):
@@ -55,6 +56,10 @@ class MaskedLMTask:
     def init_inputs(self):
         ids = jnp.zeros((1, self.seq_len), jnp.int32)
         return (ids,), dict(piece_ids=jnp.ones_like(ids), token_types=jnp.zeros_like(ids))
+
+    def step_flops(self, batch_size: int) -> float:
+        """Model FLOPs of a training step on `batch_size` rows (the head at the positions it runs at)."""
+        return mlm_step_flops(self.model.cfg, batch_size, self.seq_len, self.max_predictions or self.seq_len)
 
     def loss(self, params, batch, rng, train):
         weights, targets = batch["mask_weights"].astype(jnp.float32), batch["targets"]

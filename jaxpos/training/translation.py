@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from jaxpos.config.rng import DROPOUT
 from jaxpos.models import EncoderDecoder
+from jaxpos.training.flops import translation_step_flops
 from jaxpos.training.mlm import summarize_token_sums, token_cross_entropy
 
 
@@ -29,6 +30,10 @@ class TranslationTask:
 
     def init_inputs(self):
         return (jnp.ones((1, self.max_source_len), jnp.int32), jnp.ones((1, self.max_target_len), jnp.int32)), {}
+
+    def step_flops(self, batch_size: int) -> float:
+        """Model FLOPs of a training step on `batch_size` rows."""
+        return translation_step_flops(self.model.cfg, batch_size, self.max_source_len, self.max_target_len)
 
     def loss(self, params, batch, rng, train):
         targets = batch["targets"]
