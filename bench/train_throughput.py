@@ -64,13 +64,13 @@ def max_predictions(seq_len: int) -> int:
 
 
 def model_flops(size: str, batch: int, seq_len: int, vocab: int = VOCAB) -> float:
-    """Model FLOPs of one training step (forward + backward = 3 x forward)."""
-    s = SIZES[size]
-    d, layers, mlp = s["d_model"], s["num_layers"], s["mlp_dim"]
-    tokens = batch * seq_len
-    predicted = 0.15 * tokens
-    dense = layers * (4 * d * d + 2 * d * mlp)
-    return 6 * dense * tokens + 12 * layers * seq_len * d * tokens + 6 * predicted * (d * d + d * vocab)
+    """Model FLOPs of one training step (forward + backward = 3 x forward; jaxpos.training.flops, the count the
+    training logs use), the head at the 15% of positions that are masked."""
+    from jaxpos.config import model_config
+    from jaxpos.training.flops import mlm_step_flops
+
+    cfg = model_config(dict(SIZES[size], vocab_size=vocab, max_length=seq_len))
+    return mlm_step_flops(cfg, batch, seq_len, 0.15 * seq_len)
 
 
 def jaxpos_trainer(kind: str, size: str, batch: int, seq_len: int, dtype: str, impl: str, workdir: str,
