@@ -183,7 +183,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     async_checkpoints: bool = True
     prefetch_batches: int = 0  # batches a background thread makes and places ahead of the step (0: the loop makes
-    # each while the previous step runs; a thread pays where making one takes longer than a step: streaming)
+    # each while the previous step runs; a thread pays where making one takes longer than a step). One process,
+    # in-memory data only
     bleu_every: int = 0  # translation: decode the dev set and report SacreBLEU every this many steps (0 = never)
     bleu_sentences: int = 0  # translation: dev sentences decoded for that BLEU (0 = all)
     test_bleu: bool = True  # translation: beam-decode the test split at the end and report its SacreBLEU
@@ -301,6 +302,9 @@ def check_run(run: RunConfig) -> None:
         if run.decode is None:
             raise ValueError("a translation config needs a decode block")
     run.train.check(FINETUNE_ZERO_DEFAULTS if run.task == "finetune" else ())
+    if run.task == "mlm" and run.data.streaming and run.train.prefetch_batches:
+        raise ValueError("train.prefetch_batches makes batches on a thread, and a streaming corpus's position is "
+                         "gathered across processes: with data.streaming=True set train.prefetch_batches=0")
     if run.task == "finetune" and not run.train.num_steps:
         check_number("train.num_epochs", run.train.num_epochs, 0.0, open_low=True)
 

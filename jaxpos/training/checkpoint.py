@@ -40,13 +40,29 @@ def checkpoint_path(directory) -> epath.Path:
 
 class Checkpointer:
     def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
-        """`read_only`: for analysis code, which must leave a run's directory exactly as it found it."""
+        """`read_only`: reads and restores only, leaving the directory exactly as it found it (analysis code; a
+        training run until every check passed: `writable` then makes the folder and clears unfinished saves)."""
         self.directory = checkpoint_path(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=not read_only, cleanup_tmp_directories=not read_only,
-                                               read_only=read_only)
-        self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("state", "data", "model"))
+        self.keep, self.async_save, self.read_only = keep, async_save, read_only
+        self.manager = self._manager(read_only)
+
+    def _manager(self, read_only: bool) -> ocp.CheckpointManager:
+        absl = logging.getLogger("absl")
+        level = absl.level
+        absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
+        try:
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self.keep, enable_async_checkpointing=self.async_save, create=not read_only,
+                cleanup_tmp_directories=not read_only, read_only=read_only)
+            return ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data", "model"))
+        finally:
+            absl.setLevel(level)
+
+    def writable(self) -> None:
+        """From now on saves (the directory made, the temporary folders of unfinished saves cleared)."""
+        if self.read_only:
+            self.manager.close()
+            self.manager, self.read_only = self._manager(read_only=False), False
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -222,9 +238,6 @@ def read_run_params(workdir: str, abstract_params, step: int | None = None):
     `step`'s. `abstract_params`: ShapeDtypeStructs with shardings (a subtree of the saved parameters is fine)."""
     saved_steps(workdir)  # names a missing or empty checkpoint folder before orbax is asked
     directory = checkpoint_path(workdir) / "checkpoints"
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)  # orbax warns that a read-only manager will not save: that is the point
     checkpointer = Checkpointer(directory, read_only=True)
     try:
         if step is None:
@@ -244,4 +257,3 @@ def read_run_params(workdir: str, abstract_params, step: int | None = None):
                              f"{os.path.join(workdir, 'config.json')} ({type(err).__name__}: {first_line})") from err
     finally:
         checkpointer.close()
-        absl.setLevel(level)

@@ -7,6 +7,7 @@ A task supplies the model-specific parts (see `Task`); the loop owns everything 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -31,6 +32,9 @@ from jaxpos.training.metrics import MetricWriter
 from jaxpos.training.optim import learning_rate_schedule, make_optimizer
 from jaxpos.training.prefetch import Prefetcher
 from jaxpos.training.state import TrainState, init_state
+
+
+IN_FLIGHT_STEPS = 8  # steps dispatched ahead of the oldest unfinished one (each holds its batch on the device)
 
 
 class TrainingDiverged(RuntimeError):
@@ -157,7 +161,8 @@ def _process_sharding(mesh) -> NamedSharding:
 
 @jax.jit
 def _stacked(metrics: list[dict]) -> dict:
-    """Steps' metric dicts -> one dict of [steps] arrays (on the device: one transfer a metric to read them)."""
+    """Steps' metric dicts -> one dict of [steps] arrays, to read them in a transfer a metric. Compiles once a
+    window length: the log interval, and the few shorter windows that evaluations and checkpoints cut."""
     return jax.tree.map(lambda *values: jnp.stack(values), *metrics)
 
 
@@ -181,26 +186,30 @@ class Trainer:
                  log: bool = True):
         """`train`: the run's checked train block; `mesh`: a Mesh, or the sizes of one over every device of every
         process (None: MeshConfig's defaults). Refuses, before anything is written or compiled, a batch the mesh
-        cannot split and a workdir whose newest checkpoint holds another model."""
+        cannot split and a workdir whose newest checkpoint holds another model: the checkpoints are only read until
+        `run` has restored them and the data position (`on_start`)."""
         self.train, self.workdir, self.task = train, workdir, task
         tcfg = train
         self.mesh = mesh if isinstance(mesh, Mesh) else make_mesh(**dataclasses.asdict(mesh or MeshConfig()))
         check_batch_divisible(tcfg.batch_size, self.mesh, jax.process_count(), tcfg.grad_accum_steps)
+        if tcfg.prefetch_batches and jax.process_count() > 1:
+            raise ValueError("train.prefetch_batches makes batches on a thread of one process; a run of "
+                             f"{jax.process_count()} processes makes each in turn: set it to 0")
         self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,
-                                         async_save=tcfg.async_checkpoints)
-        self.model_config = model_config_dict(task.model)
-        self.tx = make_optimizer(tcfg)
-        self.schedule = learning_rate_schedule(tcfg)
-        args, kwargs = task.init_inputs()
-        init = functools.partial(init_state, task.model, self.tx, init_args=args, init_kwargs=kwargs)
-        boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
-        self.state_shardings = logical_sharding(boxed, self.mesh)
-        self.abstract_state = nn.unbox(boxed)
-        try:  # a checkpoint of another model is refused here, before the run writes anything
+                                         async_save=tcfg.async_checkpoints, read_only=True)
+        try:  # a model that does not build, or a checkpoint of another model, is refused before anything is written
+            self.model_config = model_config_dict(task.model)
+            self.tx = make_optimizer(tcfg)
+            self.schedule = learning_rate_schedule(tcfg)
+            args, kwargs = task.init_inputs()
+            init = functools.partial(init_state, task.model, self.tx, init_args=args, init_kwargs=kwargs)
+            boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+            self.state_shardings = logical_sharding(boxed, self.mesh)
+            self.abstract_state = nn.unbox(boxed)
             if self.model_config is not None:
                 self.checkpointer.check_model_config(self.model_config)
             self.checkpointer.check_state(self.abstract_state)
-        except ValueError:
+        except BaseException:
             self.checkpointer.close()
             raise
         on_mesh = functools.partial(with_activation_sharding, mesh=self.mesh)
@@ -239,12 +248,19 @@ class Trainer:
         return {k: float(v) for k, v in self.task.summarize(jax.device_get(total)).items()}
 
     def run(self, data, eval_batches: Callable[[], Iterable[dict]] | None = None,
-            hooks: Iterable[Callable[[int, TrainState], dict | None]] = ()) -> TrainResult:
-        """Trains to train.num_steps from wherever the workdir's checkpoints left off. SIGTERM or SIGINT during the
-        loop checkpoints the step in progress and raises `RunStopped` (jaxpos.training.interrupt)."""
+            hooks: Iterable[Callable[[int, TrainState], dict | None]] = (),
+            on_start: Callable[[], None] | None = None) -> TrainResult:
+        """Trains to train.num_steps from wherever the workdir's checkpoints left off. `on_start` runs once the state
+        and the data position are restored (or initialised) and before anything is written: the last point at
+        which a run can be refused with its workdir untouched. SIGTERM or SIGINT during the loop checkpoints the
+        step in progress and raises `RunStopped` (jaxpos.training.interrupt). A run resumed at its last step
+        trains nothing and evaluates that step again."""
         tcfg = self.train
         state, resumed = self.initial_state(data)
         start = int(jax.device_get(state.step))
+        if on_start is not None:
+            on_start()
+        self.checkpointer.writable()
         writer = MetricWriter(self.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0)
         if resumed is not None and self.log:
             writer.write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints")
@@ -262,7 +278,7 @@ class Trainer:
             every log line, evaluation and checkpoint: a state not read finite is never saved."""
             if not pending:
                 return
-            stacked = jax.device_get(_stacked([m for _, m in pending]))  # one transfer a metric, not a step
+            stacked = jax.device_get(_stacked([m for _, m in pending]))  # a transfer a metric, not one a step
             for k, (step, _) in enumerate(pending):
                 host = {name: float(values[k]) for name, values in stacked.items()}
                 state_finite = host.pop("state_finite") == 1.0
@@ -271,14 +287,21 @@ class Trainer:
                 window.append(host)
             pending.clear()
 
-        batches = Prefetcher(data, self.global_batch, tcfg.prefetch_batches)
-        data_state = data.get_state()  # the position after the last batch a step took
+        batches, in_flight = None, collections.deque(maxlen=IN_FLIGHT_STEPS)
         with deferred_stop() as stop:
             try:
+                # With batches made ahead each carries its data position; made in turn, the iterator's is current.
+                batches = Prefetcher(data, self.global_batch, tcfg.prefetch_batches)
+                data_state = None
+                if start >= tcfg.num_steps and not stop:  # resumed at the end: the last step's evaluation again
+                    eval_metrics = self._evaluate_step(start, state, eval_batches, hooks, writer)
                 for step in range(start, tcfg.num_steps):
                     batch, data_state = next(batches)
                     state, metrics = self.train_step(state, batch)
                     pending.append((step + 1, metrics))
+                    if len(in_flight) == in_flight.maxlen:  # the host stays a few steps ahead, never the whole window
+                        jax.block_until_ready(in_flight[0])
+                    in_flight.append(metrics)
                     writer.advance()
                     done = step + 1
                     if done % tcfg.log_every == 0 or done == tcfg.num_steps:
@@ -307,17 +330,29 @@ class Trainer:
                             eval_metrics.update(extra)
                     if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop:
                         read_pending()  # never checkpoint a state not known to be finite
-                        self.checkpointer.save(done, state, data_state, self.model_config)
+                        position = data_state if data_state is not None else data.get_state()
+                        self.checkpointer.save(done, state, position, self.model_config)
                     if stop:
                         break
             finally:
-                batches.close()
+                if batches is not None:
+                    batches.close()
                 self.checkpointer.wait()
                 writer.close()
         if stop:  # the step in progress was checkpointed (or the run had just ended): say so instead of going on
             saved = self.checkpointer.steps()
             raise RunStopped(stop.signum, saved[-1] if saved else None, f"{self.workdir}/checkpoints")
         return TrainResult(state, final_metrics, eval_metrics, resumed)
+
+    def _evaluate_step(self, step: int, state: TrainState, eval_batches, hooks, writer) -> dict:
+        """The evaluation and hooks of step `step` (a run resumed at its last step, whose report needs them)."""
+        metrics = {}
+        if eval_batches is not None:
+            metrics = self.evaluate(state.params, eval_batches())
+            writer.scalars(step, metrics, prefix="eval")
+        for hook in hooks:
+            metrics.update(hook(step, state) or {})
+        return metrics
 
     def _diverged(self, host: dict, state_finite: bool, step: int) -> TrainingDiverged:
         """The error that stops a run whose step `step` read `host` (its metrics) and `state_finite`."""

@@ -18,7 +18,9 @@ _DONE = object()  # the thread's last item once it stops
 class Prefetcher:
     """Iterates (device batch, data state after it) of `data` (an iterator with `get_state`), `depth` batches
     ahead, each placed by `place` (host arrays -> device arrays). depth=0 makes each batch when it is asked for, in
-    the caller's thread. `close()` stops the thread; an error in it is raised where the batch is taken."""
+    the caller's thread, with None for its state (the iterator's own is then current: reading it can be a
+    collective, which a step need not wait for). `close()` stops the thread; an error in it is raised where the
+    batch is taken."""
 
     def __init__(self, data, place: Callable[[dict], dict], depth: int = 2):
         self.data, self.place, self.depth = data, place, depth
@@ -31,7 +33,7 @@ class Prefetcher:
 
     def _make(self) -> tuple[dict, dict]:
         batch = self.place(next(self.data))
-        return batch, self.data.get_state()
+        return batch, self.data.get_state()  # on the thread, right after the batch it belongs to
 
     def _fill(self) -> None:
         try:
@@ -52,9 +54,9 @@ class Prefetcher:
     def __iter__(self):
         return self
 
-    def __next__(self) -> tuple[dict, dict]:
+    def __next__(self) -> tuple[dict, dict | None]:
         if self.thread is None:
-            return self._make()
+            return self.place(next(self.data)), None
         item = self.queue.get()
         if item is _DONE:
             raise StopIteration

@@ -49,15 +49,19 @@ def _train_mlm(run: RunConfig, workdir: str, admission):
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
     trainer = Trainer(tcfg, workdir, task, mesh=run.mesh)
-    admission.admit()  # every check passed: from here on the folder is the run's
-    if main_process:
-        write_run_file(workdir, "config.json", json.dumps(run.to_dict(), indent=2))
+
+    def admitted():  # the state and data position restored: every check passed, the folder is the run's
+        admission.admit()
+        if main_process:
+            write_run_file(workdir, "config.json", json.dumps(run.to_dict(), indent=2))
+
     try:
         result = trainer.run(
             data.train,
             eval_batches=lambda: eval_batches(data.eval_examples, data.tokenizer, tcfg.batch_size,
                                               tcfg.eval_batches, dcfg.seed, dcfg.mask_prob,
-                                              jax.process_index(), jax.process_count()))
+                                              jax.process_index(), jax.process_count()),
+            on_start=admitted)
     finally:
         trainer.close()
     report = dict(train=result.final_metrics, eval=result.eval_metrics, unigram_entropy=data.unigram_entropy,

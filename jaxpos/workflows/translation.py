@@ -62,9 +62,11 @@ def _train_translation(run: RunConfig, workdir: str, admission):
     status(data.summary())
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
     trainer = Trainer(tcfg, workdir, task, mesh=run.mesh)
-    admission.admit()  # every check passed: from here on the folder is the run's
-    if jax.process_index() == 0:
-        write_run_file(workdir, "config.json", json.dumps(run.to_dict(), indent=2))
+
+    def admitted():  # the state and data position restored: every check passed, the folder is the run's
+        admission.admit()
+        if jax.process_index() == 0:
+            write_run_file(workdir, "config.json", json.dumps(run.to_dict(), indent=2))
 
     has_dev = len(data.dev) > 0
     if not has_dev:
@@ -78,7 +80,7 @@ def _train_translation(run: RunConfig, workdir: str, admission):
 
     try:
         result = trainer.run(data.train, eval_batches=(lambda: _loss_batches(data, tcfg)) if has_dev else None,
-                             hooks=[bleu_hook])
+                             hooks=[bleu_hook], on_start=admitted)
     finally:
         trainer.close()
     params = result.state.params

@@ -41,19 +41,22 @@ class Admission:
 
 @contextlib.contextmanager
 def claimed_workdir(workdir: str) -> Iterator[Admission]:
-    """Makes WORKDIR (refusing a file); if this call made it and the block leaves before `admit()` (a refused
-    config or data, a signal), removes it again. Process 0 makes and removes; every process checks."""
+    """Makes WORKDIR (refusing a file); if this call made it (and its missing parents) and the block leaves before
+    `admit()` (a refused config or data, a signal), removes them again. Process 0 removes; every process checks
+    and makes (hosts without a shared disk each need the folder)."""
     check_workdir(workdir)
     path = epath.Path(workdir)
-    made = not path.exists()
-    if made:
-        path.mkdir(parents=True, exist_ok=True)
+    made = path
+    while not made.parent.exists() and made.parent != made:  # the outermost folder this call makes
+        made = made.parent
+    made = None if path.exists() else made
+    path.mkdir(parents=True, exist_ok=True)
     admission = Admission()
     try:
         yield admission
     except BaseException:
-        if made and not admission.admitted and jax.process_index() == 0 and path.exists():
-            path.rmtree()  # what the checks wrote here (a cached tokenizer) goes with it
+        if made is not None and not admission.admitted and jax.process_index() == 0 and made.exists():
+            made.rmtree()  # what the checks wrote here (a cached tokenizer) goes with it
         raise
 
 

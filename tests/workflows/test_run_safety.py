@@ -47,15 +47,26 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(tisa_run, capsys):
     assert Run.open(tisa_run).model_config.position.kind == "tisa"
 
 
+def test_a_resume_refused_by_its_data_position_leaves_the_folder_as_it_was(tisa_run, capsys):
+    """Another batch size passes every check of the model and tokenizer but not the data position the checkpoint
+    saved, which is restored with the state: still before the run writes anything."""
+    before = folder_digest(tisa_run)
+    with one_device_training():
+        status = cli.main(["train", "--config", TINY, "--workdir", tisa_run, *SMALL, "--config.train.batch_size=16",
+                           "--config.train.num_steps=4"])
+    assert status == 2 and "data position" in error_lines(capsys)[-1]
+    assert folder_digest(tisa_run) == before
+
+
 def test_a_refused_new_run_leaves_no_folder(tmp_path, capsys):
     """Refused after its tokenizer was trained (the corpus packs into fewer rows than one batch): the folder this
     command made goes again; an existing one keeps only what it held."""
-    workdir = tmp_path / "new"
+    workdir = tmp_path / "new" / "run"
     with one_device_training():
         status = cli.main(["train", "--config", TINY, "--workdir", str(workdir), *SMALL,
                            "--config.train.batch_size=4096"])
     assert status == 2 and "fewer than one global batch" in error_lines(capsys)[-1]
-    assert not workdir.exists()
+    assert not (tmp_path / "new").exists()  # nor the parent it made
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "notes.txt").write_text("mine")
@@ -188,3 +199,16 @@ def test_an_ignored_ctrl_c_stays_ignored():
             assert stop.signum is None
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_run_resumed_at_its_last_step_evaluates_it_again(tmp_path):
+    """A run stopped right after its last step (checkpointed, then stopped before its report) is complete on
+    resume: the last step is evaluated again, so the report holds the same held-out scores."""
+    import json
+
+    workdir = train_tiny_mlm(str(tmp_path / "run"))
+    report = json.load(open(os.path.join(workdir, "report.json")))
+    os.remove(os.path.join(workdir, "report.json"))  # as a stop after the last checkpoint leaves the folder
+    train_tiny_mlm(workdir)
+    again = json.load(open(os.path.join(workdir, "report.json")))
+    assert again["step"] == report["step"] == 2 and again["eval"] == pytest.approx(report["eval"])
