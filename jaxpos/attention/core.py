@@ -27,7 +27,7 @@ from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_ind
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.attention import (ATTENTION_IMPLS, AUTO, IMPLEMENTATIONS, Call, can_take, lacks, names,
-                                     platform_facts)
+                                     platform_facts, suits)
 from jaxpos.sharding import HEADS, per_shard
 
 
@@ -116,7 +116,7 @@ def resolve(implementation: str, call: Call) -> str:
     missing = lacks(record, call)
     if missing is None:
         return implementation
-    fallback = next((f for f in record.fallbacks if lacks(IMPLEMENTATIONS[f], call) is None), None)
+    fallback = next((f for f in record.fallbacks if suits(IMPLEMENTATIONS[f], call)), None)
     if fallback is None:
         raise ValueError(f"attention implementation {implementation!r} cannot compute this call: it lacks {missing}; "
                          f"use attention_impl={names(can_take(call))} (or 'auto')")

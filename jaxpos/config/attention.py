@@ -65,7 +65,8 @@ class Implementation:
     cached_causal: bool = False
     hopper_only: bool = False  # on GPUs: wgmma and TMA
     low_precision_only: bool = False  # bf16 / f16 inputs only
-    even_lengths: bool = False  # trains with a bias or mask at even lengths only (cuDNN)
+    even_lengths: bool = False  # trains with a bias or mask at even lengths only (cuDNN): auto and the fallbacks
+    # give it no odd length; named explicitly it takes any (inference at odd lengths works)
     one_cpu_device: bool = False  # its CPU interpreter runs one device at a time
     fallbacks: tuple[str, ...] = ()  # where an explicit choice sends a call it cannot take, first that can
     # Fastest of 20 BERT-base masked-LM steps (ms), 32 x 512, bf16 compute, one NVIDIA H200, jax 0.11.2,
@@ -133,14 +134,19 @@ def lacks(impl: Implementation, call: Call) -> str | None:
             return what
     if call.form not in impl.forms:
         return "a positional term other than a Toeplitz table or low-rank factors (a dense matrix)"
-    if impl.even_lengths and call.odd_length:
-        return "an odd sequence length (cuDNN trains with a bias or mask at even lengths only)"
     return None
 
 
+def suits(impl: Implementation, call: Call) -> bool:
+    """Whether an automatic choice (`auto`, a fallback) may give `impl` the call: it can compute it, and it can
+    also train it (cuDNN trains with a bias or mask at even lengths only; a call named explicitly may still go to
+    it, e.g. decoding at odd lengths)."""
+    return lacks(impl, call) is None and not (impl.even_lengths and call.odd_length)
+
+
 def can_take(call: Call) -> list[str]:
-    """The implementations that can compute `call`, in registry order."""
-    return [name for name, impl in IMPLEMENTATIONS.items() if lacks(impl, call) is None]
+    """The implementations an automatic choice may give `call` (`suits`), in registry order."""
+    return [name for name, impl in IMPLEMENTATIONS.items() if suits(impl, call)]
 
 
 def platform_facts() -> dict:

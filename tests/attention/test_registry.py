@@ -108,3 +108,15 @@ def test_a_config_naming_an_implementation_that_cannot_run_its_model_is_refused_
     segments = model_call(tiny_config(dict(kind="none", segment="per_head")), training=True, **cpu)
     linformer = model_call(tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=4))), training=True, **cpu)
     assert segments.form == "factors" and linformer.form == "other" and linformer.linformer
+
+
+def test_cudnn_is_chosen_for_even_lengths_only_but_named_it_takes_any(monkeypatch):
+    """cuDNN trains with a bias or mask at even lengths only: `auto` and the fallbacks give it none other, but a
+    model that names it decodes with it (one query against a cache: T = 1)."""
+    monkeypatch.setattr(core, "_NOTED", set())
+    decoding = Call(platform="gpu", gpu_capability="9.0", low_precision=True, form="table", cached_causal=True,
+                    odd_length=True)
+    assert resolve("cudnn", decoding) == "cudnn"
+    assert resolve(AUTO, decoding) == "xla" and resolve("pallas", decoding) == "xla"
+    training = Call(platform="gpu", gpu_capability="9.0", low_precision=True, form="table")
+    assert resolve(AUTO, training) == "cudnn" and resolve("pallas", training) == "pallas"
