@@ -228,9 +228,10 @@ def transformers_tokenizer_files(model_path: str, max_length: int) -> dict[str, 
     """{file name: text} of `tokenizer.json` and `tokenizer_config.json`, with which transformers' AutoTokenizer
     gives the ids of this masked-LM SentencePiece model (`Tokenizer.encode`) framed as the model was trained:
     [CLS] A [SEP], or [CLS] A [SEP] B [SEP] with token types 0 and 1. The same unigram vocabulary and scores, the
-    model's own normalisation (its precompiled character map, extra spaces removed) and its word-boundary marker;
-    written as JSON, so exporting needs neither transformers nor tokenizers. One difference, as transformers users
-    expect: a literal "[MASK]" in the text is the mask token there."""
+    model's own normalisation (its precompiled character map; extra spaces removed and a word boundary put first
+    where the model does so) and its word-boundary marker; written as JSON, so exporting needs neither
+    transformers nor tokenizers. One difference, as transformers users expect: a special token written in the text
+    ("[MASK]", "[CLS]", "[SEP]", "[PAD]", "[UNK]") is that token there, where SentencePiece reads its characters."""
     from sentencepiece import sentencepiece_model_pb2  # lazy: protobuf, which only exports need
 
     proto = sentencepiece_model_pb2.ModelProto.FromString(epath.Path(model_path).read_bytes())
@@ -242,11 +243,13 @@ def transformers_tokenizer_files(model_path: str, max_length: int) -> dict[str, 
         raise ValueError(f"{model_path} is not a masked-LM tokenizer: its first pieces are {pieces[:NUM_MLM_SPECIAL]}")
     special = [dict(id=i, content=t, single_word=False, lstrip=False, rstrip=False, normalized=False, special=True)
                for i, t in enumerate(MLM_SPECIAL_TOKENS)]
-    word_start = dict(type="Metaspace", replacement="\u2581", prepend_scheme="always", split=True)
+    spec = proto.normalizer_spec
+    word_start = dict(type="Metaspace", replacement="\u2581", split=True,
+                      prepend_scheme="always" if spec.add_dummy_prefix else "never")
     normalizers = [dict(type="Replace", pattern=dict(Regex=" {2,}"), content=" "),
-                   dict(type="Strip", strip_left=True, strip_right=True)]
-    if proto.normalizer_spec.precompiled_charsmap:
-        charsmap = base64.b64encode(proto.normalizer_spec.precompiled_charsmap).decode()
+                   dict(type="Strip", strip_left=True, strip_right=True)] if spec.remove_extra_whitespaces else []
+    if spec.precompiled_charsmap:
+        charsmap = base64.b64encode(spec.precompiled_charsmap).decode()
         normalizers.insert(0, dict(type="Precompiled", precompiled_charsmap=charsmap))
 
     def piece(name: str, type_id: int) -> dict:
