@@ -240,8 +240,8 @@ def toeplitz_kernel_attention(q, k, v, *, bias, q_pos, k_pos, mask, q_types, k_t
                 if rate else None)
     table_names = None if bias.table is None else (None if bias.table.shape[0] == 1 else "heads", None)
     axes = dict(q=HEADS, k=HEADS, v=HEADS, table=table_names, q_piece_ids=("batch", None),
-                 kv_piece_ids=("batch", None), q_offset=(), dropout_row_keys=("batch", "heads", None),
-                 pair_u=HEADS, pair_w=("batch", "length", None))
+                kv_piece_ids=("batch", None), q_offset=(), dropout_row_keys=("batch", "heads", None),
+                pair_u=HEADS, pair_w=("batch", "length", None))
 
     def kernel(q, k, v, table=None, q_piece_ids=None, kv_piece_ids=None, q_offset=0, dropout_row_keys=None,
                pair_u=None, pair_w=None):

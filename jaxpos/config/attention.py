@@ -18,6 +18,8 @@ from typing import Callable, Mapping
 
 import jax
 
+from jaxpos.config.mechanisms import MECHANISMS
+
 AUTO = "auto"
 BIAS_FORMS = ("none", "table", "factors", "other")  # what reaches attention: see `Call.form`
 LOW_PRECISION = ("bfloat16", "float16")
@@ -166,8 +168,6 @@ def model_call(cfg, *, training: bool, **platform) -> Call:
     """The facts every attention call of the model `cfg` (a ModelConfig) shares, as its config decides them;
     `platform`: `platform_facts()` (default) or given. Per-call facts (a decoding cache, packed cross-attention,
     the mesh) are left out: they decide fallbacks, not whether the choice can run at all."""
-    from jaxpos.config.mechanisms import MECHANISMS  # beside this module in the config layer; it imports model
-
     pcfg = cfg.position
     form = MECHANISMS[pcfg.kind].kernel_form_for(pcfg) or "other"
     if pcfg.segment == "per_head" and form == "none":

@@ -7,11 +7,7 @@ import dataclasses
 
 import ml_collections
 
-from jaxpos.config.run import (MLM_SOURCES, TRANSLATION_SOURCES, FinetuneDataConfig, MLMDataConfig,
-                               TranslationDataConfig, check_source)
-
-__all__ = ["MLM_SOURCES", "TRANSLATION_SOURCES", "check_source", "default_data_config",
-           "default_finetune_data_config", "default_translation_data_config"]
+from jaxpos.config.run import FinetuneDataConfig, MLMDataConfig, TranslationDataConfig
 
 
 def default_data_config() -> ml_collections.ConfigDict:

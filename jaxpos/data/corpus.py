@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 
 from etils import epath
 
-from jaxpos.config.data import MLM_SOURCES, check_source
+from jaxpos.config.run import MLM_SOURCES, check_source
 from jaxpos.data.bible import chapter_documents, is_held_out_chapter
 from jaxpos.data.tfds_records import record_value, tfds_records
 

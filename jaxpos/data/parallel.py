@@ -17,7 +17,7 @@ import dataclasses
 import os
 from typing import Sequence
 
-from jaxpos.config.data import TRANSLATION_SOURCES, check_source
+from jaxpos.config.run import TRANSLATION_SOURCES, check_source
 from jaxpos.data.bible import SPLITS, check_fractions, chapter_split, clean_verse, edition_verses, verse_reference
 from jaxpos.data.tfds_records import record_value, tfds_records
 

@@ -46,27 +46,30 @@ class RunStopped(BaseException):
         return 128 + self.signum
 
 
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()  # Python sets handlers there only
+@contextlib.contextmanager
+def _handling(handler) -> Iterator[None]:
+    """`handler` for the stop signals this process does not ignore, inside; the previous handlers on leaving. A
+    no-op outside the main thread (Python sets handlers there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in _handled()}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Inside: SIGTERM and SIGINT raise `RunStopped` where the program is (the loop defers them: `deferred_stop`).
     The previous handlers come back on leaving. A no-op outside the main thread; an ignored signal stays ignored."""
-    if not _in_main_thread():
-        yield
-        return
-
     def stop(signum, frame):
         raise RunStopped(signum)
 
-    previous = {s: signal.signal(s, stop) for s in _handled()}
-    try:
+    with _handling(stop):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 class StopRequest:
@@ -85,9 +88,6 @@ def deferred_stop() -> Iterator[StopRequest]:
     boundary, after a checkpoint); a second SIGINT raises KeyboardInterrupt at once. Previous handlers come back on
     leaving. Outside the main thread nothing is installed and the request stays empty."""
     request = StopRequest()
-    if not _in_main_thread():
-        yield request
-        return
 
     def record(signum, frame):
         if request.signum is not None and signum == signal.SIGINT:
@@ -95,9 +95,5 @@ def deferred_stop() -> Iterator[StopRequest]:
         if request.signum is None:
             request.signum = signum
 
-    previous = {s: signal.signal(s, record) for s in _handled()}
-    try:
+    with _handling(record):
         yield request
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

@@ -1,6 +1,6 @@
-"""The training loop shared by every task: sharded jitted steps fed by batches made ahead (`Prefetcher`), metrics
-read in one transfer at each log line, evaluation and checkpoint, checkpoints with the data position, automatic
-resume, NaN stop.
+"""The training loop shared by every task: sharded jitted steps that never wait for the host (metrics read at each
+log line, evaluation and checkpoint; batches optionally made ahead, `Prefetcher`), evaluation, checkpoints with the
+data position, automatic resume, NaN stop.
 
 A task supplies the model-specific parts (see `Task`); the loop owns everything else.
 """
@@ -294,7 +294,8 @@ class Trainer:
                 batches = Prefetcher(data, self.global_batch, tcfg.prefetch_batches)
                 data_state = None
                 if start >= tcfg.num_steps and not stop:  # resumed at the end: the last step's evaluation again
-                    eval_metrics = self._evaluate_step(start, state, eval_batches, hooks, writer)
+                    eval_metrics = self._evaluate_step(start, state, eval_batches is not None, eval_batches, hooks,
+                                                       writer, {})
                 for step in range(start, tcfg.num_steps):
                     batch, data_state = next(batches)
                     state, metrics = self.train_step(state, batch)
@@ -318,16 +319,13 @@ class Trainer:
                             writer.finish_bar()
                         writer.scalars(done, final_metrics)
                         window.clear()
-                    if not stop and eval_batches is not None and (done % tcfg.eval_every == 0
-                                                                  or done == tcfg.num_steps):
-                        read_pending()
-                        eval_metrics = self.evaluate(state.params, eval_batches())
-                        writer.scalars(done, eval_metrics, prefix="eval")
-                    for hook in () if stop else hooks:
-                        extra = hook(done, state)
-                        if extra:
-                            writer.scalars(done, extra, prefix="eval")
-                            eval_metrics.update(extra)
+                    if not stop:  # a stopping run saves its step and leaves its evaluation to the resumed one
+                        evaluating = eval_batches is not None and (done % tcfg.eval_every == 0
+                                                                   or done == tcfg.num_steps)
+                        if evaluating:
+                            read_pending()
+                        eval_metrics = self._evaluate_step(done, state, evaluating, eval_batches, hooks, writer,
+                                                           eval_metrics)
                     if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop:
                         read_pending()  # never checkpoint a state not known to be finite
                         position = data_state if data_state is not None else data.get_state()
@@ -344,14 +342,18 @@ class Trainer:
             raise RunStopped(stop.signum, saved[-1] if saved else None, f"{self.workdir}/checkpoints")
         return TrainResult(state, final_metrics, eval_metrics, resumed)
 
-    def _evaluate_step(self, step: int, state: TrainState, eval_batches, hooks, writer) -> dict:
-        """The evaluation and hooks of step `step` (a run resumed at its last step, whose report needs them)."""
-        metrics = {}
-        if eval_batches is not None:
+    def _evaluate_step(self, step: int, state: TrainState, evaluating: bool, eval_batches, hooks, writer,
+                       metrics: dict) -> dict:
+        """Step `step`'s held-out evaluation (when `evaluating`) and hooks, written to `writer`: `metrics` (the
+        latest evaluation's) replaced by the evaluation, updated by what the hooks return."""
+        if evaluating:
             metrics = self.evaluate(state.params, eval_batches())
             writer.scalars(step, metrics, prefix="eval")
         for hook in hooks:
-            metrics.update(hook(step, state) or {})
+            extra = hook(step, state)
+            if extra:
+                writer.scalars(step, extra, prefix="eval")
+                metrics.update(extra)
         return metrics
 
     def _diverged(self, host: dict, state_finite: bool, step: int) -> TrainingDiverged:

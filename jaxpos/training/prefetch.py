@@ -23,7 +23,7 @@ class Prefetcher:
     batch is taken."""
 
     def __init__(self, data, place: Callable[[dict], dict], depth: int = 2):
-        self.data, self.place, self.depth = data, place, depth
+        self.data, self.place = data, place
         self.closed = threading.Event()
         self.queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self.thread = None
@@ -69,9 +69,3 @@ class Prefetcher:
         self.closed.set()
         if self.thread is not None:
             self.thread.join()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

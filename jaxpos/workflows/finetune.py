@@ -198,10 +198,6 @@ def _finetune(run: RunConfig, pretrained: Pretrained, init: str, workdir: str, a
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
     trainer = FinetuneTrainer(tcfg, workdir, task, pretrained.encoder, pretrained.pooler, mesh=run.mesh, log=log)
 
-    def admitted():  # the state restored or started from the encoder: every check passed, the folder is the run's
-        admission.admit()
-        _write_json(os.path.join(workdir, "config.json"), run.to_dict())
-
     predict_fn = make_predict_fn(task, trainer)
     evals_path = os.path.join(workdir, EVALS_FILE)
     evals = {e["step"]: e for e in read_evals(workdir)}
@@ -222,7 +218,7 @@ def _finetune(run: RunConfig, pretrained: Pretrained, init: str, workdir: str, a
     data = ClassificationTrainIterator(train, tcfg.batch_size, seed=dcfg.seed,
                                        process_index=jax.process_index(), process_count=jax.process_count())
     try:
-        result = trainer.run(data, hooks=[dev_hook], on_start=admitted)
+        result = trainer.run(data, hooks=[dev_hook], on_start=lambda: admission.admit(run))
     finally:
         trainer.close()
 

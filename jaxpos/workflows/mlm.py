@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 
@@ -10,7 +9,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from jaxpos.config.files import write_run_file, write_run_report
+from jaxpos.config.files import write_run_report
 from jaxpos.config.run import RunConfig
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import BertForMaskedLM
@@ -49,19 +48,13 @@ def _train_mlm(run: RunConfig, workdir: str, admission):
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
     trainer = Trainer(tcfg, workdir, task, mesh=run.mesh)
-
-    def admitted():  # the state and data position restored: every check passed, the folder is the run's
-        admission.admit()
-        if main_process:
-            write_run_file(workdir, "config.json", json.dumps(run.to_dict(), indent=2))
-
     try:
         result = trainer.run(
             data.train,
             eval_batches=lambda: eval_batches(data.eval_examples, data.tokenizer, tcfg.batch_size,
                                               tcfg.eval_batches, dcfg.seed, dcfg.mask_prob,
                                               jax.process_index(), jax.process_count()),
-            on_start=admitted)
+            on_start=lambda: admission.admit(run))  # the state and data position restored: every check passed
     finally:
         trainer.close()
     report = dict(train=result.final_metrics, eval=result.eval_metrics, unigram_entropy=data.unigram_entropy,

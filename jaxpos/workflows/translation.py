@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Iterable
 
 import jax
@@ -63,11 +62,6 @@ def _train_translation(run: RunConfig, workdir: str, admission):
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
     trainer = Trainer(tcfg, workdir, task, mesh=run.mesh)
 
-    def admitted():  # the state and data position restored: every check passed, the folder is the run's
-        admission.admit()
-        if jax.process_index() == 0:
-            write_run_file(workdir, "config.json", json.dumps(run.to_dict(), indent=2))
-
     has_dev = len(data.dev) > 0
     if not has_dev:
         status("no dev split: training without dev loss or dev BLEU")
@@ -80,7 +74,7 @@ def _train_translation(run: RunConfig, workdir: str, admission):
 
     try:
         result = trainer.run(data.train, eval_batches=(lambda: _loss_batches(data, tcfg)) if has_dev else None,
-                             hooks=[bleu_hook], on_start=admitted)
+                             hooks=[bleu_hook], on_start=lambda: admission.admit(run))
     finally:
         trainer.close()
     params = result.state.params

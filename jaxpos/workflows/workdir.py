@@ -11,11 +11,13 @@ it had none.
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Iterator
 
 import jax
 from etils import epath
 
+from jaxpos.config.files import write_run_file
 from jaxpos.config.run import RunConfig
 from jaxpos.config.validate import check_run_config, run_config_warnings
 from jaxpos.progress import status
@@ -29,14 +31,17 @@ def check_workdir(workdir: str) -> None:
 
 
 class Admission:
-    """What `claimed_workdir` yields: call `admit()` once every check has passed; from then on the folder is the
-    run's, whatever happens (a crash keeps its checkpoints)."""
+    """What `claimed_workdir` yields: `admit(run)` once every check has passed writes the run's config.json; from
+    then on the folder is the run's, whatever happens (a crash keeps its checkpoints)."""
 
-    def __init__(self):
-        self.admitted = False
+    def __init__(self, workdir: str):
+        self.workdir, self.admitted = workdir, False
 
-    def admit(self) -> None:
+    def admit(self, run: RunConfig) -> None:
+        """The folder is the run's: WORKDIR/config.json (written once, by process 0) records `run` as it trains."""
         self.admitted = True
+        if jax.process_index() == 0:
+            write_run_file(self.workdir, "config.json", json.dumps(run.to_dict(), indent=2))
 
 
 @contextlib.contextmanager
@@ -51,7 +56,7 @@ def claimed_workdir(workdir: str) -> Iterator[Admission]:
         made = made.parent
     made = None if path.exists() else made
     path.mkdir(parents=True, exist_ok=True)
-    admission = Admission()
+    admission = Admission(workdir)
     try:
         yield admission
     except BaseException:
