@@ -214,26 +214,26 @@ class TrainConfig:
 def check_train_block(train, zero_means_default: tuple[str, ...] = ()) -> None:
     """Raises a ValueError naming the first `config.train` value out of its range (counts, rates, intervals), of a
     TrainConfig or a ConfigDict train block. `zero_means_default`: fields that may still be 0."""
-    def value(name):
-        return train[name] if isinstance(train, Mapping) or hasattr(train, "to_dict") else getattr(train, name)
+    if not isinstance(train, TrainConfig):
+        train = typed_block(TrainConfig, train, "train")
 
     def given(name):
-        present = name in train if hasattr(train, "to_dict") or isinstance(train, Mapping) else hasattr(train, name)
-        return present and value(name) is not None and not (name in zero_means_default and value(name) == 0)
+        value = getattr(train, name)
+        return value is not None and not (name in zero_means_default and value == 0)
 
     for name, least in (("batch_size", 1), ("grad_accum_steps", 1), ("log_every", 1), ("eval_every", 1),
                         ("checkpoint_every", 1), ("keep_checkpoints", 1), ("num_steps", 0), ("max_predictions", 0),
                         ("eval_batches", 0), ("eval_batch_size", 0), ("warmup_steps", 0), ("bleu_every", 0),
                         ("bleu_sentences", 0), ("test_sentences", 0), ("prefetch_batches", 0)):
         if given(name):
-            check_count(f"train.{name}", value(name), least)
+            check_count(f"train.{name}", getattr(train, name), least)
     for name, low, high, open_low, open_high in (
             ("learning_rate", 0.0, None, True, True), ("eps", 0.0, None, True, True),
             ("weight_decay", 0.0, None, False, True), ("clip_norm", 0.0, None, False, True),
             ("warmup_fraction", 0.0, 1.0, False, False), ("b1", 0.0, 1.0, False, True),
             ("b2", 0.0, 1.0, False, True), ("label_smoothing", 0.0, 1.0, False, True)):
         if given(name):
-            check_number(f"train.{name}", value(name), low, high, open_low=open_low, open_high=open_high)
+            check_number(f"train.{name}", getattr(train, name), low, high, open_low=open_low, open_high=open_high)
 
 
 @dataclasses.dataclass(frozen=True)
