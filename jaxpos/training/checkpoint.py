@@ -114,8 +114,7 @@ class Checkpointer:
         failures = []
         for step in reversed(steps):
             try:
-                restored = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+                state, data_state = self.restore(step, abstract_state)
             except Exception as err:  # noqa: BLE001 - any failure means this checkpoint is unusable
                 self.check_state(abstract_state, step)  # whole, but not this run's: refused, and left in place
                 aside = self._move_aside(step)
@@ -126,11 +125,17 @@ class Checkpointer:
                 status(f"WARNING: {message}")
                 failures.append(step)
                 continue
-            return step, restored["state"], restored["data"]
+            return step, state, data_state
         if failures:
             raise CheckpointError(f"no checkpoint in {self.directory} could be restored (tried steps {failures}); "
                                   "move the directory away to start afresh")
         return None
+
+    def restore(self, step: int, abstract_state):
+        """(state, data_state) of checkpoint `step`; `abstract_state` as `restore_latest` takes it."""
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        return restored["state"], restored["data"]
 
     def check_state(self, abstract_state, step: int | None = None) -> None:
         """Raises ValueError, naming the first difference, when checkpoint `step` (default: the newest) holds a

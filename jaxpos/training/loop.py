@@ -13,7 +13,7 @@ import functools
 import json
 import math
 import time
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol, Sequence
 
 import flax.linen as nn
 import jax
@@ -25,7 +25,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxpos.config.run import MeshConfig, TrainConfig
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
-from jaxpos.training.checkpoint import Checkpointer, abstract_like
+from jaxpos.progress import status
+from jaxpos.training.checkpoint import CheckpointError, Checkpointer, abstract_like
 from jaxpos.training.flops import throughput
 from jaxpos.training.interrupt import RunStopped, deferred_stop
 from jaxpos.training.metrics import MetricWriter
@@ -171,105 +172,226 @@ def _reshard(sharding: NamedSharding) -> Callable:
     return jax.jit(lambda x: x, out_shardings=sharding)
 
 
+def with_seed_axis(sharding: NamedSharding) -> NamedSharding:
+    """`sharding` of an array with a leading seed axis added, whole on every device: [S, ...]."""
+    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedRun:
+    """One seed of a batch trained in one program: its `train.seed` (initialisation, dropout) and its own workdir
+    (checkpoints, TensorBoard), as if it were trained alone."""
+
+    seed: int
+    workdir: str
+
+
 @dataclasses.dataclass
 class TrainResult:
-    state: TrainState
+    state: TrainState  # this run's (a seed's own, without the seed axis)
     final_metrics: dict
     eval_metrics: dict
     resumed_from: int | None
 
 
-class Trainer:
-    """Builds the mesh, shardings and jitted steps for a task, then runs and resumes training."""
+class _Zipped:
+    """The data iterators of a batch of seeds as one: `next` gives a list of their batches, the state a list."""
 
-    def __init__(self, train: TrainConfig, workdir: str, task: Task, *, mesh: MeshConfig | Mesh | None = None,
-                 log: bool = True):
-        """`train`: the run's checked train block; `mesh`: a Mesh, or the sizes of one over every device of every
-        process (None: MeshConfig's defaults). Refuses, before anything is written or compiled, a batch the mesh
-        cannot split and a workdir whose newest checkpoint holds another model: the checkpoints are only read until
-        `run` has restored them and the data position (`on_start`)."""
-        self.train, self.workdir, self.task = train, workdir, task
+    def __init__(self, iterators: Sequence):
+        self.iterators = list(iterators)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[dict]:
+        return [next(it) for it in self.iterators]
+
+    def get_state(self) -> list[dict]:
+        return [it.get_state() for it in self.iterators]
+
+    def set_state(self, states: Sequence[dict]) -> None:
+        for it, state in zip(self.iterators, states):
+            it.set_state(state)
+
+
+class Trainer:
+    """Builds the mesh, shardings and jitted steps for a task, then runs and resumes training.
+
+    `workdir` is one run's folder, or several `SeedRun`s: those seeds train in one program, every parameter and
+    optimiser moment with a leading seed axis [S, ...] and the step `vmap`ped over it, each seed with its own data
+    order, masking and initialisation, and its own checkpoints (without the seed axis, as a run trained alone
+    saves them: analysis, fine-tuning and export read them as any). Small models are latency-bound, so S seeds
+    cost a device little more than one."""
+
+    def __init__(self, train: TrainConfig, workdir: str | Sequence[SeedRun], task: Task, *,
+                 mesh: MeshConfig | Mesh | None = None, log: bool = True):
+        """`train`: the run's checked train block (`train.seed` unused with SeedRuns); `mesh`: a Mesh, or the sizes
+        of one over every device of every process (None: MeshConfig's defaults). Refuses, before anything is
+        written or compiled, a batch the mesh cannot split and a workdir whose newest checkpoint holds another
+        model: the checkpoints are only read until `run` has restored them and the data position (`on_start`)."""
+        self.seed_runs = [SeedRun(train.seed, workdir)] if isinstance(workdir, str) else list(workdir)
+        check_seed_runs(self.seed_runs)
+        self.stacked = len(self.seed_runs) > 1
+        self.train, self.workdir, self.task = train, self.seed_runs[0].workdir, task
         tcfg = train
         self.mesh = mesh if isinstance(mesh, Mesh) else make_mesh(**dataclasses.asdict(mesh or MeshConfig()))
         check_batch_divisible(tcfg.batch_size, self.mesh, jax.process_count(), tcfg.grad_accum_steps)
         if tcfg.prefetch_batches and jax.process_count() > 1:
             raise ValueError("train.prefetch_batches makes batches on a thread of one process; a run of "
                              f"{jax.process_count()} processes makes each in turn: set it to 0")
-        self.checkpointer = Checkpointer(f"{workdir}/checkpoints", keep=tcfg.keep_checkpoints,
-                                         async_save=tcfg.async_checkpoints, read_only=True)
+        if self.stacked and jax.process_count() > 1:
+            raise ValueError(f"seeds trained at once run on one process; this run has {jax.process_count()}: "
+                             "train one seed per run")
+        self.checkpointers = []
         try:  # a model that does not build, or a checkpoint of another model, is refused before anything is written
+            for run in self.seed_runs:
+                self.checkpointers.append(Checkpointer(f"{run.workdir}/checkpoints", keep=tcfg.keep_checkpoints,
+                                                       async_save=tcfg.async_checkpoints, read_only=True))
             self.model_config = model_config_dict(task.model)
             self.tx = make_optimizer(tcfg)
             self.schedule = learning_rate_schedule(tcfg)
             args, kwargs = task.init_inputs()
             init = functools.partial(init_state, task.model, self.tx, init_args=args, init_kwargs=kwargs)
             boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
-            self.state_shardings = logical_sharding(boxed, self.mesh)
+            self.seed_state_shardings = logical_sharding(boxed, self.mesh)  # one seed's, as its checkpoints hold it
             self.abstract_state = nn.unbox(boxed)
-            if self.model_config is not None:
-                self.checkpointer.check_model_config(self.model_config)
-            self.checkpointer.check_state(self.abstract_state)
+            for checkpointer in self.checkpointers:
+                if self.model_config is not None:
+                    checkpointer.check_model_config(self.model_config)
+                checkpointer.check_state(self.abstract_state)
         except BaseException:
-            self.checkpointer.close()
+            self.close()
             raise
         on_mesh = functools.partial(with_activation_sharding, mesh=self.mesh)
-        self._init = jax.jit(lambda rng: nn.unbox(init(rng)), out_shardings=self.state_shardings)
+        step = functools.partial(on_mesh(train_step), task=task, tx=self.tx, schedule=self.schedule,
+                                 accum_steps=tcfg.grad_accum_steps)
+        evaluate = functools.partial(on_mesh(eval_sums), task=task)
         self.batch_sharding = batch_sharding(self.mesh)
-        self.train_step = jax.jit(
-            functools.partial(on_mesh(train_step), task=task, tx=self.tx, schedule=self.schedule,
-                              accum_steps=tcfg.grad_accum_steps),
-            in_shardings=(self.state_shardings, self.batch_sharding),
-            out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
-        self.eval_step = jax.jit(functools.partial(on_mesh(eval_sums), task=task),
-                                 in_shardings=(self.state_shardings.params, self.batch_sharding),
+        self.state_shardings = self.seed_state_shardings
+        if self.stacked:
+            init, step, evaluate = jax.vmap(init), jax.vmap(step), jax.vmap(evaluate)
+            self.state_shardings = jax.tree.map(with_seed_axis, self.seed_state_shardings)
+            self.batch_sharding = with_seed_axis(self.batch_sharding)
+        self._init = jax.jit(lambda rng: nn.unbox(init(rng)), out_shardings=self.state_shardings)
+        self.train_step = jax.jit(step, in_shardings=(self.state_shardings, self.batch_sharding),
+                                  out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
+        self.eval_step = jax.jit(evaluate, in_shardings=(self.state_shardings.params, self.batch_sharding),
                                  out_shardings=replicated(self.mesh))
+        count = len(self.seed_runs)
+        self._seeds_of = jax.jit(lambda state: [jax.tree.map(lambda x: x[k], state) for k in range(count)],
+                                 out_shardings=[self.seed_state_shardings] * count)
+        self._stack = jax.jit(lambda states: jax.tree.map(lambda *xs: jnp.stack(xs), *states),
+                              out_shardings=self.state_shardings)
         self.log = log
 
-    def global_batch(self, local: dict) -> dict:
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """The first seed's (the only one's) checkpoints."""
+        return self.checkpointers[0]
+
+    def global_batch(self, local: dict | Sequence[dict]) -> dict:
         """This process's rows of a global batch (jaxpos.data.order.host_slice) -> global arrays sharded over
-        the mesh; see `make_global_batch`."""
-        return make_global_batch(local, self.batch_sharding)
+        the mesh; see `make_global_batch`. With several seeds, their batches (one each, in order) stacked [S, B, ...]
+        in one transfer."""
+        if self.stacked:
+            return jax.device_put({key: np.stack([np.asarray(b[key]) for b in local]) for key in local[0]},
+                                  self.batch_sharding)
+        return make_global_batch(local[0] if isinstance(local, (list, tuple)) else local, self.batch_sharding)
+
+    def seed_states(self, state: TrainState) -> list[TrainState]:
+        """Each seed's own state (no seed axis), in the order of the SeedRuns."""
+        return self._seeds_of(state) if self.stacked else [state]
 
     def initial_state(self, data) -> tuple[TrainState, int | None]:
-        restored = self.checkpointer.restore_latest(abstract_like(self.abstract_state, self.state_shardings))
-        if restored is None:
-            return self._init(jax.random.PRNGKey(self.train.seed)), None
-        step, state, data_state = restored
-        data.set_state(data_state)
-        return state, step
+        """(state, the step it was restored from, or None when initialised); the data position restored with it
+        (`data`: the seeds' iterators as one, `_Zipped`). Seeds resume from the newest step they all
+        saved."""
+        abstract = abstract_like(self.abstract_state, self.seed_state_shardings)
+        if not self.stacked:
+            restored = self.checkpointer.restore_latest(abstract)
+            if restored is None:
+                return self._init(jax.random.PRNGKey(self.seed_runs[0].seed)), None
+            step, state, data_state = restored
+            data.set_state([data_state])
+            return state, step
+        saved = [set(checkpointer.steps()) for checkpointer in self.checkpointers]
+        if not any(saved):
+            return self._init(jnp.stack([jax.random.PRNGKey(run.seed) for run in self.seed_runs])), None
+        for step in sorted(set.intersection(*saved), reverse=True):
+            try:
+                restored = [checkpointer.restore(step, abstract) for checkpointer in self.checkpointers]
+            except Exception as err:  # noqa: BLE001 - a seed's copy does not restore: an older common step
+                status(f"WARNING: step {step} of the seeds' checkpoints does not restore ({type(err).__name__}); "
+                       "trying an older one")
+                continue
+            data.set_state([data_state for _, data_state in restored])
+            return self._stack([state for state, _ in restored]), step
+        listed = "; ".join(f"{run.workdir}: {sorted(steps) or 'none'}" for run, steps in zip(self.seed_runs, saved))
+        raise CheckpointError(f"the seeds' checkpoints have no step in common that restores ({listed}); resume "
+                              "each seed alone, or move their checkpoints away to start afresh")
 
-    def evaluate(self, params, batches: Iterable[dict]) -> dict:
+    def evaluate(self, params, batches: Iterable) -> list[dict]:
+        """Each seed's held-out metrics (a list of one without a seed axis) over `batches` (as `global_batch` takes
+        them: a seed's batch, or a list of the seeds')."""
         total = None
         for batch in batches:
             sums = self.eval_step(params, self.global_batch(batch))
             total = sums if total is None else jax.tree.map(jnp.add, total, sums)
         if total is None:
             raise ValueError("the evaluation data yielded no batch")
-        return {k: float(v) for k, v in self.task.summarize(jax.device_get(total)).items()}
+        total = jax.device_get(total)
+        by_seed = [jax.tree.map(lambda x: x[k], total) for k in range(len(self.seed_runs))] if self.stacked \
+            else [total]
+        return [{k: float(v) for k, v in self.task.summarize(sums).items()} for sums in by_seed]
 
     def run(self, data, eval_batches: Callable[[], Iterable[dict]] | None = None,
             hooks: Iterable[Callable[[int, TrainState], dict | None]] = (),
             on_start: Callable[[], None] | None = None) -> TrainResult:
-        """Trains to train.num_steps from wherever the workdir's checkpoints left off. `on_start` runs once the state
-        and the data position are restored (or initialised) and before anything is written: the last point at
-        which a run can be refused with its workdir untouched. SIGTERM or SIGINT during the loop checkpoints the
-        step in progress and raises `RunStopped` (jaxpos.training.interrupt). A run resumed at its last step
-        trains nothing and evaluates that step again."""
-        tcfg = self.train
+        """Trains the one run to train.num_steps from wherever its checkpoints left off (`run_seeds` for several);
+        see `run_seeds`. `hooks` run after every step (and a resumed run's evaluation of its last step) with the step
+        and the state, and choose their own steps; what they return is logged as evaluation metrics."""
+        if self.stacked:
+            raise ValueError(f"this trainer trains {len(self.seed_runs)} seeds: call run_seeds")
+        return self.run_seeds([data], None if eval_batches is None else [eval_batches], on_start, hooks)[0]
+
+    def run_seeds(self, data: Sequence, eval_batches: Sequence[Callable[[], Iterable[dict]]] | None = None,
+                  on_start: Callable[[], None] | None = None,
+                  hooks: Iterable[Callable[[int, TrainState], dict | None]] = ()) -> list[TrainResult]:
+        """Trains every seed to train.num_steps from wherever its checkpoints left off: `data` and `eval_batches`
+        hold one iterator / one callable per SeedRun, in order. `on_start` runs once the state and the data
+        position are restored (or initialised) and before anything is written: the last point at which a run can
+        be refused with its workdir untouched. SIGTERM or SIGINT during the loop checkpoints the step in progress
+        and raises `RunStopped` (jaxpos.training.interrupt). A run resumed at its last step trains nothing and
+        evaluates that step again. Returns each seed's result."""
+        tcfg, seeds = self.train, len(self.seed_runs)
+        if len(data) != seeds or (eval_batches is not None and len(eval_batches) != seeds):
+            raise ValueError(f"{seeds} seed(s) need as many data iterators and evaluation sets")
+        if hooks and self.stacked:
+            raise ValueError("hooks see one run's state: train seeds with hooks one at a time")
+        data = _Zipped(data)
         state, resumed = self.initial_state(data)
-        start = int(jax.device_get(state.step))
+        start = int(np.asarray(jax.device_get(state.step)).reshape(-1)[0])
         if on_start is not None:
             on_start()
-        self.checkpointer.writable()
-        writer = MetricWriter(self.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0)
+        for checkpointer in self.checkpointers:
+            checkpointer.writable()
+        writers = [MetricWriter(run.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0,
+                                console=k == 0) for k, run in enumerate(self.seed_runs)]
+        if self.stacked and self.log:
+            writers[0].write(f"training {seeds} seeds at once ({', '.join(str(r.seed) for r in self.seed_runs)}); "
+                             f"the lines below are seed {self.seed_runs[0].seed}'s, every seed's are in its "
+                             "workdir's TensorBoard")
         if resumed is not None and self.log:
-            writer.write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints")
-        final_metrics, eval_metrics = {}, {}
+            writers[0].write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints"
+                             + (" and the other seeds'" if self.stacked else ""))
+        final_metrics, eval_metrics = [{} for _ in range(seeds)], [{} for _ in range(seeds)]
         pending: list[tuple[int, dict]] = []  # (step, device metrics) not read yet
-        window: list[dict] = []  # host metrics of the steps since the last logged one
-        tokens_per_step = tcfg.batch_size * self.task.tokens_per_example
-        step_flops = self.task.step_flops(tcfg.batch_size) if hasattr(self.task, "step_flops") else None
+        windows: list[list[dict]] = [[] for _ in range(seeds)]  # each seed's metrics since the last logged step
+        tokens_per_step = seeds * tcfg.batch_size * self.task.tokens_per_example
+        step_flops = seeds * self.task.step_flops(tcfg.batch_size) if hasattr(self.task, "step_flops") else None
         compute_dtype = getattr(getattr(self.task.model, "cfg", None), "dtype", "float32")
+        evaluations = None if eval_batches is None else (
+            (lambda: eval_batches[0]()) if not self.stacked else (lambda: zip(*(fn() for fn in eval_batches))))
         tick = time.perf_counter()
 
         def read_pending() -> None:
@@ -279,13 +401,21 @@ class Trainer:
             if not pending:
                 return
             stacked = jax.device_get(_stacked([m for _, m in pending]))  # a transfer a metric, not one a step
-            for k, (step, _) in enumerate(pending):
-                host = {name: float(values[k]) for name, values in stacked.items()}
-                state_finite = host.pop("state_finite") == 1.0
-                if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"]) and state_finite):
-                    raise self._diverged(host, state_finite, step)
-                window.append(host)
+            for i, (step, _) in enumerate(pending):
+                for k, window in enumerate(windows):
+                    host = {name: float(np.reshape(values[i], -1)[k]) for name, values in stacked.items()}
+                    state_finite = host.pop("state_finite") == 1.0
+                    if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"]) and state_finite):
+                        raise self._diverged(host, state_finite, step, k)
+                    window.append(host)
             pending.clear()
+
+        def save(done: int, state: TrainState, data_state) -> None:
+            read_pending()  # never checkpoint a state not known to be finite
+            positions = data_state if data_state is not None else data.get_state()
+            for checkpointer, seed_state, position in zip(self.checkpointers, self.seed_states(state), positions):
+                if done not in checkpointer.steps():  # a seed that saved it before the batch was stopped keeps it
+                    checkpointer.save(done, seed_state, position, self.model_config)
 
         batches, in_flight = None, collections.deque(maxlen=IN_FLIGHT_STEPS)
         with deferred_stop() as stop:
@@ -294,8 +424,7 @@ class Trainer:
                 batches = Prefetcher(data, self.global_batch, tcfg.prefetch_batches)
                 data_state = None
                 if start >= tcfg.num_steps and not stop:  # resumed at the end: the last step's evaluation again
-                    eval_metrics = self._evaluate_step(start, state, eval_batches is not None, eval_batches, hooks,
-                                                       writer, {})
+                    eval_metrics = self._evaluate_step(start, state, evaluations, hooks, writers, eval_metrics)
                 for step in range(start, tcfg.num_steps):
                     batch, data_state = next(batches)
                     state, metrics = self.train_step(state, batch)
@@ -303,60 +432,67 @@ class Trainer:
                     if len(in_flight) == in_flight.maxlen:  # the host stays a few steps ahead, never the whole window
                         jax.block_until_ready(in_flight[0])
                     in_flight.append(metrics)
-                    writer.advance()
+                    for writer in writers:
+                        writer.advance()
                     done = step + 1
                     if done % tcfg.log_every == 0 or done == tcfg.num_steps:
                         read_pending()
                         elapsed = time.perf_counter() - tick
                         tick = time.perf_counter()
-                        final_metrics = {k: float(np.mean([m[k] for m in window])) for k in window[-1]}
-                        final_metrics["step_time"] = elapsed / len(window)
-                        final_metrics["tokens_per_s"] = tokens_per_step / final_metrics["step_time"]
-                        final_metrics.update(throughput(step_flops, final_metrics["step_time"], self.mesh.size,
-                                                        self.mesh.devices.flat[0].device_kind, compute_dtype))
-                        writer.postfix(loss=final_metrics["loss"])
-                        if done == tcfg.num_steps:
-                            writer.finish_bar()
-                        writer.scalars(done, final_metrics)
-                        window.clear()
+                        for k, (writer, window) in enumerate(zip(writers, windows)):
+                            final = {name: float(np.mean([m[name] for m in window])) for name in window[-1]}
+                            final["step_time"] = elapsed / len(window)  # a step of every seed at once
+                            final["tokens_per_s"] = tokens_per_step / final["step_time"]
+                            final.update(throughput(step_flops, final["step_time"], self.mesh.size,
+                                                    self.mesh.devices.flat[0].device_kind, compute_dtype))
+                            writer.postfix(loss=final["loss"])
+                            if done == tcfg.num_steps:
+                                writer.finish_bar()
+                            writer.scalars(done, final)
+                            final_metrics[k] = final
+                            window.clear()
                     if not stop:  # a stopping run saves its step and leaves its evaluation to the resumed one
-                        evaluating = eval_batches is not None and (done % tcfg.eval_every == 0
-                                                                   or done == tcfg.num_steps)
+                        evaluating = evaluations is not None and (done % tcfg.eval_every == 0
+                                                                  or done == tcfg.num_steps)
                         if evaluating:
                             read_pending()
-                        eval_metrics = self._evaluate_step(done, state, evaluating, eval_batches, hooks, writer,
-                                                           eval_metrics)
+                        eval_metrics = self._evaluate_step(done, state, evaluations if evaluating else None, hooks,
+                                                           writers, eval_metrics)
                     if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop:
-                        read_pending()  # never checkpoint a state not known to be finite
-                        position = data_state if data_state is not None else data.get_state()
-                        self.checkpointer.save(done, state, position, self.model_config)
+                        save(done, state, data_state)
                     if stop:
                         break
             finally:
                 if batches is not None:
                     batches.close()
-                self.checkpointer.wait()
-                writer.close()
+                for checkpointer in self.checkpointers:
+                    checkpointer.wait()
+                for writer in writers:
+                    writer.close()
         if stop:  # the step in progress was checkpointed (or the run had just ended): say so instead of going on
             saved = self.checkpointer.steps()
-            raise RunStopped(stop.signum, saved[-1] if saved else None, f"{self.workdir}/checkpoints")
-        return TrainResult(state, final_metrics, eval_metrics, resumed)
+            where = f"{self.workdir}/checkpoints" + (f" and the other {seeds - 1} seeds'" if self.stacked else "")
+            raise RunStopped(stop.signum, saved[-1] if saved else None, where)
+        return [TrainResult(seed_state, final, evaluated, resumed)
+                for seed_state, final, evaluated in zip(self.seed_states(state), final_metrics, eval_metrics)]
 
-    def _evaluate_step(self, step: int, state: TrainState, evaluating: bool, eval_batches, hooks, writer,
-                       metrics: dict) -> dict:
-        """Step `step`'s held-out evaluation (when `evaluating`) and hooks, written to `writer`: `metrics` (the
-        latest evaluation's) replaced by the evaluation, updated by what the hooks return."""
-        if evaluating:
-            metrics = self.evaluate(state.params, eval_batches())
-            writer.scalars(step, metrics, prefix="eval")
-        for hook in hooks:
+    def _evaluate_step(self, step: int, state: TrainState, evaluations, hooks, writers, metrics: list[dict]) \
+            -> list[dict]:
+        """Step `step`'s held-out evaluation (when `evaluations` gives its batches) and hooks, written to each
+        seed's writer: each seed's `metrics` (the latest evaluation's) replaced by the evaluation, updated by what
+        the hooks return."""
+        if evaluations is not None:
+            metrics = self.evaluate(state.params, evaluations())
+            for writer, evaluated in zip(writers, metrics):
+                writer.scalars(step, evaluated, prefix="eval")
+        for hook in hooks:  # one seed only
             extra = hook(step, state)
             if extra:
-                writer.scalars(step, extra, prefix="eval")
-                metrics.update(extra)
+                writers[0].scalars(step, extra, prefix="eval")
+                metrics[0].update(extra)
         return metrics
 
-    def _diverged(self, host: dict, state_finite: bool, step: int) -> TrainingDiverged:
+    def _diverged(self, host: dict, state_finite: bool, step: int, seed_index: int = 0) -> TrainingDiverged:
         """The error that stops a run whose step `step` read `host` (its metrics) and `state_finite`."""
         if not math.isfinite(host["loss"]):
             what = f"loss is {host['loss']}"
@@ -364,9 +500,22 @@ class Trainer:
             what = f"gradient norm is {host['grad_norm']}"
         else:
             what = "the updated parameters or optimizer state are not finite"
-        saved = self.checkpointer.steps()  # only states read finite are ever saved
+        run = self.seed_runs[seed_index]
+        if self.stacked:
+            what += f" for seed {run.seed} (every seed trained with it stops)"
+        saved = self.checkpointers[seed_index].steps()  # only states read finite are ever saved
         last = f"The last good checkpoint is step {saved[-1]}" if saved else "There is no checkpoint"
-        return TrainingDiverged(f"{what} at step {step}; stopping. {last} in {self.workdir}")
+        return TrainingDiverged(f"{what} at step {step}; stopping. {last} in {run.workdir}")
 
     def close(self):
-        self.checkpointer.close()
+        for checkpointer in self.checkpointers:
+            checkpointer.close()
+
+
+def check_seed_runs(seed_runs: Sequence[SeedRun]) -> None:
+    """Raises ValueError for no seed, a seed twice, or two seeds sharing a workdir."""
+    if not seed_runs:
+        raise ValueError("no seed to train")
+    seeds, folders = [r.seed for r in seed_runs], [r.workdir for r in seed_runs]
+    if len(set(seeds)) < len(seeds) or len(set(folders)) < len(folders):
+        raise ValueError(f"each seed trains once, in its own workdir: seeds {seeds}, workdirs {folders}")

@@ -23,8 +23,9 @@ class MetricWriter:
     """
 
     def __init__(self, workdir: str, total_steps: int, start_step: int = 0, enabled: bool = True,
-                 sync_every_s: float = 60.0):
-        self.enabled = enabled
+                 sync_every_s: float = 60.0, console: bool = True):
+        """`enabled`: writes anything at all; `console`: also the bar and the lines (TensorBoard only without)."""
+        self.enabled, self.console = enabled, enabled and console
         self.writer = None
         self.remote = epath.Path(workdir) / "tensorboard" if "://" in str(workdir) else None
         self.local_dir = os.path.join(workdir, "tensorboard")
@@ -38,7 +39,7 @@ class MetricWriter:
         self.total_steps, self.start_step = total_steps, start_step
         # No plain progress lines: without a live bar each logged line carries the ETA instead.
         self.bar = Progress(desc="train", total=total_steps, initial=start_step, unit="step", stream=sys.stdout,
-                            enabled=enabled, plain_every_s=None, dynamic_ncols=True, mininterval=1.0)
+                            enabled=self.console, plain_every_s=None, dynamic_ncols=True, mininterval=1.0)
         self.live_bar = self.bar.live
 
     def advance(self, steps: int = 1) -> None:
@@ -52,7 +53,7 @@ class MetricWriter:
         self.writer.flush()
         if self.remote is not None and time.monotonic() - self.synced >= self.sync_every_s:
             self.sync()
-        if echo:
+        if echo and self.console:
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in values.items())
             where = f"{prefix} step {step}"
             if prefix == "train" and not self.live_bar:  # no bar to show progress: say it in the line
@@ -61,7 +62,7 @@ class MetricWriter:
 
     def write(self, line: str) -> None:
         """Prints a line above the bar (plainly once the bar is closed or absent)."""
-        if self.enabled:
+        if self.console:
             self.bar.write(line)
 
     def postfix(self, **values) -> None:

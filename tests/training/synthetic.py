@@ -3,6 +3,7 @@ test can SIGKILL it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import jax
@@ -13,7 +14,7 @@ from jaxpos.config.defaults import mesh_block, model_block, train_block
 from jaxpos.config.run import run_config
 from jaxpos.models import BertForMaskedLM
 from jaxpos.sharding import make_mesh
-from jaxpos.training.loop import Trainer
+from jaxpos.training.loop import SeedRun, Trainer
 from jaxpos.training.mlm import MaskedLMTask
 
 VOCAB, SEQ, BATCH = 40, 16, 8
@@ -60,19 +61,47 @@ def config(num_steps: int, checkpoint_every: int = 5, accum: int = 1, kind: str 
 
 
 def run(workdir: str, num_steps: int, checkpoint_every: int = 5, poison_at=None, accum: int = 1, log=False,
-        kind: str = "tisa", prefetch: int = 0, data=None):
-    """A Trainer's run on SyntheticData (or `data`); `prefetch`: train.prefetch_batches."""
+        kind: str = "tisa", prefetch: int = 0, data=None, seed: int = 0, stop_at: int | None = None):
+    """A Trainer's run on SyntheticData (or `data`); `prefetch`: train.prefetch_batches; `seed`: train.seed and the
+    data's; `stop_at`: ends there (the schedule still that of `num_steps`), as a run stopped there would."""
     c = config(num_steps, checkpoint_every, accum, kind)
-    c.train.prefetch_batches = prefetch
-    # One device: these runs test the loop, whose sharded runs tests/training/test_mesh_training.py and
-    # test_multiprocess.py check (8 simulated devices take a third longer to compile and step).
-    mesh = make_mesh(devices=jax.devices()[:1])
+    c.train.update(prefetch_batches=prefetch, seed=seed)
     run = run_config(c, task="mlm")
-    trainer = Trainer(run.train, workdir, MaskedLMTask(BertForMaskedLM(run.model), SEQ), log=log, mesh=mesh)
+    trainer = Trainer(run.train, workdir, MaskedLMTask(BertForMaskedLM(run.model), SEQ), log=log, mesh=one_device())
+    stopping(trainer, stop_at)
     try:
-        return trainer.run(SyntheticData(poison_at=poison_at) if data is None else data)
+        return trainer.run(SyntheticData(seed, poison_at=poison_at) if data is None else data)
     finally:
         trainer.close()
+
+
+def run_seeds(workdirs: dict[int, str], num_steps: int, checkpoint_every: int = 5, kind: str = "tisa",
+              poison: dict[int, int] | None = None, prefetch: int = 0, stop_at: int | None = None):
+    """The seeds of `workdirs` ({seed: workdir}) trained at once, each on its SyntheticData(seed) (`poison`:
+    {seed: the batch whose weight is NaN}): their TrainResults in order."""
+    c = config(num_steps, checkpoint_every, kind=kind)
+    c.train.prefetch_batches = prefetch
+    run = run_config(c, task="mlm")
+    seed_runs = [SeedRun(seed, workdir) for seed, workdir in workdirs.items()]
+    trainer = Trainer(run.train, seed_runs, MaskedLMTask(BertForMaskedLM(run.model), SEQ), log=False,
+                      mesh=one_device())
+    stopping(trainer, stop_at)
+    try:
+        return trainer.run_seeds([SyntheticData(seed, poison_at=(poison or {}).get(seed)) for seed in workdirs])
+    finally:
+        trainer.close()
+
+
+def stopping(trainer: Trainer, step: int | None) -> None:
+    """`trainer` ends at `step`, its learning-rate schedule (built already) still that of its train.num_steps."""
+    if step is not None:
+        trainer.train = dataclasses.replace(trainer.train, num_steps=step)
+
+
+def one_device():
+    # One device: these runs test the loop, whose sharded runs tests/training/test_mesh_training.py and
+    # test_multiprocess.py check (8 simulated devices take a third longer to compile and step).
+    return make_mesh(devices=jax.devices()[:1])
 
 
 if __name__ == "__main__":
