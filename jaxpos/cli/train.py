@@ -12,6 +12,9 @@ def add_train_parser(subparsers) -> None:
                         overrides="any field of the config, e.g. --config.model.position.kind=diet_rel")
     train.add_argument("--config", required=True, help="config file, e.g. configs/mlm/tiny.py (or file.py:arg)")
     train.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, tokenizer, figures")
+    train.add_argument("--seeds", type=int, default=1,
+                       help="masked-LM: train this many seeds at once (train.seed and data.seed + 0, 1, ...), each in "
+                       "WORKDIR/seed_S; small models train several seeds for little more than the time of one")
     train.add_argument("--distributed", action="store_true",
                        help="call jax.distributed.initialize() first (multi-host TPU pods and SLURM jobs)")
     train.set_defaults(run=_train)
@@ -37,7 +40,7 @@ def _train(args, overrides):
         import jax  # lazy: 1.3 s, which `jaxpos --help` does not need
 
         jax.distributed.initialize()
-    return train(apply_overrides(load_config(args.config), overrides), args.workdir, args.config)
+    return train(apply_overrides(load_config(args.config), overrides), args.workdir, args.config, args.seeds)
 
 
 def _tokenizer(args, overrides):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -14,7 +16,7 @@ from jaxpos.config.run import RunConfig
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
-from jaxpos.training.loop import Trainer
+from jaxpos.training.loop import SeedRun, Trainer
 from jaxpos.training.mlm import MaskedLMTask
 from jaxpos.workflows.workdir import started_run
 
@@ -24,59 +26,128 @@ def train_mlm(config, workdir: str):
     checkpoints (local or gs://...). Returns the TrainResult. A refused run (config, data, a checkpoint of another
     model) leaves WORKDIR as it was; SIGTERM or SIGINT checkpoints and raises RunStopped
     (jaxpos.training.interrupt)."""
-    with started_run(config, "mlm", workdir) as (run, admission):  # checked once, before any data is read
-        return _train_mlm(run, workdir, admission)
+    return train_mlm_seeds([config], [workdir])[0]
 
 
-def _train_mlm(run: RunConfig, workdir: str, admission):
-    dcfg, tcfg = run.data, run.train
+def seed_configs(config, seeds: int) -> list:
+    """`seeds` copies of `config` (a ConfigDict), the k-th with train.seed and data.seed raised by k: the seeds of
+    one recipe, as `train_mlm_seeds` trains them at once."""
+    copies = []
+    for k in range(seeds):
+        copy = config.copy_and_resolve_references()
+        copy.train.seed = config.train.seed + k
+        copy.data.seed = config.data.seed + k
+        copies.append(copy)
+    return copies
+
+
+def train_mlm_seeds(configs: Sequence, workdirs: Sequence[str]) -> list:
+    """`train_mlm` of several configs that differ only in their seeds (train.seed, data.seed), each in its own
+    workdir, trained at once in one program (jaxpos.training.loop.SeedRun): each seed's data, tokenizer,
+    checkpoints and report are what it would have alone. Returns their TrainResults in order."""
+    if len(configs) != len(workdirs):
+        raise ValueError(f"{len(configs)} configs for {len(workdirs)} workdirs")
+    with contextlib.ExitStack() as stack:  # each checked once and claimed before any data is read
+        started = [stack.enter_context(started_run(config, "mlm", workdir))
+                   for config, workdir in zip(configs, workdirs)]
+        runs = [run for run, _ in started]
+        check_seed_batch(runs)
+        return _train_mlm(runs, list(workdirs), [admission for _, admission in started])
+
+
+def check_seed_batch(runs: Sequence[RunConfig]) -> None:
+    """Raises ValueError when runs trained at once differ in more than their seeds (the first difference named),
+    or two share a train.seed."""
+    def without_seeds(run: RunConfig) -> dict:
+        out = run.to_dict()
+        out["train"].pop("seed")
+        out["data"].pop("seed")
+        return out
+
+    first = without_seeds(runs[0])
+    for run in runs[1:]:
+        other = without_seeds(run)
+        for block in sorted(first):
+            if first[block] != other[block]:
+                field = next(k for k in sorted(set(first[block]) | set(other[block]))
+                             if first[block].get(k) != other[block].get(k))
+                raise ValueError(f"seeds trained at once differ only in train.seed and data.seed; {block}.{field} "
+                                 f"is {first[block].get(field)!r} in one and {other[block].get(field)!r} in another")
+    seeds = [run.train.seed for run in runs]
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"seeds trained at once need different train.seed values, not {seeds}")
+
+
+def _train_mlm(runs: list[RunConfig], workdirs: list[str], admissions) -> list:
+    dcfg, tcfg = runs[0].data, runs[0].train
     main_process = jax.process_index() == 0  # files of the run are written once
-    status(f"jaxpos: masked-LM pretraining, position={run.model.position.kind}, "
-           f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}")
-    data = build_mlm_data(dcfg, tcfg.batch_size, workdir, eval_rows=tcfg.eval_batches * tcfg.batch_size)
-    streaming = dcfg.streaming
-    if streaming:
-        status(f"data ({dcfg.source}): {data.train.describe()}; held-out examples={len(data.eval_examples)}")
-    else:
-        status(f"data ({dcfg.source}): {data.stats.summary()}; held-out examples={len(data.eval_examples)}")
-    status(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
-    run = run.replace_model(vocab_size=data.tokenizer.vocab_size)  # the embedding table follows the tokenizer
-    status(f"baseline: unigram entropy of the {'held-out rows' if streaming else 'corpus'} = "
-           f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)")
+    many = len(runs) > 1
+    status(f"jaxpos: masked-LM pretraining, position={runs[0].model.position.kind}, "
+           f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, "
+           + (f"{len(runs)} seeds at once, workdirs={', '.join(workdirs)}" if many else f"workdir={workdirs[0]}"))
+    datas = []
+    for run, workdir in zip(runs, workdirs):  # each seed's own tokenizer (sampled by data.seed), order and masking
+        data = build_mlm_data(run.data, tcfg.batch_size, workdir, eval_rows=tcfg.eval_batches * tcfg.batch_size)
+        datas.append(data)
+        where = f" (seed {run.data.seed})" if many else ""
+        if dcfg.streaming:
+            status(f"data ({dcfg.source}){where}: {data.train.describe()}; held-out examples={len(data.eval_examples)}")
+        else:
+            status(f"data ({dcfg.source}){where}: {data.stats.summary()}; held-out examples="
+                   f"{len(data.eval_examples)}")
+        status(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
+    runs = [run.replace_model(vocab_size=data.tokenizer.vocab_size) for run, data in zip(runs, datas)]
+    check_seed_batch(runs)  # tokenizers of other sizes cannot share a program
+    for data in datas[:1] if not many else datas:
+        status(f"baseline: unigram entropy of the {'held-out rows' if dcfg.streaming else 'corpus'} = "
+               f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)")
 
-    cfg = run.model
+    cfg = runs[0].model
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
-    trainer = Trainer(tcfg, workdir, task, mesh=run.mesh)
+    seed_runs = workdirs[0] if not many else [SeedRun(run.train.seed, w) for run, w in zip(runs, workdirs)]
+    trainer = Trainer(tcfg, seed_runs, task, mesh=runs[0].mesh)
+
+    def held_out(run: RunConfig, data):
+        return lambda: eval_batches(data.eval_examples, data.tokenizer, tcfg.batch_size, tcfg.eval_batches,
+                                    run.data.seed, dcfg.mask_prob, jax.process_index(), jax.process_count())
+
+    def admit() -> None:  # the state and data position restored: every check passed
+        for admission, run in zip(admissions, runs):
+            admission.admit(run)
+
     try:
-        result = trainer.run(
-            data.train,
-            eval_batches=lambda: eval_batches(data.eval_examples, data.tokenizer, tcfg.batch_size,
-                                              tcfg.eval_batches, dcfg.seed, dcfg.mask_prob,
-                                              jax.process_index(), jax.process_count()),
-            on_start=lambda: admission.admit(run))  # the state and data position restored: every check passed
+        results = trainer.run_seeds([data.train for data in datas],
+                                    [held_out(run, data) for run, data in zip(runs, datas)], on_start=admit)
     finally:
         trainer.close()
+    for result, run, data, workdir in zip(results, runs, datas, workdirs):
+        _report(result, run, data, workdir, main_process, f"seed {run.train.seed}: " if many else "")
+    return results
+
+
+def _report(result, run: RunConfig, data, workdir: str, main_process: bool, label: str) -> None:
+    """A run's report.json, its final line, and TISA's score figure."""
+    step = int(jax.device_get(result.state.step))
     report = dict(train=result.final_metrics, eval=result.eval_metrics, unigram_entropy=data.unigram_entropy,
-                  step=int(jax.device_get(result.state.step)))
+                  step=step)
     if main_process:
         write_run_report(workdir, report)
     if result.final_metrics:  # a run resumed at its last step trains nothing
-        status(f"final: train loss {result.final_metrics['loss']:.3f}, eval loss "
+        status(f"{label}final: train loss {result.final_metrics['loss']:.3f}, eval loss "
                f"{result.eval_metrics.get('loss', float('nan')):.3f}, eval accuracy "
                f"{result.eval_metrics.get('accuracy', float('nan')):.3f}, vs unigram entropy "
                f"{data.unigram_entropy:.3f}")
-    if cfg.position.kind == "tisa" and main_process:
+    if run.model.position.kind == "tisa" and main_process:
         from jaxpos.analysis.plots import plot_tisa_scores  # lazy: matplotlib costs ~1 s at import; only TISA runs draw
 
         params = jax.device_get(result.state.params)
         tisa = params["bert"]["encoder"]["position"]
         with tempfile.TemporaryDirectory() as scratch:  # matplotlib writes local files; epath copies them anywhere
-            local = plot_tisa_scores({k: np.asarray(tisa[k]) for k in "abc"}, dcfg.seq_len,
-                                     os.path.join(scratch, "tisa_scores.png"),
-                                     step=int(jax.device_get(result.state.step)))
+            local = plot_tisa_scores({k: np.asarray(tisa[k]) for k in "abc"}, run.data.seq_len,
+                                     os.path.join(scratch, "tisa_scores.png"), step=step)
             path = epath.Path(workdir) / "tisa_scores.png"
             path.write_bytes(epath.Path(local).read_bytes())
-        status(f"wrote {path}")
-    status(f"checkpoints: {epath.Path(workdir) / 'checkpoints'}  TensorBoard: {epath.Path(workdir) / 'tensorboard'}")
-    return result
+        status(f"{label}wrote {path}")
+    status(f"{label}checkpoints: {epath.Path(workdir) / 'checkpoints'}  TensorBoard: "
+           f"{epath.Path(workdir) / 'tensorboard'}")

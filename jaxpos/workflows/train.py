@@ -3,13 +3,23 @@ before any data is read)."""
 
 from __future__ import annotations
 
-from jaxpos.workflows.mlm import train_mlm
+from jaxpos.workflows.mlm import seed_configs, train_mlm, train_mlm_seeds
 from jaxpos.workflows.translation import train_translation
 
 
-def train(config, workdir: str, source: str):
+def train(config, workdir: str, source: str, seeds: int = 1):
     """Trains `config` in WORKDIR (resuming from its checkpoints): masked-LM pretraining (returns the TrainResult)
-    or translation (returns the report dict). `source` names the config file in errors."""
+    or translation (returns the report dict). `source` names the config file in errors. `seeds` > 1: that many
+    seeds of a masked-LM config at once (train.seed and data.seed raised by 0, 1, ...), each in WORKDIR/seed_S
+    (a list of TrainResults)."""
+    if seeds < 1:
+        raise ValueError(f"--seeds {seeds}: need at least one seed")
+    if seeds > 1:
+        if config.task != "mlm":
+            raise ValueError(f"--seeds trains masked-LM configs; {source} is a {config.task} config: train its seeds "
+                             "one at a time")
+        configs = seed_configs(config, seeds)
+        return train_mlm_seeds(configs, [f"{workdir.rstrip('/')}/seed_{c.train.seed}" for c in configs])
     if config.task == "mlm":
         return train_mlm(config, workdir)
     if config.task == "translation":
