@@ -12,7 +12,7 @@ from bench import attention_bias
 from jaxpos.cli import build_parser
 from jaxpos.config.model import ATTENTION_IMPLS
 from jaxpos.positions import MECHANISMS
-from jaxpos.reproduction.runs import PROFILES
+from jaxpos.reproduction.matrix import PROFILES
 from tests.test_launch import ROOT, dry_run
 from tests.xla_flags import quick_compile_flags
 

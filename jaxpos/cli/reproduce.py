@@ -22,7 +22,7 @@ import sys
 
 from jaxpos.cli.common import add_command
 
-PROFILE_CHOICES = ("smoke", "full", "micro")  # jaxpos.reproduction.runs.PROFILES, named here to keep start-up light
+PROFILE_CHOICES = ("smoke", "full", "micro")  # jaxpos.reproduction.matrix.PROFILES, named here to keep start-up light
 
 
 def add_reproduce_parser(subparsers) -> None:
@@ -44,12 +44,13 @@ def add_reproduce_parser(subparsers) -> None:
     parser.add_argument("--workers", type=int, help="runs at a time (default: 8 per GPU, else one per CPU core)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true",
-                      help="print the runs, one name a line, and their stages; run and write nothing")
+                      help="print the mechanisms, one a line, with their seeds and stages; run and write nothing")
     mode.add_argument("--plan-only", action="store_true",
-                      help="plan and train the shared tokenizer, write the run names to OUT/runs.txt and stop "
+                      help="plan and train the shared tokenizer, write the mechanisms to OUT/runs.txt and stop "
                            "(launch/reproduce.sbatch runs them as array tasks)")
     mode.add_argument("--run", dest="run_name", metavar="NAME",
-                      help="execute one run of OUT/plan.json in this process (an array task)")
+                      help="execute a mechanism of OUT/plan.json (its seeds pretrained at once, then each run's "
+                           "stages) or one run (MECHANISM_sSEED) in this process (an array task)")
     mode.add_argument("--report-only", action="store_true", help="write the report from the finished runs")
     parser.set_defaults(run=_reproduce)
 
@@ -84,13 +85,18 @@ def _reproduce(args, overrides):
         plan = repro.new_plan(**settings)
         print(f"# {len(plan['runs'])} runs ({len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s)) for "
               f"{len(plan['claims'])} claim(s), profile {args.profile}, {plan['workers']} at a time")
-        for name, spec in plan["runs"].items():
-            print(f"{name}  # {', '.join(['pretrain', *spec['stages']])}")
+        from jaxpos.reproduction.matrix import pretraining_groups
+
+        for mechanism, names in pretraining_groups(plan).items():  # an array task a mechanism
+            seeds = ", ".join(str(plan["runs"][n]["seed"]) for n in names)
+            stages = plan["runs"][names[0]]["stages"]
+            print(f"{mechanism}  # seeds {seeds} pretrained at once; each then: "
+                  f"{', '.join(['learning curve', *stages])}")
         return plan
     done = repro.reproduce(out, **settings, command=_command_line(), plan_only=args.plan_only)
     if args.plan_only:
-        print(f"wrote {os.path.join(out, repro.RUNS_LIST_FILE)}: run each with `jaxpos reproduce --out {out} "
-              f"--run NAME`, then `jaxpos reproduce --out {out} --report-only`")
+        print(f"wrote {os.path.join(out, repro.RUNS_LIST_FILE)}: run each mechanism with `jaxpos reproduce --out "
+              f"{out} --run NAME`, then `jaxpos reproduce --out {out} --report-only`")
         return done.plan
     print(summary_table(done.numbers["claims"]) + f"wrote {os.path.join(out, REPORT_FILE)} "
           f"({done.wall_s / 60:.1f} min)")

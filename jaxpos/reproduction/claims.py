@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from jaxpos.reproduction.runs import BAG_OF_WORDS, RUN_MECHANISMS, STAGES
+from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, STAGES
 from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE
 
 VERDICTS = (HOLDS, CONTRADICTED, INCONCLUSIVE)
@@ -209,7 +209,7 @@ def all_of(parts: Sequence[dict]) -> tuple[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """One claim of a paper: what it says, the runs it reads (mechanisms, and the stages of `runs.STAGES` each
+    """One claim of a paper: what it says, the runs it reads (mechanisms, and the stages of `matrix.STAGES` each
     needs) and `judge`, (table, trained mechanisms) -> (parts, measured numbers)."""
 
     id: str

@@ -1,6 +1,6 @@
 """One run of `jaxpos reproduce` (one mechanism, one seed), on a worker of the pool: pretrain with `train_mlm`
 (checkpoints at the learning curve's steps), the held-out masked-LM loss at each of them (the data layer's held-out
-rows and masking: `held_out_rows`, `eval_batches`), then the stages the plan gives the run (`runs.STAGES`):
+rows and masking: `held_out_rows`, `eval_batches`), then the stages the plan gives the run (`matrix.STAGES`):
 fine-tuning on the paraphrase task with `finetune`, Chen et al.'s word-order probe on its test pairs
 (`paraphrase_probe`), the analyses over training (`analyze_over_training`) and at the last checkpoint (on the
 host's CPU: `on_host_cpu`). Everything measured goes to OUT/runs/NAME/result.json (the report reads nothing else).
@@ -35,16 +35,20 @@ from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
 from jaxpos.data.tokenizer import load_tokenizer
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
-from jaxpos.reproduction import runs
-from jaxpos.reproduction.runs import RESULT_FILE, finetune_config, load_plan, pretrain_config, profile_of, run_dir
+from jaxpos.reproduction import host
+from jaxpos.reproduction.matrix import (FAILED_FILE, LOG_FILE, RESULT_FILE, finetune_config, group_log, load_plan,
+                                      mark_failed, pretrain_config, pretrain_dir, pretraining_finished,
+                                      pretraining_groups, profile_of, run_dir)
 from jaxpos.run import Run
-from jaxpos.training.loop import Trainer
+from jaxpos.training.interrupt import RunStopped
+from jaxpos.training.loop import SeedRun, Trainer
 from jaxpos.training.mlm import MaskedLMTask
 from jaxpos.workflows.analyze import analysis_texts
 from jaxpos.workflows.finetune import finetune, load_finetuned
-from jaxpos.workflows.mlm import train_mlm
+from jaxpos.workflows.mlm import train_mlm, train_mlm_seeds
 from jaxpos.workflows.probes import paraphrase_probe
 
+PRETRAIN_TIMING_FILE = "pretrain_timing.json"  # a group's pretraining: its wall seconds and its seeds
 OVER_TRAINING = ("position_gram", "identical_word", "rank", "decomposition")  # at every analysed checkpoint
 FINAL_ONLY = ("effective_attention", "identifiability")  # at the last checkpoint
 
@@ -143,21 +147,57 @@ def execute_logged(out: str, name: str) -> str:
     traceback in the log, runs/NAME/failed.txt). A run stopped by SIGTERM (checkpointed) ends its worker."""
     folder = run_dir(out, name)
     os.makedirs(folder, exist_ok=True)
-    if os.path.exists(os.path.join(folder, runs.FAILED_FILE)):
-        os.remove(os.path.join(folder, runs.FAILED_FILE))
-    log = os.path.join(folder, runs.LOG_FILE)
+    if os.path.exists(os.path.join(folder, FAILED_FILE)):
+        os.remove(os.path.join(folder, FAILED_FILE))
+    outcome = _logged(os.path.join(folder, LOG_FILE), execute_run, out, name)
+    if outcome != "done":
+        mark_failed(out, name, outcome.removeprefix("failed: "))
+    return outcome
+
+
+def pretrain_group_logged(out: str, mechanism: str) -> str:
+    """Pretrains the unfinished runs of MECHANISM at once (`pretrain_group`) with the output in its group log;
+    "done", or "failed: why" (the traceback in the log)."""
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    return _logged(group_log(out, mechanism), pretrain_group, out, mechanism)
+
+
+def _logged(log: str, function, *args) -> str:
+    """function(*args) with this process's output appended to LOG: "done", or "failed: why" with the traceback in
+    the log. A stage stopped by SIGTERM (checkpointed) ends this worker: the pool is being stopped."""
     try:
         with _output_to(log):
-            execute_run(out, name)
-    except RunInterrupted:
-        os._exit(3)  # the pool is being stopped: this worker takes no further run
+            function(*args)
+    except (RunInterrupted, RunStopped):
+        os._exit(3)  # the pool is being stopped: this worker takes no further task
     except Exception as error:  # noqa: BLE001 - recorded; the other runs go on
-        reason = f"{type(error).__name__}: {error}".splitlines()[0]
-        runs.mark_failed(out, name, reason)
         with open(log, "a") as f:
             traceback.print_exc(file=f)
-        return f"failed: {reason}"
+        return "failed: " + f"{type(error).__name__}: {error}".splitlines()[0]
     return "done"
+
+
+def pretrain_group(out: str, mechanism: str) -> list[str]:
+    """Pretrains the runs of MECHANISM in the plan in OUT that have not finished pretraining, their seeds at once
+    in one program (`train_mlm_seeds`), each in its own folder as if alone; each folder records the group's wall
+    time (pretrain_timing.json). Returns the names trained."""
+    plan = load_plan(out)
+    if plan is None:
+        raise FileNotFoundError(f"{out}/plan.json is missing: start with `jaxpos reproduce --out {out}`")
+    groups = pretraining_groups(plan)
+    if mechanism not in groups:
+        raise ValueError(f"{mechanism!r} is not a mechanism of {out}/plan.json; mechanisms: {', '.join(groups)}")
+    steps = profile_of(plan).steps
+    names = [n for n in groups[mechanism] if not pretraining_finished(out, n, steps)]
+    if not names:
+        return []
+    start = time.perf_counter()
+    configs = [pretrain_config(plan, mechanism, plan["runs"][n]["seed"]) for n in names]
+    train_mlm_seeds(configs, [pretrain_dir(out, n) for n in names])
+    timing = dict(pretrain_s=round(time.perf_counter() - start, 3), seeds_at_once=len(names))
+    for name in names:
+        write_json_atomically(os.path.join(pretrain_dir(out, name), PRETRAIN_TIMING_FILE), timing)
+    return names
 
 
 def execute_run(out: str, name: str) -> dict:
@@ -172,7 +212,7 @@ def execute_run(out: str, name: str) -> dict:
     profile = profile_of(plan)
     mechanism, seed, stages = spec["mechanism"], spec["seed"], set(spec["stages"])
     folder = run_dir(out, name)
-    pretrain_dir = os.path.join(folder, "pretrain")
+    pretrained = pretrain_dir(out, name)
     timing = {}
 
     @contextlib.contextmanager
@@ -182,14 +222,19 @@ def execute_run(out: str, name: str) -> dict:
         timing[key] = round(time.perf_counter() - start, 3)
 
     config = pretrain_config(plan, mechanism, seed)
-    with timed("pretrain_s"):
-        train_mlm(config, pretrain_dir)
-    with open(os.path.join(pretrain_dir, "report.json")) as f:
+    if pretraining_finished(out, name, profile.steps):  # with the other seeds of its mechanism (`pretrain_group`)
+        with open(os.path.join(pretrained, PRETRAIN_TIMING_FILE)) as f:
+            timing.update(json.load(f))
+    else:
+        with timed("pretrain_s"):
+            train_mlm(config, pretrained)
+        timing["seeds_at_once"] = 1
+    with open(os.path.join(pretrained, "report.json")) as f:
         pretrain = json.load(f)
-    _check_finished("pretraining", pretrain["step"], profile.steps, pretrain_dir)
+    _check_finished("pretraining", pretrain["step"], profile.steps, pretrained)
     with timed("curve_s"):
-        curve = learning_curve(config, pretrain_dir, profile.curve_steps())
-    model = load_run(pretrain_dir)
+        curve = learning_curve(config, pretrained, profile.curve_steps())
+    model = load_run(pretrained)
     seq_len = config.data.seq_len
     result = dict(
         name=name, mechanism=mechanism, seed=seed, stages=sorted(stages), steps=profile.steps,
@@ -198,7 +243,7 @@ def execute_run(out: str, name: str) -> dict:
         params=parameter_counts(model.params),
         pretrain=dict(eval_loss=pretrain["eval"].get("loss"), eval_accuracy=pretrain["eval"].get("accuracy"),
                       train_loss=pretrain["train"].get("loss"), step_time_s=pretrain["train"].get("step_time"),
-                      unigram_entropy=pretrain.get("unigram_entropy")),
+                      unigram_entropy=pretrain.get("unigram_entropy"), seeds_at_once=timing["seeds_at_once"]),
         curve=curve)
     with on_host_cpu():
         result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
@@ -207,7 +252,7 @@ def execute_run(out: str, name: str) -> dict:
         ft_config = finetune_config(plan, seed)
         ft_dir = os.path.join(folder, "paraphrase")
         with timed("finetune_s"):
-            report = finetune(ft_config, pretrain_dir, ft_dir, log=False)
+            report = finetune(ft_config, pretrained, ft_dir, log=False)
         _check_finished("fine-tuning", report["step"], ft_config.train.num_steps, ft_dir)
         result["finetune"] = dict(task=report["task"], last=report["dev"]["dev"]["accuracy"],
                                   best=report["best"]["dev"]["accuracy"], chance=report["chance"]["accuracy"],
@@ -271,9 +316,11 @@ def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:
 
 def time_recipe(out: str, mechanism: str) -> dict:
     """A short timing on this worker: `profile.timing_steps` pretraining steps of the plan's recipe for
-    `mechanism` on random rows, in a scratch folder, the steps after the first taken while every worker of the
-    pool takes them. Returns {"first_step_s" (compiling included), "step_s" (the mean of the last half)}; it
-    estimates the wall time and changes nothing in the recipe."""
+    `mechanism` on random rows, in a scratch folder, of one seed and of the plan's seeds at once (as its
+    mechanisms pretrain), the steps after the first taken while every worker of the pool takes them. Returns
+    {"first_step_s", "step_s"} of one seed and {"group_first_step_s", "group_step_s", "seeds_at_once"} of the
+    group (first steps: compiling included; steps: the mean of the last half); it estimates the wall time and
+    changes nothing in the recipe."""
     plan = load_plan(out)
     profile = profile_of(plan)
     config = pretrain_config(plan, mechanism, 0)
@@ -282,24 +329,34 @@ def time_recipe(out: str, mechanism: str) -> dict:
     tokenizer = load_tokenizer(plan["tokenizer"])
     config.model.vocab_size = tokenizer.vocab_size  # this scratch copy of the recipe only
     batch, length = config.train.batch_size, config.data.seq_len
-    rng = np.random.default_rng(0)
-    rows = PackedExamples(rng.integers(5, tokenizer.vocab_size, (2 * batch, length)).astype(np.int32),
-                          np.ones((2 * batch, length), np.int32))
-    data = MLMTrainIterator(rows, tokenizer, batch)
     run = check_run_config(config, task="mlm")
     task = MaskedLMTask(BertForMaskedLM(run.model), length, run.train.max_predictions)
-    with tempfile.TemporaryDirectory() as scratch:
-        start = time.perf_counter()
-        trainer = Trainer(run.train, scratch, task, mesh=run.mesh, log=False)
-        try:
-            trainer.train = dataclasses.replace(run.train, num_steps=1)  # compiling, then one step
-            jax.block_until_ready(trainer.run(data).state.params)
-            first_step = time.perf_counter() - start
-            runs.wait_for_every_worker()  # the timed steps of every worker share the device, as the runs will
-            trainer.train = run.train  # the same trainer resumes from step 1: nothing compiles again
-            result = trainer.run(data)
-            jax.block_until_ready(result.state.params)
-        finally:
-            trainer.close()
-    return dict(first_step_s=first_step, step_s=result.final_metrics["step_time"], steps=steps,
-                mechanism=mechanism)
+    seeds = max(1, plan["seeds"])
+
+    def rows(seed: int):
+        rng = np.random.default_rng(seed)
+        return MLMTrainIterator(PackedExamples(rng.integers(5, tokenizer.vocab_size, (2 * batch, length)).astype(
+            np.int32), np.ones((2 * batch, length), np.int32)), tokenizer, batch, seed=seed)
+
+    def timed(count: int) -> tuple[float, float]:
+        with tempfile.TemporaryDirectory() as scratch:
+            start = time.perf_counter()
+            folders = scratch if count == 1 else [SeedRun(k, os.path.join(scratch, str(k))) for k in range(count)]
+            trainer = Trainer(run.train, folders, task, mesh=run.mesh, log=False)
+            data = [rows(k) for k in range(count)]
+            try:
+                trainer.train = dataclasses.replace(run.train, num_steps=1)  # compiling, then one step
+                jax.block_until_ready(trainer.run_seeds(data)[0].state.params)
+                first_step = time.perf_counter() - start
+                host.wait_for_every_worker()  # the timed steps of every worker share the device, as the runs will
+                trainer.train = run.train  # the same trainer resumes from step 1: nothing compiles again
+                result = trainer.run_seeds(data)[0]
+                jax.block_until_ready(result.state.params)
+            finally:
+                trainer.close()
+        return first_step, result.final_metrics["step_time"]
+
+    first_step, step = timed(1)
+    group_first_step, group_step = timed(seeds) if seeds > 1 else (first_step, step)
+    return dict(first_step_s=first_step, step_s=step, group_first_step_s=group_first_step, group_step_s=group_step,
+                seeds_at_once=seeds, steps=steps, mechanism=mechanism)

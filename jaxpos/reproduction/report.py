@@ -12,7 +12,7 @@ from jaxpos.analysis.report import jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.config.files import write_json_atomically
 from jaxpos.reproduction import claims as C
 from jaxpos.reproduction import verdicts as V
-from jaxpos.reproduction.runs import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
+from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
 
 REPORT_FILE, NUMBERS_FILE, FIGURES = "REPRODUCTION.md", "numbers.json", "figures"
 # Per-mechanism numbers of the mechanisms table: (key, column title, getter).
@@ -308,6 +308,9 @@ def stages_line(table: dict) -> str:
     timings = [r["timing"] for runs in table.values() for r in runs]
     parts = [f"{label} {np.mean([t[key] for t in timings if key in t]):.0f} s"
              for key, label in STAGE_LABELS.items() if any(key in t for t in timings)]
+    together = sorted({t.get("seeds_at_once", 1) for t in timings} - {1})
+    if together and parts and parts[0].startswith(STAGE_LABELS["pretrain_s"]):  # a group's wall time, not a run's
+        parts[0] += f" (a mechanism's {' or '.join(map(str, together))} seeds at once)"
     return "- a run's time by stage (mean over the runs that have the stage): " + ", ".join(parts)
 
 

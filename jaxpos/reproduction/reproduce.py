@@ -16,8 +16,9 @@ import numpy as np
 
 from jaxpos.data.bible import bible_db_path
 from jaxpos.progress import status
-from jaxpos.reproduction import runs
+from jaxpos.reproduction import host, matrix
 from jaxpos.reproduction.claims import runs_needed, select_claims
+from jaxpos.reproduction.pool import Pool, execute, worker_env
 
 WALL_FILE = "wall_time.json"
 RUNS_LIST_FILE = "runs.txt"
@@ -31,16 +32,16 @@ def new_plan(profile: str, seeds: int | None = None, workers: int | None = None,
              mechanisms: Sequence[str] | None = None, claims: Sequence[str] | None = None) -> dict:
     """The run matrix of these settings without writing anything: the runs (mechanism x seed, with their stages)
     that the chosen claims need of the chosen mechanisms (default: the profile's), and the bag-of-words runs."""
-    if profile not in runs.PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(runs.PROFILES)}")
-    chosen = runs.PROFILES[profile]
+    if profile not in matrix.PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(matrix.PROFILES)}")
+    chosen = matrix.PROFILES[profile]
     available = list(mechanisms or chosen.mechanisms)
-    unknown = [m for m in available if m not in runs.RUN_MECHANISMS]
+    unknown = [m for m in available if m not in matrix.RUN_MECHANISMS]
     if unknown or not available:
-        raise ValueError(f"unknown mechanisms {unknown}; choose from {', '.join(runs.RUN_MECHANISMS)}")
+        raise ValueError(f"unknown mechanisms {unknown}; choose from {', '.join(matrix.RUN_MECHANISMS)}")
     selected = select_claims(claims)
     needs = runs_needed(selected, available)
-    return runs.make_plan(chosen, seeds or chosen.seeds, needs, workers or runs.default_workers(),
+    return matrix.make_plan(chosen, seeds or chosen.seeds, needs, workers or host.default_workers(),
                           [c.id for c in selected])
 
 
@@ -56,7 +57,7 @@ def _shared_tokenizer(out: str, plan: dict) -> tuple[str, dict]:
     the size of the training corpus and its unigram entropy."""
     from jaxpos.data.pipeline import build_mlm_data  # the data layer: only where the plan needs a tokenizer
 
-    config = runs.pretrain_config(dict(plan, tokenizer=""), plan["mechanisms"][0], 0)
+    config = matrix.pretrain_config(dict(plan, tokenizer=""), plan["mechanisms"][0], 0)
     data = build_mlm_data(config.data, config.train.batch_size, os.path.join(out, "tokenizer"))
     corpus = dict(source=config.data.source, editions=list(config.data.get("bible_editions", ())),
                   documents=data.stats.documents, tokens=data.stats.tokens, rows=data.stats.packed_examples,
@@ -65,50 +66,75 @@ def _shared_tokenizer(out: str, plan: dict) -> tuple[str, dict]:
 
 
 def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None = None) -> dict:
-    """The wall time of runs `names` (default: all) on `workers` processes from a timing of the recipe taken on
-    every worker at once (so a step's cost includes sharing the device): each run's pretraining and fine-tuning
-    steps, its evaluations, an allowance per analysed checkpoint, and its compiling (the timing's first step, for
-    each program it compiles) unless a run of its mechanism finished before it started (the programs are then in
-    the compilation cache; seeds running side by side each compile). The runs are scheduled as the pool takes
-    them: in plan order, each to the first free worker. {"run_s": {name: s}, "total_s", "workers"}."""
-    profile = runs.profile_of(plan)
-    step, compile_s = timing["step_s"], max(0.0, timing["first_step_s"] - timing["step_s"])
+    """The wall time of runs `names` (default: all) on `workers` processes, scheduled as `pool.execute` runs them,
+    from a timing of the recipe taken on every worker at once (so a step's cost includes sharing the device):
+    first each mechanism's pretraining, its unfinished seeds at once (the group's step; alone where one is left),
+    then each run's learning curve, fine-tuning and an allowance per analysed checkpoint (one seed's step), the
+    tasks taken in turn by the first free worker. Every group compiles its programs; a run compiles fine-tuning's
+    unless a run of its mechanism had finished them before it started (the compilation cache). {"run_s": {name:
+    s}, "group_s": {mechanism: s}, "total_s", "workers"}."""
+    profile = matrix.profile_of(plan)
+    names = list(names or plan["runs"])
+    step, group_step = timing["step_s"], timing.get("group_step_s", timing["step_s"])
+    compile_s = max(0.0, timing["first_step_s"] - step)
+    group_compile_s = max(0.0, timing.get("group_first_step_s", timing["first_step_s"]) - group_step)
     pretrain_rows = profile.train["batch_size"] * profile.data["seq_len"]
     finetune_step = step * (profile.finetune_train["batch_size"] * profile.finetune_data["max_length"]) / pretrain_rows
-    free = [0.0] * max(1, workers)  # when each worker takes its next run
-    cached = {}  # mechanism -> when its first run finished
-    seconds = {}
-    for name in names or plan["runs"]:
-        stages, mechanism = set(plan["runs"][name]["stages"]), plan["runs"][name]["mechanism"]
-        start = min(free)
-        compiles = cached.get(mechanism, math.inf) > start
-        s = profile.steps * step + profile.curve_points * profile.eval_batches * step / 3  # forward only: ~1/3
-        s += COMPILED_PROGRAMS["pretrain"] * compile_s * compiles
+    groups = {m: [n for n in group if n in names] for m, group in matrix.pretraining_groups(plan).items()}
+    groups = {m: group for m, group in groups.items() if group}
+
+    def rest_s(name: str, compiles: bool, pretrains: bool) -> float:
+        stages = set(plan["runs"][name]["stages"])
+        s = profile.curve_points * profile.eval_batches * step / 3  # forward only: ~1/3
+        if pretrains:  # alone: the group had one seed left
+            s += profile.steps * step + COMPILED_PROGRAMS["pretrain"] * compile_s
         if "finetune" in stages:
-            s += profile.finetune_train["num_steps"] * finetune_step
-            s += COMPILED_PROGRAMS["finetune"] * compile_s * compiles
+            s += profile.finetune_train["num_steps"] * finetune_step + COMPILED_PROGRAMS["finetune"] * compile_s * \
+                compiles
         analysed = len(profile.analysis_steps()) if "over_training" in stages else int(bool(stages & {"last",
                                                                                                        "final"}))
-        s += analysed * ANALYSIS_S
-        seconds[name] = s
-        free[free.index(start)] = start + s
-        cached[mechanism] = min(cached.get(mechanism, math.inf), start + s)
-    return dict(run_s=seconds, total_s=max(free), workers=workers)
+        return s + analysed * ANALYSIS_S
+
+    free = [0.0] * max(1, workers)  # when each worker takes its next task
+    queue = [task for m, group in groups.items() for task in
+             ([("group", m)] if len(group) > 1 else [("run", n) for n in group])]
+    ready = {}  # a queued task -> when it was queued (a group's runs: when it ended)
+    cached: dict[str, float] = {}  # mechanism -> when its first run ended
+    seconds, group_seconds = {}, {}
+    while queue:  # the executor's queue: groups first, a group's runs once it ended, in the order they came
+        kind, name = queue.pop(min(range(len(queue)), key=lambda k: (ready.get(queue[k], 0.0), k)))
+        start = max(min(free), ready.get((kind, name), 0.0))
+        worker = free.index(min(free))
+        if kind == "group":
+            s = profile.steps * group_step + COMPILED_PROGRAMS["pretrain"] * group_compile_s
+            group_seconds[name] = s
+            queue += [("run", n) for n in groups[name]]
+            ready.update({("run", n): start + s for n in groups[name]})
+        else:
+            mechanism = plan["runs"][name]["mechanism"]
+            s = rest_s(name, cached.get(mechanism, math.inf) > start, len(groups[mechanism]) == 1)
+            seconds[name] = s
+            cached[mechanism] = min(cached.get(mechanism, math.inf), start + s)
+        free[worker] = start + s
+    return dict(run_s=seconds, group_s=group_seconds, total_s=max(free), workers=workers)
 
 
-def time_on_every_worker(pool: runs.Pool) -> dict:
+def time_on_every_worker(pool: Pool) -> dict:
     """The recipe timed on every worker of `pool` at once, as the runs will share the device and the cores: the
-    median over workers of the first step (compiling included) and of a step, and each worker's timing."""
-    timings = pool.call_on_every_worker("time_recipe", runs.TIMING_MECHANISM)
-    return dict(first_step_s=float(np.median([t["first_step_s"] for t in timings])),
-                step_s=float(np.median([t["step_s"] for t in timings])), mechanism=runs.TIMING_MECHANISM,
-                workers=timings)
+    median over workers of each figure of `pipeline.time_recipe` (one seed's first step, compiling included, and
+    step; the same of the plan's seeds at once), and each worker's timing."""
+    timings = pool.call_on_every_worker("time_recipe", matrix.TIMING_MECHANISM)
+    keys = ("first_step_s", "step_s", "group_first_step_s", "group_step_s")
+    return dict({key: float(np.median([t[key] for t in timings])) for key in keys},
+                seeds_at_once=timings[0]["seeds_at_once"], mechanism=matrix.TIMING_MECHANISM, workers=timings)
 
 
 def describe_estimate(plan: dict, estimated: dict, device: str) -> str:
     timing = plan["timing"]
+    group = (f", {timing['seeds_at_once']} seeds at once {timing['group_step_s'] * 1000:.0f} ms"
+             if timing.get("seeds_at_once", 1) > 1 else "")
     return (f"estimated wall time: {estimated['total_s'] / 60:.1f} min for {len(estimated['run_s'])} run(s) on "
-            f"{device} (a step {timing['step_s'] * 1000:.0f} ms and {timing['first_step_s']:.1f} s to compile, "
+            f"{device} (a step {timing['step_s'] * 1000:.0f} ms{group}, {timing['first_step_s']:.1f} s to compile, "
             f"timed on every worker at once; fine-tuning and analyses are rough allowances)")
 
 
@@ -131,35 +157,35 @@ def reproduce(out: str, profile: str, seeds: int | None = None, workers: int | N
     start = time.perf_counter()
     plan = new_plan(profile, seeds, workers, mechanisms, claims)
     workers = plan["workers"]
-    old = runs.load_plan(out)
+    old = matrix.load_plan(out)
     if old is not None:
         _same_plan(old, plan)
         plan = old
         status(f"jaxpos reproduce: resuming the plan in {out}")
     else:
-        chosen = runs.profile_of(plan)
+        chosen = matrix.profile_of(plan)
         status(f"jaxpos reproduce: profile {chosen.name} ({chosen.purpose}): {len(plan['runs'])} runs of "
                f"{len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s) for {len(plan['claims'])} claim(s) "
                f"-> {out}")
     if "tokenizer" not in plan:
         plan["tokenizer"], plan["corpus"] = _shared_tokenizer(out, plan)
-        runs.save_plan(out, plan)
+        matrix.save_plan(out, plan)
     names = list(plan["runs"])
-    with open(os.path.join(out, RUNS_LIST_FILE), "w") as f:
-        f.write("".join(name + "\n" for name in names))
+    with open(os.path.join(out, RUNS_LIST_FILE), "w") as f:  # an array task a mechanism: its seeds at once
+        f.write("".join(mechanism + "\n" for mechanism in matrix.pretraining_groups(plan)))
     if plan_only:
         return Reproduction(plan)
-    with runs.Pool(out, min(workers, len(names)), runs.profile_of(plan).xla_flags) as pool:
-        pending = [n for n in names if runs.read_result(out, n) is None]
+    with Pool(out, min(workers, len(names)), matrix.profile_of(plan).xla_flags) as pool:
+        pending = [n for n in names if matrix.read_result(out, n) is None]
         if pending:
             if "timing" not in plan:
                 plan["timing"] = time_on_every_worker(pool)
-                runs.save_plan(out, plan)
+                matrix.save_plan(out, plan)
             estimated = estimate(plan, plan["timing"], pool.workers, pending)
             plan.setdefault("estimates", []).append(dict(estimated, at=time.strftime("%Y-%m-%d %H:%M:%S")))
-            runs.save_plan(out, plan)
+            matrix.save_plan(out, plan)
             status(describe_estimate(plan, estimated, pool.device))
-        runs.execute(out, names, pool)
+        execute(out, plan, pool)
     wall = time.perf_counter() - start
     numbers = write_report(out, wall_s=wall, command=command)
     with open(os.path.join(out, WALL_FILE), "w") as f:
@@ -180,24 +206,36 @@ def report_only(out: str, command: str = "jaxpos reproduce") -> dict:
 
 
 def run_one(out: str, name: str) -> str:
-    """Executes run NAME of the plan in OUT in this process (a SLURM array task; the scheduler gives it its
-    device): "done", or "already finished". Raises RuntimeError when the run failed."""
-    plan = runs.load_plan(out)
+    """Executes NAME of the plan in OUT in this process (a SLURM array task; the scheduler gives it its device):
+    a mechanism (its unfinished seeds pretrained at once, then each run's stages in turn) or one run. Returns
+    "done", or "already finished"; raises RuntimeError naming what failed."""
+    plan = matrix.load_plan(out)
     if plan is None:
         raise FileNotFoundError(f"{out}/plan.json is missing: plan with `jaxpos reproduce --out {out} --plan-only`")
-    if name not in plan["runs"]:
-        raise ValueError(f"{name!r} is not a run of {out}/plan.json; runs: {', '.join(plan['runs'])}")
-    if runs.read_result(out, name) is not None:
+    groups = matrix.pretraining_groups(plan)
+    if name not in plan["runs"] and name not in groups:
+        raise ValueError(f"{name!r} is neither a mechanism nor a run of {out}/plan.json; mechanisms: "
+                         f"{', '.join(groups)}")
+    names = [n for n in groups.get(name, [name]) if matrix.read_result(out, n) is None]
+    if not names:
         return "already finished"
-    flags = runs.profile_of(plan).xla_flags
+    flags = matrix.profile_of(plan).xla_flags
     if flags and flags not in os.environ.get("XLA_FLAGS", ""):  # read when the backend starts
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
-    env = runs.worker_env(out, 0, 0)
+    env = worker_env(out, 0, 0)
     for key in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
         os.environ.setdefault(key, env[key])
-    from jaxpos.reproduction.pipeline import execute_logged  # jax starts here, after the flags are set
+    from jaxpos.reproduction.pipeline import execute_logged, pretrain_group_logged  # jax starts here, after the flags
 
-    outcome = execute_logged(out, name)
-    if outcome != "done":
-        raise RuntimeError(f"run {name} {outcome}; its log is {os.path.join(runs.run_dir(out, name), runs.LOG_FILE)}")
-    return outcome
+    if name in groups and len(names) > 1:
+        outcome = pretrain_group_logged(out, name)
+        if outcome != "done":  # each run then pretrains alone
+            status(f"{name}: pretraining its seeds at once {outcome}; see {matrix.group_log(out, name)}")
+    failed = []
+    for run in names:
+        outcome = execute_logged(out, run)
+        if outcome != "done":
+            failed.append(f"{run} {outcome}; its log is {os.path.join(matrix.run_dir(out, run), matrix.LOG_FILE)}")
+    if failed:
+        raise RuntimeError("; ".join(failed))
+    return "done"

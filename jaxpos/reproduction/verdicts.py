@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxpos.reproduction import stats
 from jaxpos.reproduction.claims import ALPHA, CLAIMS, NOT_TRAINED, Claim, all_of, label
-from jaxpos.reproduction.runs import BAG_OF_WORDS
+from jaxpos.reproduction.matrix import BAG_OF_WORDS
 from jaxpos.reproduction.stats import INCONCLUSIVE
 
 

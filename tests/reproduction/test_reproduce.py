@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from jaxpos.reproduction import claims as C
 from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
-from jaxpos.reproduction.runs import PROFILES, make_plan
+from jaxpos.reproduction.matrix import PROFILES, make_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -219,36 +220,38 @@ def test_profiles_are_fixed_recipes():
 
 
 def test_the_estimate_adds_up():
-    from jaxpos.reproduction.reproduce import ANALYSIS_S, estimate
+    from jaxpos.reproduction.reproduce import ANALYSIS_S, COMPILED_PROGRAMS, estimate
 
     profile = PROFILES["micro"]
     plan = make_plan(profile, 2, {"none": (), "tisa": ("finetune",)}, workers=2)
-    timing = dict(step_s=0.1, first_step_s=2.1)
+    timing = dict(step_s=0.1, first_step_s=2.1, group_step_s=0.15, group_first_step_s=3.15)
     result = estimate(plan, timing, workers=2)
-    pretrain = profile.steps * 0.1 + profile.curve_points * profile.eval_batches * 0.1 / 3
+    group = profile.steps * 0.15 + COMPILED_PROGRAMS["pretrain"] * 3.0
+    curve = profile.curve_points * profile.eval_batches * 0.1 / 3
     finetune = profile.finetune_train["num_steps"] * 0.1 * (8 * 32) / (8 * 32)
-    # Two workers take none_s0 and tisa_s0 at 0; none_s1 follows none_s0, whose programs are cached by then;
-    # tisa_s1 starts when none_s1 ends, before tisa_s0 has finished, so it compiles too.
-    assert result["run_s"]["none_s0"] == pytest.approx(pretrain + 3 * 2.0)
-    assert result["run_s"]["tisa_s0"] == pytest.approx(pretrain + finetune + 5 * 2.0)
-    assert result["run_s"]["none_s1"] == pytest.approx(pretrain)
-    assert result["run_s"]["tisa_s1"] == pytest.approx(pretrain + finetune + 5 * 2.0)
-    assert result["total_s"] == pytest.approx(2 * pretrain + 3 * 2.0 + pretrain + finetune + 5 * 2.0)
-    # One worker: every later seed finds its mechanism compiled; the runs add up.
+    # Both workers pretrain a mechanism's two seeds at once from 0; then the runs in the order their groups queued
+    # them: none's two side by side, then tisa's two side by side, each compiling fine-tuning (neither had finished).
+    assert result["group_s"] == {"none": pytest.approx(group), "tisa": pytest.approx(group)}
+    assert result["run_s"]["none_s0"] == result["run_s"]["none_s1"] == pytest.approx(curve)
+    assert result["run_s"]["tisa_s0"] == result["run_s"]["tisa_s1"] == pytest.approx(curve + finetune + 2 * 2.0)
+    assert result["total_s"] == pytest.approx(group + curve + curve + finetune + 2 * 2.0)
+    # One worker: the tasks add up.
     alone = estimate(plan, timing, workers=1)
-    assert alone["run_s"]["tisa_s1"] == pytest.approx(pretrain + finetune)
-    assert alone["total_s"] == pytest.approx(sum(alone["run_s"].values()))
-    # Analyses: an allowance per analysed checkpoint, every analysed one over training, else the last only.
+    assert alone["total_s"] == pytest.approx(sum(alone["run_s"].values()) + sum(alone["group_s"].values()))
+    # A mechanism with one unfinished seed pretrains it alone, with the run; analyses: an allowance per analysed
+    # checkpoint, every analysed one over training, else the last only.
     plan = make_plan(profile, 1, {"tisa": ("last",), "absolute": ("last", "over_training")}, workers=1)
     result = estimate(plan, timing, workers=1)
-    assert result["run_s"]["tisa_s0"] == pytest.approx(pretrain + 3 * 2.0 + ANALYSIS_S)
-    assert result["run_s"]["absolute_s0"] == pytest.approx(pretrain + 3 * 2.0 + 2 * ANALYSIS_S)
+    alone_pretrain = profile.steps * 0.1 + COMPILED_PROGRAMS["pretrain"] * 2.0
+    assert result["group_s"] == {}
+    assert result["run_s"]["tisa_s0"] == pytest.approx(alone_pretrain + curve + ANALYSIS_S)
+    assert result["run_s"]["absolute_s0"] == pytest.approx(alone_pretrain + curve + 2 * ANALYSIS_S)
 
 
 # --- the pool's bookkeeping ------------------------------------------------------------------------------------------
 
 def test_a_failed_run_is_recorded_and_finished_runs_are_reused(tmp_path, monkeypatch):
-    from jaxpos.reproduction import pipeline, runs
+    from jaxpos.reproduction import matrix, pipeline, pool as pool_module
 
     out = str(tmp_path)
 
@@ -256,36 +259,51 @@ def test_a_failed_run_is_recorded_and_finished_runs_are_reused(tmp_path, monkeyp
         print(f"training {name}")
         if name == "absolute_s0":
             raise ValueError("a broken run\nwith details")
-        with open(os.path.join(runs.run_dir(out_dir, name), runs.RESULT_FILE), "w") as f:
+        with open(os.path.join(matrix.run_dir(out_dir, name), matrix.RESULT_FILE), "w") as f:
             json.dump(dict(name=name), f)
 
+    def fake_group(out_dir, mechanism):
+        print(f"pretraining {mechanism}")
+        if mechanism == "diet_rel":
+            raise RuntimeError("no memory")
+
     monkeypatch.setattr(pipeline, "execute_run", fake_run)
+    monkeypatch.setattr(pipeline, "pretrain_group", fake_group)
     assert pipeline.execute_logged(out, "absolute_s0") == "failed: ValueError: a broken run"
-    assert runs.failure(out, "absolute_s0") == "ValueError: a broken run"
-    log = (tmp_path / "runs" / "absolute_s0" / runs.LOG_FILE).read_text()
+    assert matrix.failure(out, "absolute_s0") == "ValueError: a broken run"
+    log = (tmp_path / "runs" / "absolute_s0" / matrix.LOG_FILE).read_text()
     assert "training absolute_s0" in log and "Traceback" in log
     assert pipeline.execute_logged(out, "tisa_s0") == "done"
+    assert pipeline.pretrain_group_logged(out, "diet_rel") == "failed: RuntimeError: no memory"
+    assert "Traceback" in open(matrix.group_log(out, "diet_rel")).read()
 
     class FakePool:
         device, asked = "a test", []
 
-        def map(self, function, names, on_result):
-            self.asked.append(list(names))
-            outcomes = {n: pipeline.execute_logged(out, n) for n in names}
-            for n, outcome in outcomes.items():
-                on_result(n, outcome)
-            return outcomes
+        def submit(self, function, name):
+            self.asked.append((function, name))
+            future = Future()
+            future.set_result(getattr(pipeline, function)(out, name))
+            return future
 
+    plan = make_plan(PROFILES["micro"], 2, {m: () for m in ("tisa", "absolute", "diet_rel")}, workers=2)
     pool, lines = FakePool(), []
     with pytest.raises(RuntimeError, match="1 run.s. did not finish .absolute_s0: failed: ValueError"):
-        runs.execute(out, ["tisa_s0", "absolute_s0", "diet_rel_s0"], pool, log=lines.append)
-    assert pool.asked == [["absolute_s0", "diet_rel_s0"]]  # tisa_s0 had finished
+        pool_module.execute(out, plan, pool, log=lines.append)
+    # tisa_s0 had finished: tisa_s1 alone is left and pretrains with its run; the other mechanisms pretrain their
+    # seeds at once first, and a failed group's runs still go on (each pretrains alone)
+    assert sorted(pool.asked[:3]) == [("execute_logged", "tisa_s1"), ("pretrain_group_logged", "absolute"),
+                                      ("pretrain_group_logged", "diet_rel")]
+    assert sorted(pool.asked[3:]) == [("execute_logged", n) for n in ("absolute_s0", "absolute_s1", "diet_rel_s0",
+                                                                      "diet_rel_s1")]
     assert any("finished before" in line for line in lines)
-    assert any(line.startswith("  diet_rel_s0: done (") and "of 2" in line for line in lines)
+    assert any(line.startswith("  diet_rel: pretraining of 2 seeds at once failed: RuntimeError: no memory; its "
+                               "runs pretrain alone") for line in lines)
+    assert any(line.startswith("  diet_rel_s1: done (") and "of 5" in line for line in lines)
 
 
 def test_worker_environment():
-    from jaxpos.reproduction.runs import worker_env
+    from jaxpos.reproduction.pool import worker_env
 
     cpu = worker_env("/x", 1, 0, "--flag=1")
     assert cpu["JAX_PLATFORMS"] == "cpu" and "--xla_cpu_multi_thread_eigen=false" in cpu["XLA_FLAGS"]
@@ -296,9 +314,9 @@ def test_worker_environment():
 
 
 def test_workers_wait_for_each_other_before_their_timed_steps(monkeypatch):
-    from jaxpos.reproduction import runs
+    from jaxpos.reproduction import host as runs
 
-    monkeypatch.setattr(runs, "_EVERY_WORKER", threading.Barrier(2))
+    monkeypatch.setattr(runs, "EVERY_WORKER", threading.Barrier(2))
     passed = threading.Event()
     other = threading.Thread(target=lambda: (runs.wait_for_every_worker(), passed.set()))
     other.start()
@@ -307,18 +325,18 @@ def test_workers_wait_for_each_other_before_their_timed_steps(monkeypatch):
     other.join(5)
     assert passed.is_set()
     # A worker that never arrives: the barrier breaks after the timeout and the timing goes on.
-    monkeypatch.setattr(runs, "_EVERY_WORKER", threading.Barrier(2))
+    monkeypatch.setattr(runs, "EVERY_WORKER", threading.Barrier(2))
     start = time.perf_counter()
     runs.wait_for_every_worker(timeout_s=0.2)
     assert 0.2 <= time.perf_counter() - start < 5
-    monkeypatch.setattr(runs, "_EVERY_WORKER", None)  # outside a pool: at once
+    monkeypatch.setattr(runs, "EVERY_WORKER", None)  # outside a pool: at once
     start = time.perf_counter()
     runs.wait_for_every_worker()
     assert time.perf_counter() - start < 0.1
 
 
 def test_the_pace_of_the_runs_so_far():
-    from jaxpos.reproduction.runs import pace
+    from jaxpos.reproduction.pool import pace
 
     assert pace(4, 10, 120.0) == "4 of 10; the rest about 3.0 min at the pace so far"  # 6 runs at 30 s each
     assert pace(10, 10, 999.0) == "10 of 10"
@@ -334,8 +352,8 @@ def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys):
                  "--seeds", "2", "--workers", "2", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# 8 runs (4 mechanisms x 2 seed(s)) for 2 claim(s)")
-    assert [line.split()[0] for line in lines[1:5]] == ["none_s0", "tisa_s0", "diet_abs_s0", "diet_abs_segments_s0"]
-    assert lines[3].endswith("# pretrain, finetune")
+    assert [line.split()[0] for line in lines[1:]] == ["none", "tisa", "diet_abs", "diet_abs_segments"]
+    assert lines[3] == "diet_abs  # seeds 0, 1 pretrained at once; each then: learning curve, finetune"
     assert not out.exists()
     assert main(["reproduce", "--out", str(out), "--mechanisms", "absolute,rotary", "--dry-run"]) == 2
     assert main(["reproduce", "--out", str(out), "--claims", "everything", "--dry-run"]) == 2
@@ -408,12 +426,21 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     assert main(["reproduce", "--out", str(out), "--profile", "micro", "--claims", chosen, "--plan-only"]) == 0
     assert "resuming the plan" in capsys.readouterr().out
-    assert (out / "runs.txt").read_text().split() == ["none_s0", "tisa_s0", "none_s1", "tisa_s1"]
+    assert (out / "runs.txt").read_text().split() == ["none", "tisa"]  # an array task a mechanism
     assert main(["reproduce", "--out", str(out), "--profile", "micro", "--seeds", "3"]) == 2
     assert "differ from the plan" in capsys.readouterr().err
-    # An array task's run: a finished run is kept; one whose result is gone resumes from its checkpoints.
+    # The seeds of a mechanism pretrained at once, each in its own folder.
+    assert all(runs[name]["pretrain"]["seeds_at_once"] == 2 for name in runs)
+    assert "training 2 seeds at once (0, 1)" in (out / "runs" / "tisa.pretraining.log").read_text()
+    # An array task: a finished mechanism or run is kept; a run whose result is gone is made again from its
+    # finished pretraining, one whose pretraining is unfinished resumes from its checkpoints.
+    assert repro.run_one(str(out), "none") == "already finished"
     assert repro.run_one(str(out), "none_s1") == "already finished"
     os.remove(out / "runs" / "none_s1" / "result.json")
+    assert repro.run_one(str(out), "none") == "done"
+    assert json.loads((out / "runs" / "none_s1" / "result.json").read_text())["curve"] == runs["none_s1"]["curve"]
+    os.remove(out / "runs" / "none_s1" / "result.json")
+    os.remove(out / "runs" / "none_s1" / "pretrain" / "report.json")
     assert repro.run_one(str(out), "none_s1") == "done"
     assert "resumed from checkpoint step 12" in (out / "runs" / "none_s1" / "run.log").read_text()
     # The folder moved elsewhere (another host) resumes there: the plan names its tokenizer relative to itself.
@@ -421,16 +448,17 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     shutil.move(out, moved)
     assert json.loads((moved / "plan.json").read_text())["tokenizer"] == os.path.join("tokenizer", "spm_mlm.model")
     os.remove(moved / "runs" / "none_s0" / "result.json")
+    os.remove(moved / "runs" / "none_s0" / "pretrain" / "report.json")
     assert repro.run_one(str(moved), "none_s0") == "done"
     assert "resumed from checkpoint step 12" in (moved / "runs" / "none_s0" / "run.log").read_text()
 
 
 def test_the_slurm_array_script_dry_run(tmp_path):
-    """launch/reproduce.sbatch: a task runs its line of OUT/runs.txt; on the login node it plans, submits the
-    array and the report step (tests/test_launch.py checks every launch script with shellcheck)."""
+    """launch/reproduce.sbatch: a task runs its line of OUT/runs.txt (a mechanism); on the login node it plans,
+    submits the array and the report step (tests/test_launch.py checks every launch script with shellcheck)."""
     out = tmp_path / "repro"
     out.mkdir()
-    (out / "runs.txt").write_text("none_s0\ntisa_s0\nnone_s1\n")
+    (out / "runs.txt").write_text("none\ntisa\ndiet_rel\n")
     script = os.path.join(ROOT, "launch", "reproduce.sbatch")
     jaxpos = tmp_path / "jaxpos"  # this checkout's package, whatever the interpreter's entry point imports
     jaxpos.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m jaxpos.cli \"$@\"\n")
@@ -444,10 +472,10 @@ def test_the_slurm_array_script_dry_run(tmp_path):
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.splitlines()
 
-    assert lines(str(out), SLURM_ARRAY_TASK_ID="1") == [f"+ {jaxpos} reproduce --out {out} --run tisa_s0"]
+    assert lines(str(out), SLURM_ARRAY_TASK_ID="1") == [f"+ {jaxpos} reproduce --out {out} --run tisa"]
     plan, submit, report = lines(str(out / "new"), "--profile", "full", "--claims", "tisa_local", "--seeds", "3")[1:]
     assert plan == f"+ {jaxpos} reproduce --out {out / 'new'} --profile full --claims tisa_local --seeds 3 --plan-only"
-    assert submit == f"+ sbatch --parsable --array=0-5%32 {script} {out / 'new'}"
+    assert submit == f"+ sbatch --parsable --array=0-1%32 {script} {out / 'new'}"  # a task a mechanism
     assert report.startswith("+ sbatch --job-name=jaxpos-reproduce-report") and "afterany:ARRAY_JOB_ID" in report
     assert report.endswith(f"'--wrap={jaxpos} reproduce --out {out / 'new'} --report-only'")
     assert not (out / "new").exists()

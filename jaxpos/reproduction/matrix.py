@@ -1,33 +1,24 @@
-"""The run matrix of `jaxpos reproduce`, its fixed recipes (profiles) and a process pool that executes it.
+"""The run matrix of `jaxpos reproduce` and its fixed recipes (profiles): what runs, never where or how.
 
 Every mechanism is pretrained with its profile's recipe (steps x batch x seq_len, learning rate), once per seed;
-the seed sets the initialisation, the data order and the masking, so runs with the same seed are paired. A run
-executes only the stages the chosen claims need of its mechanism (`STAGES`). Runs go to a pool of worker
-processes on this host, one per CPU core (pinned, XLA on one thread) or several per GPU (tiny models are
-latency-bound); a finished run's result.json is reused and an unfinished one resumes from its checkpoints, so
-running the command again resumes. launch/reproduce.sbatch spreads the same runs over a SLURM job array instead.
+the seed sets the initialisation, the data order and the masking, so runs with the same seed are paired. The seeds
+of a mechanism pretrain at once, in one program (`pretraining_groups`); each run then executes only the stages the
+chosen claims need of its mechanism (`STAGES`). A finished run's result.json is reused and an unfinished one
+resumes from its checkpoints, so running the command again resumes. jaxpos.reproduction.pool executes the plan on
+this host's worker processes; launch/reproduce.sbatch spreads its groups over a SLURM job array instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 import os
-import platform
-import shutil
-import signal
-import subprocess
-import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
-from importlib.metadata import version
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from jaxpos.config import MECHANISMS, position_config
 from jaxpos.config.files import load_config, write_json_atomically
-from jaxpos.progress import status
+from jaxpos.reproduction.host import machine
 
 PLAN_FILE = "plan.json"
 RESULT_FILE = "result.json"
@@ -40,7 +31,6 @@ LOG_FILE = "run.log"
 #   over_training the same at every analysed checkpoint (the last included)
 #   final         effective attention and token identifiability at the last checkpoint
 STAGES = ("finetune", "probe", "last", "over_training", "final")
-RUNS_PER_GPU = 8  # worker processes sharing one GPU: a tiny model's step leaves most of it idle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,44 +232,6 @@ def finetune_config(plan: dict, seed: int):
 
 # --- the plan ----------------------------------------------------------------------------------------------------
 
-def machine() -> dict:
-    """What ran it: CPU model, cores, GPUs (nvidia-smi), Python and jax versions."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = dict(cpu=cpu, cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-                gpus=gpus(), python=platform.python_version(), host=platform.node())
-    try:
-        info["jax"] = version("jax")
-    except Exception:  # noqa: BLE001 - informational only
-        pass
-    return info
-
-
-def gpus() -> list[str]:
-    """NVIDIA GPUs of this host (nvidia-smi -L), without importing jax (which would hold a device)."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in out.splitlines() if line.startswith("GPU ")]
-
-
-def _cores() -> list[int]:
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
-def default_workers() -> int:
-    """RUNS_PER_GPU per GPU (no more than the cores, which feed them), else one per CPU core."""
-    count = len(gpus())
-    return min(count * RUNS_PER_GPU, len(_cores())) if count else len(_cores())
-
-
 def make_plan(profile: Profile, seeds: int, needs: Mapping[str, Sequence[str]], workers: int,
               claims: Sequence[str] = ()) -> dict:
     """The run matrix: a run per mechanism of `needs` ({mechanism: stages}) and seed, doing those stages."""
@@ -335,6 +287,34 @@ def run_dir(out: str, name: str) -> str:
     return os.path.join(out, "runs", name)
 
 
+def pretrain_dir(out: str, name: str) -> str:
+    """Where run NAME pretrains: a `jaxpos train` workdir."""
+    return os.path.join(run_dir(out, name), "pretrain")
+
+
+def pretraining_groups(plan: dict) -> dict[str, list[str]]:
+    """{mechanism: the names of its runs, by seed}: the runs whose pretraining is one program (their seeds at
+    once), in the plan's order. A group is named by its mechanism, a run by its mechanism and seed."""
+    groups: dict[str, list[str]] = {}
+    for name, spec in plan["runs"].items():
+        groups.setdefault(spec["mechanism"], []).append(name)
+    return groups
+
+
+def group_log(out: str, mechanism: str) -> str:
+    """The log of a mechanism's pretraining (its seeds at once)."""
+    return os.path.join(out, "runs", f"{mechanism}.pretraining.log")
+
+
+def pretraining_finished(out: str, name: str, steps: int) -> bool:
+    """Whether run NAME has pretrained all `steps` (its report.json, written when the loop ends, says so)."""
+    path = os.path.join(pretrain_dir(out, name), "report.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return json.load(f).get("step") == steps
+
+
 def read_result(out: str, name: str) -> dict | None:
     path = os.path.join(run_dir(out, name), RESULT_FILE)
     if not os.path.isfile(path):
@@ -354,160 +334,3 @@ def failure(out: str, name: str) -> str | None:
         return None
     with open(path) as f:
         return f.read().strip()
-
-
-# --- the process pool --------------------------------------------------------------------------------------------
-# concurrent.futures' ProcessPoolExecutor over spawned workers: each starts a fresh interpreter, so the environment
-# its initializer sets is in place before it imports jax. A worker takes the next run, executes it with its output
-# in runs/NAME/run.log, and takes the next; imports and the backend start once per worker.
-
-def worker_env(out: str, slot: int, gpu_count: int, xla_flags: str = "") -> dict:
-    """The environment of the worker in `slot`: its GPU share (no preallocation, so several fit on one GPU), or
-    the CPU alone (each worker has its own core); XLA's CPU programs (a GPU worker's analyses) on one thread; a
-    compilation cache shared by the runs (the seeds of a mechanism compile the same programs); the profile's XLA
-    flags."""
-    env = {}
-    flags = os.environ.get("XLA_FLAGS", "")
-    flags = " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
-    if gpu_count:
-        env["CUDA_VISIBLE_DEVICES"] = str(slot % gpu_count)
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    else:
-        env["JAX_PLATFORMS"] = "cpu"
-    flags += " --xla_cpu_multi_thread_eigen=false"  # the pool fills the cores: one thread for its CPU programs
-    env["XLA_FLAGS"] = " ".join((flags + " " + xla_flags).split())
-    env["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.path.abspath(out), "jax_cache")
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.3"
-    return env
-
-
-_EVERY_WORKER = None  # in a pool worker: the pool's barrier (a multiprocessing.Barrier of all its workers)
-
-
-def wait_for_every_worker(timeout_s: float = 900.0) -> None:
-    """In a pool worker, inside a call of `Pool.call_on_every_worker`: returns once every worker has reached this
-    point (or after `timeout_s`, if one never does); elsewhere at once."""
-    if _EVERY_WORKER is None:
-        return
-    try:
-        _EVERY_WORKER.wait(timeout_s)
-    except threading.BrokenBarrierError:  # a worker failed or was late: the timing goes on without it
-        pass
-
-
-def _start_worker(out: str, slots, barrier, gpu_count: int, pin: bool, xla_flags: str) -> None:
-    """A pool worker's initializer: takes a slot, keeps the pool's barrier, sets its environment and pins it to its
-    core."""
-    global _EVERY_WORKER
-    _EVERY_WORKER = barrier
-    slot = slots.get()
-    os.environ.update(worker_env(out, slot, gpu_count, xla_flags))
-    if pin and hasattr(os, "sched_setaffinity"):
-        cores = _cores()
-        os.sched_setaffinity(0, {cores[slot % len(cores)]})
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops the workers
-
-
-def _call_in_worker(function: str, out: str, name: str):
-    """pipeline.`function`(out, name) in a worker."""
-    from jaxpos.reproduction import pipeline  # imported in the worker, after its environment: jax reads it there
-
-    return getattr(pipeline, function)(out, name)
-
-
-class Pool:
-    """`workers` worker processes on this host: one per CPU core (pinned), or shares of the GPUs. A context
-    manager; leaving it early (an exception, SIGTERM, Ctrl-C) stops the workers with SIGTERM, on which a
-    training run checkpoints, and waits for them."""
-
-    def __init__(self, out: str, workers: int, xla_flags: str = ""):
-        gpu_count = len(gpus())
-        context = multiprocessing.get_context("spawn")
-        slots = context.Queue()
-        for slot in range(workers):
-            slots.put(slot)
-        pin = not gpu_count and workers <= len(_cores())
-        self.out, self.workers = out, workers
-        self.device = f"{gpu_count} GPU(s), {workers} worker(s)" if gpu_count else f"{workers} CPU worker(s)"
-        self.executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                                            initargs=(out, slots, context.Barrier(workers), gpu_count, pin,
-                                                      xla_flags))
-
-    def __enter__(self):
-        def interrupted(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum}")
-
-        self.previous = signal.signal(signal.SIGTERM, interrupted)
-        return self
-
-    def call(self, function: str, name: str):
-        """pipeline.`function`(out, name) on one worker; its return value."""
-        return self.executor.submit(_call_in_worker, function, self.out, name).result()
-
-    def call_on_every_worker(self, function: str, name: str) -> list:
-        """pipeline.`function`(out, name) as many times as there are workers, submitted at once so that each
-        worker takes one (each call outlasts the workers' start); the return values."""
-        futures = [self.executor.submit(_call_in_worker, function, self.out, name) for _ in range(self.workers)]
-        return [future.result() for future in futures]
-
-    def map(self, function: str, names: Sequence[str], on_result: Callable[[str, object], None]) -> dict:
-        """pipeline.`function`(out, name) for each name, the first free worker taking the next; `on_result`
-        sees each as it ends. Returns {name: return value, or "failed: why" where the worker died}."""
-        futures = {self.executor.submit(_call_in_worker, function, self.out, n): n for n in names}
-        results = {}
-        for future in as_completed(futures):
-            name = futures[future]
-            try:
-                results[name] = future.result()
-            except BrokenProcessPool:  # a worker was killed (out of memory?): the pool cannot go on
-                results[name] = "failed: its worker process died"
-            on_result(name, results[name])
-        return results
-
-    def __exit__(self, kind, error, trace):
-        signal.signal(signal.SIGTERM, self.previous)
-        if kind is None:
-            self.executor.shutdown(wait=True)
-            return
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        workers = multiprocessing.active_children()
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            worker.join(timeout=120)
-            if worker.is_alive():
-                worker.kill()
-
-
-def pace(ended: int, total: int, elapsed_s: float) -> str:
-    """'ENDED of TOTAL', and while runs remain, their wall time at the pool's pace so far (runs ended per second
-    since the pool started: the measured counterpart of the estimate printed before)."""
-    left = total - ended
-    if not left:
-        return f"{ended} of {total}"
-    return f"{ended} of {total}; the rest about {left * elapsed_s / ended / 60:.1f} min at the pace so far"
-
-
-def execute(out: str, names: Sequence[str], pool: Pool, *, log=status) -> dict:
-    """Executes the unfinished runs of `names` on `pool`; finished ones (result.json) are reused. Returns
-    {name: outcome}; raises RuntimeError naming the runs that did not finish."""
-    pending = [n for n in names if read_result(out, n) is None]
-    if not pending:
-        return {}
-    log(f"{len(pending)} run(s) on {pool.device}"
-        + (f"; {len(names) - len(pending)} finished before" if len(pending) < len(names) else ""))
-
-    start, ended = time.perf_counter(), []
-
-    def report(name, outcome):
-        ended.append(name)
-        where = "" if outcome == "done" else f"; see {os.path.join(run_dir(out, name), LOG_FILE)}"
-        log(f"  {name}: {outcome}{where} ({pace(len(ended), len(pending), time.perf_counter() - start)})")
-
-    outcomes = pool.map("execute_logged", pending, report)
-    failed = [n for n in pending if outcomes.get(n) != "done"]
-    if failed:
-        reasons = "; ".join(f"{n}: {outcomes.get(n, 'did not finish')}" for n in failed)
-        raise RuntimeError(f"{len(failed)} run(s) did not finish ({reasons}); their logs are "
-                           f"{os.path.join(out, 'runs', 'NAME', LOG_FILE)}. Running the command again resumes.")
-    return outcomes
