@@ -115,13 +115,21 @@ def test_training_benchmark_paths_and_peer_in_concurrent_workers():
     assert "fastest none       with attention dropout: xla@0.1" in proc.stdout
 
 
-def test_loop_overhead_benchmark_runs_the_three_ways_at_a_tiny_size():
-    proc = subprocess.run([sys.executable, "bench/loop_overhead.py", "--steps", "3", "--repeats", "1", "--overrides",
-                           "model.d_model=32", "model.num_layers=1", "model.mlp_dim=48", "data.vocab_size=300",
-                           "data.max_documents=20", "data.tokenizer_max_sentences=2000", "train.batch_size=8"],
+def test_loop_overhead_benchmark_runs_every_way_at_a_tiny_size():
+    proc = subprocess.run([sys.executable, "bench/loop_overhead.py", "--steps", "4", "--repeats", "1", "--seeds", "2",
+                           "--dispatch-steps", "2", "--overrides", "model.d_model=32", "model.num_layers=1",
+                           "model.mlp_dim=48", "data.vocab_size=300", "data.max_documents=20",
+                           "data.tokenizer_max_sentences=2000", "train.batch_size=8"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env=dict(os.environ, XLA_FLAGS=quick_compile_flags()))  # one device
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line.startswith(("jaxpos train loop", "bare jitted"))]
-    assert len(rows) == 3 and rows[-1].split()[-1] == "1.00", proc.stdout
-    assert all(float(row.split()[-2]) > 0 for row in rows), proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("jaxpos train loop", "bare"))]
+    assert [row[:30] for row in rows] == [
+        "jaxpos train loop, batches mad", "jaxpos train loop, batches mad", "bare jitted step, batches on t",
+        "jaxpos train loop, 2 seeds at ", "bare step vmapped over 2 seeds", "bare, 2 steps a dispatch (lax."], \
+        proc.stdout
+    assert rows[2].split()[-1] == "1.00", proc.stdout
+    for row in rows:  # ms a dispatch, ms a seed-step (half the dispatch for two seeds), tokens a second
+        dispatch, seed_step, tokens = (float(x) for x in row.split()[-4:-1])
+        assert dispatch > 0 and tokens > 0 and seed_step == pytest.approx(dispatch / (2 if " 2 seeds" in row
+                                                                                      else 1), abs=0.01), row
