@@ -406,3 +406,31 @@ def curves_figure(runs: dict, metric: str = "loss"):
 def plot_curves(runs: dict, path: str, metric: str = "loss") -> str:
     """Writes `curves_figure` to `path`."""
     return save_figure(curves_figure(runs, metric), path)
+
+
+def lengths_figure(results: dict, metric: str = "loss"):
+    """Held-out `metric` against the evaluation length, a line per run (distinct colour and line style), the
+    training lengths dotted; lengths a run could not run at are absent from its line and named in the legend.
+    `results`: {name: jaxpos.evaluation.lengths.evaluate_lengths's dict}."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    styles = ("-", "--", "-.", ":")
+    colours = plt.get_cmap("tab10").colors
+    for k, (name, result) in enumerate(results.items()):
+        done = [e for e in result["lengths"] if "skipped" not in e]
+        skipped = [e["length"] for e in result["lengths"] if "skipped" in e]
+        label = name + (f" (cannot run at {', '.join(map(str, skipped))})" if skipped else "")
+        ax.plot([e["length"] for e in done], [e[metric] for e in done], marker="o", label=label,
+                color=colours[k % len(colours)], linestyle=styles[(k // len(colours)) % len(styles)])
+    for length in sorted({r["train_length"] for r in results.values()}):
+        ax.axvline(length, color="0.5", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set(title=f"held-out masked-LM {metric} against length (dotted: training length)", xlabel="tokens a row",
+           ylabel=metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_lengths(results: dict, path: str, metric: str = "loss") -> str:
+    """Writes `lengths_figure` to `path`."""
+    return save_figure(lengths_figure(results, metric), path)

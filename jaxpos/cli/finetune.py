@@ -22,10 +22,21 @@ def add_finetune_parser(subparsers) -> None:
     parser.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, evals.json, report.json")
     parser.set_defaults(run=_finetune)
 
-    parser = add_command(subparsers, "evaluate", "scores of a fine-tuned run's latest checkpoint on a split",
+    parser = add_command(subparsers, "evaluate", "scores of a fine-tuned run's latest checkpoint on a split; with "
+                         "--lengths, masked-LM runs' held-out loss and accuracy at several lengths",
                          overrides=data_only)
-    parser.add_argument("--workdir", required=True, help="the workdir of a `jaxpos finetune` run")
+    parser.add_argument("--workdir", required=True, action="append",
+                        help="the workdir of a `jaxpos finetune` run; with --lengths, of a `jaxpos train` masked-LM "
+                             "run (repeat for several in one table and figure)")
     parser.add_argument("--split", help="a labelled split (default: the task's first dev split)")
+    parser.add_argument("--lengths", help="comma-separated lengths, e.g. 128,256,512,1024: each run's held-out "
+                                          "loss at each (rows of contiguous held-out text; docs/evaluation.md)")
+    parser.add_argument("--figure", help="with --lengths: the PNG of loss against length (default: "
+                                         "FIRST_WORKDIR/lengths.png)")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="with --lengths: score the first N tokens of the held-out text at every length "
+                             "(default: all)")
+    parser.add_argument("--batch-size", type=int, default=8, help="with --lengths: rows a batch (default 8)")
     parser.set_defaults(run=_evaluate)
 
     parser = add_command(
@@ -72,13 +83,30 @@ def _data_overrides(overrides, command: str) -> list[str]:
 
 
 def _evaluate(args, overrides):
+    if args.lengths:
+        return _evaluate_lengths(args, overrides)
+    if len(args.workdir) > 1 or args.figure:
+        raise ValueError("one --workdir of a fine-tuned run (several, and --figure, go with --lengths)")
     # lazy: loads jax (~2 s), which `jaxpos --help` does not need
     from jaxpos.workflows.finetune import chance_note, evaluate, format_scores
 
-    done = evaluate(args.workdir, args.split, _data_overrides(overrides, "evaluate"))
+    done = evaluate(args.workdir[0], args.split, _data_overrides(overrides, "evaluate"))
     print(f"{done.task} {done.split} ({done.examples} examples, step {done.step}): {format_scores(done.scores)}"
           f"{chance_note(done.chance, done.main_metric)}")
     return done.as_dict()
+
+
+def _evaluate_lengths(args, overrides):
+    if overrides or args.split:
+        raise ValueError("--lengths reads each run's own held-out text: no --split or --config overrides")
+    if args.batch_size < 1 or args.max_tokens < 0:
+        raise ValueError("--batch-size must be at least 1 and --max-tokens at least 0")
+    from jaxpos.workflows.lengths import length_generalisation, lengths_table  # lazy: loads jax
+
+    results = length_generalisation(args.workdir, _numbers(args.lengths, int, "--lengths"), args.figure,
+                                    args.batch_size, args.max_tokens)
+    print(lengths_table(results) + f"wrote {next(iter(results.values()))['figure']} and each run's lengths.json")
+    return results
 
 
 def _numbers(text: str, kind, flag: str) -> list:

@@ -85,7 +85,7 @@ def _reproduce(args, overrides):
         plan = repro.new_plan(**settings)
         print(f"# {len(plan['runs'])} runs ({len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s)) for "
               f"{len(plan['claims'])} claim(s), profile {args.profile}, {plan['workers']} at a time")
-        from jaxpos.reproduction.matrix import pretraining_groups
+        from jaxpos.reproduction.matrix import pretraining_groups  # lazy: with the plan, for a dry run only
 
         for mechanism, names in pretraining_groups(plan).items():  # an array task a mechanism
             seeds = ", ".join(str(plan["runs"][n]["seed"]) for n in names)

@@ -1,0 +1,104 @@
+"""Length generalisation: contiguous held-out rows, the scoring against a numpy cross-entropy and against the
+run's own evaluation, inductive mechanisms run past their training length and others say why they cannot."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxpos import cli
+from jaxpos.data.pipeline import contiguous_rows, eval_batches, held_out_rows
+from jaxpos.data.corpus import DataStats, load_documents
+from jaxpos.data.mlm import split_sentences
+from jaxpos.data.tokenizer import CLS_ID, SEP_ID
+from jaxpos.evaluation.lengths import evaluate_lengths, masked_lm_metrics
+from jaxpos.models import BertForMaskedLM
+from jaxpos.run import Run
+from jaxpos.training.mlm import MaskedLMTask
+from tests.helpers import train_tiny_mlm
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A TISA run and a learned-absolute run, trained two steps at 32 tokens."""
+    root = tmp_path_factory.mktemp("lengths")
+    return {kind: train_tiny_mlm(str(root / kind), kind=kind) for kind in ("tisa", "absolute")}
+
+
+def test_contiguous_rows_are_the_held_out_text_in_order_one_piece_each(runs):
+    run = Run.open(runs["tisa"])
+    tokenizer = run.tokenizer()
+    _, documents = load_documents(run.config.data, DataStats(), DataStats())
+    stream = [t for d in documents for s in split_sentences(d) for t in tokenizer.encode(s)]  # by hand, one at a time
+    rows = contiguous_rows(run.config.data, tokenizer, 20)
+    assert rows.tokens.shape == (len(stream) // 18, 20)
+    assert (rows.tokens[:, 0] == CLS_ID).all() and (rows.tokens[:, -1] == SEP_ID).all()
+    assert (rows.piece_ids == 1).all()  # one piece: every token attends to every other
+    np.testing.assert_array_equal(rows.tokens[:, 1:-1].ravel(), stream[:len(rows) * 18])
+    capped = contiguous_rows(run.config.data, tokenizer, 20, max_tokens=40)
+    assert len(capped) == 2
+    np.testing.assert_array_equal(capped.tokens, rows.tokens[:2])
+    with pytest.raises(ValueError, match="not one row of"):
+        contiguous_rows(run.config.data, tokenizer, 20, max_tokens=10)
+
+
+def test_the_score_is_a_cross_entropy_of_the_masked_tokens(runs):
+    """Against numpy: log-softmax of the model's logits at the masked positions."""
+    run = Run.open(runs["tisa"])
+    tokenizer = run.tokenizer()
+    _, params = run.params()
+    model = BertForMaskedLM(run.model_config)
+    batches = list(eval_batches(contiguous_rows(run.config.data, tokenizer, 24), tokenizer, 4, 2, 0, 0.15))
+    metrics = masked_lm_metrics(MaskedLMTask(model, 24), params, batches)
+    nll, correct, count = 0.0, 0, 0
+    for batch in batches:
+        logits = np.asarray(model.apply({"params": params}, batch["input_ids"], piece_ids=batch["piece_ids"],
+                                        token_types=batch["token_types"], input_positions=batch["positions"],
+                                        deterministic=True), np.float64)
+        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        chosen = batch["mask_weights"] > 0
+        targets = batch["targets"][chosen]
+        nll -= log_probs[chosen][np.arange(len(targets)), targets].sum()
+        correct += int((logits[chosen].argmax(-1) == targets).sum())
+        count += len(targets)
+    assert metrics["predicted"] == count
+    assert metrics["loss"] == pytest.approx(nll / count, rel=1e-5)
+    assert metrics["accuracy"] == pytest.approx(correct / count)
+
+
+def test_at_its_own_rows_the_score_is_the_runs_own_evaluation(runs):
+    run = Run.open(runs["tisa"])
+    tokenizer, train, data = run.tokenizer(), run.config.train, run.config.data
+    _, params = run.params()
+    rows = held_out_rows(data, tokenizer)
+    metrics = masked_lm_metrics(MaskedLMTask(BertForMaskedLM(run.model_config), data.seq_len), params,
+                                eval_batches(rows, tokenizer, train.batch_size, train.eval_batches, data.seed,
+                                             data.mask_prob))
+    with open(f"{runs['tisa']}/report.json") as f:
+        assert metrics["loss"] == pytest.approx(json.load(f)["eval"]["loss"], rel=1e-5)
+
+
+def test_inductive_mechanisms_run_past_their_training_length_and_others_say_why_not(runs):
+    tisa = evaluate_lengths(Run.open(runs["tisa"]), [16, 32, 64])
+    assert tisa["train_length"] == 32 and [e["length"] for e in tisa["lengths"]] == [16, 32, 64]
+    assert all(np.isfinite(e["loss"]) and e["rows"] > 0 for e in tisa["lengths"])
+    absolute = evaluate_lengths(Run.open(runs["absolute"]), [16, 32, 64])
+    assert [("skipped" in e) for e in absolute["lengths"]] == [False, False, True]
+    assert absolute["lengths"][2]["skipped"].startswith("no learned position past 32 (")
+
+
+def test_the_command_writes_a_table_a_figure_and_each_runs_numbers(runs, tmp_path, capsys):
+    figure = tmp_path / "lengths.png"
+    assert cli.main(["evaluate", "--workdir", runs["tisa"], "--workdir", runs["absolute"], "--lengths", "16,64",
+                     "--figure", str(figure), "--max-tokens", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "| run | trained at | 16 tokens | 64 tokens |" in out and "cannot run" in out
+    assert "absolute: no learned position past 32" in out
+    assert figure.stat().st_size > 1000
+    saved = json.loads(open(f"{runs['tisa']}/lengths.json").read())
+    assert [e["length"] for e in saved["lengths"]] == [16, 64]
+    assert cli.main(["evaluate", "--workdir", runs["tisa"], "--lengths", "16,2"]) == 2
+    assert "at least 3 tokens" in capsys.readouterr().err
+    assert cli.main(["evaluate", "--workdir", runs["tisa"], "--workdir", runs["absolute"]]) == 2
+    assert "one --workdir of a fine-tuned run" in capsys.readouterr().err
