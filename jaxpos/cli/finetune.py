@@ -30,7 +30,7 @@ def add_finetune_parser(subparsers) -> None:
                              "run (repeat for several in one table and figure)")
     parser.add_argument("--split", help="a labelled split (default: the task's first dev split)")
     parser.add_argument("--lengths", help="comma-separated lengths, e.g. 128,256,512,1024: each run's held-out "
-                                          "loss at each (rows of contiguous held-out text; docs/evaluation.md)")
+                                          "loss at each (rows of contiguous held-out text; docs/analysis.md)")
     parser.add_argument("--figure", help="with --lengths: the PNG of loss against length (default: "
                                          "FIRST_WORKDIR/lengths.png)")
     parser.add_argument("--max-tokens", type=int, default=0,

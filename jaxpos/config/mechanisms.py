@@ -125,6 +125,11 @@ MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
               inductive=When("fixed form", lambda p: p.attenuated.form == "fixed"),
               learned=When("learned forms", lambda p: p.attenuated.form != "fixed"),
               kernel_form=lambda p: "table" if p.attenuated.form in ("offset", "abs_offset") else None),
+    Mechanism("kerple", "jaxpos.positions.kerple:KerplePosition", "KERPLE (log)", "−r₁ log(1 + r₂|j − i|) per head",
+              inductive=True, learned=True, kernel_form="table"),
+    Mechanism("fire", "jaxpos.positions.fire:FirePosition", "FIRE",
+              "MLP(ψ(j − i) / ψ(max(L, ·))) per head, ψ(x) = log(cx + 1)", inductive=True, learned=True,
+              kernel_form="table"),
 )}
 
 

@@ -97,6 +97,18 @@ class AttenuatedConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class KerpleConfig:
+    sharing: str = "none"  # none: r1, r2 per layer and head (KERPLE); head; layer
+
+
+@dataclasses.dataclass(frozen=True)
+class FireConfig:
+    hidden: int = 32  # the MLP's hidden width (FIRE: 32)
+    c: float = 0.1  # initial c of psi(x) = log(c x + 1), learned (kept above 1e-3)
+    threshold: float = 0.0  # initial L of psi(max(L, i)), learned; 0: model.max_length, the training length
+
+
+@dataclasses.dataclass(frozen=True)
 class PositionConfig:
     kind: str = "absolute"
     segment: str = "input"  # input embeddings | per-head segment attention (DIET) | none
@@ -111,6 +123,8 @@ class PositionConfig:
     rope: RopeConfig = RopeConfig()
     tupe: TupeConfig = TupeConfig()
     attenuated: AttenuatedConfig = AttenuatedConfig()
+    kerple: KerpleConfig = KerpleConfig()
+    fire: FireConfig = FireConfig()
 
     def __post_init__(self):
         if self.kind not in MECHANISMS:
@@ -125,7 +139,7 @@ class PositionConfig:
                              "input only")
         if self.position_only and mechanism.no_position_only_term:
             raise ValueError(f"position_only is not defined for {self.kind!r}: {mechanism.no_position_only_term}")
-        for name in ("tisa", "diet_rel", "diet_abs", "attenuated"):
+        for name in ("tisa", "diet_rel", "diet_abs", "attenuated", "kerple"):
             sharing = getattr(self, name).sharing
             if sharing not in SHARING_MODES:
                 raise ValueError(f"position.{name}.sharing={sharing!r}; choose one of {SHARING_MODES}")
@@ -133,6 +147,10 @@ class PositionConfig:
             raise ValueError(f"position.tupe.untie_cls={self.tupe.untie_cls!r} must be true or false")
         if self.attenuated.form not in ATTENUATED_FORMS:
             raise ValueError(f"position.attenuated.form={self.attenuated.form!r}; choose one of {ATTENUATED_FORMS}")
+        check_count("position.fire.hidden", self.fire.hidden, 1)
+        if not (self.fire.c > 0 and self.fire.threshold >= 0):
+            raise ValueError(f"position.fire.c={self.fire.c} must be positive and position.fire.threshold="
+                             f"{self.fire.threshold} at least 0 (0: model.max_length)")
         check_count("position.num_segments", self.num_segments, 1)
         check_count("position.tisa.num_kernels", self.tisa.num_kernels, 1)
         check_count("position.diet_rel.max_distance", self.diet_rel.max_distance, 1, optional=True)

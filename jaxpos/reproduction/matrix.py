@@ -30,7 +30,8 @@ LOG_FILE = "run.log"
 #   last          the analyses (Toeplitz R², locality, symmetry, rank, decomposition) at the last checkpoint
 #   over_training the same at every analysed checkpoint (the last included)
 #   final         effective attention and token identifiability at the last checkpoint
-STAGES = ("finetune", "probe", "last", "over_training", "final")
+#   lengths       the held-out masked-LM loss at the last checkpoint at 1x, 2x, 4x the training length
+STAGES = ("finetune", "probe", "last", "over_training", "final", "lengths")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Profile:
     curve_points: int = 8  # held-out MLM loss at this many evenly spaced steps: the learning curve
     analysis_points: int = 4  # of those checkpoints, this many evenly spaced ones (the last included) analysed
     eval_batches: int = 8  # held-out batches behind each point of the curve
+    length_factors: tuple[int, ...] = (1, 2, 4)  # the `lengths` stage: multiples of the training length
+    length_tokens: int = 8192  # ... scoring the first this many held-out tokens at every length
     timing_steps: int = 6  # training steps of the timing that estimates the wall time
     xla_flags: str = ""  # added to XLA_FLAGS in each worker
 
@@ -152,7 +155,7 @@ PROFILES = {
                            bible_test_fraction=0.1),
         finetune_train=dict(num_steps=60, batch_size=16, learning_rate=1e-3),
         analysis=dict(_TINY_ANALYSIS, probe_length=64, lengths=(16, 32, 64), probe_epochs=4),
-        max_sentences=32, probe_examples=128, curve_points=4, analysis_points=2, eval_batches=4,
+        max_sentences=32, probe_examples=128, curve_points=4, analysis_points=2, eval_batches=4, length_tokens=4096,
         xla_flags=FAST_COMPILE),
     # For tests: a d = 32 model (D = 8) on 32-token rows, a few steps.
     "micro": Profile(
@@ -169,6 +172,7 @@ PROFILES = {
         analysis=dict(num_probe_words=4, probe_length=32, lengths=(8, 16), windows=1, probe_epochs=2,
                       probe_patience=1, probe_learning_rate=3e-3, decomposition_sentences=4),
         max_sentences=16, probe_examples=24, curve_points=2, analysis_points=2, eval_batches=2, timing_steps=3,
+        length_tokens=1024,
         xla_flags=FAST_COMPILE),
 }
 
@@ -280,6 +284,8 @@ def profile_of(plan: dict) -> Profile:
     values = dict(plan["profile"])
     values["mechanisms"] = tuple(values["mechanisms"])
     values["analysis"] = dict(values["analysis"], lengths=tuple(values["analysis"]["lengths"]))
+    if "length_factors" in values:
+        values["length_factors"] = tuple(values["length_factors"])
     return Profile(**values)
 
 

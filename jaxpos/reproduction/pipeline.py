@@ -33,6 +33,7 @@ from jaxpos.data.classification import load_examples
 from jaxpos.data.mlm import PackedExamples
 from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
 from jaxpos.data.tokenizer import load_tokenizer
+from jaxpos.evaluation.lengths import evaluate_lengths
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
 from jaxpos.reproduction import host
@@ -48,6 +49,7 @@ from jaxpos.workflows.finetune import finetune, load_finetuned
 from jaxpos.workflows.mlm import train_mlm, train_mlm_seeds
 from jaxpos.workflows.probes import paraphrase_probe
 
+LENGTH_BATCH = 8  # rows a batch of the length evaluation (4x the training length at most)
 PRETRAIN_TIMING_FILE = "pretrain_timing.json"  # a group's pretraining: its wall seconds and its seeds
 OVER_TRAINING = ("position_gram", "identical_word", "rank", "decomposition")  # at every analysed checkpoint
 FINAL_ONLY = ("effective_attention", "identifiability")  # at the last checkpoint
@@ -247,6 +249,11 @@ def execute_run(out: str, name: str) -> dict:
         curve=curve)
     with on_host_cpu():
         result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
+    if "lengths" in stages:
+        with timed("lengths_s"):
+            result["lengths"] = evaluate_lengths(Run.open(pretrained, "mlm"),
+                                                 [seq_len * f for f in profile.length_factors], LENGTH_BATCH,
+                                                 profile.length_tokens)["lengths"]
 
     if "finetune" in stages:
         ft_config = finetune_config(plan, seed)

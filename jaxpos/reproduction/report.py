@@ -160,15 +160,23 @@ def _bars(ax, names, values, title, ylabel, line=None, line_label=""):
     ax.set_ylabel(ylabel, fontsize=8)
 
 
+def mechanism_style(mechanism: str) -> dict:
+    """Its line's style in every figure, one of its own per mechanism: bag of words thick and black, the others a
+    colour of ten and a dash pattern of four by their place in the registry (no two alike up to 40)."""
+    if mechanism == BAG_OF_WORDS:
+        return dict(color="black", lw=2.2, ls="-", label="none (bag of words)")
+    index = [m for m in RUN_MECHANISMS if m != BAG_OF_WORDS].index(mechanism)
+    return dict(color=plt.get_cmap("tab10").colors[index % 10], ls=("-", "--", ":", "-.")[index // 10 % 4], lw=1.2,
+                label=mechanism)
+
+
 def _learning_curves_figure(path: str, curve: dict, entropy: float | None) -> str:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for m in (m for m in RUN_MECHANISMS if m in curve and curve[m]["steps"]):
         loss = [[v for v in seeds if v is not None] for seeds in curve[m]["loss"]]
         mean = np.array([np.mean(v) if v else np.nan for v in loss])
         sd = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in loss])
-        style = dict(color="black", lw=2.2, label="none (bag of words)") if m == BAG_OF_WORDS else dict(lw=1,
-                                                                                                        label=m)
-        line, = ax.plot(curve[m]["steps"], mean, marker=".", **style)
+        line, = ax.plot(curve[m]["steps"], mean, marker=".", **mechanism_style(m))
         ax.fill_between(curve[m]["steps"], mean - sd, mean + sd, alpha=0.12, color=line.get_color())
     if entropy:
         ax.axhline(entropy, color="grey", ls="--", lw=1, label="unigram entropy")
@@ -263,10 +271,28 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     ax.set_title("Chen et al.'s word-order probe on the paraphrase task", fontsize=9)
     ax.legend(fontsize=7)
     paths["word_order_probe"] = save_figure(fig, os.path.join(folder, "word_order_probe.png"))
+
+    factors = C.length_factors(table)
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for m in (m for m in names if any(r.get("lengths") for r in table[m])):
+        values = [C.describe(C.by_seed(table, m, C.loss_at(f))) for f in factors]
+        ran = [(f, v) for f, v in zip(factors, values) if v["n"]]
+        if ran:
+            ax.errorbar([f for f, _ in ran], [v["mean"] for _, v in ran], yerr=[v["sd"] or 0 for _, v in ran],
+                        marker="o", capsize=2, **mechanism_style(m))
+    if factors:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(factors, [f"{f}×" for f in factors])
+    ax.set_xlabel("length, in multiples of the training length")
+    ax.set_ylabel("held-out MLM loss (nats/token)")
+    ax.set_title("length generalisation (mean ± sd over seeds; absent: cannot run there)", fontsize=9)
+    if ax.lines:
+        ax.legend(fontsize=6, ncol=3)
+    paths["lengths"] = save_figure(fig, os.path.join(folder, "lengths.png"))
     return {k: os.path.relpath(v, out) for k, v in paths.items()}
 
 
-FIGURE_OF = dict(tisa_toeplitz="over_training", tisa_parameters="mechanisms", diet_per_head="mechanisms",
+FIGURE_OF = dict(tisa_toeplitz="over_training", tisa_inductive="lengths", tisa_parameters="mechanisms", diet_per_head="mechanisms",
                  diet_sharing="mechanisms", diet_segments="mechanisms", diet_step_time="mechanisms",
                  chen_rise="over_training", chen_swaps="word_order_probe", muppet_depth="muppet_identifiability",
                  identifiability_effective="muppet_identifiability", identifiability_tokens="muppet_identifiability")
@@ -299,7 +325,8 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
 
 
 STAGE_LABELS = dict(pretrain_s="pretraining", curve_s="learning curve", finetune_s="fine-tuning",
-                    probe_s="word-order probe", analysis_s="analyses", final_s="final analyses")
+                    probe_s="word-order probe", analysis_s="analyses", final_s="final analyses",
+                    lengths_s="length evaluation")
 
 
 def stages_line(table: dict) -> str:

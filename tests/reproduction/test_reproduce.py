@@ -377,7 +377,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     from jaxpos.reproduction import reproduce as repro
 
     out = tmp_path / "repro"
-    chosen = "tisa_local,chen_rise,chen_swaps,muppet_exact"
+    chosen = "tisa_local,tisa_inductive,chen_rise,chen_swaps,muppet_exact"
     assert main(["reproduce", "--out", str(out), "--profile", "micro", "--workers", "2", "--claims", chosen]) == 0
     printed = capsys.readouterr().out
     assert "estimated wall time" in printed and "| paper | claim |" in printed
@@ -409,7 +409,10 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
             assert run["last"]["decomposition"]["max_reconstruction_error"] < 1e-4
             assert run["over_training"]["steps"] == [6, 12]
         else:
-            assert run["stages"] == [] and "finetune" not in run and "last" not in run
+            assert run["stages"] == ["lengths"] and "finetune" not in run and "last" not in run
+        # at 1x, 2x and 4x the training length: every one runs (bag of words and TISA are inductive)
+        assert [e["length"] for e in run["lengths"]] == [32, 64, 128]
+        assert all(np.isfinite(e["loss"]) and e["rows"] > 0 for e in run["lengths"])
 
     claims = numbers["claims"]
     assert [c["id"] for c in claims] == chosen.split(",")
