@@ -98,7 +98,7 @@ def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: f
     p-values. Deterministic in `table`."""
     claims = CLAIMS if claims is None else claims
     training = training_status(table, alpha)
-    trained = {m for m, info in training.items() if info["trained"]}
+    trained = {m: info["parted_at"] for m, info in training.items() if info["trained"]}
     records = []
     tested = []  # (record index, part index, PairedDifference)
     for claim in claims:

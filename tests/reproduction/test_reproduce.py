@@ -103,6 +103,23 @@ def test_the_verdict_table_on_constructed_runs():
     assert missing["parts"][0]["why"] == "not measured"
 
 
+def test_changes_over_training_start_where_the_mechanism_uses_positions():
+    """Learned absolute positions part from bag of words at step 200: the Toeplitz R² of their barely used
+    embedding at step 100 (near a scaled identity, trivially Toeplitz) is not the starting point."""
+    seeds = range(5)
+    table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in seeds]}
+    r2 = lambda s: [0.57 + 0.005 * s, 0.43 + 0.004 * s, 0.47 + 0.006 * s]  # noqa: E731 - a seed's series
+    table["absolute"] = [fake_run("absolute", s, curve([0.0, 0.3, 0.6])(s), over_training=dict(
+        steps=[100, 200, 300], series=dict(toeplitz_r2=r2(s)))) for s in seeds]
+    claim = V.evaluate_claims(table, C.select_claims(["tisa_toeplitz"]))["claims"][0]
+    assert claim["measured"]["from_step"] == 200
+    assert claim["parts"][0]["a"] == pytest.approx([r2(s)[2] - r2(s)[1] for s in seeds])  # from step 200
+    assert claim["verdict"] == S.HOLDS
+    assert claim["measured"]["first_saved"]["mean"] == pytest.approx(0.58)  # reported beside
+    # Counted from the first checkpoint saved, the same runs would contradict the paper.
+    assert all(C.first_last("toeplitz_r2")(r) < 0 for r in table["absolute"])
+
+
 def test_the_time_by_stage_is_the_mean_over_the_runs_that_have_the_stage():
     from jaxpos.reproduction.report import stages_line
 
