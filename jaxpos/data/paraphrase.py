@@ -23,6 +23,16 @@ Chen et al.'s probe (§5 and A.3; `probe_sets`), on a split's pairs, with the pe
 Pairs a perturbation cannot change are left out. The probe's score is the share of global pairs the model still
 calls paraphrases (`jaxpos.evaluation.probes.swapped_paraphrase_share`); a model blind to word order calls them
 paraphrases as often as it does the original pairs.
+
+The offline word-order pair task (TaskSpec "bible_order"), in the spirit of PAWS: from every paraphrase pair
+(A's v, B's v) above,
+  label 1  same meaning  (A's v, B's v) as it is
+  label 0  swapped       the same pair with two content words at least `min_distance` apart exchanged in one side
+                         (the probe's global swap, which changes who does what to whom)
+Both members of a couple hold the same words on each side, so a model blind to word order (no positions: bag of
+words) gives both the same output and is at chance by construction; only word order tells the classes apart.
+Splits, balance and sizes follow the paraphrase task's (its chapters, its couples less the few verses with no two
+content words far enough apart).
 """
 
 from __future__ import annotations
@@ -35,12 +45,13 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxpos.config.rng import BIBLE_PARAPHRASE
+from jaxpos.config.rng import BIBLE_ORDER, BIBLE_PARAPHRASE
 from jaxpos.data.bible import SPLITS, Verse, chapter_split, check_fractions, edition_chapters
 from jaxpos.data.examples import Example
-from jaxpos.data.word_order import perturb_examples
+from jaxpos.data.word_order import global_swap, perturb_examples
 
 NOT_PARAPHRASE, PARAPHRASE = 0.0, 1.0  # class ids of TaskSpec "bible_paraphrase"
+SWAPPED, SAME_MEANING = 0.0, 1.0  # class ids of TaskSpec "bible_order"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,16 +124,67 @@ def bible_paraphrase_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv
     if split not in SPLITS:
         raise ValueError(f"the bible_paraphrase task has splits {', '.join(SPLITS)}, not {split!r}")
     pool = paraphrase_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books))[split]
+    return sample_couples(pool, "bible_paraphrase", split, num_examples, [seed, BIBLE_PARAPHRASE, SPLITS.index(split)])
+
+
+def sample_couples(pool: Sequence[tuple[VersePair, VersePair]], task: str, split: str, num_examples: int,
+                   stream: list[int]) -> list[VersePair]:
+    """`num_examples` pairs (0 = all) of ceil(num_examples / 2) couples of `pool` drawn at random from `stream`,
+    in a random order: the classes balanced within one. Raises ValueError when the pool has fewer."""
     couples = math.ceil(num_examples / 2) if num_examples else len(pool)
     if couples > len(pool):
-        raise ValueError(f"the bible_paraphrase {split!r} split has {2 * len(pool)} pairs, fewer than the "
-                         f"{num_examples} asked for")
-    stream = [seed, BIBLE_PARAPHRASE, SPLITS.index(split)]
+        raise ValueError(f"the {task} {split!r} split has {2 * len(pool)} pairs, fewer than the {num_examples} "
+                         "asked for")
     pairs = [pair for index in np.random.default_rng(stream).permutation(len(pool))[:couples] for pair in pool[index]]
     if num_examples:
         pairs = pairs[:num_examples]
     order = np.random.default_rng([*stream, len(pool)]).permutation(len(pairs))
     return [pairs[i] for i in order]
+
+
+@functools.lru_cache(maxsize=2)
+def order_pools(editions: tuple[str, ...], seed: int = 0, dev_fraction: float = 0.02, test_fraction: float = 0.02,
+                books: tuple[int, ...] = (), min_distance: int = 5
+                ) -> dict[str, tuple[tuple[VersePair, VersePair], ...]]:
+    """{"train", "dev", "test"} -> the bible_order task's couples (the module docstring): each paraphrase pair of
+    `paraphrase_pools` (a verse in two editions) with its swapped twin. The side swapped is drawn from (seed,
+    verse, editions), the other side tried when it has no two content words `min_distance` apart; a pair
+    neither side of which can be swapped is left out."""
+    pools = paraphrase_pools(editions, seed, dev_fraction, test_fraction, books)
+    out = {}
+    for split, couples in pools.items():
+        pool = []
+        for same, _ in couples:
+            ia, ib = editions.index(same.edition_a), editions.index(same.edition_b)
+            rng = np.random.default_rng([seed, BIBLE_ORDER, *same.verse_a, ia, ib])
+            texts = {"a": same.text_a, "b": same.text_b}
+            for side in (("a", "b") if rng.integers(2) == 0 else ("b", "a")):
+                words = texts[side].split()
+                swapped = global_swap(words, rng, min_distance)
+                if swapped != words:
+                    changed = dict(texts, **{side: " ".join(swapped)})
+                    pool.append((dataclasses.replace(same, label=SAME_MEANING),
+                                 dataclasses.replace(same, text_a=changed["a"], text_b=changed["b"], label=SWAPPED)))
+                    break
+        out[split] = tuple(pool)
+    return out
+
+
+def bible_order_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv", "bbe"), num_examples: int = 0,
+                      seed: int = 0, dev_fraction: float = 0.02, test_fraction: float = 0.02,
+                      books: Sequence[int] = (), min_distance: int = 5) -> list[VersePair]:
+    """The bible_order task's `split` as `bible_paraphrase_pairs` draws its own: balanced couples in a seeded
+    random order."""
+    if split not in SPLITS:
+        raise ValueError(f"the bible_order task has splits {', '.join(SPLITS)}, not {split!r}")
+    pool = order_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books),
+                       min_distance)[split]
+    return sample_couples(pool, "bible_order", split, num_examples, [seed, BIBLE_ORDER, SPLITS.index(split)])
+
+
+def bible_order_examples(split: str, **options) -> list[Example]:
+    """`bible_order_pairs(split, **options)` as classification Examples (sentence A, sentence B, label)."""
+    return [pair.example() for pair in bible_order_pairs(split, **options)]
 
 
 def bible_paraphrase_examples(split: str, **options) -> list[Example]:

