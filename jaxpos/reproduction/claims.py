@@ -120,7 +120,11 @@ def field(path: str) -> Callable[[dict], float | None]:
     return lambda r: value_at(r, path)
 
 
-def accuracy(r):  # DIET's protocol: the maximum dev accuracy over evaluations
+def accuracy(r):  # the downstream score: the word-order pair task's best dev accuracy over evaluations and rates
+    return value_at(r, "order.best")
+
+
+def paraphrase_accuracy(r):  # the lexical paraphrase task's best dev accuracy over evaluations, beside it
     return value_at(r, "finetune.best")
 
 
@@ -292,7 +296,7 @@ def _tisa_local(table, trained):
 def _tisa_parameters(table, trained):
     params = {m: by_seed(table, m, field("params.positional")) for m in ("tisa", "tisa_input", "absolute")}
     ratios = [t / a for s, t in params["tisa"].items() if (a := params["absolute"].get(s)) and t is not None]
-    parts = [comparison("paraphrase dev accuracy, TISA + input positions − input positions alone",
+    parts = [comparison("word-order task dev accuracy, TISA + input positions − input positions alone",
                         by_seed(table, "tisa_input", accuracy), by_seed(table, "absolute", accuracy), 1,
                         ["tisa_input", "absolute"]),
              bound(ratios, lambda x: x < 1, "TISA's / input positions' positional parameters", "< 1")]
@@ -340,7 +344,7 @@ def _tisa_inductive(table, trained):
 
 def _diet_per_head(table, trained):
     base = by_seed(table, "absolute", accuracy)
-    parts = [comparison(f"paraphrase dev accuracy, {label(m)} − input positions", by_seed(table, m, accuracy), base,
+    parts = [comparison(f"word-order task dev accuracy, {label(m)} − input positions", by_seed(table, m, accuracy), base,
                         1, [m, "absolute"]) for m in ("diet_rel", "diet_abs")]
     return parts, dict(accuracy={m: describe(by_seed(table, m, accuracy)) for m in ("absolute", "diet_rel",
                                                                                   "diet_abs")})
@@ -365,16 +369,16 @@ def _diet_rank(table, trained):
 
 def _diet_sharing(table, trained):
     acc = {m: by_seed(table, m, accuracy) for m in ("diet_abs", "diet_abs_unshared", "diet_rel", "diet_rel_layer")}
-    parts = [comparison("paraphrase dev accuracy, DIET-Abs shared by layer − unshared", acc["diet_abs"],
+    parts = [comparison("word-order task dev accuracy, DIET-Abs shared by layer − unshared", acc["diet_abs"],
                         acc["diet_abs_unshared"], 1, ["diet_abs", "diet_abs_unshared"]),
-             comparison("paraphrase dev accuracy, DIET-Rel shared by layer − unshared", acc["diet_rel_layer"],
+             comparison("word-order task dev accuracy, DIET-Rel shared by layer − unshared", acc["diet_rel_layer"],
                         acc["diet_rel"], -1, ["diet_rel_layer", "diet_rel"])]
     return parts, dict(accuracy={m: describe(v) for m, v in acc.items()})
 
 
 def _diet_segments(table, trained):
     a, b = by_seed(table, "diet_abs_segments", accuracy), by_seed(table, "diet_abs", accuracy)
-    parts = [comparison("paraphrase dev accuracy, DIET-Abs (shared by layer): per-head − input segments", a, b, 1,
+    parts = [comparison("word-order task dev accuracy, DIET-Abs (shared by layer): per-head − input segments", a, b, 1,
                         ["diet_abs_segments", "diet_abs"])]
     return parts, dict(accuracy=dict(per_head=describe(a), input=describe(b)))
 
@@ -444,7 +448,7 @@ def _chen_correlation(table, trained):
             pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
             rho[s] = rank_correlation([a for a, _ in pairs], [b for _, b in pairs])
         measured[name] = dict(describe(rho), undefined_seeds=[s for s, v in rho.items() if v is None])
-        parts.append(comparison(f"Spearman ρ across mechanisms of final {name} and paraphrase accuracy", rho, None,
+        parts.append(comparison(f"Spearman ρ across mechanisms of final {name} and word-order task accuracy", rho, None,
                                 1, pool))
     return parts, measured
 
@@ -549,7 +553,7 @@ CLAIMS = (
           "nearby offsets.", ("tisa",), (), _tisa_local),
     Claim("tisa_parameters", "TISA", "Tables 2–3",
           "Adding TISA's few positional parameters to a model with input position embeddings improves it "
-          "downstream.", ("tisa", "tisa_input", "absolute"), ("finetune",), _tisa_parameters,
+          "downstream.", ("tisa", "tisa_input", "absolute"), ("order",), _tisa_parameters,
           "The paper adds TISA to a pretrained ALBERT and fine-tunes; here both models are pretrained from scratch."),
     Claim("tisa_inductive", "TISA", "§1, Table 1",
           "TISA is inductive: past the length it was trained at, its held-out masked-LM loss does not rise.",
@@ -561,7 +565,7 @@ CLAIMS = (
           "absolute positions cannot run past their table."),
     Claim("diet_per_head", "DIET", "Table 2",
           "Per-head positional attention (DIET-Rel, DIET-Abs) beats absolute position embeddings added at the "
-          "input on downstream tasks.", ("absolute", "diet_rel", "diet_abs"), ("finetune",), _diet_per_head),
+          "input on downstream tasks.", ("absolute", "diet_rel", "diet_abs"), ("order",), _diet_per_head),
     Claim("diet_rank", "DIET", "Fig. 2, Theorem 1",
           "With position embeddings added at the input, each head's attention logit matrix has rank at most the "
           "head dimension D; per-head positional attention exceeds it.",
@@ -570,11 +574,11 @@ CLAIMS = (
           "windows).", gated=False),
     Claim("diet_sharing", "DIET", "Table 9",
           "Sharing the positional attention across layers improves DIET-Abs and hurts DIET-Rel.",
-          ("diet_abs", "diet_abs_unshared", "diet_rel", "diet_rel_layer"), ("finetune",), _diet_sharing),
+          ("diet_abs", "diet_abs_unshared", "diet_rel", "diet_rel_layer"), ("order",), _diet_sharing),
     Claim("diet_segments", "DIET", "Table 8",
           "Moving segment information from input embeddings to per-head segment attention improves DIET on a "
-          "sentence-pair task.", ("diet_abs_segments", "diet_abs"), ("finetune",), _diet_segments,
-          "Pretraining has no sentence pairs: the segment tables are learned in fine-tuning on the paraphrase "
+          "sentence-pair task.", ("diet_abs_segments", "diet_abs"), ("order",), _diet_segments,
+          "Pretraining has no sentence pairs: the segment tables are learned in fine-tuning on the word-order "
           "pairs."),
     Claim("diet_step_time", "DIET", "§3.3",
           "Per-head positional attention adds little to the training step; Shaw et al.'s relative position vectors "
@@ -589,7 +593,7 @@ CLAIMS = (
           "over the learned mechanisms that use positions."),
     Claim("chen_correlation", "Chen et al.", "Fig. 3",
           "Models whose positional attention is more local and more symmetric score higher downstream.", "all",
-          ("finetune", "last"), _chen_correlation,
+          ("order", "last"), _chen_correlation,
           "Across the mechanisms that use positions, per seed; the paper varies handcrafted encodings instead. ρ "
           "is undefined (no value) in a seed where every mechanism has the same accuracy or the same locality."),
     Claim("chen_swaps", "Chen et al.", "Table 3",
@@ -638,6 +642,9 @@ def runs_needed(claims: Sequence[Claim], mechanisms: Sequence[str]) -> dict[str,
             needs.setdefault(m, set()).update(stages)
         if chosen and claim.gated:
             needs.setdefault(BAG_OF_WORDS, set())
+    downstream = {s for stages in needs.values() for s in stages} & {"finetune", "order"}
+    if downstream:  # bag of words fine-tuned on every task: the floor a model without positions reaches
+        needs.setdefault(BAG_OF_WORDS, set()).update(downstream)
     for stages in needs.values():
         for stage, implied in STAGE_IMPLIES.items():
             if stage in stages:

@@ -31,7 +31,9 @@ LOG_FILE = "run.log"
 #   over_training the same at every analysed checkpoint (the last included)
 #   final         effective attention and token identifiability at the last checkpoint
 #   lengths       the held-out masked-LM loss at the last checkpoint at 1x, 2x, 4x the training length
-STAGES = ("finetune", "probe", "last", "over_training", "final", "lengths")
+#   order         fine-tuning on the word-order pair task (bible_order) at each learning rate of the profile's
+#                 grid: the best dev accuracy over evaluations and rates, the papers' protocol
+STAGES = ("finetune", "probe", "last", "over_training", "final", "lengths", "order")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +94,8 @@ class Profile:
     curve_points: int = 8  # held-out MLM loss at this many evenly spaced steps: the learning curve
     analysis_points: int = 4  # of those checkpoints, this many evenly spaced ones (the last included) analysed
     eval_batches: int = 8  # held-out batches behind each point of the curve
+    order_train: dict | None = None  # config.train overrides of the order task (None: finetune_train's)
+    order_learning_rates: tuple[float, ...] = ()  # the order task's grid (): order_train's learning rate alone
     length_factors: tuple[int, ...] = (1, 2, 4)  # the `lengths` stage: multiples of the training length
     length_tokens: int = 8192  # ... scoring the first this many held-out tokens at every length
     timing_steps: int = 6  # training steps of the timing that estimates the wall time
@@ -139,6 +143,7 @@ PROFILES = {
         finetune_data=dict(max_length=128, offline_train_examples=4000, offline_dev_examples=1000,
                            offline_test_examples=1000),
         finetune_train=dict(num_steps=600, batch_size=32, learning_rate=1e-3),
+        order_train=dict(num_steps=1200, batch_size=32, learning_rate=1e-3), order_learning_rates=(3e-4, 1e-3, 3e-3),
         analysis=_TINY_ANALYSIS, max_sentences=64, probe_examples=1000, curve_points=10, analysis_points=5,
         timing_steps=40),
     # A first look in minutes on 2 CPU cores: a d = 64 model on 64-token rows of one Bible, 2 seeds, four
@@ -153,7 +158,7 @@ PROFILES = {
         finetune_data=dict(max_length=64, offline_train_examples=512, offline_dev_examples=256,
                            offline_test_examples=256, bible_books=tuple(range(1, 11)), bible_dev_fraction=0.1,
                            bible_test_fraction=0.1),
-        finetune_train=dict(num_steps=60, batch_size=16, learning_rate=1e-3),
+        finetune_train=dict(num_steps=60, batch_size=16, learning_rate=1e-3), order_learning_rates=(1e-3, 3e-3),
         analysis=dict(_TINY_ANALYSIS, probe_length=64, lengths=(16, 32, 64), probe_epochs=4),
         max_sentences=32, probe_examples=128, curve_points=4, analysis_points=2, eval_batches=4, length_tokens=4096,
         xla_flags=FAST_COMPILE),
@@ -220,14 +225,19 @@ def pretrain_config(plan: dict, mechanism: str, seed: int):
     return config
 
 
-def finetune_config(plan: dict, seed: int):
-    """configs/finetune/paraphrase.py (the offline Bible paraphrase task) with the profile's recipe and two dev
-    evaluations (half-way and at the end; a run's score is the better one, as in DIET's protocol)."""
+def finetune_config(plan: dict, seed: int, task: str = "paraphrase", learning_rate: float | None = None):
+    """configs/finetune/paraphrase.py (the offline Bible paraphrase task) or, with task="order",
+    configs/finetune/bible_order.py (the word-order pair task) with the profile's recipe (at `learning_rate`, else
+    the recipe's) and two dev evaluations (half-way and at the end; a run's score is the better one, as in DIET's
+    protocol)."""
     profile = profile_of(plan)
-    config = load_config(repo_config("configs/finetune/paraphrase.py"))
+    config = load_config(repo_config("configs/finetune/bible_order.py" if task == "order" else
+                                     "configs/finetune/paraphrase.py"))
     config.data.update(profile.finetune_data)
     config.data.seed = seed
-    config.train.update(profile.finetune_train)
+    config.train.update(profile.order_train or profile.finetune_train if task == "order" else profile.finetune_train)
+    if learning_rate is not None:
+        config.train.learning_rate = learning_rate
     steps = config.train.num_steps
     every = max(1, steps // 2)
     config.train.update(seed=seed, eval_every=every, log_every=clean_log_every(steps, every), checkpoint_every=steps)
@@ -284,8 +294,9 @@ def profile_of(plan: dict) -> Profile:
     values = dict(plan["profile"])
     values["mechanisms"] = tuple(values["mechanisms"])
     values["analysis"] = dict(values["analysis"], lengths=tuple(values["analysis"]["lengths"]))
-    if "length_factors" in values:
-        values["length_factors"] = tuple(values["length_factors"])
+    for key in ("length_factors", "order_learning_rates"):
+        if key in values:
+            values[key] = tuple(values[key])
     return Profile(**values)
 
 

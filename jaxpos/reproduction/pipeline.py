@@ -272,6 +272,10 @@ def execute_run(out: str, name: str) -> dict:
                                                    tuple(ft_config.data.offline_windows),
                                                    ft_config.data.offline_min_distance, seed)
 
+    if "order" in stages:
+        with timed("order_s"):
+            result["order"] = order_task(plan, seed, pretrained, os.path.join(folder, "order"))
+
     with on_host_cpu():
         result.update(analyses(model, stages, profile, os.path.join(folder, "analysis"), timed))
     timing["wall_s"] = round(time.perf_counter() - wall, 3)
@@ -279,6 +283,26 @@ def execute_run(out: str, name: str) -> dict:
     write_json_atomically(os.path.join(folder, RESULT_FILE), result, indent=1, allow_nan=False)
     status(f"wrote {os.path.join(folder, RESULT_FILE)} ({timing['wall_s']:.0f} s)")
     return result
+
+
+def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
+    """The `order` stage: the pretrained run fine-tuned on the word-order pair task at each learning rate of the
+    profile's grid (a folder each), its score the best dev accuracy over evaluations and rates (the papers'
+    protocol). {"task", "best", "learning_rate" (the best one's), "by_learning_rate": {rate: {"best", "last"}},
+    "chance", "steps"}."""
+    profile = profile_of(plan)
+    rates = profile.order_learning_rates or (None,)
+    scores, report, config = {}, None, None
+    for rate in rates:
+        config = finetune_config(plan, seed, "order", rate)
+        workdir = os.path.join(folder, f"lr_{config.train.learning_rate:g}")
+        report = finetune(config, pretrained, workdir, log=False)
+        _check_finished("fine-tuning on the order task", report["step"], config.train.num_steps, workdir)
+        scores[f"{config.train.learning_rate:g}"] = dict(best=report["best"]["dev"]["accuracy"],
+                                                        last=report["dev"]["dev"]["accuracy"])
+    best_rate = max(scores, key=lambda rate: scores[rate]["best"])
+    return dict(task=report["task"], best=scores[best_rate]["best"], learning_rate=float(best_rate),
+                by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=config.train.num_steps)
 
 
 def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:

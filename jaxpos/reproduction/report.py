@@ -21,7 +21,8 @@ COLUMNS = (
     ("step_time_ms", "step time (ms)", lambda r: None if r["pretrain"]["step_time_s"] is None
      else 1000 * r["pretrain"]["step_time_s"]),
     ("mlm_eval_loss", "held-out MLM loss", lambda r: r["curve"][-1]["loss"] if r.get("curve") else None),
-    ("paraphrase_accuracy", "paraphrase dev acc. (max over evals)", C.accuracy),
+    ("order_accuracy", "word-order task dev acc. (max over evals and rates)", C.accuracy),
+    ("paraphrase_accuracy", "paraphrase dev acc. (max over evals)", C.paraphrase_accuracy),
     ("locality", "locality", C.field("last.headline.locality")),
     ("symmetry", "symmetry", C.field("last.headline.symmetry")),
     ("logit_rank_max", "largest logit rank", C.field("last.rank.logit_rank_max")),
@@ -92,7 +93,7 @@ def mechanisms_table(numbers: dict) -> str:
     for m in (m for m in RUN_MECHANISMS if m in numbers):
         n = max(s["n"] for s in numbers[m].values())
         rows.append([f"{RUN_MECHANISMS[m].label} (`{m}`)", str(n)]
-                    + [_cell(numbers[m][key], 4 if key == "paraphrase_accuracy" else 3) for key, _, _ in COLUMNS])
+                    + [_cell(numbers[m][key], 4 if key.endswith("_accuracy") else 3) for key, _, _ in COLUMNS])
     return markdown_table(rows)
 
 
@@ -195,13 +196,17 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     paths = {"learning_curves": _learning_curves_figure(os.path.join(folder, "learning_curves.png"), curve,
                                                         entropy)}
 
-    chance = C.describe([r["finetune"]["chance"] for runs in table.values() for r in runs if r.get("finetune")])
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    _bars(axes[0], names, [numbers[m]["paraphrase_accuracy"] for m in names], "paraphrase task (max over evals)",
-          "dev accuracy", chance["mean"], "chance (majority class)")
-    _bars(axes[1], names, [numbers[m]["mlm_eval_loss"] for m in names], "held-out MLM loss, last step", "loss",
+    chance = {task: C.describe([r[task]["chance"] for runs in table.values() for r in runs if r.get(task)])["mean"]
+              for task in ("order", "finetune")}
+    fig, axes = plt.subplots(1, 4, figsize=(19, 3.8))
+    _bars(axes[0], names, [numbers[m]["order_accuracy"] for m in names],
+          "word-order pair task (max over evals and rates)", "dev accuracy", chance["order"],
+          "chance (bag of words by construction)")
+    _bars(axes[1], names, [numbers[m]["paraphrase_accuracy"] for m in names], "paraphrase task (max over evals)",
+          "dev accuracy", chance["finetune"], "chance (majority class)")
+    _bars(axes[2], names, [numbers[m]["mlm_eval_loss"] for m in names], "held-out MLM loss, last step", "loss",
           entropy, "unigram entropy")
-    _bars(axes[2], names, [numbers[m]["step_time_ms"] for m in names], "pretraining step time", "ms / step")
+    _bars(axes[3], names, [numbers[m]["step_time_ms"] for m in names], "pretraining step time", "ms / step")
     paths["mechanisms"] = save_figure(fig, os.path.join(folder, "mechanisms.png"))
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
@@ -292,7 +297,8 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     return {k: os.path.relpath(v, out) for k, v in paths.items()}
 
 
-FIGURE_OF = dict(tisa_toeplitz="over_training", tisa_inductive="lengths", tisa_parameters="mechanisms", diet_per_head="mechanisms",
+FIGURE_OF = dict(tisa_toeplitz="over_training", tisa_inductive="lengths", tisa_parameters="mechanisms",
+                 diet_per_head="mechanisms",
                  diet_sharing="mechanisms", diet_segments="mechanisms", diet_step_time="mechanisms",
                  chen_rise="over_training", chen_swaps="word_order_probe", muppet_depth="muppet_identifiability",
                  identifiability_effective="muppet_identifiability", identifiability_tokens="muppet_identifiability")
@@ -307,6 +313,8 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
     corpus = plan.get("corpus", {})
     editions = ", ".join(corpus.get("editions", [])) or "?"
     train, ft = profile.train, profile.finetune_train
+    order = dict(ft, **(profile.order_train or {}))
+    rates = profile.order_learning_rates or (order["learning_rate"],)
     return [
         f"- profile `{profile.name}` ({profile.purpose}); a fixed recipe, the same for every mechanism and seed:",
         f"  - model: BERT with d = {run['d_model']}, L = {run['num_layers']}, head dim D = {run['head_dim']}",
@@ -321,12 +329,17 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
         f"of {ft['batch_size']} pairs at learning rate {ft['learning_rate']:g}, "
         f"{profile.finetune_data['offline_train_examples']} training pairs, dev accuracy at half-way and the end "
         f"(the better one); the word-order probe on {profile.probe_examples} test pairs",
+        f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with two "
+        f"distant content words swapped in one side; bag of words at chance by construction), "
+        f"{order['num_steps']} steps of {order['batch_size']} pairs at each learning rate of "
+        f"{', '.join(f'{r:g}' for r in rates)}, the best dev accuracy over evaluations and rates (the papers' "
+        f"protocol); bag of words fine-tuned on both tasks as the floor",
     ]
 
 
 STAGE_LABELS = dict(pretrain_s="pretraining", curve_s="learning curve", finetune_s="fine-tuning",
                     probe_s="word-order probe", analysis_s="analyses", final_s="final analyses",
-                    lengths_s="length evaluation")
+                    lengths_s="length evaluation", order_s="word-order task")
 
 
 def stages_line(table: dict) -> str:

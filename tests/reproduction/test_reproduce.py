@@ -55,8 +55,8 @@ def test_the_verdict_table_on_constructed_runs():
     table["absolute"] = [fake_run("absolute", s, parts_late(s), last=dict(decomposition=dict(
         importance=[[1, 0, 0, 0], [0.5, 0.2, 0.2, 0.1], [0.7 + 0.01 * s, 0.25, 0.3, 0.1]]))) for s in seeds]
     # DIET-Rel never leaves the bag-of-words curve: its downstream claim is not judged.
-    table["diet_rel"] = [fake_run("diet_rel", s, flat(s), finetune=dict(best=0.9)) for s in seeds]
-    table["absolute"] = [dict(r, finetune=dict(best=0.6)) for r in table["absolute"]]
+    table["diet_rel"] = [fake_run("diet_rel", s, flat(s), order=dict(best=0.9)) for s in seeds]
+    table["absolute"] = [dict(r, order=dict(best=0.6)) for r in table["absolute"]]
     # Shaw vs DIET step times: a difference of the seeds' own size: inconclusive, with a detectable difference.
     table["shaw"] = [fake_run("shaw", s, flat(s), pretrain=dict(step_time_s=0.1 + 0.02 * (-1) ** s)) for s in seeds]
     table["diet_abs"] = [fake_run("diet_abs", s, flat(s)) for s in seeds]
@@ -208,10 +208,14 @@ def test_only_the_runs_the_chosen_claims_need():
     needs = C.runs_needed(C.select_claims(["tisa_local"]), profile.mechanisms)
     assert needs == {"none": (), "tisa": ()}
     needs = C.runs_needed(C.select_claims(["chen_swaps", "tisa_toeplitz"]), profile.mechanisms)
-    assert needs == {"none": (), "absolute": ("finetune", "probe", "last", "over_training"),
+    # bag of words is fine-tuned wherever another run is: the floor of a model without positions
+    assert needs == {"none": ("finetune",), "absolute": ("finetune", "probe", "last", "over_training"),
                      "tisa": ("finetune", "probe"), "diet_rel": ("finetune", "probe")}
+    assert C.runs_needed(C.select_claims(["diet_per_head"]), profile.mechanisms) == {
+        "none": ("order",), "absolute": ("order",), "diet_rel": ("order",), "diet_abs": ("order",)}
     # --mechanisms narrows what a claim reads; a claim about mechanisms not chosen needs nothing.
-    assert C.runs_needed(C.select_claims(["chen_swaps"]), ["tisa"]) == {"none": (), "tisa": ("finetune", "probe")}
+    assert C.runs_needed(C.select_claims(["chen_swaps"]), ["tisa"]) == {"none": ("finetune",),
+                                                                       "tisa": ("finetune", "probe")}
     assert C.runs_needed(C.select_claims(["diet_sharing"]), ["tisa"]) == {}
     # Bounds and step times do not wait for the curves: no bag-of-words runs for them.
     assert C.runs_needed(C.select_claims(["diet_rank", "muppet_exact"]), ["absolute", "diet_rel"]) == {
@@ -370,7 +374,7 @@ def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# 8 runs (4 mechanisms x 2 seed(s)) for 2 claim(s)")
     assert [line.split()[0] for line in lines[1:]] == ["none", "tisa", "diet_abs", "diet_abs_segments"]
-    assert lines[3] == "diet_abs  # seeds 0, 1 pretrained at once; each then: learning curve, finetune"
+    assert lines[3] == "diet_abs  # seeds 0, 1 pretrained at once; each then: learning curve, order"
     assert not out.exists()
     assert main(["reproduce", "--out", str(out), "--mechanisms", "absolute,rotary", "--dry-run"]) == 2
     assert main(["reproduce", "--out", str(out), "--claims", "everything", "--dry-run"]) == 2
@@ -394,7 +398,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     from jaxpos.reproduction import reproduce as repro
 
     out = tmp_path / "repro"
-    chosen = "tisa_local,tisa_inductive,chen_rise,chen_swaps,muppet_exact"
+    chosen = "tisa_local,tisa_inductive,chen_rise,chen_correlation,chen_swaps,muppet_exact"
     assert main(["reproduce", "--out", str(out), "--profile", "micro", "--workers", "2", "--claims", chosen]) == 0
     printed = capsys.readouterr().out
     assert "estimated wall time" in printed and "| paper | claim |" in printed
@@ -425,8 +429,10 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
             assert 0 <= run["probe"]["swapped_paraphrase_share"] <= 1 and run["probe"]["global_examples"] > 0
             assert run["last"]["decomposition"]["max_reconstruction_error"] < 1e-4
             assert run["over_training"]["steps"] == [6, 12]
-        else:
-            assert run["stages"] == ["lengths"] and "finetune" not in run and "last" not in run
+        else:  # bag of words: fine-tuned on both tasks as the floor, never probed or analysed
+            assert run["stages"] == ["finetune", "lengths", "order"] and "probe" not in run and "last" not in run
+        assert 0 <= run["order"]["best"] <= 1 and run["order"]["task"] == "bible_order"
+        assert run["order"]["best"] == max(r["best"] for r in run["order"]["by_learning_rate"].values())
         # at 1x, 2x and 4x the training length: every one runs (bag of words and TISA are inductive)
         assert [e["length"] for e in run["lengths"]] == [32, 64, 128]
         assert all(np.isfinite(e["loss"]) and e["rows"] > 0 for e in run["lengths"])
