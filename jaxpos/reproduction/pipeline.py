@@ -345,49 +345,84 @@ def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:
     return result
 
 
+class RecipeTiming:
+    """The plan's pretraining recipe for `mechanism` on random rows in a scratch folder, `seeds` seeds at once:
+    its steps timed in windows (`advance`); nothing of the recipe changes. A context manager (the scratch folder
+    and the trainer's checkpoints go at its end)."""
+
+    def __init__(self, plan: dict, mechanism: str, seeds: int = 1):
+        config = pretrain_config(plan, mechanism, 0)
+        tokenizer = load_tokenizer(plan["tokenizer"])
+        config.model.vocab_size = tokenizer.vocab_size  # this scratch copy of the recipe only
+        self.run = check_run_config(config, task="mlm")
+        batch, length = config.train.batch_size, config.data.seq_len
+        self.scratch = tempfile.TemporaryDirectory()
+        folder = self.scratch.name
+        task = MaskedLMTask(BertForMaskedLM(self.run.model), length, self.run.train.max_predictions)
+        runs = folder if seeds == 1 else [SeedRun(k, os.path.join(folder, str(k))) for k in range(seeds)]
+        self.trainer = Trainer(self.run.train, runs, task, mesh=self.run.mesh, log=False)
+        rng = np.random.default_rng(0)
+        rows = PackedExamples(rng.integers(5, tokenizer.vocab_size, (2 * batch, length)).astype(np.int32),
+                              np.ones((2 * batch, length), np.int32))
+        self.data = [MLMTrainIterator(rows, tokenizer, batch, seed=k) for k in range(seeds)]
+        self.done = 0
+
+    def advance(self, steps: int) -> float:
+        """Trains `steps` more steps (the first call compiles) and returns their mean seconds a step (the loop's
+        step_time: dispatch to the last step's metrics read)."""
+        self.done += steps  # the learning-rate schedule stays the recipe's (the trainer built it)
+        self.trainer.train = dataclasses.replace(self.run.train, num_steps=self.done, log_every=steps,
+                                                 eval_every=self.done, checkpoint_every=self.done)
+        result = self.trainer.run_seeds(self.data)[0]
+        jax.block_until_ready(result.state.params)
+        return result.final_metrics["step_time"]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.trainer.close()
+        self.scratch.cleanup()
+
+
 def time_recipe(out: str, mechanism: str) -> dict:
     """A short timing on this worker: `profile.timing_steps` pretraining steps of the plan's recipe for
-    `mechanism` on random rows, in a scratch folder, of one seed and of the plan's seeds at once (as its
-    mechanisms pretrain), the steps after the first taken while every worker of the pool takes them. Returns
-    {"first_step_s", "step_s"} of one seed and {"group_first_step_s", "group_step_s", "seeds_at_once"} of the
-    group (first steps: compiling included; steps: the mean of the last half); it estimates the wall time and
-    changes nothing in the recipe."""
+    `mechanism` (`RecipeTiming`), of one seed and of the plan's seeds at once (as its mechanisms pretrain), the
+    steps after the first taken while every worker of the pool takes them. Returns {"first_step_s", "step_s"} of
+    one seed and {"group_first_step_s", "group_step_s", "seeds_at_once"} of the group (first steps: compiling
+    included); it estimates the wall time."""
     plan = load_plan(out)
-    profile = profile_of(plan)
-    config = pretrain_config(plan, mechanism, 0)
-    steps = max(2, profile.timing_steps)
-    config.train.update(num_steps=steps, log_every=steps // 2, eval_every=steps, checkpoint_every=steps)
-    tokenizer = load_tokenizer(plan["tokenizer"])
-    config.model.vocab_size = tokenizer.vocab_size  # this scratch copy of the recipe only
-    batch, length = config.train.batch_size, config.data.seq_len
-    run = check_run_config(config, task="mlm")
-    task = MaskedLMTask(BertForMaskedLM(run.model), length, run.train.max_predictions)
+    steps = max(2, profile_of(plan).timing_steps)
     seeds = max(1, plan["seeds"])
 
-    def rows(seed: int):
-        rng = np.random.default_rng(seed)
-        return MLMTrainIterator(PackedExamples(rng.integers(5, tokenizer.vocab_size, (2 * batch, length)).astype(
-            np.int32), np.ones((2 * batch, length), np.int32)), tokenizer, batch, seed=seed)
-
     def timed(count: int) -> tuple[float, float]:
-        with tempfile.TemporaryDirectory() as scratch:
-            start = time.perf_counter()
-            folders = scratch if count == 1 else [SeedRun(k, os.path.join(scratch, str(k))) for k in range(count)]
-            trainer = Trainer(run.train, folders, task, mesh=run.mesh, log=False)
-            data = [rows(k) for k in range(count)]
-            try:
-                trainer.train = dataclasses.replace(run.train, num_steps=1)  # compiling, then one step
-                jax.block_until_ready(trainer.run_seeds(data)[0].state.params)
-                first_step = time.perf_counter() - start
-                host.wait_for_every_worker()  # the timed steps of every worker share the device, as the runs will
-                trainer.train = run.train  # the same trainer resumes from step 1: nothing compiles again
-                result = trainer.run_seeds(data)[0]
-                jax.block_until_ready(result.state.params)
-            finally:
-                trainer.close()
-        return first_step, result.final_metrics["step_time"]
+        start = time.perf_counter()
+        with RecipeTiming(plan, mechanism, count) as timing:
+            timing.advance(1)  # compiling, then one step
+            first_step = time.perf_counter() - start
+            host.wait_for_every_worker()  # the timed steps of every worker share the device, as the runs will
+            return first_step, timing.advance(steps)
 
     first_step, step = timed(1)
     group_first_step, group_step = timed(seeds) if seeds > 1 else (first_step, step)
     return dict(first_step_s=first_step, step_s=step, group_first_step_s=group_first_step, group_step_s=group_step,
                 seeds_at_once=seeds, steps=steps, mechanism=mechanism)
+
+
+def time_alone(out: str, mechanisms: str) -> dict:
+    """The step time of each of `mechanisms` (comma-separated) alone on this worker's device, while nothing else
+    runs: each compiled first, then one window of `profile.timing_steps` steps per seed of the plan, the mechanisms
+    taking their windows in turn (the order rotating every round, so drift touches all alike). {mechanism: [s a
+    step, a window each]} (window k is paired with seed k)."""
+    plan = load_plan(out)
+    names = [m for m in mechanisms.split(",") if m]
+    steps, rounds = max(2, profile_of(plan).timing_steps), max(2, plan["seeds"])
+    with contextlib.ExitStack() as stack:
+        timings = {m: stack.enter_context(RecipeTiming(plan, m)) for m in names}
+        for timing in timings.values():
+            timing.advance(1)  # compiling
+        times: dict[str, list[float]] = {m: [] for m in names}
+        for k in range(rounds):
+            for m in names[k % len(names):] + names[:k % len(names)]:
+                times[m].append(timings[m].advance(steps))
+    return times

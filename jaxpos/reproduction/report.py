@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -30,11 +31,19 @@ COLUMNS = (
 
 
 def results_table(out: str, plan: dict) -> dict:
-    """{mechanism: [result of each finished seed, by seed]} for the plan's runs."""
+    """{mechanism: [result of each finished seed, by seed]} for the plan's runs, each with its mechanism's step
+    time alone (pretrain.step_time_alone_s: the timing pass's window of its seed) where OUT has the pass."""
+    alone = {}
+    if os.path.isfile(os.path.join(out, C.STEP_TIMES_FILE)):
+        with open(os.path.join(out, C.STEP_TIMES_FILE)) as f:
+            alone = json.load(f)["step_s"]
     table: dict[str, list] = {}
     for name, spec in plan["runs"].items():
         result = read_result(out, name)
         if result is not None:
+            windows = alone.get(spec["mechanism"], [])
+            if spec["seed"] < len(windows):
+                result["pretrain"]["step_time_alone_s"] = windows[spec["seed"]]
             table.setdefault(spec["mechanism"], []).append(result)
     return {m: sorted(runs, key=lambda r: r["seed"]) for m, runs in table.items()}
 

@@ -17,7 +17,8 @@ import numpy as np
 from jaxpos.data.bible import bible_db_path
 from jaxpos.progress import status
 from jaxpos.reproduction import host, matrix
-from jaxpos.reproduction.claims import runs_needed, select_claims
+from jaxpos.config.files import write_json_atomically
+from jaxpos.reproduction.claims import STEP_TIMES_FILE, runs_needed, select_claims
 from jaxpos.reproduction.pool import Pool, execute, worker_env
 
 WALL_FILE = "wall_time.json"
@@ -138,6 +139,23 @@ def describe_estimate(plan: dict, estimated: dict, device: str) -> str:
             f"timed on every worker at once; fine-tuning and analyses are rough allowances)")
 
 
+def time_alone(out: str, plan: dict, pool: Pool) -> dict | None:
+    """The step times that `timed_alone` claims read, once the runs have finished and the device is free: each of
+    their mechanisms in the plan timed alone on one worker (`pipeline.time_alone`), written to OUT/step_times.json
+    (kept: a resumed command does not time again). None where no chosen claim reads them."""
+    path = os.path.join(out, STEP_TIMES_FILE)
+    wanted = [m for claim in select_claims(plan["claims"]) if claim.timed_alone for m in claim.mechanisms
+              if m in plan["mechanisms"]]
+    if not wanted or os.path.isfile(path):
+        return None
+    status(f"timing {', '.join(wanted)} alone on the device (the step-time claims)")
+    times = pool.call("time_alone", ",".join(dict.fromkeys(wanted)))
+    record = dict(step_s=times, steps=matrix.profile_of(plan).timing_steps, device=pool.device,
+                  at=time.strftime("%Y-%m-%d %H:%M:%S"))
+    write_json_atomically(path, record, indent=1)
+    return record
+
+
 @dataclasses.dataclass
 class Reproduction:
     plan: dict  # OUT/plan.json
@@ -186,6 +204,7 @@ def reproduce(out: str, profile: str, seeds: int | None = None, workers: int | N
             matrix.save_plan(out, plan)
             status(describe_estimate(plan, estimated, pool.device))
         execute(out, plan, pool)
+        time_alone(out, plan, pool)
     wall = time.perf_counter() - start
     numbers = write_report(out, wall_s=wall, command=command)
     with open(os.path.join(out, WALL_FILE), "w") as f:

@@ -58,8 +58,11 @@ def test_the_verdict_table_on_constructed_runs():
     table["diet_rel"] = [fake_run("diet_rel", s, flat(s), order=dict(best=0.9)) for s in seeds]
     table["absolute"] = [dict(r, order=dict(best=0.6)) for r in table["absolute"]]
     # Shaw vs DIET step times: a difference of the seeds' own size: inconclusive, with a detectable difference.
-    table["shaw"] = [fake_run("shaw", s, flat(s), pretrain=dict(step_time_s=0.1 + 0.02 * (-1) ** s)) for s in seeds]
+    table["shaw"] = [fake_run("shaw", s, flat(s), pretrain=dict(step_time_alone_s=0.1 + 0.02 * (-1) ** s))
+                     for s in seeds]
     table["diet_abs"] = [fake_run("diet_abs", s, flat(s)) for s in seeds]
+    for r in table["diet_rel"] + table["diet_abs"]:
+        r["pretrain"]["step_time_alone_s"] = 0.1
 
     training = V.training_status(table)
     assert training["tisa"]["trained"] and training["tisa"]["parted_at"] == 200
@@ -469,6 +472,15 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     os.remove(out / "runs" / "none_s1" / "pretrain" / "report.json")
     assert repro.run_one(str(out), "none_s1") == "done"
     assert "resumed from checkpoint step 12" in (out / "runs" / "none_s1" / "run.log").read_text()
+    # The step-time claims' timing pass: every mechanism alone, a window a seed, in turn; the report attaches
+    # seed k's window to seed k's run.
+    from jaxpos.reproduction import pipeline, report as R
+
+    times = pipeline.time_alone(str(out), "none,tisa")
+    assert set(times) == {"none", "tisa"} and all(len(v) == 2 and min(v) > 0 for v in times.values())
+    (out / C.STEP_TIMES_FILE).write_text(json.dumps(dict(step_s=times)))
+    table = R.results_table(str(out), numbers["plan"])
+    assert [r["pretrain"]["step_time_alone_s"] for r in table["tisa"]] == times["tisa"]
     # The folder moved elsewhere (another host) resumes there: the plan names its tokenizer relative to itself.
     moved = tmp_path / "moved"
     shutil.move(out, moved)
