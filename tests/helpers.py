@@ -9,6 +9,14 @@ from unittest import mock
 
 from jaxpos.config import MECHANISMS, model_config
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_MLM_CONFIG = os.path.join(ROOT, "configs", "mlm", "tiny.py")
+# configs/mlm/tiny.py made smaller still, as --config overrides: seconds to start, a few milliseconds a step.
+SMALL_MLM = ["--config.model.d_model=32", "--config.model.num_layers=1", "--config.model.mlp_dim=48",
+             "--config.model.max_length=32", "--config.data.seq_len=32", "--config.data.vocab_size=300",
+             "--config.data.max_documents=20", "--config.data.tokenizer_max_sentences=2000",
+             "--config.train.batch_size=8", "--config.train.eval_batches=1"]
+
 TINY = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=16,
             dropout=0.0, attention_dropout=0.0)
 

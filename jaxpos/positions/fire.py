@@ -28,14 +28,15 @@ def fire_psi(x: jax.Array, c: jax.Array) -> jax.Array:
     return jnp.log1p(jnp.maximum(c, MIN_C) * x)
 
 
-def fire_mlp(x: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array, b2: jax.Array) -> jax.Array:
-    """f_θ: x [...] -> [..., H], one hidden ReLU layer (w1, b1 [F]; w2 [F, H]; b2 [H])."""
+def fire_mlp(x: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array) -> jax.Array:
+    """f_θ: x [...] -> [..., H], one hidden ReLU layer (w1, b1 [F]; w2 [F, H]). No output bias: a constant per
+    head adds the same to every logit of a row, which softmax ignores (its gradient is always zero)."""
     hidden = jax.nn.relu(x[..., None] * w1 + b1)
-    return hidden @ w2 + b2
+    return hidden @ w2
 
 
 class FirePosition(PositionMechanism):
-    """Inductive (the MLP's input is bounded at any length); parameters: the MLP (F + F + F·H + H), c and L."""
+    """Inductive (the MLP's input is bounded at any length); parameters: the MLP (2F + F·H), c and L."""
 
     def setup(self):
         fcfg = self.pcfg.fire
@@ -43,14 +44,13 @@ class FirePosition(PositionMechanism):
         self.w1 = param(self, "w1", normal_init(1.0), (hidden,), ("kernels",))
         self.b1 = param(self, "b1", normal_init(0.0), (hidden,), ("kernels",))
         self.w2 = param(self, "w2", normal_init(self.cfg.init_std), (hidden, heads), ("kernels", "heads"))
-        self.b2 = param(self, "b2", normal_init(0.0), (heads,), ("heads",))
         self.c = param(self, "c", lambda key, shape, dtype: jnp.full(shape, fcfg.c, dtype), (), ())
         start = fcfg.threshold or self.cfg.max_length
         self.threshold = param(self, "threshold", lambda key, shape, dtype: jnp.full(shape, start, dtype), (), ())
 
     def __call__(self, q_pos, k_pos):
         threshold = jnp.maximum(self.threshold, MIN_THRESHOLD)
-        mlp = (self.w1, self.b1, self.w2, self.b2)
+        mlp = (self.w1, self.b1, self.w2)
         if not self.causal:  # the whole row is every query's context: a Toeplitz table
             span = self.span(q_pos, k_pos)
             offset = offsets(span)

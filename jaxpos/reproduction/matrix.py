@@ -158,7 +158,7 @@ PROFILES = {
         finetune_data=dict(max_length=64, offline_train_examples=512, offline_dev_examples=256,
                            offline_test_examples=256, bible_books=tuple(range(1, 11)), bible_dev_fraction=0.1,
                            bible_test_fraction=0.1),
-        finetune_train=dict(num_steps=60, batch_size=16, learning_rate=1e-3), order_learning_rates=(1e-3, 3e-3),
+        finetune_train=dict(num_steps=60, batch_size=16, learning_rate=1e-3),
         analysis=dict(_TINY_ANALYSIS, probe_length=64, lengths=(16, 32, 64), probe_epochs=4),
         max_sentences=32, probe_examples=128, curve_points=4, analysis_points=2, eval_batches=4, length_tokens=4096,
         xla_flags=FAST_COMPILE),

@@ -45,7 +45,7 @@ def test_kerple_is_minus_r1_log_of_one_plus_r2_distance():
 
 
 def numpy_mlp(x, p):
-    return np.maximum(x[..., None] * p["w1"] + p["b1"], 0) @ p["w2"] + p["b2"]
+    return np.maximum(x[..., None] * p["w1"] + p["b1"], 0) @ p["w2"]
 
 
 def fire_values(params) -> dict:

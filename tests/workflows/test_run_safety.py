@@ -11,16 +11,12 @@ import time
 import pytest
 
 from jaxpos import cli
-from tests.helpers import folder_digest, one_device_training, train_tiny_mlm
+from tests.helpers import SMALL_MLM, TINY_MLM_CONFIG, folder_digest, one_device_training, train_tiny_mlm
 from tests.xla_flags import quick_compile_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "configs", "mlm", "tiny.py")
-# The tiny config made smaller still: seconds to start, a few milliseconds a step.
-SMALL = ["--config.model.d_model=32", "--config.model.num_layers=1", "--config.model.mlp_dim=48",
-         "--config.model.max_length=32", "--config.data.seq_len=32", "--config.data.vocab_size=300",
-         "--config.data.max_documents=20", "--config.data.tokenizer_max_sentences=2000", "--config.train.batch_size=8",
-         "--config.train.eval_batches=1"]
+TINY = TINY_MLM_CONFIG
+SMALL = SMALL_MLM
 
 
 def error_lines(capsys) -> list[str]:

@@ -10,15 +10,11 @@ import pytest
 
 from jaxpos import cli
 from jaxpos.run import Run
-from tests.helpers import one_device_training
+from tests.helpers import SMALL_MLM, TINY_MLM_CONFIG as TINY, one_device_training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "configs", "mlm", "tiny.py")
-SMALL = ["--config.model.d_model=32", "--config.model.num_layers=1", "--config.model.mlp_dim=48",
-         "--config.model.max_length=32", "--config.data.seq_len=32", "--config.data.vocab_size=300",
-         "--config.data.max_documents=20", "--config.data.tokenizer_max_sentences=2000", "--config.train.batch_size=8",
-         "--config.train.eval_batches=1", "--config.train.num_steps=4", "--config.train.log_every=2",
-         "--config.train.eval_every=4", "--config.train.checkpoint_every=2"]
+SMALL = [*SMALL_MLM, "--config.train.num_steps=4", "--config.train.log_every=2", "--config.train.eval_every=4",
+         "--config.train.checkpoint_every=2"]
 
 
 def test_seeds_train_at_once_as_each_would_alone(tmp_path):
