@@ -70,10 +70,11 @@ def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None
     """The wall time of runs `names` (default: all) on `workers` processes, scheduled as `pool.execute` runs them,
     from a timing of the recipe taken on every worker at once (so a step's cost includes sharing the device):
     first each mechanism's pretraining, its unfinished seeds at once (the group's step; alone where one is left),
-    then each run's learning curve, fine-tuning and an allowance per analysed checkpoint (one seed's step), the
-    tasks taken in turn by the first free worker. Every group compiles its programs; a run compiles fine-tuning's
-    unless a run of its mechanism had finished them before it started (the compilation cache). {"run_s": {name:
-    s}, "group_s": {mechanism: s}, "total_s", "workers"}."""
+    then each run's learning curve, fine-tunings (the order task's at each learning rate of its grid, each compiled),
+    length evaluation (a program a length) and an allowance per analysed checkpoint (one seed's step), the tasks
+    taken in turn by the first free worker. Every group compiles its programs; a run compiles the paraphrase task's
+    fine-tuning unless a run of its mechanism had finished it before it started (the compilation cache).
+    {"run_s": {name: s}, "group_s": {mechanism: s}, "total_s", "workers"}."""
     profile = matrix.profile_of(plan)
     names = list(names or plan["runs"])
     step, group_step = timing["step_s"], timing.get("group_step_s", timing["step_s"])
@@ -92,6 +93,13 @@ def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None
         if "finetune" in stages:
             s += profile.finetune_train["num_steps"] * finetune_step + COMPILED_PROGRAMS["finetune"] * compile_s * \
                 compiles
+        if "order" in stages:  # a fine-tuning a learning rate, each its own program (the rate is a constant)
+            rates = len(profile.order_learning_rates) or 1
+            order = profile.order_train or profile.finetune_train
+            s += rates * (order["num_steps"] * finetune_step * order["batch_size"] / profile.finetune_train[
+                "batch_size"] + COMPILED_PROGRAMS["finetune"] * compile_s)
+        if "lengths" in stages:  # an evaluation program a length
+            s += len(profile.length_factors) * compile_s
         analysed = len(profile.analysis_steps()) if "over_training" in stages else int(bool(stages & {"last",
                                                                                                        "final"}))
         return s + analysed * ANALYSIS_S

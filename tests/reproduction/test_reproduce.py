@@ -270,6 +270,14 @@ def test_the_estimate_adds_up():
     assert result["group_s"] == {}
     assert result["run_s"]["tisa_s0"] == pytest.approx(alone_pretrain + curve + ANALYSIS_S)
     assert result["run_s"]["absolute_s0"] == pytest.approx(alone_pretrain + curve + 2 * ANALYSIS_S)
+    # The order task: a fine-tuning (and its compiling) a learning rate; the lengths: a program a length.
+    plan = make_plan(PROFILES["smoke"], 1, {"tisa": ("order", "lengths")}, workers=1)
+    smoke = PROFILES["smoke"]
+    result = estimate(plan, timing, workers=1)
+    order = smoke.finetune_train["num_steps"] * 0.1 * (16 * 64) / (16 * 64) + COMPILED_PROGRAMS["finetune"] * 2.0
+    assert result["run_s"]["tisa_s0"] == pytest.approx(smoke.steps * 0.1 + COMPILED_PROGRAMS["pretrain"] * 2.0
+                                                       + smoke.curve_points * smoke.eval_batches * 0.1 / 3 + order
+                                                       + 3 * 2.0)
 
 
 # --- the pool's bookkeeping ------------------------------------------------------------------------------------------
