@@ -33,6 +33,7 @@ from jaxpos.data.classification import task_spec
 from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer,
                                    load_tokenizer)
 from jaxpos.models import BertForMaskedLM, BertForSequenceClassification, EncoderDecoder
+from jaxpos.models.layout import to_unscanned
 from jaxpos.sharding import placement
 from jaxpos.training.checkpoint import abstract_like, checkpoint_path, read_run_params, saved_steps
 
@@ -93,7 +94,9 @@ class Run:
 
     @property
     def model_config(self) -> ModelConfig:
-        return self.config.model
+        """The run's model as readers build it: unscanned and not rematerialised whatever it trained with (the
+        computation is the same; `params` converts a scanned checkpoint), so every layer has its own subtree."""
+        return dataclasses.replace(self.config.model, scan_layers=False, remat="none")
 
     @property
     def num_labels(self) -> int | None:
@@ -144,8 +147,9 @@ class Run:
         onto `on`: the first CPU (None), one jax.Device or jax.sharding.Sharding, or a (data, fsdp, tensor) Mesh
         as training shards them. Raises FileNotFoundError when there is no checkpoint, ValueError when none (or
         not `step`) restores for the run's model."""
-        module, init_args = self.module()
+        saved = self.config.model  # the layout the checkpoints hold
+        module, init_args = run_model(self.task, dataclasses.replace(saved, remat="none"), self.num_labels)
         boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
         shardings = placement(boxed, jax.devices("cpu")[0] if on is None else on)
         step, params = read_run_params(self.workdir, abstract_like(nn.unbox(boxed), shardings), step)
-        return int(step), params
+        return int(step), to_unscanned(params) if saved.scan_layers else params

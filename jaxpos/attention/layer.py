@@ -5,6 +5,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxpos.attention.bias import PositionalBias, at_pieces
 from jaxpos.attention.core import apply_rotary, attend, project_keys
@@ -44,8 +45,10 @@ class MultiHeadAttention(nn.Module):
         q = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")(inputs_q)
         k = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "key")(inputs_kv)
         v = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "value")(inputs_kv)
-        # Batch over data x fsdp, heads over tensor: the fsdp-sharded kernels are gathered, not the activations.
-        q, k, v = (constrain(t, HEADS) for t in (q, k, v))
+        # Batch over data x fsdp, heads over tensor (the fsdp-sharded kernels are gathered, not the activations);
+        # named for model.remat="save_projections" (a no-op without it).
+        q, k, v = (checkpoint_name(constrain(t, HEADS), name) for t, name in ((q, "query"), (k, "key"),
+                                                                              (v, "value")))
 
         pcfg = cfg.position
         bias = at_pieces(bias)  # packed rows: rotary tables, factors and dense terms at each token's piece position

@@ -166,6 +166,14 @@ class PositionConfig:
                              f"needs s=1 (got s={self.attenuated.s}); use form='offset' for s != 1")
 
 
+# model.remat: what a layer keeps for the backward pass. none: everything (no recomputation); full: only its input
+# (O(L·B·T·d) memory, one more forward pass of compute); save_dots: the outputs of its matrix products without a
+# batch dimension (jax.checkpoint_policies.dots_with_no_batch_dims_saveable); save_projections: the tensors named
+# in the layer (checkpoint_name): the query, key and value projections and the MLP's input.
+REMAT_POLICIES = ("none", "full", "save_dots", "save_projections")
+SAVED_NAMES = ("query", "key", "value", "mlp_input")  # the names save_projections keeps
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 30522
@@ -183,6 +191,10 @@ class ModelConfig:
     type_vocab_size: int = 2
     embedding_dim: int | None = None  # ALBERT's factorised embeddings: E-wide embeddings projected to d_model
     share_layers: bool = False  # ALBERT: one set of layer parameters applied num_layers times
+    # The stack's layers as one scan over parameters stacked on a leading "layers" axis: compile time flat in
+    # depth. Checkpoints keep that layout; jaxpos.run.Run reads them as unscanned (analysis, export, fine-tuning).
+    scan_layers: bool = False
+    remat: str = "none"  # recompute each layer in the backward pass: none | full | save_dots | save_projections
     embed_layer_norm: bool = True  # LayerNorm on the summed input embeddings (BERT); off for Vaswani
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (Vaswani)
     causal: bool = False  # causal self-attention in the encoder stack (decoder-only use)
@@ -212,6 +224,11 @@ class ModelConfig:
                             ("num_heads", 1), ("mlp_dim", 1), ("max_length", 1), ("type_vocab_size", 1)):
             check_count(name, getattr(self, name), least)
         check_count("embedding_dim", self.embedding_dim, 1, optional=True)
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"model.remat={self.remat!r}; choose one of {', '.join(REMAT_POLICIES)}")
+        if self.scan_layers and self.share_layers:
+            raise ValueError("model.scan_layers stacks each layer's own parameters; with share_layers every layer "
+                             "uses one set, so there is nothing to stack: set scan_layers=False")
         check_number("layer_norm_eps", self.layer_norm_eps, 0.0, open_low=True)
         check_number("init_std", self.init_std, 0.0, open_low=True)
         for name in ("dtype", "param_dtype"):

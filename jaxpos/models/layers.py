@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxpos.attention.bias import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention, dense
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
+from jaxpos.config.model import SAVED_NAMES
+from jaxpos.config.rng import DROPOUT
 from jaxpos.positions import SegmentAttention, make_position
 from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
 
@@ -42,20 +46,23 @@ class MlpBlock(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention, optional cross-attention, MLP; each a residual sublayer, post-LN (BERT) or pre-LN."""
+    """Self-attention, optional cross-attention, MLP; each a residual sublayer, post-LN (BERT) or pre-LN.
+    `deterministic` (no dropout) is an attribute, not an argument, so rematerialisation and scans see only
+    arrays in a call."""
 
     cfg: ModelConfig
     cross_attention: bool = False
     decode: bool = False
+    deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x, *, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None,
-                 cross_pos=None, cross_mask=None, deterministic=True):
+    def __call__(self, x, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None, cross_pos=None,
+                 cross_mask=None):
         """x [B, T, d] -> [B, T, d]. bias (this layer's `PositionalBias`), q_pos [T], k_pos [S], mask
         (`AttentionMask`) and types [B, T] feed self-attention; encoded [B, S_enc, d], cross_bias, cross_pos (query
         positions [T], encoder positions [S_enc]; per pair [B, T], [B, S_enc] in packed rows), cross_mask
         cross-attention."""
-        cfg = self.cfg
+        cfg, deterministic = self.cfg, self.deterministic
 
         def sublayer(x, fn, name):
             norm = layer_norm(cfg, f"{name}_norm")
@@ -72,7 +79,36 @@ class TransformerLayer(nn.Module):
             cross = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
             x = sublayer(x, lambda h: cross(h, encoded, bias=cross_bias, q_pos=cross_pos[0], k_pos=cross_pos[1],
                                             mask=cross_mask, deterministic=deterministic), "cross_attention")
-        return sublayer(x, MlpBlock(cfg, name="mlp"), "mlp")
+        return sublayer(x, lambda h: MlpBlock(cfg, name="mlp")(checkpoint_name(h, "mlp_input")), "mlp")
+
+
+def remat_layer(policy: str) -> type[nn.Module]:
+    """TransformerLayer, rematerialised in the backward pass under `model.remat` (config.model.REMAT_POLICIES)."""
+    if policy == "none":
+        return TransformerLayer
+    saved = {"full": jax.checkpoint_policies.nothing_saveable,
+             "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+             "save_projections": jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES)}[policy]
+    return nn.remat(TransformerLayer, policy=saved, prevent_cse=False)  # prevent_cse: not needed inside a scan
+
+
+class ScannedLayer(nn.Module):
+    """One step of the stack's scan: layer `index` (a traced scalar) on the carried hidden states, its slice of
+    the stack's bias read inside (the bias, computed once per forward pass, enters the scan once, broadcast)."""
+
+    cfg: ModelConfig
+    cross_attention: bool = False
+    decode: bool = False
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, index, bias, q_pos, k_pos, mask, types, encoded, cross_bias, cross_pos, cross_mask):
+        layer = remat_layer(self.cfg.remat)(self.cfg, self.cross_attention, self.decode, self.deterministic,
+                                            name="layer")
+        x = layer(x, bias.for_layer(index), q_pos, k_pos, mask, types, encoded,
+                  cross_bias.for_layer(index) if cross_bias is not None else None, cross_pos, cross_mask)
+        x = constrain(x, HIDDEN)
+        return x, x
 
 
 class TransformerStack(nn.Module):
@@ -158,15 +194,26 @@ class TransformerStack(nn.Module):
             cross_mask = AttentionMask(q_piece_ids=None if self.decode else piece_ids, kv_piece_ids=encoded_piece_ids)
 
         self.sow("intermediates", "hidden_states", x)  # analysis taps: the input of layer 0, then each output
-        shared = TransformerLayer(cfg, self.cross_attention, self.decode, name="layer_shared") \
-            if cfg.share_layers else None
-        for i in range(self.num_layers):
-            layer = shared or TransformerLayer(cfg, self.cross_attention, self.decode, name=f"layer_{i}")
-            x = layer(x, bias=bias.for_layer(i), q_pos=q_pos, k_pos=k_pos, mask=mask, types=token_types,
-                      encoded=encoded, cross_bias=cross_bias.for_layer(i) if cross_bias is not None else None,
-                      cross_pos=cross_pos, cross_mask=cross_mask, deterministic=deterministic)
-            x = constrain(x, HIDDEN)
-            self.sow("intermediates", "hidden_states", x)
+        inputs = (q_pos, k_pos, mask, token_types, encoded)
+        if cfg.scan_layers:  # one layer's program, scanned over parameters stacked on the "layers" axis
+            scan = nn.scan(ScannedLayer, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                           split_rngs={"params": True, DROPOUT: True}, length=self.num_layers,
+                           in_axes=(0,) + (nn.broadcast,) * 9, metadata_params={nn.PARTITION_NAME: "layers"})
+            x, hidden = scan(cfg, self.cross_attention, self.decode, deterministic, name="layers")(
+                x, jnp.arange(self.num_layers), bias, *inputs, cross_bias, cross_pos, cross_mask)
+            for i in range(self.num_layers):
+                self.sow("intermediates", "hidden_states", hidden[i])
+        else:
+            layer_class = remat_layer(cfg.remat)
+            shared = layer_class(cfg, self.cross_attention, self.decode, deterministic, name="layer_shared") \
+                if cfg.share_layers else None
+            for i in range(self.num_layers):
+                layer = shared or layer_class(cfg, self.cross_attention, self.decode, deterministic,
+                                              name=f"layer_{i}")
+                x = layer(x, bias.for_layer(i), *inputs, cross_bias.for_layer(i) if cross_bias is not None else None,
+                          cross_pos, cross_mask)
+                x = constrain(x, HIDDEN)
+                self.sow("intermediates", "hidden_states", x)
         if cfg.layer_norm == "pre":
             x = layer_norm(cfg, "final_norm")(x)
         return x

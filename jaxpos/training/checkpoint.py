@@ -29,7 +29,7 @@ class CheckpointError(RuntimeError):
 
 # Model-config fields that change how the model is computed or regularised, not its parameters: a run may resume
 # with other values.
-RESUMABLE_MODEL_FIELDS = frozenset({"attention_impl", "dtype", "dropout", "attention_dropout"})
+RESUMABLE_MODEL_FIELDS = frozenset({"attention_impl", "dtype", "dropout", "attention_dropout", "remat"})
 
 
 def checkpoint_path(directory) -> epath.Path:

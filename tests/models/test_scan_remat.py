@@ -1,0 +1,129 @@
+"""Scanned layers and rematerialisation change how the stack is compiled, never what it computes: the same loss
+and gradients as the unscanned, unrematerialised model from the same parameters, for every mechanism."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import meta
+
+from jaxpos.models import BertForMaskedLM
+from jaxpos.models.layout import to_scanned, to_unscanned
+from tests.helpers import VARIANTS, tiny_config
+
+SEQ = 16
+
+
+def batch(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ids = jnp.asarray(rng.integers(5, 61, (2, SEQ)))
+    pieces = jnp.asarray([[1] * 10 + [2] * 6, [1] * 13 + [0] * 3])  # packed pieces and padding
+    return ids, dict(piece_ids=pieces, token_types=jnp.asarray(rng.integers(0, 2, (2, SEQ))))
+
+
+def loss_and_grads(cfg, params):
+    ids, inputs = batch()
+    targets = jnp.roll(ids, 1, axis=1)
+
+    def loss(p):
+        logits = BertForMaskedLM(cfg).apply({"params": p}, ids, **inputs)
+        log_probs = jax.nn.log_softmax(logits)
+        return -jnp.take_along_axis(log_probs, targets[..., None], -1).mean()
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def assert_trees_close(a, b, rtol=2e-5, atol=2e-6):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("name,position", VARIANTS, ids=[name for name, _ in VARIANTS])
+def test_scanned_equals_unscanned(name, position):
+    cfg = tiny_config(position, num_layers=3)
+    ids, inputs = batch()
+    params = meta.unbox(BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), ids, **inputs)["params"])
+    scanned_cfg = dataclasses.replace(cfg, scan_layers=True)
+    scanned = to_scanned(params)
+    # the scanned model builds the same tree: its own initialisation has the converted layout
+    init = meta.unbox(BertForMaskedLM(scanned_cfg).init(jax.random.PRNGKey(0), ids, **inputs)["params"])
+    assert jax.tree.map(jnp.shape, init) == jax.tree.map(jnp.shape, scanned)
+    loss, grads = loss_and_grads(cfg, params)
+    scanned_loss, scanned_grads = loss_and_grads(scanned_cfg, scanned)
+    assert float(scanned_loss) == pytest.approx(float(loss), rel=1e-6)
+    assert_trees_close(to_unscanned(scanned_grads), grads)
+    assert_trees_close(to_unscanned(scanned), params, rtol=0, atol=0)  # the conversion round-trips exactly
+
+
+@pytest.mark.parametrize("policy", ["full", "save_dots", "save_projections"])
+@pytest.mark.parametrize("scan", [False, True])
+def test_rematerialised_gradients_equal_the_plain_ones(policy, scan):
+    cfg = dataclasses.replace(tiny_config(dict(kind="tisa"), num_layers=3), scan_layers=scan)
+    ids, inputs = batch()
+    params = meta.unbox(BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), ids, **inputs)["params"])
+    loss, grads = loss_and_grads(cfg, params)
+    remat_loss, remat_grads = loss_and_grads(dataclasses.replace(cfg, remat=policy), params)
+    assert float(remat_loss) == pytest.approx(float(loss), rel=1e-6)
+    assert_trees_close(remat_grads, grads)
+
+
+def test_remat_recomputes_what_it_does_not_save():
+    """The residuals the backward pass keeps (the leaves of jax.vjp's closure): fewer under each policy."""
+    cfg = tiny_config(dict(kind="tisa"), num_layers=2)
+    ids, inputs = batch()
+    params = meta.unbox(BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), ids, **inputs)["params"])
+
+    def saved(policy):
+        model = BertForMaskedLM(dataclasses.replace(cfg, remat=policy))
+        _, vjp = jax.vjp(lambda p: model.apply({"params": p}, ids, **inputs), params)
+        return sum(np.size(x) for x in jax.tree.leaves(vjp) if hasattr(x, "shape"))
+
+    sizes = {policy: saved(policy) for policy in ("none", "save_projections", "full")}
+    assert sizes["full"] < sizes["save_projections"] < sizes["none"], sizes
+
+
+def test_bad_layouts_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="model.remat='some'; choose one of none, full, save_dots, save_projections"):
+        tiny_config(dict(kind="tisa"), remat="some")
+    with pytest.raises(ValueError, match="scan_layers stacks each layer's own parameters; with share_layers"):
+        tiny_config(dict(kind="tisa"), scan_layers=True, share_layers=True)
+    with pytest.raises(ValueError, match="no stack to scan"):
+        to_scanned({"layer_0": {"w": jnp.ones(2)}, "layer_2": {"w": jnp.ones(2)}})
+
+
+def test_a_scanned_run_reads_and_exports_as_unscanned_and_resumes_under_another_policy(tmp_path):
+    """`jaxpos train` with scanned, rematerialised layers; the run reads as an unscanned model (the same outputs
+    from the converted parameters), exports for Hugging Face, and resumes with another remat policy."""
+    from jaxpos import cli
+    from jaxpos.run import Run
+    from jaxpos.training.checkpoint import abstract_like, read_run_params
+    from tests.helpers import SMALL_MLM, TINY_MLM_CONFIG, one_device_training
+
+    workdir = str(tmp_path / "scanned")
+    flags = [*SMALL_MLM, "--config.model.num_layers=2", "--config.model.position.kind=absolute",
+             "--config.train.num_steps=2", "--config.train.checkpoint_every=2", "--config.train.eval_every=2"]
+    with one_device_training():
+        assert cli.main(["train", "--config", TINY_MLM_CONFIG, "--workdir", workdir, *flags,
+                         "--config.model.scan_layers=True", "--config.model.remat=full"]) == 0
+        assert cli.main(["train", "--config", TINY_MLM_CONFIG, "--workdir", workdir, *flags,
+                         "--config.model.scan_layers=True", "--config.model.remat=save_dots",
+                         "--config.train.num_steps=3"]) == 0  # resumed under another policy
+    run = Run.open(workdir)
+    assert run.config.model.scan_layers and not run.model_config.scan_layers
+    step, params = run.params()
+    assert step == 3 and {"layer_0", "layer_1"} <= set(params["bert"]["encoder"])
+    scanned_cfg = dataclasses.replace(run.config.model, remat="none")
+    model = BertForMaskedLM(scanned_cfg)
+    ids, inputs = batch()
+    ids = ids % scanned_cfg.vocab_size
+    boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ids, **inputs))["params"]
+    shardings = jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]), meta.unbox(boxed))
+    _, raw = read_run_params(workdir, abstract_like(meta.unbox(boxed), shardings))
+    np.testing.assert_allclose(np.asarray(BertForMaskedLM(run.model_config).apply({"params": params}, ids, **inputs)),
+                               np.asarray(model.apply({"params": raw}, ids, **inputs)), rtol=1e-5, atol=1e-5)
+    assert cli.main(["export", "--workdir", workdir, "--out", str(tmp_path / "hf"), "--format", "huggingface"]) == 0
+    assert (tmp_path / "hf" / "config.json").exists()
