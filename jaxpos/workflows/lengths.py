@@ -55,7 +55,7 @@ def lengths_table(results: dict[str, dict]) -> str:
                 cells.append("")
             elif "skipped" in entry:
                 cells.append("cannot run")
-                if entry["skipped"] not in notes:
+                if f"{name}: {entry['skipped']}" not in notes:
                     notes.append(f"{name}: {entry['skipped']}")
             else:
                 cells.append(f"{entry['loss']:.3f} / {entry['accuracy']:.3f}")

@@ -1,0 +1,108 @@
+"""What scanned layers and rematerialisation change: the training step's compile time against depth (unrolled
+against scanned) and its memory per remat policy, from XLA's own analysis of the compiled program (nothing runs:
+the state and batch are abstract, so a model larger than the host's memory is measured too).
+
+    python bench/scaling.py                                   # both tables at their default sizes, on this host
+    python bench/scaling.py --depths 12,24,48 --compile-size 256x4 --memory-size bert_base --batch 8 --length 512
+
+Compile table: a model of d x heads (`--compile-size`, e.g. 256x4) at each depth, unrolled and scanned: seconds to
+lower and compile the jitted train step (masked LM, AdamW, TISA). Memory table: `--memory-size` (bert_base,
+bert_large or DxHxL) at batch x length, per remat policy: XLA's temporary bytes (the activations a step keeps for
+its backward pass, and workspace) beside the arguments' (parameters, optimiser state, batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+SIZES = dict(bert_base=(768, 12, 12), bert_large=(1024, 16, 24))  # d_model, heads, layers
+
+
+def run_config(d_model: int, heads: int, layers: int, batch: int, length: int, **model):
+    """The masked-LM recipe of configs/mlm/bert_base.py at this size (TISA, bf16 compute, no dropout)."""
+    from jaxpos.config.defaults import mlm_config
+    from jaxpos.config.validate import check_run_config
+
+    config = mlm_config()
+    config.model.update(d_model=d_model, num_heads=heads, num_layers=layers, mlp_dim=4 * d_model, max_length=length,
+                        vocab_size=30522, dropout=0.0, attention_dropout=0.0, dtype="bfloat16", **model)
+    config.model.position.kind = "tisa"
+    config.data.update(seq_len=length, vocab_size=30522)
+    config.train.update(batch_size=batch, max_predictions=max(1, length * 15 // 100), num_steps=10)
+    return check_run_config(config, task="mlm")
+
+
+def compiled_step(run):
+    """(seconds to lower and compile, the compiled train step) of `run`'s Trainer on abstract inputs."""
+    import jax.numpy as jnp
+
+    from jaxpos.models import BertForMaskedLM
+    from jaxpos.sharding import make_mesh
+    from jaxpos.training.checkpoint import abstract_like
+    from jaxpos.training.loop import Trainer
+    from jaxpos.training.mlm import MaskedLMTask
+
+    with tempfile.TemporaryDirectory() as workdir:
+        task = MaskedLMTask(BertForMaskedLM(run.model), run.data.seq_len, run.train.max_predictions)
+        trainer = Trainer(run.train, workdir, task, mesh=make_mesh(devices=jax.devices()[:1]), log=False)
+        try:
+            state = abstract_like(trainer.abstract_state, trainer.state_shardings)
+            shape = (run.train.batch_size, run.data.seq_len)
+            batch = {key: jax.ShapeDtypeStruct(shape, jnp.float32 if key == "mask_weights" else jnp.int32,
+                                               sharding=trainer.batch_sharding)
+                     for key in ("input_ids", "targets", "mask_weights", "piece_ids", "token_types", "positions")}
+            start = time.perf_counter()
+            compiled = trainer.train_step.lower(state, batch).compile()
+            return time.perf_counter() - start, compiled
+        finally:
+            trainer.close()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depths", default="12,24,48", help="comma-separated depths of the compile table")
+    parser.add_argument("--compile-size", default="256x4", help="d_model x heads of the compile table")
+    parser.add_argument("--compile-shape", default="8x128", help="batch x length of the compile table")
+    parser.add_argument("--memory-size", default="bert_base", help="bert_base, bert_large or DxHxL")
+    parser.add_argument("--batch", type=int, default=8, help="rows a step of the memory table")
+    parser.add_argument("--length", type=int, default=512, help="tokens a row of the memory table")
+    parser.add_argument("--policies", default="none,save_projections,save_dots,full")
+    parser.add_argument("--skip", choices=("compile", "memory"), help="leave one table out")
+    args = parser.parse_args(argv)
+    device = jax.devices()[0]
+    print(f"device: {device.platform} {device.device_kind}  jax {jax.__version__}  {datetime.date.today()}")
+    if args.skip != "compile":
+        d_model, heads = (int(x) for x in args.compile_size.split("x"))
+        batch, length = (int(x) for x in args.compile_shape.split("x"))
+        print(f"\ncompile seconds of the train step, d = {d_model}, {heads} heads, {batch} x {length} tokens")
+        print(f"{'layers':>6} {'unrolled':>9} {'scanned':>8}")
+        for depth in (int(x) for x in args.depths.split(",")):
+            row = [compiled_step(run_config(d_model, heads, depth, batch, length, scan_layers=scan))[0]
+                   for scan in (False, True)]
+            print(f"{depth:>6} {row[0]:9.1f} {row[1]:8.1f}")
+    if args.skip != "memory":
+        size = SIZES.get(args.memory_size) or tuple(int(x) for x in args.memory_size.split("x"))
+        d_model, heads, layers = size
+        print(f"\nmemory of the train step (XLA's analysis), d = {d_model}, {heads} heads, {layers} layers, scanned, "
+              f"{args.batch} x {args.length} tokens")
+        print(f"{'remat':<18} {'temporary MiB':>13} {'arguments MiB':>13} {'compile s':>9}")
+        for policy in args.policies.split(","):
+            seconds, compiled = compiled_step(run_config(d_model, heads, layers, args.batch, args.length,
+                                                         scan_layers=True, remat=policy))
+            memory = compiled.memory_analysis()
+            print(f"{policy:<18} {memory.temp_size_in_bytes / 2**20:13.1f} "
+                  f"{memory.argument_size_in_bytes / 2**20:13.1f} {seconds:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
