@@ -40,3 +40,10 @@ def to_scanned(tree):
             raise ValueError(f"layers {[i for i, _ in layers]} are not 0 .. {len(layers) - 1}: no stack to scan")
         out[SCANNED] = {LAYER: jax.tree.map(lambda *xs: jnp.stack(xs), *(to_scanned(tree[key]) for _, key in layers))}
     return out
+
+
+def relayout(tree, scanned: bool):
+    """Every parameter-like subtree of `tree` (a training state: parameters, optimiser moments, gradients) in the
+    scanned (True) or unscanned layout; arrays outside them unchanged."""
+    convert = to_scanned if scanned else to_unscanned
+    return jax.tree.map(convert, tree, is_leaf=lambda x: isinstance(x, dict))

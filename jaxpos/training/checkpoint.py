@@ -29,7 +29,9 @@ class CheckpointError(RuntimeError):
 
 # Model-config fields that change how the model is computed or regularised, not its parameters: a run may resume
 # with other values.
-RESUMABLE_MODEL_FIELDS = frozenset({"attention_impl", "dtype", "dropout", "attention_dropout", "remat"})
+# scan_layers: the Trainer converts a checkpoint of the other layout as it restores it.
+RESUMABLE_MODEL_FIELDS = frozenset({"attention_impl", "dtype", "dropout", "attention_dropout", "remat",
+                                    "scan_layers"})
 
 
 def checkpoint_path(directory) -> epath.Path:
@@ -137,16 +139,20 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         return restored["state"], restored["data"]
 
-    def check_state(self, abstract_state, step: int | None = None) -> None:
+    def check_state(self, abstract_state, step: int | None = None, other_layout=None) -> bool:
         """Raises ValueError, naming the first difference, when checkpoint `step` (default: the newest) holds a
-        state of other paths or shapes than `abstract_state`. Reads the metadata only; a step whose metadata does
-        not read passes (restoring it then fails, and it is moved aside as corrupt)."""
+        state of other paths or shapes than `abstract_state` and than `other_layout` (the same state in the other
+        layer layout, jaxpos.models.layout). Returns whether it holds `other_layout`. Reads the metadata only; a
+        step whose metadata does not read passes (restoring it then fails, and it is moved aside as corrupt)."""
         steps = self.steps()
         step = steps[-1] if step is None and steps else step
         other_model = None if step is None else self.state_mismatch(step, abstract_state)
+        if other_model and other_layout is not None and self.state_mismatch(step, other_layout) is None:
+            return True
         if other_model:
             raise ValueError(f"checkpoint step {step} in {self.directory} was saved for another model "
                              f"({other_model}); resume with the checkpoint's config or use a new workdir")
+        return False
 
     def state_mismatch(self, step: int, abstract_state) -> str | None:
         """The first difference between the state saved as `step` (its metadata: paths and shapes) and

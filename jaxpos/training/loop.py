@@ -23,6 +23,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpos.config.run import MeshConfig, TrainConfig
+from jaxpos.models.layout import relayout
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
 from jaxpos.progress import status
@@ -255,10 +256,15 @@ class Trainer:
             boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
             self.seed_state_shardings = logical_sharding(boxed, self.mesh)  # one seed's, as its checkpoints hold it
             self.abstract_state = nn.unbox(boxed)
+            # A checkpoint of the other layer layout (model.scan_layers changed on resume) is converted as restored.
+            scanned = getattr(getattr(task.model, "cfg", None), "scan_layers", False)
+            self.other_layout = jax.eval_shape(functools.partial(relayout, scanned=not scanned), self.abstract_state)
+            self.saved_other_layout = []
             for checkpointer in self.checkpointers:
                 if self.model_config is not None:
                     checkpointer.check_model_config(self.model_config)
-                checkpointer.check_state(self.abstract_state)
+                self.saved_other_layout.append(checkpointer.check_state(self.abstract_state,
+                                                                        other_layout=self.other_layout))
         except BaseException:
             self.close()
             raise
@@ -307,13 +313,16 @@ class Trainer:
         (`data`: the seeds' iterators as one, `_Zipped`). Seeds resume from the newest step they all
         saved."""
         abstract = abstract_like(self.abstract_state, self.seed_state_shardings)
+        if any(self.saved_other_layout):  # restored whole on this host's CPU, converted, then placed
+            cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+            abstract = abstract_like(self.other_layout, jax.tree.map(lambda _: cpu, self.other_layout))
         if not self.stacked:
             restored = self.checkpointer.restore_latest(abstract)
             if restored is None:
                 return self._init(jax.random.PRNGKey(self.seed_runs[0].seed)), None
             step, state, data_state = restored
             data.set_state([data_state])
-            return state, step
+            return self._in_this_layout(state), step
         saved = [set(checkpointer.steps()) for checkpointer in self.checkpointers]
         if not any(saved):
             return self._init(jnp.stack([jax.random.PRNGKey(run.seed) for run in self.seed_runs])), None
@@ -325,10 +334,17 @@ class Trainer:
                        "trying an older one")
                 continue
             data.set_state([data_state for _, data_state in restored])
-            return self._stack([state for state, _ in restored]), step
+            return self._stack([self._in_this_layout(state) for state, _ in restored]), step
         listed = "; ".join(f"{run.workdir}: {sorted(steps) or 'none'}" for run, steps in zip(self.seed_runs, saved))
         raise CheckpointError(f"the seeds' checkpoints have no step in common that restores ({listed}); resume "
                               "each seed alone, or move their checkpoints away to start afresh")
+
+    def _in_this_layout(self, state: TrainState) -> TrainState:
+        """A restored seed's state in this model's layer layout, placed as training places it."""
+        if not any(self.saved_other_layout):
+            return state
+        scanned = getattr(self.task.model.cfg, "scan_layers", False)
+        return jax.device_put(relayout(state, scanned=scanned), self.seed_state_shardings)
 
     def evaluate(self, params, batches: Iterable) -> list[dict]:
         """Each seed's held-out metrics (a list of one without a seed axis) over `batches` (as `global_batch` takes

@@ -127,3 +127,22 @@ def test_a_scanned_run_reads_and_exports_as_unscanned_and_resumes_under_another_
                                np.asarray(model.apply({"params": raw}, ids, **inputs)), rtol=1e-5, atol=1e-5)
     assert cli.main(["export", "--workdir", workdir, "--out", str(tmp_path / "hf"), "--format", "huggingface"]) == 0
     assert (tmp_path / "hf" / "config.json").exists()
+
+
+@pytest.mark.parametrize("first,then", [(False, True), (True, False)], ids=["unscanned_then_scanned",
+                                                                            "scanned_then_unscanned"])
+def test_a_run_resumes_in_the_other_layout_as_if_it_had_not_changed(tmp_path, first, then):
+    """Parameters, Adam's moments, step, RNG and data position convert as they restore; without dropout's stream
+    (scanned layers split it per layer) the resumed run ends where a straight run in the first layout does."""
+    from tests.training import synthetic
+
+    def run(workdir, scan, stop_at=None):
+        return synthetic.run(str(workdir), 6, checkpoint_every=3, kind="diet_rel", scan=scan, stop_at=stop_at,
+                             dropout=0.0)
+
+    straight = run(tmp_path / "straight", first)
+    run(tmp_path / "switched", first, stop_at=3)
+    resumed = run(tmp_path / "switched", then)
+    assert resumed.resumed_from == 3 and int(resumed.state.step) == 6
+    convert = to_unscanned if first is False else to_scanned
+    assert_trees_close(convert(resumed.state.params), straight.state.params, rtol=1e-4, atol=1e-6)
