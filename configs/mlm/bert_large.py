@@ -4,9 +4,10 @@ the backward pass (model.remat=save_projections).
     jaxpos train --config configs/mlm/bert_large.py --workdir runs/large --config.model.position.kind=diet_rel \
         --config.data.source=tfds --config.data.data_dir=gs://BUCKET/tfds --config.data.streaming=True
 
-Memory (XLA's analysis of the compiled step, bench/scaling.py, 2026-11-27 on the CPU, which plans as a GPU does
-not): about 1.3 GiB of parameters and 2.7 GiB of AdamW state in float32 (335M parameters), plus the step's
-activations, which remat trades for compute: see bench/RESULTS.md, "Scanned layers and rematerialisation".
+Memory (XLA's analysis of the compiled step, `python bench/scaling.py --skip compile --memory-size bert_large`,
+2026-11-27, on the CPU, whose plan a GPU's need not match): 3.7 GiB of float32 parameters and AdamW moments (335M
+parameters), and, at 8 x 512 tokens a device, 4.0 GiB of temporaries with the projections saved (19.9 GiB
+without remat, 2.6 GiB with full remat): see bench/RESULTS.md, "Scanned layers and rematerialisation".
 """
 
 from jaxpos.config.defaults import mlm_config
