@@ -146,3 +146,22 @@ def test_a_run_resumes_in_the_other_layout_as_if_it_had_not_changed(tmp_path, fi
     assert resumed.resumed_from == 3 and int(resumed.state.step) == 6
     convert = to_unscanned if first is False else to_scanned
     assert_trees_close(convert(resumed.state.params), straight.state.params, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["t5", "diet_abs", "fire"])
+def test_a_scanned_encoder_decoder_equals_the_unscanned_one_and_decodes_with_its_cache(kind):
+    """Both stacks scanned (the decoder's cross-attention and its key/value cache stacked on the layer axis):
+    the same logits as the unscanned model, and cached one-token steps give the full pass's."""
+    from jaxpos.models import EncoderDecoder
+    from tests.models.test_decode import assert_cached_steps_match_full_pass
+
+    cfg = tiny_config(dict(kind=kind), num_decoder_layers=2, cross_attention_position=kind == "t5")
+    inputs = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 1, cfg.vocab_size).at[1, 6:].set(0)
+    targets = jax.random.randint(jax.random.PRNGKey(3), (2, 7), 1, cfg.vocab_size)
+    params = meta.unbox(EncoderDecoder(cfg).init(jax.random.PRNGKey(4), inputs, targets)["params"])
+    scanned_cfg = dataclasses.replace(cfg, scan_layers=True)
+    np.testing.assert_allclose(np.asarray(EncoderDecoder(scanned_cfg).apply({"params": to_scanned(params)}, inputs,
+                                                                            targets)),
+                               np.asarray(EncoderDecoder(cfg).apply({"params": params}, inputs, targets)),
+                               rtol=1e-5, atol=1e-5)
+    assert_cached_steps_match_full_pass(scanned_cfg, to_scanned(params), inputs, targets, kind)
