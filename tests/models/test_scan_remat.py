@@ -165,3 +165,29 @@ def test_a_scanned_encoder_decoder_equals_the_unscanned_one_and_decodes_with_its
                                np.asarray(EncoderDecoder(cfg).apply({"params": params}, inputs, targets)),
                                rtol=1e-5, atol=1e-5)
     assert_cached_steps_match_full_pass(scanned_cfg, to_scanned(params), inputs, targets, kind)
+
+
+def test_scanned_layers_shard_over_a_mesh_as_unscanned_ones_do(tmp_path):
+    """Two steps on a (data 2, fsdp 2, tensor 2) mesh of simulated devices equal two on one device; the layer
+    axis stays whole and each stacked parameter is split as its layer's would be."""
+    from jaxpos.config.run import run_config
+    from jaxpos.sharding import make_mesh
+    from jaxpos.training.loop import Trainer
+    from jaxpos.training.mlm import MaskedLMTask
+    from tests.training import synthetic
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 (simulated) devices")
+    run = run_config(synthetic.config(2, checkpoint_every=2, scan=True), task="mlm")
+    results = []
+    for name, mesh in (("one", make_mesh(devices=jax.devices()[:1])), ("mesh", make_mesh(2, 2, 2))):
+        trainer = Trainer(run.train, str(tmp_path / name), MaskedLMTask(BertForMaskedLM(run.model), synthetic.SEQ),
+                          log=False, mesh=mesh)
+        try:
+            results.append(trainer.run(synthetic.SyntheticData()))
+            spec = trainer.state_shardings.params["bert"]["encoder"]["layers"]["layer"]["mlp"]["wi"]["kernel"].spec
+            assert spec[0] is None  # the layer axis
+        finally:
+            trainer.close()
+    assert spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+    assert_trees_close(results[1].state.params, results[0].state.params, rtol=1e-4, atol=1e-5)
