@@ -14,7 +14,6 @@ its backward pass, and workspace) beside the arguments' (parameters, optimiser s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import os
 import sys
