@@ -1,11 +1,14 @@
-"""One run of `jaxpos reproduce` (one mechanism, one seed), on a worker of the pool: pretrain with `train_mlm`
-(checkpoints at the learning curve's steps), the held-out masked-LM loss at each of them (the data layer's held-out
-rows and masking: `held_out_rows`, `eval_batches`), then the stages the plan gives the run (`matrix.STAGES`):
-fine-tuning on the paraphrase task with `finetune`, Chen et al.'s word-order probe on its test pairs
-(`paraphrase_probe`), the analyses over training (`analyze_over_training`) and at the last checkpoint (on the
-host's CPU: `on_host_cpu`). Everything measured goes to OUT/runs/NAME/result.json (the report reads nothing else).
-Each stage resumes: a finished pretraining or fine-tuning is not repeated, an unfinished one continues from its
-last checkpoint.
+"""What a worker of `jaxpos reproduce` executes. A mechanism's pretraining: its unfinished seeds at once with
+`train_mlm_seeds` (`pretrain_group`; checkpoints at the learning curve's steps). One run (one mechanism, one
+seed; `execute_run`): its pretraining alone if the group's did not finish it, the held-out masked-LM loss at each
+checkpoint (the data layer's held-out rows and masking: `held_out_rows`, `eval_batches`), then the stages the plan
+gives the run (`matrix.STAGES`): the loss at longer lengths (`evaluate_lengths`), fine-tuning on the paraphrase
+task with `finetune`, Chen et al.'s word-order probe on its test pairs (`paraphrase_probe`), fine-tuning on the
+word-order pair task over a learning-rate grid (`order_task`), the analyses over training
+(`analyze_over_training`) and at the last checkpoint (on the host's CPU: `on_host_cpu`). Everything measured goes
+to OUT/runs/NAME/result.json (the report reads nothing else). Each stage resumes: a finished pretraining or
+fine-tuning is not repeated, an unfinished one continues from its last checkpoint. Timings: `time_recipe` (the
+estimate's), `time_alone` (the step-time claim's).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`jaxpos reproduce` from start to report: the plan of a profile's fixed recipe for the chosen claims and
 mechanisms (resumed from OUT/plan.json where there is one), the shared tokenizer, a short timing that estimates
-the wall time (and changes nothing), the runs on a pool of worker processes, and REPRODUCTION.md. A SLURM array
-task executes one run through `run_one`."""
+the wall time (and changes nothing), the runs on a pool of worker processes (each mechanism's seeds pretrained at
+once, then each run's stages), the step times of the cost claims timed alone, and REPRODUCTION.md. A SLURM array
+task executes a mechanism or one run through `run_one`."""
 
 from __future__ import annotations
 
