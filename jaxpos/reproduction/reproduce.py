@@ -24,7 +24,10 @@ from jaxpos.reproduction.pool import Pool, execute, worker_env
 
 WALL_FILE = "wall_time.json"
 RUNS_LIST_FILE = "runs.txt"
-COMPILED_PROGRAMS = dict(pretrain=3, finetune=2)  # programs a stage compiles: train step, evaluation(s)
+# Compiling a stage costs, in compiles of the timed train step: its train step and its forward-only evaluations
+# (about a third each). Fitted to the smoke profile's stages on 2 CPU cores (2026-11-27: a mechanism's two seeds
+# pretrained in 34 s of which 27 s stepping; a fine-tuning of 60 steps in 8 s).
+COMPILED_PROGRAMS = dict(pretrain=1.5, finetune=1.0)
 # An analysed checkpoint of configs/mlm/tiny.py on one CPU core, where every worker runs its analyses: about 2 s
 # (a rough allowance; 11 s for five on a 2-core AMD EPYC, compiling included)
 ANALYSIS_S = 2.0
@@ -73,8 +76,8 @@ def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None
     first each mechanism's pretraining, its unfinished seeds at once (the group's step; alone where one is left),
     then each run's learning curve, fine-tunings (the order task's at each learning rate of its grid, each compiled),
     length evaluation (a program a length) and an allowance per analysed checkpoint (one seed's step), the tasks
-    taken in turn by the first free worker. Every group compiles its programs; a run compiles the paraphrase task's
-    fine-tuning unless a run of its mechanism had finished it before it started (the compilation cache).
+    taken in turn by the first free worker. Every group compiles its programs; a run compiles its fine-tunings and
+    evaluations unless a run of its mechanism had finished them before it started (the compilation cache).
     {"run_s": {name: s}, "group_s": {mechanism: s}, "total_s", "workers"}."""
     profile = matrix.profile_of(plan)
     names = list(names or plan["runs"])
@@ -98,9 +101,9 @@ def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None
             rates = len(profile.order_learning_rates) or 1
             order = profile.order_train or profile.finetune_train
             s += rates * (order["num_steps"] * finetune_step * order["batch_size"] / profile.finetune_train[
-                "batch_size"] + COMPILED_PROGRAMS["finetune"] * compile_s)
-        if "lengths" in stages:  # an evaluation program a length
-            s += len(profile.length_factors) * compile_s
+                "batch_size"] + COMPILED_PROGRAMS["finetune"] * compile_s * compiles)
+        if "lengths" in stages:  # a forward-only program a length: about a third of a train step's compiling
+            s += len(profile.length_factors) * compile_s / 3 * compiles
         analysed = len(profile.analysis_steps()) if "over_training" in stages else int(bool(stages & {"last",
                                                                                                        "final"}))
         return s + analysed * ANALYSIS_S

@@ -257,8 +257,9 @@ def test_the_estimate_adds_up():
     # them: none's two side by side, then tisa's two side by side, each compiling fine-tuning (neither had finished).
     assert result["group_s"] == {"none": pytest.approx(group), "tisa": pytest.approx(group)}
     assert result["run_s"]["none_s0"] == result["run_s"]["none_s1"] == pytest.approx(curve)
-    assert result["run_s"]["tisa_s0"] == result["run_s"]["tisa_s1"] == pytest.approx(curve + finetune + 2 * 2.0)
-    assert result["total_s"] == pytest.approx(group + curve + curve + finetune + 2 * 2.0)
+    compiling = COMPILED_PROGRAMS["finetune"] * 2.0
+    assert result["run_s"]["tisa_s0"] == result["run_s"]["tisa_s1"] == pytest.approx(curve + finetune + compiling)
+    assert result["total_s"] == pytest.approx(group + curve + curve + finetune + compiling)
     # One worker: the tasks add up.
     alone = estimate(plan, timing, workers=1)
     assert alone["total_s"] == pytest.approx(sum(alone["run_s"].values()) + sum(alone["group_s"].values()))
@@ -277,7 +278,7 @@ def test_the_estimate_adds_up():
     order = smoke.finetune_train["num_steps"] * 0.1 * (16 * 64) / (16 * 64) + COMPILED_PROGRAMS["finetune"] * 2.0
     assert result["run_s"]["tisa_s0"] == pytest.approx(smoke.steps * 0.1 + COMPILED_PROGRAMS["pretrain"] * 2.0
                                                        + smoke.curve_points * smoke.eval_batches * 0.1 / 3 + order
-                                                       + 3 * 2.0)
+                                                       + 3 * 2.0 / 3)
 
 
 # --- the pool's bookkeeping ------------------------------------------------------------------------------------------
