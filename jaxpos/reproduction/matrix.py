@@ -205,7 +205,7 @@ def clean_log_every(steps: int, every: int) -> int:
 
 def pretrain_config(plan: dict, mechanism: str, seed: int):
     """configs/mlm/tiny.py with the profile's recipe, the mechanism's position block, the shared tokenizer, and a
-    checkpoint (all kept) at each step of the learning curve."""
+    checkpoint (all kept) at each step of the learning curve and of the initialisation (step 0)."""
     profile = profile_of(plan)
     config = load_config(repo_config("configs/mlm/tiny.py"))
     config.model.update(profile.model)
@@ -220,8 +220,8 @@ def pretrain_config(plan: dict, mechanism: str, seed: int):
     every = steps // profile.curve_points
     config.train.update(profile.train)
     config.train.update(seed=seed, log_every=clean_log_every(steps, every), eval_every=steps,
-                        eval_batches=profile.eval_batches, checkpoint_every=every,
-                        keep_checkpoints=profile.curve_points + 1)
+                        eval_batches=profile.eval_batches, checkpoint_every=every, checkpoint_initial=True,
+                        keep_checkpoints=profile.curve_points + 2)
     return config
 
 

@@ -317,7 +317,8 @@ def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:
     sentences = corpus_sentences(model, analysis_texts(None), profile.max_sentences) if needs_sentences else None
     skipped = {}
     if stages & {"last", "over_training"}:
-        steps = profile.analysis_steps() if "over_training" in stages else profile.analysis_steps()[-1:]
+        # over training: from the initialisation (step 0, a reference) to the last step
+        steps = [0, *profile.analysis_steps()] if "over_training" in stages else profile.analysis_steps()[-1:]
         with timed("analysis_s"):
             over = analyze_over_training(model, analysis_dir, sentences=sentences, steps=steps, only=OVER_TRAINING,
                                          **options)

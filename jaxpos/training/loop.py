@@ -433,6 +433,8 @@ class Trainer:
                 if done not in checkpointer.steps():  # a seed that saved it before the batch was stopped keeps it
                     checkpointer.save(done, seed_state, position, self.model_config)
 
+        if tcfg.checkpoint_initial and resumed is None and start == 0:  # the initialisation, as step 0
+            save(0, state, None)
         batches, in_flight = None, collections.deque(maxlen=IN_FLIGHT_STEPS)
         with deferred_stop() as stop:
             try:

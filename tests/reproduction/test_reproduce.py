@@ -111,15 +111,16 @@ def test_changes_over_training_start_where_the_mechanism_uses_positions():
     embedding at step 100 (near a scaled identity, trivially Toeplitz) is not the starting point."""
     seeds = range(5)
     table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in seeds]}
-    r2 = lambda s: [0.57 + 0.005 * s, 0.43 + 0.004 * s, 0.47 + 0.006 * s]  # noqa: E731 - a seed's series
+    # the initialisation (step 0), then the analysed checkpoints
+    r2 = lambda s: [0.9, 0.57 + 0.005 * s, 0.43 + 0.004 * s, 0.47 + 0.006 * s]  # noqa: E731 - a seed's series
     table["absolute"] = [fake_run("absolute", s, curve([0.0, 0.3, 0.6])(s), over_training=dict(
-        steps=[100, 200, 300], series=dict(toeplitz_r2=r2(s)))) for s in seeds]
+        steps=[0, 100, 200, 300], series=dict(toeplitz_r2=r2(s)))) for s in seeds]
     claim = V.evaluate_claims(table, C.select_claims(["tisa_toeplitz"]))["claims"][0]
     assert claim["measured"]["from_step"] == 200
-    assert claim["parts"][0]["a"] == pytest.approx([r2(s)[2] - r2(s)[1] for s in seeds])  # from step 200
+    assert claim["parts"][0]["a"] == pytest.approx([r2(s)[3] - r2(s)[2] for s in seeds])  # from step 200
     assert claim["verdict"] == S.HOLDS
-    assert claim["measured"]["first_saved"]["mean"] == pytest.approx(0.58)  # reported beside
-    # Counted from the first checkpoint saved, the same runs would contradict the paper.
+    assert claim["measured"]["initialisation"]["mean"] == pytest.approx(0.9)  # reported beside
+    # Counted from the initialisation, the same runs would contradict the paper.
     assert all(C.first_last("toeplitz_r2")(r) < 0 for r in table["absolute"])
 
 
@@ -440,7 +441,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
             assert set(run["probe"]["variants"]) == {"local_2", "local_3", "local_4", "local_5"}
             assert 0 <= run["probe"]["swapped_paraphrase_share"] <= 1 and run["probe"]["global_examples"] > 0
             assert run["last"]["decomposition"]["max_reconstruction_error"] < 1e-4
-            assert run["over_training"]["steps"] == [6, 12]
+            assert run["over_training"]["steps"] == [0, 6, 12]  # the initialisation, a reference
         else:  # bag of words: fine-tuned on both tasks as the floor, never probed or analysed
             assert run["stages"] == ["finetune", "lengths", "order"] and "probe" not in run and "last" not in run
         assert 0 <= run["order"]["best"] <= 1 and run["order"]["task"] == "bible_order"

@@ -92,3 +92,34 @@ def test_seed_runs_are_checked(tmp_path):
     finally:
         trainer.close()
     assert not (tmp_path / "e0").exists()
+
+
+def test_the_initial_state_is_saved_as_step_0_when_asked(tmp_path):
+    """train.checkpoint_initial: a fresh run's initialisation is checkpoint 0 (the reproduction's reference for its
+    analyses over training); the batch and the lone run save the same step 0 for a seed."""
+    from jaxpos.config.run import run_config
+    from jaxpos.models import BertForMaskedLM
+    from jaxpos.training.checkpoint import abstract_like
+    from jaxpos.training.mlm import MaskedLMTask
+
+    c = synthetic.config(4, checkpoint_every=4)
+    c.train.checkpoint_initial = True
+    run = run_config(c, task="mlm")
+    task = MaskedLMTask(BertForMaskedLM(run.model), synthetic.SEQ)
+    trainer = Trainer(run.train, [SeedRun(0, str(tmp_path / "a0")), SeedRun(1, str(tmp_path / "a1"))], task,
+                      log=False, mesh=synthetic.one_device())
+    try:
+        trainer.run_seeds([synthetic.SyntheticData(0), synthetic.SyntheticData(1)])
+        initial = trainer.seed_states(trainer._init(jax.numpy.stack([jax.random.PRNGKey(0), jax.random.PRNGKey(1)])))
+    finally:
+        trainer.close()
+    for k in (0, 1):
+        checkpointer = Checkpointer(str(tmp_path / f"a{k}" / "checkpoints"), read_only=True)
+        try:
+            assert checkpointer.steps() == [0, 4]
+            state, position = checkpointer.restore(0, abstract_like(trainer.abstract_state,
+                                                                    trainer.seed_state_shardings))
+        finally:
+            checkpointer.close()
+        assert position == {"seed": k, "index": 0} and int(state.step) == 0
+        assert_same_params(state.params, initial[k].params, atol=0)
