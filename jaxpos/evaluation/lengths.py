@@ -19,16 +19,20 @@ from jaxpos.data.pipeline import contiguous_rows, eval_batches
 from jaxpos.models import BertForMaskedLM
 from jaxpos.positions.base import LengthError
 from jaxpos.run import Run
+from jaxpos.training.loop import eval_sums
 from jaxpos.training.mlm import MaskedLMTask
+
+
+# The training loop's evaluation sums, compiled once a task (tasks compare by value) and batch shape.
+_held_out_sums = jax.jit(eval_sums, static_argnames="task")
 
 
 def masked_lm_metrics(task: MaskedLMTask, params, batches: Iterable[dict]) -> dict:
     """{"loss", "accuracy", "perplexity", "predicted"} of `task` over held-out `batches` (numpy dicts as
     `eval_batches` yields them): summed over every batch's predicted tokens, then divided, as training evaluates."""
-    sums_of = jax.jit(lambda params, batch: task.loss(params, batch, None, False)[1])
     total = None
     for batch in batches:
-        sums = sums_of(params, batch)
+        sums = _held_out_sums(params, batch, task=task)
         total = sums if total is None else jax.tree.map(lambda a, b: a + b, total, sums)
     if total is None:
         raise ValueError("the evaluation data yielded no batch")

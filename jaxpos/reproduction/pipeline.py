@@ -36,7 +36,7 @@ from jaxpos.data.classification import load_examples
 from jaxpos.data.mlm import PackedExamples
 from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
 from jaxpos.data.tokenizer import load_tokenizer
-from jaxpos.evaluation.lengths import evaluate_lengths
+from jaxpos.evaluation.lengths import evaluate_lengths, masked_lm_metrics
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
 from jaxpos.reproduction import host
@@ -68,16 +68,12 @@ def learning_curve(config, workdir: str, steps: list[int]) -> list[dict]:
     tokenizer = run.tokenizer()
     rows = held_out_rows(data, tokenizer)
     task = MaskedLMTask(BertForMaskedLM(run.model_config), data.seq_len, train.max_predictions)
-    sums_of = jax.jit(lambda params, batch: task.loss(params, batch, None, False)[1])
     curve = []
     for step in steps:
         _, params = run.params(step)
-        total = None
-        for batch in eval_batches(rows, tokenizer, train.batch_size, train.eval_batches, data.seed, data.mask_prob):
-            sums = sums_of(params, batch)
-            total = sums if total is None else jax.tree.map(lambda a, b: a + b, total, sums)
-        summary = jax.device_get(task.summarize(total))
-        curve.append(dict(step=step, loss=float(summary["loss"]), accuracy=float(summary["accuracy"])))
+        metrics = masked_lm_metrics(task, params, eval_batches(rows, tokenizer, train.batch_size, train.eval_batches,
+                                                               data.seed, data.mask_prob))
+        curve.append(dict(step=step, loss=metrics["loss"], accuracy=metrics["accuracy"]))
     return curve
 
 
