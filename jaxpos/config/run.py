@@ -182,7 +182,7 @@ class TrainConfig:
     eval_batches: int = 20  # held-out batches per evaluation (0 = the whole held-out split)
     checkpoint_every: int = 1_000  # fine-tuning: 0 = at every evaluation
     keep_checkpoints: int = 3
-    checkpoint_initial: bool = False  # also save a fresh run's initial state, as step 0 (a reference for analyses)
+    checkpoint_initial: bool = False  # also save a fresh run's initial state as step 0 (counts in keep_checkpoints)
     async_checkpoints: bool = True
     prefetch_batches: int = 0  # batches a background thread makes and places ahead of the step (0: the loop makes
     # each while the previous step runs; a thread pays where making one takes longer than a step). One process,

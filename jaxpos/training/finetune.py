@@ -14,6 +14,7 @@ import numpy as np
 from jaxpos.config.rng import DROPOUT
 from jaxpos.config.run import TrainConfig
 from jaxpos.models import BertForSequenceClassification
+from jaxpos.models.layout import relayout
 from jaxpos.sharding import replicated
 from jaxpos.training.flops import classification_step_flops
 from jaxpos.training.loop import Trainer, with_activation_sharding
@@ -122,8 +123,10 @@ class FinetuneTrainer(Trainer):
     def initial_state(self, data):
         state, resumed = super().initial_state(data)
         if resumed is None:
-            # Adam's moments start at zero whatever the parameters, so only the parameters are replaced.
-            state = state.replace(params=merge_params(state.params, self.encoder, self.pooler,
+            # Adam's moments start at zero whatever the parameters, so only the parameters are replaced; the
+            # pretrained layers (read unscanned, jaxpos.run.Run) in this model's layout.
+            encoder = relayout(self.encoder, scanned=self.scanned)
+            state = state.replace(params=merge_params(state.params, encoder, self.pooler,
                                                       self.state_shardings.params))
         return state, resumed
 

@@ -257,14 +257,20 @@ class Trainer:
             self.seed_state_shardings = logical_sharding(boxed, self.mesh)  # one seed's, as its checkpoints hold it
             self.abstract_state = nn.unbox(boxed)
             # A checkpoint of the other layer layout (model.scan_layers changed on resume) is converted as restored.
-            scanned = getattr(getattr(task.model, "cfg", None), "scan_layers", False)
-            self.other_layout = jax.eval_shape(functools.partial(relayout, scanned=not scanned), self.abstract_state)
-            self.saved_other_layout = []
+            self.scanned = getattr(getattr(task.model, "cfg", None), "scan_layers", False)
+            self.other_layout = None  # the state in the other layout, where there are checkpoints to compare with
+            if any(checkpointer.steps() for checkpointer in self.checkpointers):
+                self.other_layout = jax.eval_shape(functools.partial(relayout, scanned=not self.scanned),
+                                                   self.abstract_state)
+            layouts = set()
             for checkpointer in self.checkpointers:
                 if self.model_config is not None:
                     checkpointer.check_model_config(self.model_config)
-                self.saved_other_layout.append(checkpointer.check_state(self.abstract_state,
-                                                                        other_layout=self.other_layout))
+                layouts.add(checkpointer.check_state(self.abstract_state, other_layout=self.other_layout))
+            if len(layouts) > 1:
+                raise ValueError("the seeds' checkpoints hold their layers in different layouts (model.scan_layers); "
+                                 "resume each seed alone")
+            self.restore_other_layout = layouts == {True}
         except BaseException:
             self.close()
             raise
@@ -299,9 +305,9 @@ class Trainer:
         """This process's rows of a global batch (jaxpos.data.order.host_slice) -> global arrays sharded over
         the mesh; see `make_global_batch`. With several seeds, their batches (one each, in order) stacked [S, B, ...]
         in one transfer."""
-        if self.stacked:
-            return jax.device_put({key: np.stack([np.asarray(b[key]) for b in local]) for key in local[0]},
-                                  self.batch_sharding)
+        if self.stacked:  # one process (the constructor refuses more): one transfer
+            return make_global_batch({key: np.stack([np.asarray(b[key]) for b in local]) for key in local[0]},
+                                     self.batch_sharding)
         return make_global_batch(local[0] if isinstance(local, (list, tuple)) else local, self.batch_sharding)
 
     def seed_states(self, state: TrainState) -> list[TrainState]:
@@ -313,7 +319,7 @@ class Trainer:
         (`data`: the seeds' iterators as one, `_Zipped`). Seeds resume from the newest step they all
         saved."""
         abstract = abstract_like(self.abstract_state, self.seed_state_shardings)
-        if any(self.saved_other_layout):  # restored whole on this host's CPU, converted, then placed
+        if self.restore_other_layout:  # restored whole on this host's CPU, converted, then placed
             cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
             abstract = abstract_like(self.other_layout, jax.tree.map(lambda _: cpu, self.other_layout))
         if not self.stacked:
@@ -341,10 +347,9 @@ class Trainer:
 
     def _in_this_layout(self, state: TrainState) -> TrainState:
         """A restored seed's state in this model's layer layout, placed as training places it."""
-        if not any(self.saved_other_layout):
+        if not self.restore_other_layout:
             return state
-        scanned = getattr(self.task.model.cfg, "scan_layers", False)
-        return jax.device_put(relayout(state, scanned=scanned), self.seed_state_shardings)
+        return jax.device_put(relayout(state, scanned=self.scanned), self.seed_state_shardings)
 
     def evaluate(self, params, batches: Iterable) -> list[dict]:
         """Each seed's held-out metrics (a list of one without a seed axis) over `batches` (as `global_batch` takes
@@ -413,7 +418,8 @@ class Trainer:
         def read_pending() -> None:
             """Host copies of the unread steps' metrics, in one transfer (the steps ran ahead meanwhile); stops
             the run at the first step whose loss, gradient norm or updated state is not finite. Called before
-            every log line, evaluation and checkpoint: a state not read finite is never saved."""
+            every log line, evaluation and checkpoint: a state not read finite is never saved (hooks, which run
+            every step, may see one not yet read)."""
             if not pending:
                 return
             stacked = jax.device_get(_stacked([m for _, m in pending]))  # a transfer a metric, not one a step
@@ -457,12 +463,13 @@ class Trainer:
                         read_pending()
                         elapsed = time.perf_counter() - tick
                         tick = time.perf_counter()
+                        step_time = elapsed / len(windows[0])  # a step of every seed at once
+                        speed = dict(step_time=step_time, tokens_per_s=tokens_per_step / step_time,
+                                     **throughput(step_flops, step_time, self.mesh.size,
+                                                  self.mesh.devices.flat[0].device_kind, compute_dtype))
                         for k, (writer, window) in enumerate(zip(writers, windows)):
                             final = {name: float(np.mean([m[name] for m in window])) for name in window[-1]}
-                            final["step_time"] = elapsed / len(window)  # a step of every seed at once
-                            final["tokens_per_s"] = tokens_per_step / final["step_time"]
-                            final.update(throughput(step_flops, final["step_time"], self.mesh.size,
-                                                    self.mesh.devices.flat[0].device_kind, compute_dtype))
+                            final.update(speed)
                             writer.postfix(loss=final["loss"])
                             if done == tcfg.num_steps:
                                 writer.finish_bar()

@@ -56,8 +56,8 @@ def train_mlm_seeds(configs: Sequence, workdirs: Sequence[str]) -> list:
 
 
 def check_seed_batch(runs: Sequence[RunConfig]) -> None:
-    """Raises ValueError when runs trained at once differ in more than their seeds (the first difference named),
-    or two share a train.seed."""
+    """Raises ValueError when runs trained at once differ in more than their seeds (the first difference named);
+    the Trainer refuses a seed given twice (`jaxpos.training.loop.check_seed_runs`)."""
     def without_seeds(run: RunConfig) -> dict:
         out = run.to_dict()
         out["train"].pop("seed")
@@ -73,9 +73,6 @@ def check_seed_batch(runs: Sequence[RunConfig]) -> None:
                              if first[block].get(k) != other[block].get(k))
                 raise ValueError(f"seeds trained at once differ only in train.seed and data.seed; {block}.{field} "
                                  f"is {first[block].get(field)!r} in one and {other[block].get(field)!r} in another")
-    seeds = [run.train.seed for run in runs]
-    if len(set(seeds)) < len(seeds):
-        raise ValueError(f"seeds trained at once need different train.seed values, not {seeds}")
 
 
 def _train_mlm(runs: list[RunConfig], workdirs: list[str], admissions) -> list:
@@ -98,15 +95,14 @@ def _train_mlm(runs: list[RunConfig], workdirs: list[str], admissions) -> list:
         status(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
     runs = [run.replace_model(vocab_size=data.tokenizer.vocab_size) for run, data in zip(runs, datas)]
     check_seed_batch(runs)  # tokenizers of other sizes cannot share a program
-    for data in datas[:1] if not many else datas:
+    for data in datas:
         status(f"baseline: unigram entropy of the {'held-out rows' if dcfg.streaming else 'corpus'} = "
                f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)")
 
     cfg = runs[0].model
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
-    seed_runs = workdirs[0] if not many else [SeedRun(run.train.seed, w) for run, w in zip(runs, workdirs)]
-    trainer = Trainer(tcfg, seed_runs, task, mesh=runs[0].mesh)
+    trainer = Trainer(tcfg, [SeedRun(run.train.seed, w) for run, w in zip(runs, workdirs)], task, mesh=runs[0].mesh)
 
     def held_out(run: RunConfig, data):
         return lambda: eval_batches(data.eval_examples, data.tokenizer, tcfg.batch_size, tcfg.eval_batches,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxpos.config.validate import check_run_config
+from jaxpos.config.run import run_config
 from jaxpos.data.parallel import SPLITS, TranslationStats, load_parallel
 from jaxpos.data.pipeline import train_tokenizer
 from jaxpos.data.tokenizer import TRANSLATION_SPECIAL_TOKENS, Tokenizer, tokenizer_settings, train_tokenizer_file
@@ -15,7 +15,7 @@ def train_config_tokenizer(config, out: str, source: str) -> Tokenizer:
     if config.task not in ("mlm", "translation"):
         raise ValueError(f"{source} is a {config.task!r} config; `jaxpos tokenizer` trains the tokenizer of a "
                          "masked-LM or translation config (fine-tuning reuses the pretrained model's)")
-    dcfg = check_run_config(config).data
+    dcfg = run_config(config).data  # the data block alone: no attention check of this machine, no backend started
     if config.task == "mlm":
         return train_tokenizer(dcfg, out)
     train = load_parallel(dcfg, {s: TranslationStats() for s in SPLITS}, splits_wanted=("train",))["train"]

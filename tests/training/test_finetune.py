@@ -425,3 +425,28 @@ def test_random_hf_bert_fine_tunes_through_the_importer(glue_dir, tmp_path):
                            "--config.train.num_steps=2", *SMALL])
     assert report["step"] == 2 and report["init"]["kind"] == "huggingface"
     assert np.isfinite(report["dev"]["dev"]["f1"])
+
+
+def test_a_scanned_classifier_starts_from_the_unscanned_pretrained_layers(mlm_run, tmp_path):
+    """model.scan_layers in fine-tuning: the pretrained encoder (read unscanned) is stacked into the scanned
+    model's layout, which then pools exactly as the unscanned classifier does."""
+    from jaxpos.config.run import TrainConfig
+    from jaxpos.training.finetune import FinetuneTrainer
+    from jaxpos.workflows.finetune import load_pretrained
+
+    pretrained = load_pretrained(mlm_run)
+    train = TrainConfig(num_steps=1, batch_size=8, eval_every=1, checkpoint_every=1)
+    ids = np.asarray([[2, 5, 6, 7, 3, 8, 9, 3, 0, 0]], np.int32)
+    mask = (ids > 0).astype(np.int32)
+    pooled = []
+    for scan in (False, True):
+        cfg = dataclasses.replace(pretrained.cfg, dropout=0.0, attention_dropout=0.0, scan_layers=scan)
+        task = ClassificationTask(BertForSequenceClassification(cfg, 2), 12)
+        trainer = FinetuneTrainer(train, str(tmp_path / f"scan_{scan}"), task, pretrained.encoder, pretrained.pooler,
+                                  log=False)
+        state, _ = trainer.initial_state(data=None)
+        trainer.close()
+        assert ("layers" in state.params["bert"]["encoder"]) == scan
+        pooled.append(np.asarray(task.model.apply({"params": jax.device_get(state.params)}, ids, piece_ids=mask,
+                                                  method=BertForSequenceClassification.pool)))
+    np.testing.assert_allclose(pooled[1], pooled[0], rtol=1e-5, atol=1e-6)
