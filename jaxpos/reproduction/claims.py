@@ -136,12 +136,17 @@ def by_seed(table: dict, mechanism: str, value: Callable[[dict], float | None]) 
 
 def pooled(table: dict, mechanisms: Sequence[str], value: Callable[[dict], float | None]) -> dict[int, float]:
     """Per seed, the mean of `value` over the runs of `mechanisms` with that seed."""
-    values: dict[int, list[float]] = {}
-    for m in mechanisms:
-        for seed, v in by_seed(table, m, value).items():
+    return mean_by_seed([by_seed(table, m, value) for m in mechanisms])
+
+
+def mean_by_seed(values: Sequence[Mapping[int, float | None]]) -> dict[int, float]:
+    """Per seed, the mean of the given values ({seed: value} each, None left out)."""
+    by_seed_values: dict[int, list[float]] = {}
+    for one in values:
+        for seed, v in one.items():
             if v is not None:
-                values.setdefault(seed, []).append(v)
-    return {seed: float(np.mean(v)) for seed, v in sorted(values.items())}
+                by_seed_values.setdefault(seed, []).append(v)
+    return {seed: float(np.mean(v)) for seed, v in sorted(by_seed_values.items())}
 
 
 def describe(values) -> dict:
@@ -163,10 +168,10 @@ def fmt(s: dict, digits: int = 3) -> str:
     return f"{s['mean']:.{digits}g} ± {s['sd']:.{digits}g} (n={s['n']})"
 
 
-def parted_at(trained, mechanism: str) -> int | None:
+def parted_at(trained: Mapping[str, int], mechanism: str) -> int | None:
     """The step from which `mechanism` uses positions (its curve stays below bag of words), where `trained` (the
     judges' second argument: {mechanism: that step} of the mechanisms that use positions) says; else None."""
-    return trained.get(mechanism) if isinstance(trained, Mapping) else None
+    return trained.get(mechanism)
 
 
 def first_trained(r: dict, start: int | None) -> int | None:
@@ -259,7 +264,7 @@ class Claim:
     statement: str
     mechanisms: tuple[str, ...] | str  # names, or "all" / "learned" of the profile's mechanisms
     stages: tuple[str, ...]
-    judge: Callable[[dict, set], tuple[list[dict], dict]]
+    judge: Callable[[dict, Mapping[str, int]], tuple[list[dict], dict]]
     caveat: str | None = None
     gated: bool = True  # has a comparison judged only once its mechanisms use positions (read off the curves)
     timed_alone: bool = False  # reads step times of its mechanisms timed alone after the matrix (STEP_TIMES_FILE)
@@ -407,7 +412,7 @@ def _learned(table: dict) -> list[str]:
     return [m for m in table if m in RUN_MECHANISMS and RUN_MECHANISMS[m].learned]
 
 
-def _pool_of(candidates: Sequence[str], trained: set) -> list[str]:
+def _pool_of(candidates: Sequence[str], trained: Mapping[str, int]) -> list[str]:
     """The candidates that use positions; all of them where none does (the part is then not tested)."""
     return [m for m in candidates if m in trained] or list(candidates)
 
@@ -418,8 +423,7 @@ def _chen_rise(table, trained):
     parts, measured = [], dict(mechanisms=pool, from_step=starts)
     for name in ("locality", "symmetry"):
         per_mechanism = {m: by_seed(table, m, first_last(name, starts[m])) for m in pool}
-        change = pooled({m: [dict(seed=s, change=v) for s, v in values.items()] for m, values in
-                         per_mechanism.items()}, pool, field("change"))
+        change = mean_by_seed(list(per_mechanism.values()))
         measured[name] = dict(pooled_change=describe(change),
                               per_mechanism={m: describe(v) for m, v in per_mechanism.items()})
         parts.append(comparison(f"identical-word {name}, last − first analysed checkpoint, mean over the learned "

@@ -21,8 +21,7 @@ def machine() -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    info = dict(cpu=cpu, cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-                gpus=gpus(), python=platform.python_version(), host=platform.node())
+    info = dict(cpu=cpu, cores=len(cores()), gpus=gpus(), python=platform.python_version(), host=platform.node())
     try:
         info["jax"] = version("jax")
     except Exception:  # noqa: BLE001 - informational only

@@ -105,6 +105,14 @@ class Profile:
     def steps(self) -> int:
         return int(self.train["num_steps"])
 
+    def order_recipe(self) -> dict:
+        """config.train overrides of the order task: order_train over finetune_train."""
+        return dict(self.finetune_train, **(self.order_train or {}))
+
+    def order_rates(self) -> tuple[float, ...]:
+        """The order task's learning-rate grid (its recipe's rate where the profile gives none)."""
+        return self.order_learning_rates or (self.order_recipe()["learning_rate"],)
+
     def curve_steps(self) -> list[int]:
         """The steps of the learning curve (checkpoints kept at each): [curve_points]."""
         every = self.steps // self.curve_points
@@ -235,7 +243,7 @@ def finetune_config(plan: dict, seed: int, task: str = "paraphrase", learning_ra
                                      "configs/finetune/paraphrase.py"))
     config.data.update(profile.finetune_data)
     config.data.seed = seed
-    config.train.update(profile.order_train or profile.finetune_train if task == "order" else profile.finetune_train)
+    config.train.update(profile.order_recipe() if task == "order" else profile.finetune_train)
     if learning_rate is not None:
         config.train.learning_rate = learning_rate
     steps = config.train.num_steps
@@ -315,6 +323,19 @@ def pretraining_groups(plan: dict) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for name, spec in plan["runs"].items():
         groups.setdefault(spec["mechanism"], []).append(name)
+    return groups
+
+
+def unfinished_groups(out: str, plan: dict) -> dict[str, tuple[list[str], list[str]]]:
+    """{mechanism: (its runs without a result, those of them that have not finished pretraining)} of the
+    mechanisms with unfinished runs. Where more than one run is left to pretrain, they pretrain at once; a run
+    left alone pretrains with its other stages."""
+    steps = profile_of(plan).steps
+    groups = {}
+    for mechanism, names in pretraining_groups(plan).items():
+        pending = [n for n in names if read_result(out, n) is None]
+        if pending:
+            groups[mechanism] = (pending, [n for n in pending if not pretraining_finished(out, n, steps)])
     return groups
 
 

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Sequence
 
 import jax
 import numpy as np
@@ -30,7 +31,7 @@ from jaxpos.analysis.locality import locality, symmetry
 from jaxpos.analysis.over_training import analyze_over_training
 from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences
 from jaxpos.config.files import write_json_atomically
-from jaxpos.config.run import FinetuneDataConfig, run_config, typed_block
+from jaxpos.config.run import FinetuneDataConfig, typed_block
 from jaxpos.config.validate import check_run_config
 from jaxpos.data.classification import load_examples
 from jaxpos.data.mlm import PackedExamples
@@ -53,18 +54,17 @@ from jaxpos.workflows.mlm import train_mlm, train_mlm_seeds
 from jaxpos.workflows.probes import paraphrase_probe
 
 LENGTH_BATCH = 8  # rows a batch of the length evaluation (4x the training length at most)
-PRETRAIN_TIMING_FILE = "pretrain_timing.json"  # a group's pretraining: its wall seconds and its seeds
+PRETRAIN_TIMING_FILE = "pretrain_timing.json"  # a run's pretraining: its wall seconds and the seeds it trained with
 OVER_TRAINING = ("position_gram", "identical_word", "rank", "decomposition")  # at every analysed checkpoint
 FINAL_ONLY = ("effective_attention", "identifiability")  # at the last checkpoint
 
 
-def learning_curve(config, workdir: str, steps: list[int]) -> list[dict]:
+def learning_curve(workdir: str, steps: list[int]) -> list[dict]:
     """{"step", "loss", "accuracy"} of the held-out masked-LM rows at each checkpoint `steps` of the run in
     WORKDIR: `train.eval_batches` batches of `train.batch_size` rows, masked as the run's own evaluation masks
     them (data.seed), so runs with the same seed are scored on the same predictions."""
     run = Run.open(workdir, "mlm")
-    recipe = run_config(config, task="mlm")
-    data, train = recipe.data, recipe.train
+    data, train = run.config.data, run.config.train
     tokenizer = run.tokenizer()
     rows = held_out_rows(data, tokenizer)
     task = MaskedLMTask(BertForMaskedLM(run.model_config), data.seq_len, train.max_predictions)
@@ -195,10 +195,24 @@ def pretrain_group(out: str, mechanism: str) -> list[str]:
     start = time.perf_counter()
     configs = [pretrain_config(plan, mechanism, plan["runs"][n]["seed"]) for n in names]
     train_mlm_seeds(configs, [pretrain_dir(out, n) for n in names])
-    timing = dict(pretrain_s=round(time.perf_counter() - start, 3), seeds_at_once=len(names))
+    record_pretraining(out, names, time.perf_counter() - start)
+    return names
+
+
+def record_pretraining(out: str, names: Sequence[str], seconds: float) -> None:
+    """Each run's pretrain_timing.json: the wall seconds of the pretraining that trained `names` together."""
+    timing = dict(pretrain_s=round(seconds, 3), seeds_at_once=len(names))
     for name in names:
         write_json_atomically(os.path.join(pretrain_dir(out, name), PRETRAIN_TIMING_FILE), timing)
-    return names
+
+
+def pretraining_record(out: str, name: str) -> dict:
+    """Run NAME's pretrain_timing.json ({} where its pretraining stopped before writing one)."""
+    path = os.path.join(pretrain_dir(out, name), PRETRAIN_TIMING_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def execute_run(out: str, name: str) -> dict:
@@ -223,18 +237,16 @@ def execute_run(out: str, name: str) -> dict:
         timing[key] = round(time.perf_counter() - start, 3)
 
     config = pretrain_config(plan, mechanism, seed)
-    if pretraining_finished(out, name, profile.steps):  # with the other seeds of its mechanism (`pretrain_group`)
-        with open(os.path.join(pretrained, PRETRAIN_TIMING_FILE)) as f:
-            timing.update(json.load(f))
-    else:
-        with timed("pretrain_s"):
-            train_mlm(config, pretrained)
-        timing["seeds_at_once"] = 1
+    if not pretraining_finished(out, name, profile.steps):  # else done (with its mechanism's seeds, or before)
+        start = time.perf_counter()
+        train_mlm(config, pretrained)
+        record_pretraining(out, [name], time.perf_counter() - start)
+    timing.update(pretraining_record(out, name))
     with open(os.path.join(pretrained, "report.json")) as f:
         pretrain = json.load(f)
     _check_finished("pretraining", pretrain["step"], profile.steps, pretrained)
     with timed("curve_s"):
-        curve = learning_curve(config, pretrained, profile.curve_steps())
+        curve = learning_curve(pretrained, profile.curve_steps())
     model = load_run(pretrained)
     seq_len = config.data.seq_len
     result = dict(
@@ -244,7 +256,7 @@ def execute_run(out: str, name: str) -> dict:
         params=parameter_counts(model.params),
         pretrain=dict(eval_loss=pretrain["eval"].get("loss"), eval_accuracy=pretrain["eval"].get("accuracy"),
                       train_loss=pretrain["train"].get("loss"), step_time_s=pretrain["train"].get("step_time"),
-                      unigram_entropy=pretrain.get("unigram_entropy"), seeds_at_once=timing["seeds_at_once"]),
+                      unigram_entropy=pretrain.get("unigram_entropy"), seeds_at_once=timing.get("seeds_at_once")),
         curve=curve)
     with on_host_cpu():
         result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
@@ -289,10 +301,8 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     profile's grid (a folder each), its score the best dev accuracy over evaluations and rates (the papers'
     protocol). {"task", "best", "learning_rate" (the best one's), "by_learning_rate": {rate: {"best", "last"}},
     "chance", "steps"}."""
-    profile = profile_of(plan)
-    rates = profile.order_learning_rates or (None,)
     scores, report, config = {}, None, None
-    for rate in rates:
+    for rate in profile_of(plan).order_rates():
         config = finetune_config(plan, seed, "order", rate)
         workdir = os.path.join(folder, f"lr_{config.train.learning_rate:g}")
         report = finetune(config, pretrained, workdir, log=False)

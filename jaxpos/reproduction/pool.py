@@ -14,8 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from jaxpos.progress import status
 from jaxpos.reproduction import host
-from jaxpos.reproduction.matrix import (LOG_FILE, group_log, pretraining_finished, pretraining_groups, profile_of,
-                                     read_result, run_dir)
+from jaxpos.reproduction.matrix import LOG_FILE, group_log, run_dir, unfinished_groups
 
 
 def worker_env(out: str, slot: int, gpu_count: int, xla_flags: str = "") -> dict:
@@ -84,12 +83,12 @@ class Pool:
 
     def call(self, function: str, name: str):
         """pipeline.`function`(out, name) on one worker; its return value."""
-        return self.executor.submit(_call_in_worker, function, self.out, name).result()
+        return self.submit(function, name).result()
 
     def call_on_every_worker(self, function: str, name: str) -> list:
         """pipeline.`function`(out, name) as many times as there are workers, submitted at once so that each
         worker takes one (each call outlasts the workers' start); the return values."""
-        futures = [self.executor.submit(_call_in_worker, function, self.out, name) for _ in range(self.workers)]
+        futures = [self.submit(function, name) for _ in range(self.workers)]
         return [future.result() for future in futures]
 
     def submit(self, function: str, name: str) -> Future:
@@ -129,36 +128,42 @@ def outcome_of(future: Future) -> str:
 
 
 def execute(out: str, plan: dict, pool: Pool, *, log=status) -> dict:
-    """Executes the unfinished runs of `plan` on `pool`; finished ones (result.json) are reused. A mechanism whose
-    unfinished runs have not all pretrained pretrains them at once first (`pipeline.pretrain_group_logged`), then
-    each run's other stages follow on the first free worker (`pipeline.execute_logged`); a run whose group failed
-    pretrains alone there, resuming from its checkpoints. Returns {name: outcome}; raises RuntimeError naming the
-    runs that did not finish."""
-    steps = profile_of(plan).steps
-    groups = {mechanism: [n for n in names if read_result(out, n) is None]
-              for mechanism, names in pretraining_groups(plan).items()}
-    groups = {mechanism: names for mechanism, names in groups.items() if names}
-    pending = [n for names in groups.values() for n in names]
+    """Executes the unfinished runs of `plan` on `pool`; finished ones (result.json) are reused. A mechanism with
+    more than one run left to pretrain pretrains them at once first (`pipeline.pretrain_group_logged`), then each
+    run's other stages follow on the first free worker (`pipeline.execute_logged`); a run whose group failed, or
+    left alone, pretrains there, resuming from its checkpoints. Returns {name: outcome}; raises RuntimeError
+    naming the runs that did not finish."""
+    groups = unfinished_groups(out, plan)
+    pending = [n for names, _ in groups.values() for n in names]
     if not pending:
         return {}
     log(f"{len(pending)} run(s) on {pool.device}"
         + (f"; {len(plan['runs']) - len(pending)} finished before" if len(pending) < len(plan["runs"]) else ""))
     start, outcomes = time.perf_counter(), {}
     tasks: dict[Future, tuple[str, str]] = {}
-    for mechanism, names in groups.items():
-        if sum(not pretraining_finished(out, n, steps) for n in names) > 1:
+
+    def submit_runs(names: list[str]) -> None:
+        for name in names:
+            try:
+                tasks[pool.submit("execute_logged", name)] = ("run", name)
+            except BrokenProcessPool:  # a worker died (out of memory?): the pool takes nothing more
+                outcomes[name] = "failed: its worker process died"
+
+    for mechanism, (names, to_pretrain) in groups.items():
+        if len(to_pretrain) > 1:
             tasks[pool.submit("pretrain_group_logged", mechanism)] = ("group", mechanism)
         else:
-            tasks.update({pool.submit("execute_logged", n): ("run", n) for n in names})
+            submit_runs(names)
     while tasks:
         finished, _ = wait(tasks, return_when=FIRST_COMPLETED)
         for future in finished:
             kind, name = tasks.pop(future)
             outcome = outcome_of(future)
             if kind == "group":
+                names, to_pretrain = groups[name]
                 where = "" if outcome == "done" else f"; its runs pretrain alone; see {group_log(out, name)}"
-                log(f"  {name}: pretraining of {len(groups[name])} seeds at once {outcome}{where}")
-                tasks.update({pool.submit("execute_logged", n): ("run", n) for n in groups[name]})
+                log(f"  {name}: pretraining of {len(to_pretrain)} seeds at once {outcome}{where}")
+                submit_runs(names)
                 continue
             outcomes[name] = outcome
             where = "" if outcome == "done" else f"; see {os.path.join(run_dir(out, name), LOG_FILE)}"

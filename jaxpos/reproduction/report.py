@@ -322,8 +322,7 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
     corpus = plan.get("corpus", {})
     editions = ", ".join(corpus.get("editions", [])) or "?"
     train, ft = profile.train, profile.finetune_train
-    order = dict(ft, **(profile.order_train or {}))
-    rates = profile.order_learning_rates or (order["learning_rate"],)
+    order, rates = profile.order_recipe(), profile.order_rates()
     return [
         f"- profile `{profile.name}` ({profile.purpose}); a fixed recipe, the same for every mechanism and seed:",
         f"  - model: BERT with d = {run['d_model']}, L = {run['num_layers']}, head dim D = {run['head_dim']}",

@@ -70,47 +70,48 @@ def _shared_tokenizer(out: str, plan: dict) -> tuple[str, dict]:
     return os.path.abspath(data.tokenizer.path), corpus
 
 
-def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None = None) -> dict:
-    """The wall time of runs `names` (default: all) on `workers` processes, scheduled as `pool.execute` runs them,
+def estimate(plan: dict, timing: dict, workers: int,
+             unfinished: dict[str, tuple[list[str], list[str]]] | None = None) -> dict:
+    """The wall time of the `unfinished` runs (`matrix.unfinished_groups`; default: every run, none pretrained) on
+    `workers` processes, scheduled as `pool.execute` runs them,
     from a timing of the recipe taken on every worker at once (so a step's cost includes sharing the device):
-    first each mechanism's pretraining, its unfinished seeds at once (the group's step; alone where one is left),
+    first each mechanism's pretraining, the seeds left to pretrain at once (the group's step, timed at the plan's
+    seed count; with its other stages where one is left),
     then each run's learning curve, fine-tunings (the order task's at each learning rate of its grid, each compiled),
     length evaluation (a program a length) and an allowance per analysed checkpoint (one seed's step), the tasks
     taken in turn by the first free worker. Every group compiles its programs; a run compiles its fine-tunings and
     evaluations unless a run of its mechanism had finished them before it started (the compilation cache).
     {"run_s": {name: s}, "group_s": {mechanism: s}, "total_s", "workers"}."""
     profile = matrix.profile_of(plan)
-    names = list(names or plan["runs"])
     step, group_step = timing["step_s"], timing.get("group_step_s", timing["step_s"])
     compile_s = max(0.0, timing["first_step_s"] - step)
     group_compile_s = max(0.0, timing.get("group_first_step_s", timing["first_step_s"]) - group_step)
     pretrain_rows = profile.train["batch_size"] * profile.data["seq_len"]
     finetune_step = step * (profile.finetune_train["batch_size"] * profile.finetune_data["max_length"]) / pretrain_rows
-    groups = {m: [n for n in group if n in names] for m, group in matrix.pretraining_groups(plan).items()}
-    groups = {m: group for m, group in groups.items() if group}
+    groups = unfinished or {m: (names, names) for m, names in matrix.pretraining_groups(plan).items()}
 
     def rest_s(name: str, compiles: bool, pretrains: bool) -> float:
         stages = set(plan["runs"][name]["stages"])
         s = profile.curve_points * profile.eval_batches * step / 3  # forward only: ~1/3
-        if pretrains:  # alone: the group had one seed left
+        if pretrains:  # alone: the only seed of its mechanism left to pretrain
             s += profile.steps * step + COMPILED_PROGRAMS["pretrain"] * compile_s
         if "finetune" in stages:
             s += profile.finetune_train["num_steps"] * finetune_step + COMPILED_PROGRAMS["finetune"] * compile_s * \
                 compiles
         if "order" in stages:  # a fine-tuning a learning rate, each its own program (the rate is a constant)
-            rates = len(profile.order_learning_rates) or 1
-            order = profile.order_train or profile.finetune_train
+            rates, order = len(profile.order_rates()), profile.order_recipe()
             s += rates * (order["num_steps"] * finetune_step * order["batch_size"] / profile.finetune_train[
                 "batch_size"] + COMPILED_PROGRAMS["finetune"] * compile_s * compiles)
         if "lengths" in stages:  # a forward-only program a length: about a third of a train step's compiling
             s += len(profile.length_factors) * compile_s / 3 * compiles
-        analysed = len(profile.analysis_steps()) if "over_training" in stages else int(bool(stages & {"last",
-                                                                                                       "final"}))
+        # over training: the initialisation and every analysed step; else the last step alone
+        analysed = 1 + len(profile.analysis_steps()) if "over_training" in stages else int(bool(stages & {"last",
+                                                                                                           "final"}))
         return s + analysed * ANALYSIS_S
 
     free = [0.0] * max(1, workers)  # when each worker takes its next task
-    queue = [task for m, group in groups.items() for task in
-             ([("group", m)] if len(group) > 1 else [("run", n) for n in group])]
+    queue = [task for m, (names, to_pretrain) in groups.items() for task in
+             ([("group", m)] if len(to_pretrain) > 1 else [("run", n) for n in names])]
     ready = {}  # a queued task -> when it was queued (a group's runs: when it ended)
     cached: dict[str, float] = {}  # mechanism -> when its first run ended
     seconds, group_seconds = {}, {}
@@ -121,11 +122,12 @@ def estimate(plan: dict, timing: dict, workers: int, names: Sequence[str] | None
         if kind == "group":
             s = profile.steps * group_step + COMPILED_PROGRAMS["pretrain"] * group_compile_s
             group_seconds[name] = s
-            queue += [("run", n) for n in groups[name]]
-            ready.update({("run", n): start + s for n in groups[name]})
+            queue += [("run", n) for n in groups[name][0]]
+            ready.update({("run", n): start + s for n in groups[name][0]})
         else:
             mechanism = plan["runs"][name]["mechanism"]
-            s = rest_s(name, cached.get(mechanism, math.inf) > start, len(groups[mechanism]) == 1)
+            to_pretrain = groups[mechanism][1]
+            s = rest_s(name, cached.get(mechanism, math.inf) > start, len(to_pretrain) == 1 and name in to_pretrain)
             seconds[name] = s
             cached[mechanism] = min(cached.get(mechanism, math.inf), start + s)
         free[worker] = start + s
@@ -156,12 +158,12 @@ def time_alone(out: str, plan: dict, pool: Pool) -> dict | None:
     their mechanisms in the plan timed alone on one worker (`pipeline.time_alone`), written to OUT/step_times.json
     (kept: a resumed command does not time again). None where no chosen claim reads them."""
     path = os.path.join(out, STEP_TIMES_FILE)
-    wanted = [m for claim in select_claims(plan["claims"]) if claim.timed_alone for m in claim.mechanisms
-              if m in plan["mechanisms"]]
+    wanted = list(dict.fromkeys(m for claim in select_claims(plan["claims"]) if claim.timed_alone
+                                for m in claim.runs_needed(plan["mechanisms"])))
     if not wanted or os.path.isfile(path):
         return None
     status(f"timing {', '.join(wanted)} alone on the device (the step-time claims)")
-    times = pool.call("time_alone", ",".join(dict.fromkeys(wanted)))
+    times = pool.call("time_alone", ",".join(wanted))
     record = dict(step_s=times, steps=matrix.profile_of(plan).timing_steps, device=pool.device,
                   at=time.strftime("%Y-%m-%d %H:%M:%S"))
     write_json_atomically(path, record, indent=1)
@@ -180,7 +182,7 @@ def reproduce(out: str, profile: str, seeds: int | None = None, workers: int | N
               command: str = "jaxpos reproduce", plan_only: bool = False) -> Reproduction:
     """Plans (or resumes the plan in OUT), trains the shared tokenizer, times the recipe to estimate the wall time,
     executes every run on `workers` processes and writes the report (`command` is quoted in it). `plan_only`:
-    stops after the tokenizer, with the run names in OUT/runs.txt for array tasks started elsewhere."""
+    stops after the tokenizer, with the mechanisms in OUT/runs.txt for array tasks started elsewhere."""
     from jaxpos.reproduction.report import write_report  # matplotlib: only once there is a report to write
 
     bible_db_path()  # the Bible corpora are in an extra: say which before anything runs
@@ -206,12 +208,12 @@ def reproduce(out: str, profile: str, seeds: int | None = None, workers: int | N
     if plan_only:
         return Reproduction(plan)
     with Pool(out, min(workers, len(names)), matrix.profile_of(plan).xla_flags) as pool:
-        pending = [n for n in names if matrix.read_result(out, n) is None]
-        if pending:
+        unfinished = matrix.unfinished_groups(out, plan)
+        if unfinished:
             if "timing" not in plan:
                 plan["timing"] = time_on_every_worker(pool)
                 matrix.save_plan(out, plan)
-            estimated = estimate(plan, plan["timing"], pool.workers, pending)
+            estimated = estimate(plan, plan["timing"], pool.workers, unfinished)
             plan.setdefault("estimates", []).append(dict(estimated, at=time.strftime("%Y-%m-%d %H:%M:%S")))
             matrix.save_plan(out, plan)
             status(describe_estimate(plan, estimated, pool.device))
@@ -243,11 +245,16 @@ def run_one(out: str, name: str) -> str:
     plan = matrix.load_plan(out)
     if plan is None:
         raise FileNotFoundError(f"{out}/plan.json is missing: plan with `jaxpos reproduce --out {out} --plan-only`")
-    groups = matrix.pretraining_groups(plan)
-    if name not in plan["runs"] and name not in groups:
+    mechanisms = matrix.pretraining_groups(plan)
+    if name not in plan["runs"] and name not in mechanisms:
         raise ValueError(f"{name!r} is neither a mechanism nor a run of {out}/plan.json; mechanisms: "
-                         f"{', '.join(groups)}")
-    names = [n for n in groups.get(name, [name]) if matrix.read_result(out, n) is None]
+                         f"{', '.join(mechanisms)}")
+    unfinished = matrix.unfinished_groups(out, plan)
+    if name in mechanisms:
+        names, to_pretrain = unfinished.get(name, ([], []))
+    else:
+        names = [name] if matrix.read_result(out, name) is None else []
+        to_pretrain = []
     if not names:
         return "already finished"
     flags = matrix.profile_of(plan).xla_flags
@@ -258,7 +265,7 @@ def run_one(out: str, name: str) -> str:
         os.environ.setdefault(key, env[key])
     from jaxpos.reproduction.pipeline import execute_logged, pretrain_group_logged  # jax starts here, after the flags
 
-    if name in groups and len(names) > 1:
+    if len(to_pretrain) > 1:  # as pool.execute decides
         outcome = pretrain_group_logged(out, name)
         if outcome != "done":  # each run then pretrains alone
             status(f"{name}: pretraining its seeds at once {outcome}; see {matrix.group_log(out, name)}")

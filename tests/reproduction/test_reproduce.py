@@ -189,7 +189,7 @@ def test_every_claim_has_its_paper_figure():
     every = {m: [fake_run(m, 0, BAG)] for m in C.RUN_MECHANISMS}
     for claim in C.CLAIMS:
         assert claim.figure.paper == claim.paper and claim.figure.source and claim.figure.value
-        parts, _ = claim.judge(every, set())
+        parts, _ = claim.judge(every, {})
         waits = any(p["kind"] == "comparison" and p["about"] for p in parts)
         assert waits == claim.gated, claim.id  # `gated` says whether the claim needs the bag-of-words runs
     assert {c.paper for c in C.CLAIMS} == set(C.PAPERS)
@@ -264,6 +264,11 @@ def test_the_estimate_adds_up():
     # One worker: the tasks add up.
     alone = estimate(plan, timing, workers=1)
     assert alone["total_s"] == pytest.approx(sum(alone["run_s"].values()) + sum(alone["group_s"].values()))
+    # Resumed with TISA's runs pretrained (matrix.unfinished_groups): no pretraining is charged, as none runs.
+    resumed = estimate(plan, timing, workers=1, unfinished={"tisa": (["tisa_s0", "tisa_s1"], [])})
+    assert resumed["group_s"] == {} and set(resumed["run_s"]) == {"tisa_s0", "tisa_s1"}
+    assert resumed["run_s"]["tisa_s0"] == pytest.approx(curve + finetune + compiling)
+    assert resumed["run_s"]["tisa_s1"] == pytest.approx(curve + finetune)  # the first had compiled by then
     # A mechanism with one unfinished seed pretrains it alone, with the run; analyses: an allowance per analysed
     # checkpoint, every analysed one over training, else the last only.
     plan = make_plan(profile, 1, {"tisa": ("last",), "absolute": ("last", "over_training")}, workers=1)
@@ -271,7 +276,8 @@ def test_the_estimate_adds_up():
     alone_pretrain = profile.steps * 0.1 + COMPILED_PROGRAMS["pretrain"] * 2.0
     assert result["group_s"] == {}
     assert result["run_s"]["tisa_s0"] == pytest.approx(alone_pretrain + curve + ANALYSIS_S)
-    assert result["run_s"]["absolute_s0"] == pytest.approx(alone_pretrain + curve + 2 * ANALYSIS_S)
+    # over training: the initialisation and the two analysed steps
+    assert result["run_s"]["absolute_s0"] == pytest.approx(alone_pretrain + curve + 3 * ANALYSIS_S)
     # The order task: a fine-tuning (and its compiling) a learning rate; the lengths: a program a length.
     plan = make_plan(PROFILES["smoke"], 1, {"tisa": ("order", "lengths")}, workers=1)
     smoke = PROFILES["smoke"]
@@ -348,24 +354,24 @@ def test_worker_environment():
 
 
 def test_workers_wait_for_each_other_before_their_timed_steps(monkeypatch):
-    from jaxpos.reproduction import host as runs
+    from jaxpos.reproduction import host
 
-    monkeypatch.setattr(runs, "EVERY_WORKER", threading.Barrier(2))
+    monkeypatch.setattr(host, "EVERY_WORKER", threading.Barrier(2))
     passed = threading.Event()
-    other = threading.Thread(target=lambda: (runs.wait_for_every_worker(), passed.set()))
+    other = threading.Thread(target=lambda: (host.wait_for_every_worker(), passed.set()))
     other.start()
     assert not passed.wait(0.3)  # alone at the barrier, it waits
-    runs.wait_for_every_worker()
+    host.wait_for_every_worker()
     other.join(5)
     assert passed.is_set()
     # A worker that never arrives: the barrier breaks after the timeout and the timing goes on.
-    monkeypatch.setattr(runs, "EVERY_WORKER", threading.Barrier(2))
+    monkeypatch.setattr(host, "EVERY_WORKER", threading.Barrier(2))
     start = time.perf_counter()
-    runs.wait_for_every_worker(timeout_s=0.2)
+    host.wait_for_every_worker(timeout_s=0.2)
     assert 0.2 <= time.perf_counter() - start < 5
-    monkeypatch.setattr(runs, "EVERY_WORKER", None)  # outside a pool: at once
+    monkeypatch.setattr(host, "EVERY_WORKER", None)  # outside a pool: at once
     start = time.perf_counter()
-    runs.wait_for_every_worker()
+    host.wait_for_every_worker()
     assert time.perf_counter() - start < 0.1
 
 
@@ -482,6 +488,10 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     os.remove(out / "runs" / "none_s1" / "pretrain" / "report.json")
     assert repro.run_one(str(out), "none_s1") == "done"
     assert "resumed from checkpoint step 12" in (out / "runs" / "none_s1" / "run.log").read_text()
+    # pretrained alone, its later stages lost: made again from that pretraining, which says it trained alone
+    os.remove(out / "runs" / "none_s1" / "result.json")
+    assert repro.run_one(str(out), "none_s1") == "done"
+    assert json.loads((out / "runs" / "none_s1" / "result.json").read_text())["pretrain"]["seeds_at_once"] == 1
     # The step-time claims' timing pass: every mechanism alone, a window a seed, in turn; the report attaches
     # seed k's window to seed k's run.
     from jaxpos.reproduction import pipeline, report as R
