@@ -408,19 +408,21 @@ def plot_curves(runs: dict, path: str, metric: str = "loss") -> str:
     return save_figure(curves_figure(runs, metric), path)
 
 
+def line_style(index: int) -> dict:
+    """The `index`-th line's colour (of ten) and dash pattern (of four): no two alike for 40 lines."""
+    return dict(color=plt.get_cmap("tab10").colors[index % 10], ls=("-", "--", ":", "-.")[index // 10 % 4])
+
+
 def lengths_figure(results: dict, metric: str = "loss"):
     """Held-out `metric` against the evaluation length, a line per run (distinct colour and line style), the
     training lengths dotted; lengths a run could not run at are absent from its line and named in the legend.
     `results`: {name: jaxpos.evaluation.lengths.evaluate_lengths's dict}."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    styles = ("-", "--", "-.", ":")
-    colours = plt.get_cmap("tab10").colors
     for k, (name, result) in enumerate(results.items()):
         done = [e for e in result["lengths"] if "skipped" not in e]
         skipped = [e["length"] for e in result["lengths"] if "skipped" in e]
         label = name + (f" (cannot run at {', '.join(map(str, skipped))})" if skipped else "")
-        ax.plot([e["length"] for e in done], [e[metric] for e in done], marker="o", label=label,
-                color=colours[k % len(colours)], linestyle=styles[(k // len(colours)) % len(styles)])
+        ax.plot([e["length"] for e in done], [e[metric] for e in done], marker="o", label=label, **line_style(k))
     for length in sorted({r["train_length"] for r in results.values()}):
         ax.axvline(length, color="0.5", linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)

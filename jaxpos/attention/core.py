@@ -11,7 +11,7 @@ and chooses how to apply them:
   per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla";
 - "mosaic_gpu": the same path on the Hopper kernels of `kernels.mosaic_gpu` (wgmma, TMA; bf16/f16, attention
   dropout and per-head segment tables included);
-- "auto" (the default): per call, the fastest measured path that can run it (`auto.choose`), logged once.
+- "auto" (the default): per call, the fastest measured path that can run it (`auto.choose_for`), logged once.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ import numpy as np
 from jaxpos.config.rng import BIBLE_ORDER, BIBLE_PARAPHRASE
 from jaxpos.data.bible import SPLITS, Verse, chapter_split, check_fractions, edition_chapters
 from jaxpos.data.examples import Example
-from jaxpos.data.word_order import global_swap, perturb_examples
+from jaxpos.data.word_order import perturb_examples, perturb_one_side
 
 NOT_PARAPHRASE, PARAPHRASE = 0.0, 1.0  # class ids of TaskSpec "bible_paraphrase"
 SWAPPED, SAME_MEANING = 0.0, 1.0  # class ids of TaskSpec "bible_order"
@@ -121,16 +121,18 @@ def bible_paraphrase_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv
     """The task's `split` ("train", "dev", "test"), in a seeded random order: `num_examples` pairs (0 = all) from
     ceil(num_examples / 2) couples drawn at random, so the classes are balanced (within one). Deterministic in
     `seed`. Raises ValueError when the split has fewer pairs than asked for."""
-    if split not in SPLITS:
-        raise ValueError(f"the bible_paraphrase task has splits {', '.join(SPLITS)}, not {split!r}")
-    pool = paraphrase_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books))[split]
-    return sample_couples(pool, "bible_paraphrase", split, num_examples, [seed, BIBLE_PARAPHRASE, SPLITS.index(split)])
+    pools = paraphrase_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books))
+    return sample_couples(pools, "bible_paraphrase", split, num_examples, [seed, BIBLE_PARAPHRASE])
 
 
-def sample_couples(pool: Sequence[tuple[VersePair, VersePair]], task: str, split: str, num_examples: int,
+def sample_couples(pools: dict[str, Sequence[tuple[VersePair, VersePair]]], task: str, split: str, num_examples: int,
                    stream: list[int]) -> list[VersePair]:
-    """`num_examples` pairs (0 = all) of ceil(num_examples / 2) couples of `pool` drawn at random from `stream`,
-    in a random order: the classes balanced within one. Raises ValueError when the pool has fewer."""
+    """`num_examples` pairs (0 = all) of ceil(num_examples / 2) couples of `split`'s pool drawn at random from
+    `stream` (with the split), in a random order: the classes balanced within one. Raises ValueError for an unknown
+    split and when the pool has fewer."""
+    if split not in SPLITS:
+        raise ValueError(f"the {task} task has splits {', '.join(SPLITS)}, not {split!r}")
+    pool, stream = pools[split], [*stream, SPLITS.index(split)]
     couples = math.ceil(num_examples / 2) if num_examples else len(pool)
     if couples > len(pool):
         raise ValueError(f"the {task} {split!r} split has {2 * len(pool)} pairs, fewer than the {num_examples} "
@@ -157,15 +159,11 @@ def order_pools(editions: tuple[str, ...], seed: int = 0, dev_fraction: float = 
         for same, _ in couples:
             ia, ib = editions.index(same.edition_a), editions.index(same.edition_b)
             rng = np.random.default_rng([seed, BIBLE_ORDER, *same.verse_a, ia, ib])
-            texts = {"a": same.text_a, "b": same.text_b}
-            for side in (("a", "b") if rng.integers(2) == 0 else ("b", "a")):
-                words = texts[side].split()
-                swapped = global_swap(words, rng, min_distance)
-                if swapped != words:
-                    changed = dict(texts, **{side: " ".join(swapped)})
-                    pool.append((dataclasses.replace(same, label=SAME_MEANING),
-                                 dataclasses.replace(same, text_a=changed["a"], text_b=changed["b"], label=SWAPPED)))
-                    break
+            sides = ("a", "b") if rng.integers(2) == 0 else ("b", "a")
+            changed = perturb_one_side({"a": same.text_a, "b": same.text_b}, sides, "global", 0, rng, min_distance)
+            if changed is not None:
+                pool.append((dataclasses.replace(same, label=SAME_MEANING),
+                             dataclasses.replace(same, text_a=changed["a"], text_b=changed["b"], label=SWAPPED)))
         out[split] = tuple(pool)
     return out
 
@@ -175,11 +173,9 @@ def bible_order_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv", "b
                       books: Sequence[int] = (), min_distance: int = 5) -> list[VersePair]:
     """The bible_order task's `split` as `bible_paraphrase_pairs` draws its own: balanced couples in a seeded
     random order."""
-    if split not in SPLITS:
-        raise ValueError(f"the bible_order task has splits {', '.join(SPLITS)}, not {split!r}")
-    pool = order_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books),
-                       min_distance)[split]
-    return sample_couples(pool, "bible_order", split, num_examples, [seed, BIBLE_ORDER, SPLITS.index(split)])
+    pools = order_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books),
+                        min_distance)
+    return sample_couples(pools, "bible_order", split, num_examples, [seed, BIBLE_ORDER])
 
 
 def bible_order_examples(split: str, **options) -> list[Example]:

@@ -176,27 +176,31 @@ def held_out_rows(config: MLMDataConfig, tokenizer: Tokenizer) -> PackedExamples
     return build_examples(eval_documents, tokenizer, config.seq_len, eval_stats, config.newline_ends_sentence)
 
 
-def contiguous_rows(config: MLMDataConfig, tokenizer: Tokenizer, length: int, max_tokens: int = 0) -> PackedExamples:
-    """Held-out rows of `length` tokens in which the whole row is one span of text, for evaluating a model at a
-    length other than its training length: the held-out documents tokenized and joined in order into one stream
-    (consecutive chapters follow each other), cut into non-overlapping spans of length - 2 tokens, each row
-    [CLS] span [SEP] as a single piece (no padding, nothing attends only within a packed sentence). Only the first
-    `max_tokens` tokens of the stream are read (0 = all), so every length can score the same text; the tail too
-    short for a row is dropped. Returns PackedExamples [N, length]; raises ValueError when not one row fits."""
+def held_out_stream(config: MLMDataConfig, tokenizer: Tokenizer, max_tokens: int = 0) -> np.ndarray:
+    """The held-out documents of `config` tokenized and joined in order into one stream of token ids [N]
+    (consecutive chapters follow each other): the text `contiguous_rows` cuts into rows. Only its first `max_tokens`
+    tokens (0 = all)."""
     if config.streaming:
-        raise ValueError("contiguous_rows reads an in-memory source; data.streaming reads shards as it trains")
-    if length < 3:
-        raise ValueError(f"length {length}: a row needs room for [CLS], one token and [SEP]")
+        raise ValueError("held_out_stream reads an in-memory source; data.streaming reads shards as it trains")
     _, eval_documents = load_documents(config, DataStats(), DataStats())
     encoded = encode_documents(eval_documents, tokenizer, DataStats(), config.newline_ends_sentence)
     stream = np.fromiter((t for document in encoded for sentence in document for t in sentence), np.int32)
-    if max_tokens:
-        stream = stream[:max_tokens]
+    return stream[:max_tokens] if max_tokens else stream
+
+
+def contiguous_rows(stream: np.ndarray, length: int) -> PackedExamples:
+    """Rows of `length` tokens in which the whole row is one span of text, for evaluating a model at a length
+    other than its training length: `stream` (`held_out_stream`) cut into non-overlapping spans of length - 2
+    tokens, each row [CLS] span [SEP] as a single piece (no padding, nothing attends only within a packed
+    sentence); the tail too short for a row is dropped. Returns PackedExamples [N, length]; raises ValueError when
+    not one row fits."""
+    if length < 3:
+        raise ValueError(f"length {length}: a row needs room for [CLS], one token and [SEP]")
     span = length - 2
     count = len(stream) // span
     if not count:
         raise ValueError(f"the held-out text has {len(stream)} tokens: not one row of {length}")
-    body = stream[:count * span].reshape(count, span)
+    body = np.asarray(stream[:count * span], np.int32).reshape(count, span)
     tokens = np.concatenate([np.full((count, 1), CLS_ID, np.int32), body, np.full((count, 1), SEP_ID, np.int32)], 1)
     return PackedExamples(tokens, np.ones_like(tokens))
 

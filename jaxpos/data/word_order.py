@@ -119,20 +119,26 @@ def perturb_examples(examples: Sequence[Example], kind: str, window: int, seed: 
     out = []
     for i, example in enumerate(examples):
         rng = np.random.default_rng([seed, _KINDS[kind], window if kind == "local" else 0, i])
-        texts = {"a": example.text_a, "b": example.text_b}
-        for side in sides:
-            if texts[side] is None:
-                continue
-            words = texts[side].split()
-            new = local_shuffle(words, window, rng) if kind == "local" else global_swap(words, rng, min_distance)
-            if new != words:  # neither draws from `rng` when it cannot change the sentence
-                texts[side] = " ".join(new)
-                out.append(Example(texts["a"], texts["b"], example.label if label is None else label))
-                break
-        else:
-            if not drop_unchanged:
-                out.append(example)
+        texts = perturb_one_side({"a": example.text_a, "b": example.text_b}, sides, kind, window, rng, min_distance)
+        if texts is not None:
+            out.append(Example(texts["a"], texts["b"], example.label if label is None else label))
+        elif not drop_unchanged:
+            out.append(example)
     return out
+
+
+def perturb_one_side(texts: dict[str, str | None], sides: Sequence[str], kind: str, window: int,
+                     rng: np.random.Generator, min_distance: int = 5) -> dict[str, str | None] | None:
+    """`texts` ({"a": ..., "b": ...}) with the first of `sides` that a `kind` perturbation can change perturbed
+    (drawn from `rng`), or None when none can."""
+    for side in sides:
+        if texts[side] is None:
+            continue
+        words = texts[side].split()
+        new = local_shuffle(words, window, rng) if kind == "local" else global_swap(words, rng, min_distance)
+        if new != words:  # neither draws from `rng` when it cannot change the sentence
+            return dict(texts, **{side: " ".join(new)})
+    return None
 
 
 @functools.lru_cache(maxsize=8)

@@ -10,12 +10,13 @@ its entry says so in one line.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 import jax
 
 from jaxpos.config.mechanisms import MECHANISMS
-from jaxpos.data.pipeline import contiguous_rows, eval_batches
+from jaxpos.data.pipeline import contiguous_rows, eval_batches, held_out_stream
 from jaxpos.models import BertForMaskedLM
 from jaxpos.positions.base import LengthError
 from jaxpos.run import Run
@@ -63,13 +64,16 @@ def evaluate_lengths(run: Run, lengths: Sequence[int], batch_size: int = 8, max_
     step, params = run.params(step)
     model = BertForMaskedLM(run.model_config)
     data = run.config.data
+    stream = held_out_stream(data, tokenizer, max_tokens)  # read and tokenized once for every length
     entries = []
     for length in lengths:
         reason = cannot_run(run, length)
         if reason is None:
-            rows = contiguous_rows(data, tokenizer, length, max_tokens)
+            rows = contiguous_rows(stream, length)
+            # The head at the masked positions only (at most ceil(mask_prob * length) a row): the same sums.
+            task = MaskedLMTask(model, length, max_predictions=math.ceil(data.mask_prob * length))
             try:
-                metrics = masked_lm_metrics(MaskedLMTask(model, length), params,
+                metrics = masked_lm_metrics(task, params,
                                             eval_batches(rows, tokenizer, batch_size, 0, data.seed, data.mask_prob))
             except LengthError as err:  # a limit the registry does not name: its own first clause
                 reason = str(err).split(";")[0]

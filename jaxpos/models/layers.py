@@ -82,14 +82,15 @@ class TransformerLayer(nn.Module):
         return sublayer(x, lambda h: MlpBlock(cfg, name="mlp")(checkpoint_name(h, "mlp_input")), "mlp")
 
 
-def remat_layer(policy: str) -> type[nn.Module]:
+def remat_layer(policy: str, scanned: bool) -> type[nn.Module]:
     """TransformerLayer, rematerialised in the backward pass under `model.remat` (config.model.REMAT_POLICIES)."""
     if policy == "none":
         return TransformerLayer
     saved = {"full": jax.checkpoint_policies.nothing_saveable,
              "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
              "save_projections": jax.checkpoint_policies.save_only_these_names(*SAVED_NAMES)}[policy]
-    return nn.remat(TransformerLayer, policy=saved, prevent_cse=False)  # prevent_cse: not needed inside a scan
+    # Outside a scan XLA's common-subexpression elimination could undo the recomputation: keep it from doing so.
+    return nn.remat(TransformerLayer, policy=saved, prevent_cse=not scanned)
 
 
 class ScannedLayer(nn.Module):
@@ -103,7 +104,7 @@ class ScannedLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, index, bias, q_pos, k_pos, mask, types, encoded, cross_bias, cross_pos, cross_mask):
-        layer = remat_layer(self.cfg.remat)(self.cfg, self.cross_attention, self.decode, self.deterministic,
+        layer = remat_layer(self.cfg.remat, scanned=True)(self.cfg, self.cross_attention, self.decode, self.deterministic,
                                             name="layer")
         x = layer(x, bias.for_layer(index), q_pos, k_pos, mask, types, encoded,
                   cross_bias.for_layer(index) if cross_bias is not None else None, cross_pos, cross_mask)
@@ -204,7 +205,7 @@ class TransformerStack(nn.Module):
             for i in range(self.num_layers):
                 self.sow("intermediates", "hidden_states", hidden[i])
         else:
-            layer_class = remat_layer(cfg.remat)
+            layer_class = remat_layer(cfg.remat, scanned=False)
             shared = layer_class(cfg, self.cross_attention, self.decode, deterministic, name="layer_shared") \
                 if cfg.share_layers else None
             for i in range(self.num_layers):

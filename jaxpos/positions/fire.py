@@ -4,9 +4,10 @@ b(i, j) = f_θ(ψ(i − j) / ψ(max(L, i))) with ψ(x) = log(cx + 1) and c, L le
 FIRE normalises the distance by the query's visible context, so the MLP's input stays in [0, 1] at any length.
 In a causal stack that context is the query position i: the bias depends on i as well as on i − j, so it reaches
 attention as a position-only matrix [1, H, T, S] (computed once per forward pass, never per example; the XLA path
-takes it). In a bidirectional stack every query sees the whole row of T tokens, so the context is T: the input
-becomes sign(j − i) ψ(|j − i|) / ψ(max(L, T)) (the sign keeps the direction an encoder needs), a function of the
-offset alone for a given row length, and the bias is a Toeplitz table [1, H, 2T − 1] that takes the fast path.
+takes it). In a bidirectional stack a query may see the whole row, so the context is the row's length T (the
+longer of the query and key lengths; in packed rows a query sees only its own piece, and the row still sets T): the
+input becomes sign(j − i) ψ(|j − i|) / ψ(max(L, T)) (the sign keeps the direction an encoder needs), a function of
+the offset alone for a given row length, and the bias is a Toeplitz table [1, H, 2T − 1] that takes the fast path.
 One MLP serves every layer of the stack (FIRE shares it).
 """
 

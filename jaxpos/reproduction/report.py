@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from jaxpos.analysis.plots import plt, save_figure  # plots chooses matplotlib's file-only backend
+from jaxpos.analysis.plots import line_style, plt, save_figure  # plots chooses matplotlib's file-only backend
 from jaxpos.analysis.report import jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.config.files import write_json_atomically
 from jaxpos.reproduction import claims as C
@@ -176,8 +176,7 @@ def mechanism_style(mechanism: str) -> dict:
     if mechanism == BAG_OF_WORDS:
         return dict(color="black", lw=2.2, ls="-", label="none (bag of words)")
     index = [m for m in RUN_MECHANISMS if m != BAG_OF_WORDS].index(mechanism)
-    return dict(color=plt.get_cmap("tab10").colors[index % 10], ls=("-", "--", ":", "-.")[index // 10 % 4], lw=1.2,
-                label=mechanism)
+    return dict(line_style(index), lw=1.2, label=mechanism)
 
 
 def _learning_curves_figure(path: str, curve: dict, entropy: float | None) -> str:

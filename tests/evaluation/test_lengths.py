@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxpos import cli
-from jaxpos.data.pipeline import contiguous_rows, eval_batches, held_out_rows
+from jaxpos.data.pipeline import contiguous_rows, eval_batches, held_out_rows, held_out_stream
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.mlm import split_sentences
 from jaxpos.data.tokenizer import CLS_ID, SEP_ID
@@ -30,16 +30,16 @@ def test_contiguous_rows_are_the_held_out_text_in_order_one_piece_each(runs):
     tokenizer = run.tokenizer()
     _, documents = load_documents(run.config.data, DataStats(), DataStats())
     stream = [t for d in documents for s in split_sentences(d) for t in tokenizer.encode(s)]  # by hand, one at a time
-    rows = contiguous_rows(run.config.data, tokenizer, 20)
+    rows = contiguous_rows(held_out_stream(run.config.data, tokenizer), 20)
     assert rows.tokens.shape == (len(stream) // 18, 20)
     assert (rows.tokens[:, 0] == CLS_ID).all() and (rows.tokens[:, -1] == SEP_ID).all()
     assert (rows.piece_ids == 1).all()  # one piece: every token attends to every other
     np.testing.assert_array_equal(rows.tokens[:, 1:-1].ravel(), stream[:len(rows) * 18])
-    capped = contiguous_rows(run.config.data, tokenizer, 20, max_tokens=40)
+    capped = contiguous_rows(held_out_stream(run.config.data, tokenizer, max_tokens=40), 20)
     assert len(capped) == 2
     np.testing.assert_array_equal(capped.tokens, rows.tokens[:2])
     with pytest.raises(ValueError, match="not one row of"):
-        contiguous_rows(run.config.data, tokenizer, 20, max_tokens=10)
+        contiguous_rows(held_out_stream(run.config.data, tokenizer, max_tokens=10), 20)
 
 
 def test_the_score_is_a_cross_entropy_of_the_masked_tokens(runs):
@@ -48,7 +48,8 @@ def test_the_score_is_a_cross_entropy_of_the_masked_tokens(runs):
     tokenizer = run.tokenizer()
     _, params = run.params()
     model = BertForMaskedLM(run.model_config)
-    batches = list(eval_batches(contiguous_rows(run.config.data, tokenizer, 24), tokenizer, 4, 2, 0, 0.15))
+    batches = list(eval_batches(contiguous_rows(held_out_stream(run.config.data, tokenizer), 24), tokenizer, 4, 2, 0,
+                                0.15))
     metrics = masked_lm_metrics(MaskedLMTask(model, 24), params, batches)
     nll, correct, count = 0.0, 0, 0
     for batch in batches:
@@ -80,9 +81,17 @@ def test_at_its_own_rows_the_score_is_the_runs_own_evaluation(runs):
 
 
 def test_inductive_mechanisms_run_past_their_training_length_and_others_say_why_not(runs):
-    tisa = evaluate_lengths(Run.open(runs["tisa"]), [16, 32, 64])
+    run = Run.open(runs["tisa"])
+    tisa = evaluate_lengths(run, [16, 32, 64])
     assert tisa["train_length"] == 32 and [e["length"] for e in tisa["lengths"]] == [16, 32, 64]
     assert all(np.isfinite(e["loss"]) and e["rows"] > 0 for e in tisa["lengths"])
+    # the head at the masked positions only, as the evaluation runs it, scores what the head everywhere scores
+    tokenizer, data = run.tokenizer(), run.config.data
+    full = masked_lm_metrics(MaskedLMTask(BertForMaskedLM(run.model_config), 64), run.params()[1],
+                             eval_batches(contiguous_rows(held_out_stream(data, tokenizer), 64), tokenizer, 8, 0,
+                                          data.seed, data.mask_prob))
+    assert tisa["lengths"][2]["predicted"] == full["predicted"]
+    assert tisa["lengths"][2]["loss"] == pytest.approx(full["loss"], rel=1e-5)
     absolute = evaluate_lengths(Run.open(runs["absolute"]), [16, 32, 64])
     assert [("skipped" in e) for e in absolute["lengths"]] == [False, False, True]
     assert absolute["lengths"][2]["skipped"].startswith("no learned position past 32 (")

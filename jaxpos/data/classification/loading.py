@@ -30,8 +30,8 @@ def load_examples(data_cfg, split: str, stats: ExampleStats | None = None) -> li
     source = data_cfg.source
     if (source == "offline") != spec.offline:
         raise ValueError(f"data.source={source!r} does not serve task {spec.name!r}: the word_order task is built "
-                         "offline (source='offline'), as is bible_paraphrase; GLUE and SNLI come from "
-                         "source='glue_dir' or 'tfds'")
+                         "offline (source='offline'), as is bible_paraphrase (and bible_order); GLUE and SNLI come "
+                         "from source='glue_dir' or 'tfds'")
     if source == "offline":
         examples = offline_examples(data_cfg, split)
         where = f"the offline {spec.name} task's {split!r} split"
