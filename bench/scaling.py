@@ -5,10 +5,12 @@ the state and batch are abstract, so a model larger than the host's memory is me
     python bench/scaling.py                                   # both tables at their default sizes, on this host
     python bench/scaling.py --depths 12,24,48 --compile-size 256x4 --memory-size bert_base --batch 8 --length 512
 
-Compile table: a model of d x heads (`--compile-size`, e.g. 256x4) at each depth, unrolled and scanned: seconds to
-lower and compile the jitted train step (masked LM, AdamW, TISA). Memory table: `--memory-size` (bert_base,
-bert_large or DxHxL) at batch x length, per remat policy: XLA's temporary bytes (the activations a step keeps for
-its backward pass, and workspace) beside the arguments' (parameters, optimiser state, batch).
+Both tables run the shipped recipes (configs/mlm/bert_base.py and bert_large.py: bf16 compute, AdamW) with TISA
+and no dropout. Compile table: bert_base's recipe at d x heads (`--compile-size`, e.g. 256x4) and each depth,
+unrolled and scanned: seconds to lower and compile the jitted train step. Memory table: `--memory-size`
+(bert_base, bert_large, or DxHxL on bert_base's recipe) at batch x length, per remat policy: XLA's temporary bytes
+(the activations a step keeps for its backward pass, and workspace) beside the arguments' (parameters, optimiser
+state, batch).
 """
 
 from __future__ import annotations
@@ -24,19 +26,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
-SIZES = dict(bert_base=(768, 12, 12), bert_large=(1024, 16, 24))  # d_model, heads, layers
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED = ("bert_base", "bert_large")  # configs/mlm/NAME.py
 
 
-def run_config(d_model: int, heads: int, layers: int, batch: int, length: int, **model):
-    """The masked-LM recipe of configs/mlm/bert_base.py at this size (TISA, bf16 compute, no dropout)."""
-    from jaxpos.config.defaults import mlm_config
+def run_config(size: str, batch: int, length: int, **model):
+    """The masked-LM recipe of configs/mlm/SIZE.py (bert_base or bert_large), or of bert_base at "DxHxL" (d_model x
+    heads x layers, mlp 4d), at batch x length tokens with TISA and no dropout; `model`: further model fields."""
+    from jaxpos.config.files import load_config
     from jaxpos.config.validate import check_run_config
 
-    config = mlm_config()
-    config.model.update(d_model=d_model, num_heads=heads, num_layers=layers, mlp_dim=4 * d_model, max_length=length,
-                        vocab_size=30522, dropout=0.0, attention_dropout=0.0, dtype="bfloat16", **model)
+    config = load_config(os.path.join(ROOT, "configs", "mlm", f"{size if size in SHIPPED else 'bert_base'}.py"))
+    if size not in SHIPPED:
+        d_model, heads, layers = (int(x) for x in size.split("x"))
+        config.model.update(d_model=d_model, num_heads=heads, num_layers=layers, mlp_dim=4 * d_model)
+    config.model.update(max_length=length, dropout=0.0, attention_dropout=0.0, **model)
     config.model.position.kind = "tisa"
-    config.data.update(seq_len=length, vocab_size=30522)
+    config.data.update(seq_len=length)
     config.train.update(batch_size=batch, max_predictions=max(1, length * 15 // 100), num_steps=10)
     return check_run_config(config, task="mlm")
 
@@ -81,23 +87,20 @@ def main(argv=None) -> None:
     device = jax.devices()[0]
     print(f"device: {device.platform} {device.device_kind}  jax {jax.__version__}  {datetime.date.today()}")
     if args.skip != "compile":
-        d_model, heads = (int(x) for x in args.compile_size.split("x"))
         batch, length = (int(x) for x in args.compile_shape.split("x"))
-        print(f"\ncompile seconds of the train step, d = {d_model}, {heads} heads, {batch} x {length} tokens")
+        print(f"\ncompile seconds of the train step, d x heads = {args.compile_size}, {batch} x {length} tokens")
         print(f"{'layers':>6} {'unrolled':>9} {'scanned':>8}")
         for depth in (int(x) for x in args.depths.split(",")):
-            row = [compiled_step(run_config(d_model, heads, depth, batch, length, scan_layers=scan))[0]
+            row = [compiled_step(run_config(f"{args.compile_size}x{depth}", batch, length, scan_layers=scan))[0]
                    for scan in (False, True)]
             print(f"{depth:>6} {row[0]:9.1f} {row[1]:8.1f}")
     if args.skip != "memory":
-        size = SIZES.get(args.memory_size) or tuple(int(x) for x in args.memory_size.split("x"))
-        d_model, heads, layers = size
-        print(f"\nmemory of the train step (XLA's analysis), d = {d_model}, {heads} heads, {layers} layers, scanned, "
-              f"{args.batch} x {args.length} tokens")
+        print(f"\nmemory of the train step (XLA's analysis), {args.memory_size}, scanned, {args.batch} x {args.length} "
+              "tokens")
         print(f"{'remat':<18} {'temporary MiB':>13} {'arguments MiB':>13} {'compile s':>9}")
         for policy in args.policies.split(","):
-            seconds, compiled = compiled_step(run_config(d_model, heads, layers, args.batch, args.length,
-                                                         scan_layers=True, remat=policy))
+            seconds, compiled = compiled_step(run_config(args.memory_size, args.batch, args.length, scan_layers=True,
+                                                         remat=policy))
             memory = compiled.memory_analysis()
             print(f"{policy:<18} {memory.temp_size_in_bytes / 2**20:13.1f} "
                   f"{memory.argument_size_in_bytes / 2**20:13.1f} {seconds:9.1f}")

@@ -133,3 +133,20 @@ def test_loop_overhead_benchmark_runs_every_way_at_a_tiny_size():
         dispatch, seed_step, tokens = (float(x) for x in row.split()[-4:-1])
         assert dispatch > 0 and tokens > 0 and seed_step == pytest.approx(dispatch / (2 if " 2 seeds" in row
                                                                                       else 1), abs=0.01), row
+
+
+def test_scaling_benchmark_at_a_tiny_size():
+    """Both tables from the shipped recipe at a tiny size: a compile time per depth and layout, and per remat policy
+    XLA's temporaries beside the arguments (the same parameters and moments under every policy)."""
+    proc = subprocess.run([sys.executable, "bench/scaling.py", "--depths", "1,2", "--compile-size", "32x4",
+                           "--compile-shape", "2x16", "--memory-size", "32x4x2", "--batch", "2", "--length", "16",
+                           "--policies", "none,full"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, XLA_FLAGS=quick_compile_flags()))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    depths = [line.split() for line in lines if line.strip()[:1].isdigit()]
+    assert [row[0] for row in depths] == ["1", "2"] and all(float(x) > 0 for row in depths for x in row[1:])
+    memory = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in lines
+              if line.startswith(("none ", "full "))}
+    assert set(memory) == {"none", "full"} and memory["none"][1] == memory["full"][1] > 0
+    assert 0 < memory["full"][0] <= memory["none"][0]
