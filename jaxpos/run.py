@@ -28,7 +28,7 @@ from etils import epath
 
 from jaxpos.config import ModelConfig
 from jaxpos.config.files import apply_overrides, load_run_config
-from jaxpos.config.run import RunConfig, run_config
+from jaxpos.config.run import TASKS, RunConfig, run_config
 from jaxpos.data.classification import task_spec
 from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer,
                                    load_tokenizer)
@@ -36,8 +36,6 @@ from jaxpos.models import BertForMaskedLM, BertForSequenceClassification, Encode
 from jaxpos.models.layout import to_unscanned
 from jaxpos.sharding import placement
 from jaxpos.training.checkpoint import abstract_like, checkpoint_path, read_run_params, saved_steps
-
-TASKS = ("mlm", "translation", "finetune")
 
 
 def run_model(task: str, cfg: ModelConfig, num_labels: int | None = None) -> tuple[nn.Module, tuple]:

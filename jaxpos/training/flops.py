@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import jax
 
+from jaxpos.config.attention import LOW_PRECISION
+
 # bf16 dense matrix-product peak, TFLOP/s per device, by device kind (a substring of jax's `device_kind`; the
 # first that matches). From the vendors' data sheets (dense, not sparse).
 PEAK_BF16_TFLOPS = (
@@ -29,7 +31,6 @@ PEAK_BF16_TFLOPS = (
     ("TPU v5", 459.0),
     ("TPU v4", 275.0),
 )
-LOW_PRECISION = ("bfloat16", "float16")
 
 
 def peak_tflops(device_kind: str, dtype: str) -> float | None:
