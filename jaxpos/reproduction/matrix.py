@@ -161,7 +161,9 @@ PROFILES = {
         ("none", "absolute", "tisa", "diet_rel"), 2,
         model=dict(d_model=64, num_layers=2, num_heads=4, mlp_dim=128, max_length=64, dropout=0.0,
                    attention_dropout=0.0),
-        data=dict(source="bible", bible_editions=("web",), max_documents=400, seq_len=64, vocab_size=2000),
+        # eval_fraction >= the fine-tuning's dev + test fractions: pretraining never reads their chapters
+        data=dict(source="bible", bible_editions=("web",), max_documents=400, eval_fraction=0.2, seq_len=64,
+                  vocab_size=2000),
         train=dict(num_steps=240, batch_size=16, learning_rate=3e-3, warmup_fraction=0.05, max_predictions=16),
         finetune_data=dict(max_length=64, offline_train_examples=512, offline_dev_examples=256,
                            offline_test_examples=256, bible_books=tuple(range(1, 11)), bible_dev_fraction=0.1,

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from jaxpos.data.bible import chapter_split, is_held_out_chapter
 from jaxpos.reproduction import claims as C
 from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
@@ -287,6 +288,22 @@ def test_the_estimate_adds_up():
                                                        + smoke.curve_points * smoke.eval_batches * 0.1 / 3 + order
                                                        + 3 * 2.0 / 3)
 
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_pretraining_holds_out_the_fine_tuning_dev_and_test_chapters(name):
+    # A chapter is held out of pretraining where its hash u < eval_fraction, and is a dev or test chapter of the
+    # Bible tasks where u < dev + test fraction (`chapter_split`): the first must cover the second.
+    from jaxpos.config.run import run_config
+    from jaxpos.reproduction.matrix import finetune_config, pretrain_config
+
+    plan = make_plan(PROFILES[name], 1, {"tisa": ("finetune", "order")}, workers=1)
+    held_out = run_config(pretrain_config(plan, "tisa", 0)).data.eval_fraction
+    for task in ("paraphrase", "order"):
+        data = finetune_config(plan, 0, task).data
+        dev_or_test = [(b, c) for b in range(1, 67) for c in range(1, 51)
+                       if chapter_split(b, c, data.bible_dev_fraction, data.bible_test_fraction) != "train"]
+        assert dev_or_test and all(is_held_out_chapter(b, c, held_out) for b, c in dev_or_test), (name, task)
 
 # --- the pool's bookkeeping ------------------------------------------------------------------------------------------
 
