@@ -15,6 +15,7 @@ from jaxpos.evaluation.probes import WINDOWS, markdown, swapped_paraphrase_share
 from jaxpos.workflows.finetune import load_finetuned
 
 PROBE_FILE = "word_order_probe"  # WORKDIR/word_order_probe.json and .md
+ORDER_LABELLED_TASKS = ("word_order", "bible_order")  # tasks whose labels a perturbation of word order changes
 
 
 def probe_word_order(workdir: str, split: str | None = None, windows: Sequence[int] = WINDOWS, seed: int = 0,
@@ -26,9 +27,9 @@ def probe_word_order(workdir: str, split: str | None = None, windows: Sequence[i
     if run.spec.num_labels == 1 or "accuracy" not in run.spec.metrics:
         raise ValueError(f"the word-order probe measures accuracy; task {run.spec.name!r} has "
                          f"{', '.join(run.spec.metrics)}")
-    if run.spec.name == "word_order":
-        raise ValueError("the word_order task's labels are about word order, so perturbing its sentences changes "
-                         "their labels; probe a task such as mrpc, rte or snli")
+    if run.spec.name in ORDER_LABELLED_TASKS:
+        raise ValueError(f"the {run.spec.name} task's labels are about word order, so perturbing its sentences "
+                         "changes their labels; probe a task such as mrpc, rte, snli or bible_paraphrase")
     split = split or run.spec.dev_splits[0]
     examples = load_examples(run.config.data, split)
     result = word_order_drops(lambda ex: run.evaluate(ex)["accuracy"], examples, windows, seed)

@@ -339,6 +339,18 @@ def test_probe_word_order_on_a_pair_task(finetuned):
     assert json.load(open(os.path.join(workdir, "word_order_probe.json")))["variants"] == result["variants"]
 
 
+
+@pytest.mark.parametrize("task", ["word_order", "bible_order"])
+def test_probe_word_order_refuses_tasks_labelled_by_word_order(task, monkeypatch):
+    from types import SimpleNamespace
+
+    from jaxpos.data.classification import task_spec
+    from jaxpos.workflows import probes
+
+    monkeypatch.setattr(probes, "load_finetuned", lambda workdir, overrides: SimpleNamespace(spec=task_spec(task)))
+    with pytest.raises(ValueError, match=f"the {task} task's labels are about word order"):
+        probes.probe_word_order("unused")
+
 def test_sweep_reports_the_median_over_seeds_of_the_max_over_checkpoints(mlm_run, glue_dir, tmp_path):
     out = str(tmp_path / "sweep")
     rows = finetune_cli(["finetune-sweep", "--config", FT, "--init", f"tisa={mlm_run}", "--tasks", "cola",
