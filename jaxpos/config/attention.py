@@ -169,7 +169,8 @@ def model_call(cfg, *, training: bool, **platform) -> Call:
     `platform`: `platform_facts()` (default) or given. Per-call facts (a decoding cache, packed cross-attention,
     the mesh) are left out: they decide fallbacks, not whether the choice can run at all."""
     pcfg = cfg.position
-    form = MECHANISMS[pcfg.kind].kernel_form_for(pcfg) or "other"
+    causal = cfg.causal or cfg.num_decoder_layers > 0  # a causal stack, where the mechanism's form may differ
+    form = MECHANISMS[pcfg.kind].kernel_form_for(pcfg, causal) or "other"
     if pcfg.segment == "per_head" and form == "none":
         form = "factors"  # per-head segment tables reach the kernels as folded factors
     return Call(**(platform or platform_facts()), low_precision=cfg.dtype in LOW_PRECISION, form=form,

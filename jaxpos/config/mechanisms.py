@@ -46,6 +46,9 @@ class Mechanism:
     # xla path computes (dense matrices, Shaw vectors, Linformer projections). A function of the position block
     # where options decide.
     kernel_form: str | None | Callable[[PositionConfig], str | None] = None
+    # In a causal stack its term depends on the query position as well as the offset (FIRE): a dense position-only
+    # matrix there, whatever `kernel_form` says of a bidirectional stack.
+    dense_when_causal: bool = False
     check: Callable[[ModelConfig], None] | None = None  # raises a ValueError for a model block it cannot run
 
     def is_inductive(self, pcfg: PositionConfig) -> bool:
@@ -56,8 +59,11 @@ class Mechanism:
         """Whether it has learned positional parameters under the position block `pcfg`."""
         return _holds(self.learned, pcfg)
 
-    def kernel_form_for(self, pcfg: PositionConfig) -> str | None:
-        """The bias form the attention kernels receive under the position block `pcfg` (see `kernel_form`)."""
+    def kernel_form_for(self, pcfg: PositionConfig, causal: bool = False) -> str | None:
+        """The bias form the attention kernels receive under the position block `pcfg` in a bidirectional or a
+        `causal` stack (see `kernel_form`)."""
+        if causal and self.dense_when_causal:
+            return None
         return self.kernel_form(pcfg) if callable(self.kernel_form) else self.kernel_form
 
 
@@ -128,8 +134,8 @@ MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
     Mechanism("kerple", "jaxpos.positions.kerple:KerplePosition", "KERPLE (log)", "−r₁ log(1 + r₂|j − i|) per head",
               inductive=True, learned=True, kernel_form="table"),
     Mechanism("fire", "jaxpos.positions.fire:FirePosition", "FIRE",
-              "MLP(ψ(j − i) / ψ(max(L, ·))) per head, ψ(x) = log(cx + 1)", inductive=True, learned=True,
-              kernel_form="table"),
+              "MLP(ψ(i − j) / ψ(max(L, i))) per head, ψ(x) = log(cx + 1); an encoder's: MLP(sign(j − i) "
+              "ψ(|j − i|) / ψ(max(L, T)))", inductive=True, learned=True, kernel_form="table", dense_when_causal=True),
 )}
 
 

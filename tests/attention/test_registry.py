@@ -108,6 +108,14 @@ def test_a_config_naming_an_implementation_that_cannot_run_its_model_is_refused_
     segments = model_call(tiny_config(dict(kind="none", segment="per_head")), training=True, **cpu)
     linformer = model_call(tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=4))), training=True, **cpu)
     assert segments.form == "factors" and linformer.form == "other" and linformer.linformer
+    # FIRE is a Toeplitz table in an encoder and a dense matrix in a causal stack (a decoder's): the kernels take
+    # the first only.
+    fire = dict(kind="fire")
+    check_attention(tiny_config(fire, attention_impl="pallas"), training=False, **cpu)
+    for causal in (dict(causal=True), dict(num_decoder_layers=1)):
+        assert model_call(tiny_config(fire, **causal), training=False, **cpu).form == "other"
+        with pytest.raises(ValueError, match="attention_impl='pallas' cannot compute this model's attention here"):
+            check_attention(tiny_config(fire, attention_impl="pallas", **causal), training=False, **cpu)
 
 
 def test_cudnn_is_chosen_for_even_lengths_only_but_named_it_takes_any(monkeypatch):

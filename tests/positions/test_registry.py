@@ -68,13 +68,14 @@ def test_the_variants_cover_every_registered_kind():
 KERNEL_CASES = VARIANTS + [("diet_abs_linformer", dict(kind="diet_abs", diet_abs=dict(linformer_k=4)))]
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("name,position", KERNEL_CASES, ids=[case[0] for case in KERNEL_CASES])
-def test_kernel_form_and_input_only_match_the_bias_the_module_returns(name, position):
+def test_kernel_form_and_input_only_match_the_bias_the_module_returns(name, position, causal):
     cfg = tiny_config(position)
     mechanism = MECHANISMS[position["kind"]]
-    form = mechanism.kernel_form_for(cfg.position)
+    form = mechanism.kernel_form_for(cfg.position, causal)
     assert set(KERNEL_FORMS) == set(BIAS_FORMS) - {"other"} and (form is None or form in KERNEL_FORMS)
-    module = make_position(cfg, cfg.num_layers, False)
+    module = make_position(cfg, cfg.num_layers, causal)
     pos = jnp.arange(9)
     bias = module.apply(flax.linen.unbox(module.init(jax.random.PRNGKey(0), pos, pos)), pos, pos)
     assert (not jax.tree.leaves(bias)) == mechanism.input_only, "input_only: no term reaches attention"
