@@ -10,6 +10,7 @@ MLM_TRAIN_MASKS = 0  # masks of training rows: (seed, stream, epoch, row, positi
 MLM_EVAL_MASKS = 1  # masks of held-out rows: (seed, stream, 0, row, position, draw)
 MLM_ROW_ORDER = 2  # the row permutation of each epoch (streaming: of each shuffle window)
 MLM_SHARD_ORDER = 3  # streaming: the shard order of each epoch and process
+MLM_LENGTH_MASKS = 4  # masks of the held-out stream a length evaluation cuts: (seed, stream, 0, 0, token, draw)
 
 # Translation data, from data.seed (jaxpos/data/translation.py).
 TRANSLATION_PACKING = 0  # the order in which pairs are packed into rows

@@ -7,7 +7,8 @@ have seen, on any number of hosts (the streams are named in jaxpos/config/rng.py
     order    = default_rng([seed, MLM_ROW_ORDER, epoch]).permutation(num_examples)
     batch    = order[j·B : (j+1)·B]                   host h of P gets rows [h·B/P, (h+1)·B/P) of it
     masking of example i in epoch e: hash_uniform(seed, MLM_TRAIN_MASKS, e, i, position, draw)
-             (held-out: hash_uniform(seed, MLM_EVAL_MASKS, 0, i, position, draw))
+             (held-out: hash_uniform(seed, MLM_EVAL_MASKS, 0, i, position, draw); the held-out stream a length
+             evaluation cuts: hash_uniform(seed, MLM_LENGTH_MASKS, 0, 0, token, draw), the same at every length)
 
 Each epoch drops the num_examples mod B examples its permutation puts last (a different few every epoch);
 data.shuffle=False visits the rows in packing order instead. The iterator's state is the step plus what it was
@@ -27,12 +28,12 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from jaxpos.config.rng import MLM_EVAL_MASKS, MLM_ROW_ORDER, MLM_TRAIN_MASKS
+from jaxpos.config.rng import MLM_EVAL_MASKS, MLM_LENGTH_MASKS, MLM_ROW_ORDER, MLM_TRAIN_MASKS
 from jaxpos.config.run import MLMDataConfig
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.order import ShuffledBatches, padded_batches
-from jaxpos.data.mlm import (PackedExamples, encode_documents, masked_rows, pack_documents, split_sentences,
-                             unigram_entropy)
+from jaxpos.data.mlm import (PackedExamples, encode_documents, mask_batch, masked_rows, pack_documents,
+                             piece_positions, split_sentences, unigram_entropy)
 from jaxpos.data.stream import (ShardReader, StreamingMLMIterator, held_out_examples, host_process, list_shards,
                                 process_shards)
 from jaxpos.data.tokenizer import (CLS_ID, MLM_SPECIAL_TOKENS, SEP_ID, Tokenizer, load_or_train_tokenizer,
@@ -188,6 +189,15 @@ def held_out_stream(config: MLMDataConfig, tokenizer: Tokenizer, max_tokens: int
     return stream[:max_tokens] if max_tokens else stream
 
 
+def _cut(values: np.ndarray, length: int, first, last) -> np.ndarray:
+    """`values` [N] cut into non-overlapping spans of length - 2, each row `first` span `last` [N // (length - 2),
+    length]; the tail too short for a row is dropped."""
+    span = length - 2
+    count = len(values) // span
+    body = np.asarray(values[:count * span]).reshape(count, span)
+    return np.concatenate([np.full((count, 1), first, body.dtype), body, np.full((count, 1), last, body.dtype)], 1)
+
+
 def contiguous_rows(stream: np.ndarray, length: int) -> PackedExamples:
     """Rows of `length` tokens in which the whole row is one span of text, for evaluating a model at a length
     other than its training length: `stream` (`held_out_stream`) cut into non-overlapping spans of length - 2
@@ -196,13 +206,35 @@ def contiguous_rows(stream: np.ndarray, length: int) -> PackedExamples:
     not one row fits."""
     if length < 3:
         raise ValueError(f"length {length}: a row needs room for [CLS], one token and [SEP]")
-    span = length - 2
-    count = len(stream) // span
-    if not count:
+    if len(stream) < length - 2:
         raise ValueError(f"the held-out text has {len(stream)} tokens: not one row of {length}")
-    body = np.asarray(stream[:count * span], np.int32).reshape(count, span)
-    tokens = np.concatenate([np.full((count, 1), CLS_ID, np.int32), body, np.full((count, 1), SEP_ID, np.int32)], 1)
+    tokens = _cut(np.asarray(stream, np.int32), length, CLS_ID, SEP_ID)
     return PackedExamples(tokens, np.ones_like(tokens))
+
+
+def masked_stream(stream: np.ndarray, seed: int, vocab_size: int, mask_prob: float) -> tuple[np.ndarray, np.ndarray]:
+    """BERT masking of the held-out `stream` [N] as one sequence (`mask_batch`: round(mask_prob·n) of its n
+    candidate tokens), a function of (seed, token position): (input_ids [N] int32, mask_weights [N] float32).
+    Cut at any length (`contiguous_batches`), the rows predict the same tokens under the same corruption, so losses
+    at two lengths differ by the context alone."""
+    input_ids, weights = mask_batch(np.asarray(stream)[None], np.zeros(1, np.int64), (seed, MLM_LENGTH_MASKS, 0),
+                                    vocab_size=vocab_size, mask_prob=mask_prob)
+    return input_ids[0], weights[0]
+
+
+def contiguous_batches(stream: np.ndarray, input_ids: np.ndarray, mask_weights: np.ndarray, length: int,
+                       batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of `contiguous_rows(stream, length)` with the stream's own masking (`masked_stream`: input_ids,
+    mask_weights [N]), in batches as `eval_batches` yields them (all [batch_size, length]; the last filled up with
+    row 0, which scores nothing)."""
+    rows = contiguous_rows(stream, length)
+    inputs = _cut(np.asarray(input_ids, np.int32), length, CLS_ID, SEP_ID)
+    weights = _cut(np.asarray(mask_weights, np.float32), length, 0.0, 0.0)
+    positions = piece_positions(rows.piece_ids)
+    for index, real in padded_batches(len(rows), batch_size):
+        yield dict(input_ids=inputs[index], targets=rows.tokens[index], mask_weights=weights[index] * real[:, None],
+                   piece_ids=rows.piece_ids[index], positions=positions[index],
+                   token_types=np.zeros_like(rows.tokens[index]))
 
 
 def _build_streaming(config, batch_size: int, workdir: str, process_index, process_count,

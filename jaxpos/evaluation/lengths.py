@@ -2,21 +2,23 @@
 trained at (TISA's first criterion, "inductive"; ALiBi, KERPLE and FIRE test it first).
 
 At each length the rows are spans of the held-out text, each one contiguous piece (`contiguous_rows`: consecutive
-held-out chapters joined), masked by the run's own rule and seed, and every row's prediction is scored with the
-head at every position. A mechanism with learned positions for `model.max_length` tokens only (learned absolute
+held-out chapters joined). The text is masked once, as one sequence, by the run's own rule and seed
+(`masked_stream`), and every length scores the same masked tokens (those of the text that rows of every length
+cover), so the losses at two lengths differ by the context the model sees and nothing else. A mechanism with learned positions for `model.max_length` tokens only (learned absolute
 positions, DIET-Abs, TUPE, an unclipped DIET-Rel table, ...; the registry's `inductive` trait) is not run past it:
 its entry says so in one line.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Iterable, Sequence
 
 import jax
+import numpy as np
 
 from jaxpos.config.mechanisms import MECHANISMS
-from jaxpos.data.pipeline import contiguous_rows, eval_batches, held_out_stream
+from jaxpos.data.pipeline import contiguous_batches, held_out_stream, masked_stream
+from jaxpos.data.tokenizer import Tokenizer
 from jaxpos.models import BertForMaskedLM
 from jaxpos.positions.base import LengthError
 from jaxpos.run import Run
@@ -50,6 +52,17 @@ def cannot_run(run: Run, length: int) -> str | None:
     return f"no learned position past {cfg.max_length} ({MECHANISMS[kind].label} is not inductive)"
 
 
+def length_batches(stream: np.ndarray, lengths: Sequence[int], tokenizer: Tokenizer, seed: int, mask_prob: float,
+                   batch_size: int = 8) -> dict[int, list[dict]]:
+    """{length: its batches of the held-out `stream` [N]}: every length's rows predict the same tokens (the stream
+    masked once, `masked_stream`; tokens past the part of the stream that rows of every length cover score nothing).
+    Raises ValueError when not one row of the longest length fits."""
+    input_ids, weights = masked_stream(stream, seed, tokenizer.vocab_size, mask_prob)
+    covered = min(len(stream) // (n - 2) * (n - 2) for n in lengths)
+    weights = np.where(np.arange(len(stream)) < covered, weights, 0.0)
+    return {n: list(contiguous_batches(stream, input_ids, weights, n, batch_size)) for n in lengths}
+
+
 def evaluate_lengths(run: Run, lengths: Sequence[int], batch_size: int = 8, max_tokens: int = 0,
                      step: int | None = None) -> dict:
     """The held-out masked-LM loss and accuracy of RUN (checkpoint `step`, default the newest) at each length:
@@ -65,20 +78,20 @@ def evaluate_lengths(run: Run, lengths: Sequence[int], batch_size: int = 8, max_
     model = BertForMaskedLM(run.model_config)
     data = run.config.data
     stream = held_out_stream(data, tokenizer, max_tokens)  # read and tokenized once for every length
+    batches = length_batches(stream, lengths, tokenizer, data.seed, data.mask_prob, batch_size)
     entries = []
     for length in lengths:
         reason = cannot_run(run, length)
         if reason is None:
-            rows = contiguous_rows(stream, length)
-            # The head at the masked positions only (at most ceil(mask_prob * length) a row): the same sums.
-            task = MaskedLMTask(model, length, max_predictions=math.ceil(data.mask_prob * length))
+            # The head at the masked positions only (the most a row holds): the same sums as everywhere.
+            most = max(int(batch["mask_weights"].sum(1).max()) for batch in batches[length])
+            task = MaskedLMTask(model, length, max_predictions=max(1, most))
             try:
-                metrics = masked_lm_metrics(task, params,
-                                            eval_batches(rows, tokenizer, batch_size, 0, data.seed, data.mask_prob))
+                metrics = masked_lm_metrics(task, params, batches[length])
             except LengthError as err:  # a limit the registry does not name: its own first clause
                 reason = str(err).split(";")[0]
             else:
-                entries.append(dict(length=length, rows=len(rows), predicted=metrics["predicted"],
+                entries.append(dict(length=length, rows=len(stream) // (length - 2), predicted=metrics["predicted"],
                                     loss=metrics["loss"], accuracy=metrics["accuracy"]))
                 continue
         entries.append(dict(length=length, skipped=reason))

@@ -10,8 +10,8 @@ from jaxpos import cli
 from jaxpos.data.pipeline import contiguous_rows, eval_batches, held_out_rows, held_out_stream
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.mlm import split_sentences
-from jaxpos.data.tokenizer import CLS_ID, SEP_ID
-from jaxpos.evaluation.lengths import evaluate_lengths, masked_lm_metrics
+from jaxpos.data.tokenizer import CLS_ID, NUM_MLM_SPECIAL, SEP_ID
+from jaxpos.evaluation.lengths import evaluate_lengths, length_batches, masked_lm_metrics
 from jaxpos.models import BertForMaskedLM
 from jaxpos.run import Run
 from jaxpos.training.mlm import MaskedLMTask
@@ -41,6 +41,33 @@ def test_contiguous_rows_are_the_held_out_text_in_order_one_piece_each(runs):
     with pytest.raises(ValueError, match="not one row of"):
         contiguous_rows(held_out_stream(run.config.data, tokenizer, max_tokens=10), 20)
 
+
+
+def test_every_length_predicts_the_same_tokens_under_the_same_corruption(runs):
+    """The stream is masked once: cut at 20 or 40 tokens, the rows predict the same stream tokens from the same
+    inputs (read back by position in the stream), about mask_prob of the covered text, never [CLS] or [SEP]."""
+    run = Run.open(runs["tisa"])
+    tokenizer, data = run.tokenizer(), run.config.data
+    stream = held_out_stream(data, tokenizer)
+    batches = length_batches(stream, [20, 40], tokenizer, data.seed, 0.15, batch_size=4)
+    covered = min(len(stream) // 18 * 18, len(stream) // 38 * 38)
+    read = {}
+    for length, chosen in batches.items():
+        tokens = np.concatenate([b["targets"] for b in chosen])[:len(stream) // (length - 2)]
+        inputs = np.concatenate([b["input_ids"] for b in chosen])[:len(tokens)]
+        weights = np.concatenate([b["mask_weights"] for b in chosen])
+        assert weights[len(tokens):].sum() == 0  # the filled-up rows score nothing
+        weights = weights[:len(tokens)]
+        assert (weights[:, [0, -1]] == 0).all() and (tokens[:, 0] == CLS_ID).all()
+        np.testing.assert_array_equal(tokens[:, 1:-1].ravel(), stream[:tokens[:, 1:-1].size])
+        where = np.flatnonzero(weights[:, 1:-1].ravel())  # stream positions of the masked tokens
+        read[length] = (where, inputs[:, 1:-1].ravel()[where])
+        assert where.max() < covered
+    np.testing.assert_array_equal(read[20][0], read[40][0])
+    np.testing.assert_array_equal(read[20][1], read[40][1])
+    candidates = int((stream[:covered] >= NUM_MLM_SPECIAL).sum())
+    assert abs(len(read[20][0]) - 0.15 * candidates) <= 0.15 * candidates * 0.2 + 2
+    assert (read[20][1] != stream[read[20][0]]).mean() > 0.5  # most masked tokens are corrupted ([MASK] or random)
 
 def test_the_score_is_a_cross_entropy_of_the_masked_tokens(runs):
     """Against numpy: log-softmax of the model's logits at the masked positions."""
@@ -85,11 +112,12 @@ def test_inductive_mechanisms_run_past_their_training_length_and_others_say_why_
     tisa = evaluate_lengths(run, [16, 32, 64])
     assert tisa["train_length"] == 32 and [e["length"] for e in tisa["lengths"]] == [16, 32, 64]
     assert all(np.isfinite(e["loss"]) and e["rows"] > 0 for e in tisa["lengths"])
+    # every length scores the same tokens
+    assert len({e["predicted"] for e in tisa["lengths"]}) == 1 and tisa["lengths"][0]["predicted"] > 20
     # the head at the masked positions only, as the evaluation runs it, scores what the head everywhere scores
     tokenizer, data = run.tokenizer(), run.config.data
-    full = masked_lm_metrics(MaskedLMTask(BertForMaskedLM(run.model_config), 64), run.params()[1],
-                             eval_batches(contiguous_rows(held_out_stream(data, tokenizer), 64), tokenizer, 8, 0,
-                                          data.seed, data.mask_prob))
+    batches = length_batches(held_out_stream(data, tokenizer), [16, 32, 64], tokenizer, data.seed, data.mask_prob)
+    full = masked_lm_metrics(MaskedLMTask(BertForMaskedLM(run.model_config), 64), run.params()[1], batches[64])
     assert tisa["lengths"][2]["predicted"] == full["predicted"]
     assert tisa["lengths"][2]["loss"] == pytest.approx(full["loss"], rel=1e-5)
     absolute = evaluate_lengths(Run.open(runs["absolute"]), [16, 32, 64])
