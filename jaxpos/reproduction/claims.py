@@ -175,15 +175,16 @@ def parted_at(trained: Mapping[str, int], mechanism: str) -> int | None:
 
 
 def first_trained(r: dict, start: int | None) -> int | None:
-    """The index of a run's first analysed checkpoint at or after step `start` (None: the first one), or None."""
+    """The index of a run's first analysed checkpoint at or after step `start` (None: the first one), or None. The
+    initialisation (step 0) is a reference, never the start: a change from it measures training, used or not."""
     steps = value_at(r, "over_training.steps") or []
-    return next((k for k, step in enumerate(steps) if start is None or step >= start), None)
+    return next((k for k, step in enumerate(steps) if step > 0 and (start is None or step >= start)), None)
 
 
 def first_last(series: str, start: int | None = None) -> Callable[[dict], float | None]:
     """The change of an over-training series from the first analysed checkpoint at or after step `start` (the
-    step from which the mechanism uses positions; None: the first one) to the last; None where fewer than two
-    checkpoints remain."""
+    step from which the mechanism uses positions; None: the first one after the initialisation) to the last; None
+    where fewer than two checkpoints remain."""
     def change(r):
         values = value_at(r, f"over_training.series.{series}")
         first = first_trained(r, start)
