@@ -1,12 +1,12 @@
-"""Length generalisation of a masked-LM run: its held-out loss and accuracy at lengths other than the one it
-trained at (TISA's first criterion, "inductive"; ALiBi, KERPLE and FIRE test it first).
+"""Length generalisation of a masked-LM run: its held-out loss and accuracy at lengths other than the one it trained at
+(TISA's first criterion, "inductive"; ALiBi, KERPLE and FIRE test it first).
 
 At each length the rows are spans of the held-out text, each one contiguous piece (`contiguous_rows`: consecutive
 held-out chapters joined). The text is masked once, as one sequence, by the run's own rule and seed
 (`masked_stream`), and every length scores the same masked tokens (those of the text that rows of every length
-cover), so the losses at two lengths differ by the context the model sees and nothing else. A mechanism with learned positions for `model.max_length` tokens only (learned absolute
-positions, DIET-Abs, TUPE, an unclipped DIET-Rel table, ...; the registry's `inductive` trait) is not run past it:
-its entry says so in one line.
+cover), so the losses at two lengths differ by the context the model sees and nothing else. A mechanism with learned
+positions for `model.max_length` tokens only (learned absolute positions, DIET-Abs, TUPE, an unclipped DIET-Rel
+table, ...; the registry's `inductive` trait) is not run past it: its entry says so in one line.
 """
 
 from __future__ import annotations
