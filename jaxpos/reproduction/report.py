@@ -322,7 +322,8 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
     editions = ", ".join(corpus.get("editions", [])) or "?"
     train, ft = profile.train, profile.finetune_train
     order, rates = profile.order_recipe(), profile.order_rates()
-    return [
+    stages = {stage for spec in plan["runs"].values() for stage in spec["stages"]}  # only what some run did
+    lines = [
         f"- profile `{profile.name}` ({profile.purpose}); a fixed recipe, the same for every mechanism and seed:",
         f"  - model: BERT with d = {run['d_model']}, L = {run['num_layers']}, head dim D = {run['head_dim']}",
         f"  - pretraining: masked LM on the Bible ({editions}: {corpus.get('documents', '?')} chapters, "
@@ -332,16 +333,26 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
         f"  - learning curve: held-out MLM loss at steps {', '.join(map(str, profile.curve_steps()))} "
         f"({profile.eval_batches} batches each); analyses at steps "
         f"{', '.join(map(str, profile.analysis_steps()))}",
-        f"  - fine-tuning: the offline Bible paraphrase task (verse pairs of two editions), {ft['num_steps']} steps "
-        f"of {ft['batch_size']} pairs at learning rate {ft['learning_rate']:g}, "
-        f"{profile.finetune_data['offline_train_examples']} training pairs, dev accuracy at half-way and the end "
-        f"(the better one); the word-order probe on {profile.probe_examples} test pairs",
-        f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with two "
-        f"distant content words swapped in one side; bag of words at chance by construction), "
-        f"{order['num_steps']} steps of {order['batch_size']} pairs at each learning rate of "
-        f"{', '.join(f'{r:g}' for r in rates)}, the best dev accuracy over evaluations and rates (the papers' "
-        f"protocol); bag of words fine-tuned on both tasks as the floor",
     ]
+    if "finetune" in stages:
+        lines.append(
+            f"  - fine-tuning: the offline Bible paraphrase task (verse pairs of two editions), {ft['num_steps']} "
+            f"steps of {ft['batch_size']} pairs at learning rate {ft['learning_rate']:g}, "
+            f"{profile.finetune_data['offline_train_examples']} training pairs, dev accuracy at half-way and the end "
+            f"(the better one); the word-order probe on {profile.probe_examples} test pairs")
+    if "order" in stages:
+        lines.append(
+            f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with "
+            f"two distant content words swapped in one side; bag of words at chance by construction), "
+            f"{order['num_steps']} steps of {order['batch_size']} pairs at each learning rate of "
+            f"{', '.join(f'{r:g}' for r in rates)}, the best dev accuracy over evaluations and rates (the papers' "
+            f"protocol); bag of words fine-tuned on every task as the floor")
+    if "lengths" in stages:
+        factors = ", ".join(f"{f}×" for f in profile.length_factors)
+        lines.append(
+            f"  - length evaluation: held-out MLM loss at {factors} the training length on the first "
+            f"{profile.length_tokens:,} held-out tokens, the same masked tokens at every length")
+    return lines
 
 
 STAGE_LABELS = dict(pretrain_s="pretraining", curve_s="learning curve", finetune_s="fine-tuning",

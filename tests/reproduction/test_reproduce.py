@@ -128,6 +128,22 @@ def test_changes_over_training_start_where_the_mechanism_uses_positions():
     assert all(C.first_last("toeplitz_r2")(r) < 0 for r in table["absolute"])
 
 
+
+def test_the_recipe_states_the_stages_some_run_did():
+    from jaxpos.reproduction.report import recipe_lines
+
+    table = {"tisa": [fake_run("tisa", 0, [0, 0, 0], d_model=32, num_layers=2, tokens=1000)]}
+    profile = PROFILES["full"]
+    said = {}
+    for stages in ((), ("order", "lengths"), ("finetune",)):
+        plan = make_plan(profile, 1, {"tisa": stages}, workers=1)
+        said[stages] = "\n".join(recipe_lines(plan, table))
+    assert "paraphrase task" not in said[()] and "word-order pair task" not in said[()]
+    assert "length evaluation" not in said[()]
+    assert "word-order pair task" in said[("order", "lengths")] and "paraphrase task" not in said[("order", "lengths")]
+    assert f"{profile.length_tokens:,} held-out tokens" in said[("order", "lengths")]
+    assert "paraphrase task" in said[("finetune",)] and "length evaluation" not in said[("finetune",)]
+
 def test_the_time_by_stage_is_the_mean_over_the_runs_that_have_the_stage():
     from jaxpos.reproduction.report import stages_line
 
