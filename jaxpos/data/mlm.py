@@ -227,6 +227,13 @@ def masked_rows(targets: np.ndarray, piece_ids: np.ndarray, example_ids: np.ndar
     function of (key, id)): input_ids, targets, piece_ids, positions, token_types int32, mask_weights
     float32, all [B, T]."""
     input_ids, mask_weights = mask_batch(targets, example_ids, key, vocab_size=vocab_size, mask_prob=mask_prob)
+    return mlm_batch(input_ids, targets, mask_weights, piece_ids)
+
+
+def mlm_batch(input_ids: np.ndarray, targets: np.ndarray, mask_weights: np.ndarray,
+              piece_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The masked-LM batch every step and evaluation reads, from masked rows [B, T]: input_ids, targets,
+    mask_weights, piece_ids, and the positions within each piece and the token types derived from them."""
     return dict(input_ids=input_ids, targets=targets, mask_weights=mask_weights, piece_ids=piece_ids,
                 positions=piece_positions(piece_ids),
                 token_types=np.zeros_like(targets))  # one sentence "A" per row: no next-sentence task

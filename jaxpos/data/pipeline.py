@@ -32,8 +32,8 @@ from jaxpos.config.rng import MLM_EVAL_MASKS, MLM_LENGTH_MASKS, MLM_ROW_ORDER, M
 from jaxpos.config.run import MLMDataConfig
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.order import ShuffledBatches, padded_batches
-from jaxpos.data.mlm import (PackedExamples, encode_documents, mask_batch, masked_rows, pack_documents,
-                             piece_positions, split_sentences, unigram_entropy)
+from jaxpos.data.mlm import (PackedExamples, encode_documents, mask_batch, masked_rows, mlm_batch, pack_documents,
+                             split_sentences, unigram_entropy)
 from jaxpos.data.stream import (ShardReader, StreamingMLMIterator, held_out_examples, host_process, list_shards,
                                 process_shards)
 from jaxpos.data.tokenizer import (CLS_ID, MLM_SPECIAL_TOKENS, SEP_ID, Tokenizer, load_or_train_tokenizer,
@@ -230,11 +230,8 @@ def contiguous_batches(stream: np.ndarray, input_ids: np.ndarray, mask_weights: 
     rows = contiguous_rows(stream, length)
     inputs = _cut(np.asarray(input_ids, np.int32), length, CLS_ID, SEP_ID)
     weights = _cut(np.asarray(mask_weights, np.float32), length, 0.0, 0.0)
-    positions = piece_positions(rows.piece_ids)
     for index, real in padded_batches(len(rows), batch_size):
-        yield dict(input_ids=inputs[index], targets=rows.tokens[index], mask_weights=weights[index] * real[:, None],
-                   piece_ids=rows.piece_ids[index], positions=positions[index],
-                   token_types=np.zeros_like(rows.tokens[index]))
+        yield mlm_batch(inputs[index], rows.tokens[index], weights[index] * real[:, None], rows.piece_ids[index])
 
 
 def _build_streaming(config, batch_size: int, workdir: str, process_index, process_count,

@@ -104,8 +104,8 @@ class ScannedLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, index, bias, q_pos, k_pos, mask, types, encoded, cross_bias, cross_pos, cross_mask):
-        layer = remat_layer(self.cfg.remat, scanned=True)(self.cfg, self.cross_attention, self.decode, self.deterministic,
-                                            name="layer")
+        layer = remat_layer(self.cfg.remat, scanned=True)(self.cfg, self.cross_attention, self.decode,
+                                                           self.deterministic, name="layer")
         x = layer(x, bias.for_layer(index), q_pos, k_pos, mask, types, encoded,
                   cross_bias.for_layer(index) if cross_bias is not None else None, cross_pos, cross_mask)
         x = constrain(x, HIDDEN)

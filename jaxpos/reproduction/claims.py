@@ -361,8 +361,8 @@ def _tisa_inductive(table, trained):
 
 def _diet_per_head(table, trained):
     base = by_seed(table, "absolute", accuracy)
-    parts = [comparison(f"word-order task dev accuracy, {label(m)} − input positions", by_seed(table, m, accuracy), base,
-                        1, [m, "absolute"]) for m in ("diet_rel", "diet_abs")]
+    parts = [comparison(f"word-order task dev accuracy, {label(m)} − input positions", by_seed(table, m, accuracy),
+                        base, 1, [m, "absolute"]) for m in ("diet_rel", "diet_abs")]
     return parts, dict(accuracy={m: describe(by_seed(table, m, accuracy)) for m in ("absolute", "diet_rel",
                                                                                   "diet_abs")})
 
