@@ -125,22 +125,28 @@ def bible_paraphrase_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv
     return sample_couples(pools, "bible_paraphrase", split, num_examples, [seed, BIBLE_PARAPHRASE])
 
 
-def sample_couples(pools: dict[str, Sequence[tuple[VersePair, VersePair]]], task: str, split: str, num_examples: int,
-                   stream: list[int]) -> list[VersePair]:
-    """`num_examples` pairs (0 = all) of ceil(num_examples / 2) couples of `split`'s pool drawn at random from
-    `stream` (with the split), in a random order: the classes balanced within one. Raises ValueError for an unknown
-    split and when the pool has fewer."""
+def draw_couples(pools: dict[str, Sequence[tuple[VersePair, VersePair]]], task: str, split: str, num_examples: int,
+                 stream: list[int]) -> list[tuple[VersePair, VersePair]]:
+    """The ceil(num_examples / 2) couples (0 = all) of `split`'s pool drawn at random from `stream` (with the
+    split). Raises ValueError for an unknown split and when the pool has fewer."""
     if split not in SPLITS:
         raise ValueError(f"the {task} task has splits {', '.join(SPLITS)}, not {split!r}")
-    pool, stream = pools[split], [*stream, SPLITS.index(split)]
+    pool = pools[split]
     couples = math.ceil(num_examples / 2) if num_examples else len(pool)
     if couples > len(pool):
         raise ValueError(f"the {task} {split!r} split has {2 * len(pool)} pairs, fewer than the {num_examples} "
                          "asked for")
-    pairs = [pair for index in np.random.default_rng(stream).permutation(len(pool))[:couples] for pair in pool[index]]
+    return [pool[i] for i in np.random.default_rng([*stream, SPLITS.index(split)]).permutation(len(pool))[:couples]]
+
+
+def sample_couples(pools: dict[str, Sequence[tuple[VersePair, VersePair]]], task: str, split: str, num_examples: int,
+                   stream: list[int]) -> list[VersePair]:
+    """`num_examples` pairs (0 = all) of the couples `draw_couples` draws, in a random order: the classes balanced
+    within one."""
+    pairs = [pair for couple in draw_couples(pools, task, split, num_examples, stream) for pair in couple]
     if num_examples:
         pairs = pairs[:num_examples]
-    order = np.random.default_rng([*stream, len(pool)]).permutation(len(pairs))
+    order = np.random.default_rng([*stream, SPLITS.index(split), len(pools[split])]).permutation(len(pairs))
     return [pairs[i] for i in order]
 
 
@@ -176,6 +182,18 @@ def bible_order_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv", "b
     pools = order_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books),
                         min_distance)
     return sample_couples(pools, "bible_order", split, num_examples, [seed, BIBLE_ORDER])
+
+
+def bible_order_minimal_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv", "bbe"), num_examples: int = 0,
+                              seed: int = 0, dev_fraction: float = 0.02, test_fraction: float = 0.02,
+                              books: Sequence[int] = (), min_distance: int = 5) -> list[tuple[str, str]]:
+    """The side each couple of `bible_order_pairs(split, ...)` swaps, as (as it is, swapped): the minimal pairs a
+    masked LM can score without fine-tuning. One per couple, in drawing order."""
+    pools = order_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books),
+                        min_distance)
+    couples = draw_couples(pools, "bible_order", split, num_examples, [seed, BIBLE_ORDER])
+    return [(same.text_a, swapped.text_a) if same.text_a != swapped.text_a else (same.text_b, swapped.text_b)
+            for same, swapped in couples]
 
 
 def bible_order_examples(split: str, **options) -> list[Example]:

@@ -6,6 +6,7 @@
     pearson, spearman       correlations of scores with labels (STS-B); spearman = pearson of average ranks
     accuracy_f1_mean        (accuracy + f1) / 2, GLUE's combined MRPC/QQP score
     pearson_spearman_mean   (pearson + spearman) / 2, GLUE's combined STS-B score
+    wilson_interval         the Wilson score interval of a proportion (an accuracy on n examples)
 
 Undefined cases score 0.0 rather than NaN, so that "the maximum over checkpoints" stays well defined: F1 with
 no positive label and no positive prediction (scikit-learn's zero_division default also gives 0.0), the
@@ -22,6 +23,17 @@ import numpy as np
 
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(predictions == labels))
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of a proportion `successes` / n; `successes` may be fractional
+    (ties counted half)."""
+    if n <= 0:
+        raise ValueError(f"a proportion of {n} trials has no interval")
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
 
 
 def _binary(values: np.ndarray, what: str) -> np.ndarray:

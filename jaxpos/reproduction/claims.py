@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from jaxpos.evaluation.metrics import wilson_interval
 from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, STAGES
 from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE
 
@@ -33,6 +34,7 @@ EXACT_TOLERANCE = 1e-4  # max |sum of the Muppet terms - hidden state| in float3
 RECOVERABLE = 0.5  # "token identity is recoverable": the linear probe identifies most tokens
 CALLED_PARAPHRASE = 0.5  # "the swap goes unnoticed": most swapped paraphrases are still called paraphrases
 NOT_TRAINED = "not trained far enough"  # the reason of a comparison whose mechanisms do not use positions yet
+NOT_LEARNED = "did not learn the task"  # the reason of a downstream comparison with a side at chance
 STEP_TIMES_FILE = "step_times.json"  # OUT/: the step times of `timed_alone` claims' mechanisms, timed alone
 
 
@@ -217,13 +219,24 @@ def label(m: str) -> str:
 # --- the parts of a claim ------------------------------------------------------------------------------------------
 
 def comparison(what: str, a: Mapping[int, float | None], b: Mapping[int, float | None] | None, expected_sign: int,
-               about: Sequence[str]) -> dict:
+               about: Sequence[str], task: str | None = None) -> dict:
     """A comparison part: a - b > 0 (expected_sign = +1) or < 0 (-1), per seed; b = None compares a with 0. It is
-    tested only when every mechanism of `about` uses positions ((): always)."""
+    tested only when every mechanism of `about` uses positions ((): always) and, for scores on a downstream `task`
+    (a result.json key), learned it in every seed (`learned_task`)."""
     seeds = sorted(set(a) | set(b or {}))
     return dict(kind="comparison", what=what, seeds=seeds, a=[a.get(s) for s in seeds],
                 b=[(b or {}).get(s, None) if b is not None else 0.0 for s in seeds], expected_sign=expected_sign,
-                about=list(about))
+                about=list(about), task=task)
+
+
+def learned_task(score: dict) -> bool | None:
+    """Whether a run learned a downstream task: the Wilson 95% interval of its best dev accuracy on its
+    `dev_pairs` lies above chance (a best over evaluations and rates, so an optimistic look); None where the
+    result does not give the count."""
+    if not score.get("dev_pairs") or score.get("best") is None:
+        return None
+    low, _ = wilson_interval(score["best"] * score["dev_pairs"], score["dev_pairs"])
+    return low > score["chance"]
 
 
 def bound(values: Sequence[float | None], check: Callable[[float], bool], what: str, rule: str) -> dict:
@@ -250,6 +263,8 @@ def all_of(parts: Sequence[dict]) -> tuple[str, str]:
         return HOLDS, "every part holds"
     if any(p.get("why") == NOT_TRAINED for p in parts):
         return INCONCLUSIVE, f"{NOT_TRAINED} for a part"
+    if any(p.get("why") == NOT_LEARNED for p in parts):
+        return INCONCLUSIVE, f"a side {NOT_LEARNED} for a part"
     return INCONCLUSIVE, "not every part is decided"
 
 
@@ -314,7 +329,7 @@ def _tisa_parameters(table, trained):
     ratios = [t / a for s, t in params["tisa"].items() if (a := params["absolute"].get(s)) and t is not None]
     parts = [comparison("word-order task dev accuracy, TISA + input positions − input positions alone",
                         by_seed(table, "tisa_input", accuracy), by_seed(table, "absolute", accuracy), 1,
-                        ["tisa_input", "absolute"]),
+                        ["tisa_input", "absolute"], task="order"),
              bound(ratios, lambda x: x < 1, "TISA's / input positions' positional parameters", "< 1")]
     return parts, dict(accuracy={m: describe(by_seed(table, m, accuracy)) for m in params},
                        positional_parameters={m: describe(v) for m, v in params.items()})
@@ -362,7 +377,7 @@ def _tisa_inductive(table, trained):
 def _diet_per_head(table, trained):
     base = by_seed(table, "absolute", accuracy)
     parts = [comparison(f"word-order task dev accuracy, {label(m)} − input positions", by_seed(table, m, accuracy),
-                        base, 1, [m, "absolute"]) for m in ("diet_rel", "diet_abs")]
+                        base, 1, [m, "absolute"], task="order") for m in ("diet_rel", "diet_abs")]
     return parts, dict(accuracy={m: describe(by_seed(table, m, accuracy)) for m in ("absolute", "diet_rel",
                                                                                   "diet_abs")})
 
@@ -387,16 +402,16 @@ def _diet_rank(table, trained):
 def _diet_sharing(table, trained):
     acc = {m: by_seed(table, m, accuracy) for m in ("diet_abs", "diet_abs_unshared", "diet_rel", "diet_rel_layer")}
     parts = [comparison("word-order task dev accuracy, DIET-Abs shared by layer − unshared", acc["diet_abs"],
-                        acc["diet_abs_unshared"], 1, ["diet_abs", "diet_abs_unshared"]),
+                        acc["diet_abs_unshared"], 1, ["diet_abs", "diet_abs_unshared"], task="order"),
              comparison("word-order task dev accuracy, DIET-Rel shared by layer − unshared", acc["diet_rel_layer"],
-                        acc["diet_rel"], -1, ["diet_rel_layer", "diet_rel"])]
+                        acc["diet_rel"], -1, ["diet_rel_layer", "diet_rel"], task="order")]
     return parts, dict(accuracy={m: describe(v) for m, v in acc.items()})
 
 
 def _diet_segments(table, trained):
     a, b = by_seed(table, "diet_abs_segments", accuracy), by_seed(table, "diet_abs", accuracy)
     parts = [comparison("word-order task dev accuracy, DIET-Abs (shared by layer): per-head − input segments", a, b, 1,
-                        ["diet_abs_segments", "diet_abs"])]
+                        ["diet_abs_segments", "diet_abs"], task="order")]
     return parts, dict(accuracy=dict(per_head=describe(a), input=describe(b)))
 
 

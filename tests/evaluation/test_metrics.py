@@ -8,7 +8,7 @@ import pytest
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 stats = pytest.importorskip("scipy.stats")
 
-from jaxpos.evaluation.metrics import average_ranks, compute_metrics  # noqa: E402
+from jaxpos.evaluation.metrics import average_ranks, compute_metrics, wilson_interval  # noqa: E402
 
 TOL = 1e-10
 
@@ -85,3 +85,14 @@ def test_errors():
         compute_metrics(["accuracy"], [0, 1, 1], [np.nan, 1, np.nan])
     with pytest.raises(ValueError, match="f1 is binary"):
         compute_metrics(["f1"], [0, 2], [0, 1])
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (705, 1000), (1000, 1000), (1, 1)])
+def test_wilson_interval_matches_scipy(k, n):
+    expected = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+    assert np.allclose(wilson_interval(k, n), (expected.low, expected.high), atol=1e-12)
+
+
+def test_wilson_interval_refuses_no_trials():
+    with pytest.raises(ValueError, match="0 trials"):
+        wilson_interval(0, 0)

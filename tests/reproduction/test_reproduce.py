@@ -107,6 +107,29 @@ def test_the_verdict_table_on_constructed_runs():
     assert missing["parts"][0]["why"] == "not measured"
 
 
+def test_a_downstream_comparison_with_a_side_at_chance_is_not_tested():
+    """Both sides use positions, but learned absolute positions stay inside chance's interval on the order task in
+    one seed: the comparison would be decided by a model that never learned the task."""
+    seeds = range(5)
+    trained = curve([0.0, 0.3, 0.6])
+    table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in seeds]}
+    order = lambda best: dict(best=best, chance=0.5, dev_pairs=1000)  # noqa: E731
+    table["diet_rel"] = [fake_run("diet_rel", s, trained(s), order=order(0.70 + 0.01 * s)) for s in seeds]
+    # 0.53 on 1,000 pairs: Wilson 0.499-0.561, inside chance's interval; 0.56: 0.529-0.591, above it
+    table["absolute"] = [fake_run("absolute", s, trained(s), order=order(0.53 if s == 3 else 0.56)) for s in seeds]
+    assert C.learned_task(order(0.53)) is False and C.learned_task(order(0.56)) is True
+    assert C.learned_task(dict(best=0.9, chance=0.5)) is None  # no count: not gated
+    claim = V.evaluate_claims(table, C.select_claims(["diet_per_head"]))["claims"][0]
+    part = claim["parts"][0]  # DIET-Rel vs absolute
+    assert part["verdict"] == S.INCONCLUSIVE and part["why"] == C.NOT_LEARNED and "test" not in part
+    assert part["reason"] == (f"{C.NOT_LEARNED}: {C.label('absolute')} in seed 3 (best dev accuracy inside "
+                              "chance's 95% interval)")
+    assert claim["verdict"] == S.INCONCLUSIVE and C.NOT_LEARNED in claim["reason"]
+    table["absolute"][3]["order"] = order(0.56)  # every seed learned it: tested, and it holds
+    part = V.evaluate_claims(table, C.select_claims(["diet_per_head"]))["claims"][0]["parts"][0]
+    assert part["verdict"] == S.HOLDS and part["test"]["n"] == 5
+
+
 def test_changes_over_training_start_where_the_mechanism_uses_positions():
     """Learned absolute positions part from bag of words at step 200: the Toeplitz R² of their barely used
     embedding at step 100 (near a scaled identity, trivially Toeplitz) is not the starting point."""
@@ -488,6 +511,10 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
             assert run["stages"] == ["finetune", "lengths", "order"] and "probe" not in run and "last" not in run
         assert 0 <= run["order"]["best"] <= 1 and run["order"]["task"] == "bible_order"
         assert run["order"]["best"] == max(r["best"] for r in run["order"]["by_learning_rate"].values())
+        zero_shot = run["order"]["zero_shot"]  # the dev couples scored by the pretrained masked LM
+        assert zero_shot["pairs"] + zero_shot["too_long"] == 16 and zero_shot["low"] <= zero_shot["accuracy"]
+        if name.startswith("none"):  # a sentence and its reordering score alike without positions
+            assert zero_shot["ties"] == zero_shot["pairs"] and zero_shot["accuracy"] == 0.5
         # at 1x, 2x and 4x the training length: every one runs (bag of words and TISA are inductive)
         assert [e["length"] for e in run["lengths"]] == [32, 64, 128]
         assert all(np.isfinite(e["loss"]) and e["rows"] > 0 for e in run["lengths"])

@@ -16,7 +16,7 @@ from jaxpos.data.classification.glue_files import glue_dir_examples
 from jaxpos.data.classification.tasks import ExampleStats, task_spec
 from jaxpos.data.classification.tfds import tfds_examples, tfds_name_of
 from jaxpos.data.examples import Example
-from jaxpos.data.paraphrase import bible_order_examples, bible_paraphrase_examples
+from jaxpos.data.paraphrase import bible_order_examples, bible_order_minimal_pairs, bible_paraphrase_examples
 from jaxpos.data.word_order import offline_word_order_examples
 
 
@@ -56,16 +56,28 @@ def load_examples(data_cfg, split: str, stats: ExampleStats | None = None) -> li
 
 def offline_examples(data_cfg, split: str) -> list[Example]:
     """The examples of `split` of an offline task (`TaskSpec.offline`), built as `data_cfg` says."""
-    num_examples = getattr(data_cfg, f"offline_{split}_examples")
     if data_cfg.task == "word_order":
-        return offline_word_order_examples(split, num_examples=num_examples, seed=data_cfg.seed,
-                                           windows=tuple(data_cfg.offline_windows),
+        return offline_word_order_examples(split, num_examples=getattr(data_cfg, f"offline_{split}_examples"),
+                                           seed=data_cfg.seed, windows=tuple(data_cfg.offline_windows),
                                            min_distance=data_cfg.offline_min_distance)
-    if data_cfg.task in ("bible_paraphrase", "bible_order"):
-        bible = dict(num_examples=num_examples, seed=data_cfg.seed, editions=tuple(data_cfg.bible_editions),
-                     dev_fraction=data_cfg.bible_dev_fraction, test_fraction=data_cfg.bible_test_fraction,
-                     books=tuple(data_cfg.bible_books))
-        if data_cfg.task == "bible_order":
-            return bible_order_examples(split, min_distance=data_cfg.offline_min_distance, **bible)
-        return bible_paraphrase_examples(split, **bible)
+    if data_cfg.task == "bible_order":
+        return bible_order_examples(split, **_bible_options(data_cfg, split),
+                                    min_distance=data_cfg.offline_min_distance)
+    if data_cfg.task == "bible_paraphrase":
+        return bible_paraphrase_examples(split, **_bible_options(data_cfg, split))
     raise ValueError(f"task {data_cfg.task!r} is not built offline")
+
+
+def _bible_options(data_cfg, split: str) -> dict:
+    return dict(num_examples=getattr(data_cfg, f"offline_{split}_examples"), seed=data_cfg.seed,
+                editions=tuple(data_cfg.bible_editions), dev_fraction=data_cfg.bible_dev_fraction,
+                test_fraction=data_cfg.bible_test_fraction, books=tuple(data_cfg.bible_books))
+
+
+def order_minimal_pairs(data_cfg, split: str) -> list[tuple[str, str]]:
+    """The bible_order task's `split` as minimal pairs: each of its couples' swapped side, (as it is, swapped)."""
+    if data_cfg.task != "bible_order" or data_cfg.source != "offline":
+        raise ValueError(f"minimal pairs come from the offline bible_order task, not {data_cfg.source} "
+                         f"{data_cfg.task!r}")
+    return bible_order_minimal_pairs(split, **_bible_options(data_cfg, split),
+                                     min_distance=data_cfg.offline_min_distance)
