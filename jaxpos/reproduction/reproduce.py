@@ -31,6 +31,11 @@ COMPILED_PROGRAMS = dict(pretrain=1.5, finetune=1.0)
 # An analysed checkpoint of configs/mlm/tiny.py on one CPU core, where every worker runs its analyses: about 2 s
 # (a rough allowance; 11 s for five on a 2-core AMD EPYC, compiling included)
 ANALYSIS_S = 2.0
+# The order stage's zero-shot scoring: a masked copy of each dev side per token (about a third of max_length
+# tokens a side), each row max_length long and forward-only with the head at one position, costing this fraction of
+# a train step per batch of rows. Fitted to the smoke profile on 2 CPU cores (2026-11-27: 7 s a run); it puts the
+# `full` profile's at 77 s a run where 25 s were measured, a rough allowance beside its 40-minute runs.
+ZERO_SHOT_STEP_FRACTION = 1 / 4
 
 
 def new_plan(profile: str, seeds: int | None = None, workers: int | None = None,
@@ -77,9 +82,9 @@ def estimate(plan: dict, timing: dict, workers: int,
     from a timing of the recipe taken on every worker at once (so a step's cost includes sharing the device):
     first each mechanism's pretraining, the seeds left to pretrain at once (the group's step, timed at the plan's
     seed count; with its other stages where one is left),
-    then each run's learning curve, fine-tunings (the order task's at each learning rate of its grid, each compiled),
-    length evaluation (a program a length) and an allowance per analysed checkpoint (one seed's step), the tasks
-    taken in turn by the first free worker. Every group compiles its programs; a run compiles its fine-tunings and
+    then each run's learning curve, fine-tunings (the order task's at each learning rate of its grid, each compiled,
+    and its zero-shot scoring), length evaluation (a program a length) and an allowance per analysed checkpoint
+    (one seed's step), the tasks taken in turn by the first free worker. Every group compiles its programs; a run compiles its fine-tunings and
     evaluations unless a run of its mechanism had finished them before it started (the compilation cache).
     {"run_s": {name: s}, "group_s": {mechanism: s}, "total_s", "workers"}."""
     profile = matrix.profile_of(plan)
@@ -102,6 +107,9 @@ def estimate(plan: dict, timing: dict, workers: int,
             rates, order = len(profile.order_rates()), profile.order_recipe()
             s += rates * (order["num_steps"] * finetune_step * order["batch_size"] / profile.finetune_train[
                 "batch_size"] + COMPILED_PROGRAMS["finetune"] * compile_s * compiles)
+            length = profile.finetune_data["max_length"]
+            rows = profile.finetune_data["offline_dev_examples"] * length / 3  # a couple: two pairs, two sides scored
+            s += compile_s + rows * length / pretrain_rows * step * ZERO_SHOT_STEP_FRACTION
         if "lengths" in stages:  # a forward-only program a length: about a third of a train step's compiling
             s += len(profile.length_factors) * compile_s / 3 * compiles
         # over training: the initialisation and every analysed step; else the last step alone

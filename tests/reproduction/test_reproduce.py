@@ -288,7 +288,7 @@ def test_profiles_are_fixed_recipes():
 
 
 def test_the_estimate_adds_up():
-    from jaxpos.reproduction.reproduce import ANALYSIS_S, COMPILED_PROGRAMS, estimate
+    from jaxpos.reproduction.reproduce import ANALYSIS_S, COMPILED_PROGRAMS, ZERO_SHOT_STEP_FRACTION, estimate
 
     profile = PROFILES["micro"]
     plan = make_plan(profile, 2, {"none": (), "tisa": ("finetune",)}, workers=2)
@@ -321,11 +321,15 @@ def test_the_estimate_adds_up():
     assert result["run_s"]["tisa_s0"] == pytest.approx(alone_pretrain + curve + ANALYSIS_S)
     # over training: the initialisation and the two analysed steps
     assert result["run_s"]["absolute_s0"] == pytest.approx(alone_pretrain + curve + 3 * ANALYSIS_S)
-    # The order task: a fine-tuning (and its compiling) a learning rate; the lengths: a program a length.
+    # The order task: a fine-tuning (and its compiling) a learning rate, and the zero-shot scoring (a program, and
+    # a masked row of max_length tokens per token of the 256 dev pairs' swapped sides, a third of max_length each);
+    # the lengths: a program a length.
     plan = make_plan(PROFILES["smoke"], 1, {"tisa": ("order", "lengths")}, workers=1)
     smoke = PROFILES["smoke"]
     result = estimate(plan, timing, workers=1)
-    order = smoke.finetune_train["num_steps"] * 0.1 * (16 * 64) / (16 * 64) + COMPILED_PROGRAMS["finetune"] * 2.0
+    zero_shot = 2.0 + 256 * 64 / 3 * 64 / (16 * 64) * 0.1 * ZERO_SHOT_STEP_FRACTION
+    order = smoke.finetune_train["num_steps"] * 0.1 * (16 * 64) / (16 * 64) + COMPILED_PROGRAMS["finetune"] * 2.0 \
+        + zero_shot
     assert result["run_s"]["tisa_s0"] == pytest.approx(smoke.steps * 0.1 + COMPILED_PROGRAMS["pretrain"] * 2.0
                                                        + smoke.curve_points * smoke.eval_batches * 0.1 / 3 + order
                                                        + 3 * 2.0 / 3)
