@@ -79,8 +79,10 @@ def _mark(value: str) -> str:
 
 
 def _verdict_text(part: dict) -> str:
-    """The verdict, and for an inconclusive part why (not trained, or not detected at these seeds)."""
-    if part["verdict"] == C.INCONCLUSIVE and part.get("why") in (C.NOT_TRAINED, "not measured", "one seed"):
+    """The verdict, and for an inconclusive part why (not trained, a side that did not learn the task, not measured,
+    one seed)."""
+    if part["verdict"] == C.INCONCLUSIVE and part.get("why") in (C.NOT_TRAINED, C.NOT_LEARNED, "not measured",
+                                                                  "one seed"):
         return f"inconclusive: {part['why']}"
     return _mark(part["verdict"])
 

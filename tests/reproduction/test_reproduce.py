@@ -125,6 +125,8 @@ def test_a_downstream_comparison_with_a_side_at_chance_is_not_tested():
     assert part["reason"] == (f"{C.NOT_LEARNED}: {C.label('absolute')} in seed 3 (best dev accuracy inside "
                               "chance's 95% interval)")
     assert claim["verdict"] == S.INCONCLUSIVE and C.NOT_LEARNED in claim["reason"]
+    from jaxpos.reproduction.report import comparisons_table  # the report names why, as for an untrained side
+    assert f"inconclusive: {C.NOT_LEARNED}" in comparisons_table([claim])
     table["absolute"][3]["order"] = order(0.56)  # every seed learned it: tested, and it holds
     part = V.evaluate_claims(table, C.select_claims(["diet_per_head"]))["claims"][0]["parts"][0]
     assert part["verdict"] == S.HOLDS and part["test"]["n"] == 5
