@@ -23,11 +23,12 @@ def add_finetune_parser(subparsers) -> None:
     parser.set_defaults(run=_finetune)
 
     parser = add_command(subparsers, "evaluate", "scores of a fine-tuned run's latest checkpoint on a split; with "
-                         "--lengths, masked-LM runs' held-out loss and accuracy at several lengths",
+                         "--lengths, masked-LM runs' held-out loss and accuracy at several lengths; with "
+                         "--word-order, masked-LM runs' preference for word-order pairs as they are",
                          overrides=data_only)
     parser.add_argument("--workdir", required=True, action="append",
-                        help="the workdir of a `jaxpos finetune` run; with --lengths, of a `jaxpos train` masked-LM "
-                             "run (repeat for several in one table and figure)")
+                        help="the workdir of a `jaxpos finetune` run; with --lengths or --word-order, of a `jaxpos "
+                             "train` masked-LM run (repeat for several in one table)")
     parser.add_argument("--split", help="a labelled split (default: the task's first dev split)")
     parser.add_argument("--lengths", help="comma-separated lengths, e.g. 128,256,512,1024: each run's held-out "
                                           "loss at each (rows of contiguous held-out text; docs/analysis.md)")
@@ -36,7 +37,8 @@ def add_finetune_parser(subparsers) -> None:
     parser.add_argument("--max-tokens", type=int, default=0,
                         help="with --lengths: score the first N tokens of the held-out text at every length "
                              "(default: all)")
-    parser.add_argument("--batch-size", type=int, default=8, help="with --lengths: rows a batch (default 8)")
+    parser.add_argument("--batch-size", type=int,
+                        help="rows a batch: with --lengths (default 8) or --word-order (default 256)")
     parser.add_argument("--word-order", type=int, metavar="N",
                         help="masked-LM runs without fine-tuning: the share of N word-order pairs (a dev verse as it "
                              "is and with two distant words swapped) each prefers as it is (docs/analysis.md)")
@@ -106,12 +108,13 @@ def _evaluate(args, overrides):
 def _evaluate_lengths(args, overrides):
     if overrides or args.split:
         raise ValueError("--lengths reads each run's own held-out text: no --split or --config overrides")
-    if args.batch_size < 1 or args.max_tokens < 0:
+    batch_size = 8 if args.batch_size is None else args.batch_size
+    if batch_size < 1 or args.max_tokens < 0:
         raise ValueError("--batch-size must be at least 1 and --max-tokens at least 0")
     from jaxpos.workflows.lengths import length_generalisation, lengths_table  # lazy: loads jax
 
     results = length_generalisation(args.workdir, _numbers(args.lengths, int, "--lengths"), args.figure,
-                                    args.batch_size, args.max_tokens)
+                                    batch_size, args.max_tokens)
     print(lengths_table(results) + f"wrote {next(iter(results.values()))['figure']} and each run's lengths.json")
     return results
 
@@ -120,9 +123,12 @@ def _evaluate_word_order(args, overrides):
     if overrides or args.split or args.figure or args.max_tokens:
         raise ValueError("--word-order scores the word-order task's dev pairs: no --split, --figure, --max-tokens "
                          "or --config overrides")
+    batch_size = 256 if args.batch_size is None else args.batch_size
+    if batch_size < 1:
+        raise ValueError("--batch-size must be at least 1")
     from jaxpos.workflows.word_order import WORD_ORDER_FILE, word_order_preference, word_order_table  # lazy: jax
 
-    results = word_order_preference(args.workdir, args.word_order)
+    results = word_order_preference(args.workdir, args.word_order, batch_size)
     print(word_order_table(results) + f"wrote each run's {WORD_ORDER_FILE}")
     return results
 

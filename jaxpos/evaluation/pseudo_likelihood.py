@@ -25,6 +25,10 @@ from jaxpos.run import Run
 TIE_TOLERANCE = 1e-3  # nats: two sentences of the same tokens differ by float rounding only (about 1e-5)
 
 
+class NothingToScore(ValueError):
+    """Not one minimal pair fits the model's learned positions."""
+
+
 def masked_copies(sentences: Sequence[Sequence[int]], length: int) -> dict[str, np.ndarray]:
     """Every token of every sentence masked in turn. sentences: token ids without special tokens, each at most
     length - 2 long. Returns input_ids [N, length] ([CLS] ids [SEP], one [MASK], [PAD] after), piece_ids
@@ -56,7 +60,7 @@ def masked_copies(sentences: Sequence[Sequence[int]], length: int) -> dict[str, 
 def _masked_log_probs(model: BertForMaskedLM, params, input_ids, piece_ids, position, target):
     """log p(target | row) at each row's masked position: [B]."""
     logits = model.apply({"params": params}, input_ids, piece_ids=piece_ids, token_types=jnp.zeros_like(input_ids),
-                         predict_positions=position[:, None])[:, 0]
+                         predict_positions=position[:, None])[:, 0].astype(jnp.float32)  # bf16 sums too coarsely
     return jnp.take_along_axis(jax.nn.log_softmax(logits), target[:, None], axis=1)[:, 0]
 
 
@@ -108,7 +112,7 @@ def minimal_pair_preference(run: Run, pairs: Sequence[tuple[str, str]], *, batch
     encoded = [(tokenizer.encode(first), tokenizer.encode(second)) for first, second in pairs]
     kept = [pair for pair in encoded if cannot_run(run, max(map(len, pair)) + 2) is None]
     if not kept:
-        raise ValueError(f"{run.workdir}: none of the {len(pairs)} minimal pairs fits its {model.cfg.max_length} "
-                         "learned positions")
+        raise NothingToScore(f"{run.workdir}: none of the {len(pairs)} minimal pairs fits its "
+                             f"{model.cfg.max_length} learned positions")
     scores = pseudo_log_likelihoods(model, params, [ids for pair in kept for ids in pair], batch_size=batch_size)
     return dict(preference(scores[0::2], scores[1::2]), step=step, too_long=len(encoded) - len(kept))

@@ -20,6 +20,7 @@ A claim holds when every part holds and is contradicted when any part is. `table
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -230,12 +231,13 @@ def comparison(what: str, a: Mapping[int, float | None], b: Mapping[int, float |
 
 
 def learned_task(score: dict) -> bool | None:
-    """Whether a run learned a downstream task: the Wilson 95% interval of its best dev accuracy on its
-    `dev_pairs` lies above chance (a best over evaluations and rates, so an optimistic look); None where the
-    result does not give the count."""
+    """Whether a run learned a downstream task: the Wilson interval of its best dev accuracy on its `dev_pairs`
+    lies above chance, at the level (Šidák) at which the best of its `looks` dev evaluations of a model at chance
+    passes 2.5% of the time; None where the result does not give the pair count."""
     if not score.get("dev_pairs") or score.get("best") is None:
         return None
-    low, _ = wilson_interval(score["best"] * score["dev_pairs"], score["dev_pairs"])
+    z = statistics.NormalDist().inv_cdf(0.975 ** (1 / score.get("looks", 1)))
+    low, _ = wilson_interval(score["best"] * score["dev_pairs"], score["dev_pairs"], z)
     return low > score["chance"]
 
 

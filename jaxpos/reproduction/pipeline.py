@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 import tempfile
@@ -38,8 +39,9 @@ from jaxpos.data.mlm import PackedExamples
 from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
 from jaxpos.data.tokenizer import load_tokenizer
 from jaxpos.evaluation.lengths import evaluate_lengths, masked_lm_metrics
-from jaxpos.evaluation.pseudo_likelihood import minimal_pair_preference
+from jaxpos.evaluation.pseudo_likelihood import NothingToScore, minimal_pair_preference
 from jaxpos.models import BertForMaskedLM
+from jaxpos.positions.base import LengthError
 from jaxpos.progress import status
 from jaxpos.reproduction import host
 from jaxpos.reproduction.matrix import (FAILED_FILE, LOG_FILE, RESULT_FILE, finetune_config, group_log, load_plan,
@@ -302,12 +304,14 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     profile's grid (a folder each), its score the best dev accuracy over evaluations and rates (the papers'
     protocol); and, without fine-tuning, how often the masked LM scores the dev couples' swapped side higher as it
     is than swapped (`minimal_pair_preference`). {"task", "best", "learning_rate" (the best one's),
-    "by_learning_rate": {rate: {"best", "last"}}, "chance", "steps", "dev_pairs", "zero_shot"}."""
-    dev = order_minimal_pairs(typed_block(FinetuneDataConfig, finetune_config(plan, seed, "order").data, "data"), "dev")
+    "by_learning_rate": {rate: {"best", "last"}}, "chance", "steps", "dev_pairs", "looks" (the dev evaluations
+    the best is taken over), "zero_shot"}."""
+    data = typed_block(FinetuneDataConfig, finetune_config(plan, seed, "order").data, "data")
+    dev_minimal_pairs = order_minimal_pairs(data, "dev")  # a pair each couple of the dev pairs comes from
     try:
-        zero_shot = minimal_pair_preference(Run.open(pretrained, "mlm"), dev)
-    except ValueError as err:  # not one pair fits a small profile's learned positions: the report shows none
-        zero_shot = dict(skipped=str(err))
+        zero_shot = minimal_pair_preference(Run.open(pretrained, "mlm"), dev_minimal_pairs)
+    except (NothingToScore, LengthError) as err:  # the model cannot score the pairs: the report shows none
+        zero_shot = dict(skipped=str(err).split(";")[0])
     scores, report, config = {}, None, None
     for rate in profile_of(plan).order_rates():
         config = finetune_config(plan, seed, "order", rate)
@@ -319,8 +323,8 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     best_rate = max(scores, key=lambda rate: scores[rate]["best"])
     return dict(task=report["task"], best=scores[best_rate]["best"], learning_rate=float(best_rate),
                 by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=config.train.num_steps,
-                dev_pairs=2 * len(dev) if not config.data.offline_dev_examples else config.data.offline_dev_examples,
-                zero_shot=zero_shot)
+                dev_pairs=data.offline_dev_examples or 2 * len(dev_minimal_pairs), looks=len(scores) * math.ceil(
+                    config.train.num_steps / config.train.eval_every), zero_shot=zero_shot)
 
 
 def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:

@@ -84,8 +84,9 @@ def estimate(plan: dict, timing: dict, workers: int,
     seed count; with its other stages where one is left),
     then each run's learning curve, fine-tunings (the order task's at each learning rate of its grid, each compiled,
     and its zero-shot scoring), length evaluation (a program a length) and an allowance per analysed checkpoint
-    (one seed's step), the tasks taken in turn by the first free worker. Every group compiles its programs; a run compiles its fine-tunings and
-    evaluations unless a run of its mechanism had finished them before it started (the compilation cache).
+    (one seed's step), the tasks taken in turn by the first free worker. Every group compiles its programs; a run
+    compiles its fine-tunings and evaluations unless a run of its mechanism had finished them before it started
+    (the compilation cache).
     {"run_s": {name: s}, "group_s": {mechanism: s}, "total_s", "workers"}."""
     profile = matrix.profile_of(plan)
     step, group_step = timing["step_s"], timing.get("group_step_s", timing["step_s"])
@@ -108,8 +109,9 @@ def estimate(plan: dict, timing: dict, workers: int,
             s += rates * (order["num_steps"] * finetune_step * order["batch_size"] / profile.finetune_train[
                 "batch_size"] + COMPILED_PROGRAMS["finetune"] * compile_s * compiles)
             length = profile.finetune_data["max_length"]
-            rows = profile.finetune_data["offline_dev_examples"] * length / 3  # a couple: two pairs, two sides scored
-            s += compile_s + rows * length / pretrain_rows * step * ZERO_SHOT_STEP_FRACTION
+            # a couple is two dev pairs and two versions of its swapped side, a masked row a token of each
+            masked_rows = profile.finetune_data["offline_dev_examples"] * length / 3
+            s += compile_s * compiles + masked_rows * length / pretrain_rows * step * ZERO_SHOT_STEP_FRACTION
         if "lengths" in stages:  # a forward-only program a length: about a third of a train step's compiling
             s += len(profile.length_factors) * compile_s / 3 * compiles
         # over training: the initialisation and every analysed step; else the last step alone

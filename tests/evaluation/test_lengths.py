@@ -149,6 +149,10 @@ def test_the_word_order_command_scores_each_run_without_fine_tuning(runs, capsys
     assert "| run | position | step | pairs | prefers the original |" in out and "| tisa | tisa | 2 | 20 |" in out
     saved = json.loads(open(f"{runs['tisa']}/word_order.json").read())
     assert saved["pairs"] == 20 and saved["too_long"] == 0 and saved["step"] == 2  # inductive: any length
+    assert cli.main(["evaluate", "--workdir", runs["tisa"], "--word-order", "20", "--batch-size", "7"]) == 0
+    again = json.loads(open(f"{runs['tisa']}/word_order.json").read())  # other batches, the same scores
+    assert again["accuracy"] == saved["accuracy"] and again["mean_difference"] == pytest.approx(
+        saved["mean_difference"], abs=1e-4)
     # learned positions for 32 tokens: the Bible's verses are longer at a vocabulary of 300 pieces
     assert cli.main(["evaluate", "--workdir", runs["absolute"], "--word-order", "20"]) == 2
     assert "none of the 20 minimal pairs fits its 32 learned positions" in capsys.readouterr().err

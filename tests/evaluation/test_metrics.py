@@ -93,6 +93,13 @@ def test_wilson_interval_matches_scipy(k, n):
     assert np.allclose(wilson_interval(k, n), (expected.low, expected.high), atol=1e-12)
 
 
+def test_wilson_interval_of_half_counts_lies_between_its_neighbours_and_widens_with_z():
+    below, half, above = wilson_interval(40, 100), wilson_interval(40.5, 100), wilson_interval(41, 100)
+    assert below[0] < half[0] < above[0] and below[1] < half[1] < above[1]
+    wider = wilson_interval(40.5, 100, z=2.64)
+    assert wider[0] < half[0] and wider[1] > half[1]
+
+
 def test_wilson_interval_refuses_no_trials():
     with pytest.raises(ValueError, match="0 trials"):
         wilson_interval(0, 0)
