@@ -79,8 +79,9 @@ def finetune_config() -> ml_collections.ConfigDict:
     config.task = "finetune"
     # Overrides of the pretrained model's config; its architecture comes from --init. On accelerators,
     # --config.model.dtype=bfloat16 (configs/finetune/glue.py); "auto" picks the attention path per call.
+    # pooling: what the classifier's pooler reads ([CLS] as BERT; mean or max over the tokens).
     config.model = ml_collections.ConfigDict(dict(dropout=0.1, attention_dropout=0.1, attention_impl="auto",
-                                                  dtype="float32"))
+                                                  dtype="float32", pooling="cls"))
     config.data = default_finetune_data_config()
     config.train = train_block(
         num_steps=0,  # 0: num_epochs passes over the training set

@@ -174,6 +174,9 @@ REMAT_POLICIES = ("none", "full", "save_dots", "save_projections")
 SAVED_NAMES = ("query", "key", "value", "mlp_input")  # the names save_projections keeps
 
 
+POOLINGS = ("cls", "mean", "max")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 30522
@@ -208,6 +211,9 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype; parameters stay param_dtype
     param_dtype: str = "float32"
     init_std: float = 0.02
+    # Sequence classification: what the pooler reads. cls: the first token's last hidden state (BERT); mean / max:
+    # each feature's mean or largest value over the row's tokens, which small models fine-tune more readily
+    pooling: str = "cls"
     position: PositionConfig = PositionConfig()
 
     @property
@@ -244,6 +250,8 @@ class ModelConfig:
             check_number(name, getattr(self, name), 0.0, 1.0)
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"model.pooling={self.pooling!r}; choose {', '.join(POOLINGS)}")
         check = MECHANISMS[self.position.kind].check
         if check is not None:
             check(self)

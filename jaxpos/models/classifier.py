@@ -13,8 +13,9 @@ from jaxpos.models.bert import BertEncoder
 class BertForSequenceClassification(nn.Module):
     """input_ids [B, T] -> logits [B, num_labels] (float32); num_labels=1 is a regression score.
 
-    The pooler is BERT's: tanh(W h_0 + b) on the first token's hidden state ([CLS]); then dropout and the linear
-    head. Parameters: `bert` (a BertEncoder, the same subtree as BertForMaskedLM's), `pooler`, `classifier`.
+    The pooler is BERT's, tanh(W h + b), on the first token's hidden state ([CLS]) or, as `cfg.pooling` says, on
+    the mean or the featurewise max of the row's tokens (piece_ids > 0); then dropout and the linear head.
+    Parameters: `bert` (a BertEncoder, the same subtree as BertForMaskedLM's), `pooler`, `classifier`.
     """
 
     cfg: ModelConfig
@@ -28,10 +29,18 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = dense(cfg, self.num_labels, -1, ("embed", None), (None,), "classifier")
 
     def pool(self, input_ids, *, piece_ids=None, token_types=None, deterministic: bool = True):
-        """The pooled [CLS] representation [B, d]."""
+        """The pooled representation [B, d] (`cfg.pooling` of the last hidden states, then the pooler)."""
         hidden = self.encoder(input_ids, piece_ids=piece_ids, token_types=token_types,
                               deterministic=deterministic)
-        return jnp.tanh(self.pooler(hidden[:, 0]))
+        if self.cfg.pooling == "cls":
+            return jnp.tanh(self.pooler(hidden[:, 0]))
+        # the tokens the encoder attended to: piece 0 is padding; no piece_ids, every position is a token
+        tokens = (jnp.ones(input_ids.shape, bool) if piece_ids is None else piece_ids > 0)[..., None]
+        if self.cfg.pooling == "mean":
+            summary = (hidden * tokens).sum(1) / jnp.maximum(tokens.sum(1), 1)
+        else:
+            summary = jnp.where(tokens, hidden, jnp.finfo(hidden.dtype).min).max(1)
+        return jnp.tanh(self.pooler(summary))
 
     def __call__(self, input_ids, *, piece_ids=None, token_types=None, deterministic: bool = True):
         pooled = self.pool(input_ids, piece_ids=piece_ids, token_types=token_types, deterministic=deterministic)

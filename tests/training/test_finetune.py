@@ -32,8 +32,9 @@ def log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def test_head_is_bert_pooler_then_linear_on_cls():
-    cfg = tiny_config(dict(kind="absolute"))
+@pytest.mark.parametrize("pooling", ["cls", "mean", "max"])
+def test_head_is_bert_pooler_then_linear_on_cls_or_over_the_tokens(pooling):
+    cfg = tiny_config(dict(kind="absolute"), pooling=pooling)
     model = BertForSequenceClassification(cfg, 3)
     batch = batch_of(np.random.default_rng(0), cfg)
     inputs = dict(piece_ids=batch["piece_ids"], token_types=batch["token_types"])
@@ -42,13 +43,19 @@ def test_head_is_bert_pooler_then_linear_on_cls():
                                                    is_leaf=lambda x: hasattr(x, "value")))
     logits = np.asarray(model.apply({"params": params}, batch["input_ids"], **inputs))
     hidden = np.asarray(BertEncoder(cfg).apply({"params": params["bert"]}, batch["input_ids"], **inputs))
-    pooled = np.tanh(hidden[:, 0] @ params["pooler"]["kernel"] + params["pooler"]["bias"])
+    # by hand: each row's tokens up to its padding (row 1 has 7)
+    rows = [hidden[b, :int(batch["piece_ids"][b].sum())] for b in range(4)]
+    summary = {"cls": hidden[:, 0], "mean": np.stack([r.mean(0) for r in rows]),
+               "max": np.stack([r.max(0) for r in rows])}[pooling]
+    pooled = np.tanh(summary @ params["pooler"]["kernel"] + params["pooler"]["bias"])
     expected = pooled @ params["classifier"]["kernel"] + params["classifier"]["bias"]
     assert logits.shape == (4, 3)
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
     names = jax.tree_util.tree_map(lambda x: x.names, model.init(jax.random.PRNGKey(0), batch["input_ids"])["params"],
                                    is_leaf=lambda x: hasattr(x, "names"))
     assert names["pooler"]["kernel"] == ("embed", None) and names["classifier"]["bias"] == (None,)
+    with pytest.raises(ValueError, match="model.pooling='first'; choose cls, mean, max"):
+        tiny_config(dict(kind="absolute"), pooling="first")
 
 
 @pytest.mark.parametrize("num_labels", [3, 1], ids=["classification", "regression"])
