@@ -305,7 +305,7 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     protocol); and, without fine-tuning, how often the masked LM scores the dev couples' swapped side higher as it
     is than swapped (`minimal_pair_preference`). {"task", "best", "learning_rate" (the best one's),
     "by_learning_rate": {rate: {"best", "last"}}, "chance", "steps", "dev_pairs", "looks" (the dev evaluations
-    the best is taken over), "zero_shot"}."""
+    the best is taken over), "pooling" (what the classifier's pooler read), "zero_shot"}."""
     data = typed_block(FinetuneDataConfig, finetune_config(plan, seed, "order").data, "data")
     dev_minimal_pairs = order_minimal_pairs(data, "dev")  # a pair each couple of the dev pairs comes from
     try:
@@ -324,7 +324,8 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     return dict(task=report["task"], best=scores[best_rate]["best"], learning_rate=float(best_rate),
                 by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=config.train.num_steps,
                 dev_pairs=data.offline_dev_examples or 2 * len(dev_minimal_pairs), looks=len(scores) * math.ceil(
-                    config.train.num_steps / config.train.eval_every), zero_shot=zero_shot)
+                    config.train.num_steps / config.train.eval_every), pooling=config.model.pooling,
+                zero_shot=zero_shot)
 
 
 def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:

@@ -353,12 +353,16 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
             f"{profile.finetune_data['offline_train_examples']} training pairs, dev accuracy at half-way and the end "
             f"(the better one); the word-order probe on {profile.probe_examples} test pairs")
     if "order" in stages:
+        pooling = next((r["order"].get("pooling") for runs in table.values() for r in runs if r.get("order")), None)
+        pooled = {"cls": "the pooler on [CLS]", "mean": "the pooler on the mean over the tokens",
+                  "max": "the pooler on the max over the tokens"}.get(pooling, "the pooler on [CLS]")
         lines.append(
             f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with "
             f"two distant content words swapped in one side; bag of words at chance by construction), "
             f"{order['num_steps']} steps of {order['batch_size']} pairs at each learning rate of "
-            f"{', '.join(f'{r:g}' for r in rates)}, the best dev accuracy over evaluations and rates (the papers' "
-            f"protocol); bag of words fine-tuned on every task as the floor")
+            f"{', '.join(f'{r:g}' for r in rates)}, {pooled}, the best dev accuracy over evaluations and rates (the "
+            f"papers' protocol); bag of words fine-tuned on every task as the floor; without fine-tuning, the "
+            f"masked LM's preference for the dev couples' swapped side as it is (pseudo-log-likelihood)")
     if "lengths" in stages:
         factors = ", ".join(f"{f}×" for f in profile.length_factors)
         lines.append(

