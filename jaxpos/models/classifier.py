@@ -1,4 +1,5 @@
-"""BERT-style sequence classification and regression: the encoder, BERT's pooler on [CLS], and a linear head."""
+"""BERT-style sequence classification and regression: the encoder, BERT's pooler (on [CLS], or on the mean or max
+over the tokens), and a linear head."""
 
 from __future__ import annotations
 

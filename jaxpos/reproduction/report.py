@@ -353,9 +353,11 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
             f"{profile.finetune_data['offline_train_examples']} training pairs, dev accuracy at half-way and the end "
             f"(the better one); the word-order probe on {profile.probe_examples} test pairs")
     if "order" in stages:
-        pooling = next((r["order"].get("pooling") for runs in table.values() for r in runs if r.get("order")), None)
-        pooled = {"cls": "the pooler on [CLS]", "mean": "the pooler on the mean over the tokens",
-                  "max": "the pooler on the max over the tokens"}.get(pooling, "the pooler on [CLS]")
+        said = {"cls": "the pooler on [CLS]", "mean": "the pooler on the mean over the tokens",
+                "max": "the pooler on the max over the tokens"}
+        # runs from before results named their pooling read [CLS]
+        pooled = " or ".join(sorted({said[r["order"].get("pooling", "cls")] for runs in table.values() for r in runs
+                                     if r.get("order")}))
         lines.append(
             f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with "
             f"two distant content words swapped in one side; bag of words at chance by construction), "

@@ -74,7 +74,7 @@ def translation_step_flops(cfg, batch_size: int, source_len: int, target_len: in
 
 
 def classification_step_flops(cfg, batch_size: int, seq_len: int, num_labels: int) -> float:
-    """Model FLOPs of a fine-tuning step: the encoder, the pooler and the classifier on [CLS]."""
+    """Model FLOPs of a fine-tuning step: the encoder, the pooler and the classifier on one pooled vector a row."""
     encoder = cfg.num_layers * layer_flops(cfg.d_model, cfg.mlp_dim, batch_size * seq_len, seq_len)
     head = 2 * batch_size * (cfg.d_model * cfg.d_model + cfg.d_model * num_labels)
     return 3.0 * (encoder + head)
