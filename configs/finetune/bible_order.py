@@ -16,7 +16,4 @@ def get_config():
                        offline_dev_examples=1000, offline_test_examples=1000)
     config.train.update(num_steps=600, batch_size=32, learning_rate=1e-3, warmup_fraction=0.1, log_every=50,
                         eval_every=200)
-    # The pooler reads the featurewise max over the tokens: through [CLS] a two-layer model with learned absolute
-    # positions stayed at chance on this task (docs/reproduction-results.md), through the max it learns it a little.
-    config.model.pooling = "max"
     return config
