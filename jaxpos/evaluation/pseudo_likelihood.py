@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpos.data.order import padded_batches
 from jaxpos.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from jaxpos.evaluation.lengths import cannot_run
 from jaxpos.evaluation.metrics import wilson_interval
@@ -68,18 +69,16 @@ def pseudo_log_likelihoods(model: BertForMaskedLM, params, sentences: Sequence[S
                            batch_size: int = 256) -> np.ndarray:
     """The pseudo-log-likelihood of each sentence (token ids without special tokens) [S] float64, in nats. Rows
     are as long as the longest sentence + 2 rounded up to a multiple of 16 (at most the model's max_length), and
-    every batch is padded to `batch_size` rows, so a few shapes are compiled."""
+    every batch has `batch_size` rows (the last filled up with row 0, which counts nothing), so a few shapes are
+    compiled. Computed on this host alone, whatever the process count."""
     longest = max((len(s) for s in sentences), default=0) + 2
     length = min(-(-longest // 16) * 16, max(longest, model.cfg.max_length))
     copies = masked_copies(sentences, length)
     scores = np.zeros(len(sentences))
-    for start in range(0, len(copies["target"]), batch_size):
-        batch = {k: v[start:start + batch_size] for k, v in copies.items()}
-        rows = len(batch["target"])
-        padded = {k: np.pad(v, [(0, batch_size - rows)] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}
-        log_probs = _masked_log_probs(model, params, padded["input_ids"], padded["piece_ids"], padded["position"],
-                                      padded["target"])
-        np.add.at(scores, batch["sentence"], np.asarray(log_probs, np.float64)[:rows])
+    for index, real in padded_batches(len(copies["target"]), batch_size, process_index=0, process_count=1):
+        log_probs = _masked_log_probs(model, params, copies["input_ids"][index], copies["piece_ids"][index],
+                                      copies["position"][index], copies["target"][index])
+        np.add.at(scores, copies["sentence"][index[real]], np.asarray(log_probs, np.float64)[real])
     return scores
 
 
