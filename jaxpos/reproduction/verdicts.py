@@ -93,7 +93,7 @@ def _not_learned_reason(part: dict, table: dict) -> str | None:
             said.append(f"{label(m)} in seed{'s' * (len(missed) > 1)} {', '.join(map(str, missed))}")
     if not said:
         return None
-    return f"{NOT_LEARNED}: " + "; ".join(said) + " (best dev accuracy inside chance's 95% interval)"
+    return f"{NOT_LEARNED}: " + "; ".join(said) + " (best dev accuracy inside chance's interval for its looks)"
 
 
 def _finite(value) -> bool:

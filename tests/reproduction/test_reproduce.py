@@ -126,7 +126,7 @@ def test_a_downstream_comparison_with_a_side_at_chance_is_not_tested():
     part = claim["parts"][0]  # DIET-Rel vs absolute
     assert part["verdict"] == S.INCONCLUSIVE and part["why"] == C.NOT_LEARNED and "test" not in part
     assert part["reason"] == (f"{C.NOT_LEARNED}: {C.label('absolute')} in seed 3 (best dev accuracy inside "
-                              "chance's 95% interval)")
+                              "chance's interval for its looks)")
     assert claim["verdict"] == S.INCONCLUSIVE and C.NOT_LEARNED in claim["reason"]
     from jaxpos.reproduction.report import comparisons_table  # the report names why, as for an untrained side
     assert f"inconclusive: {C.NOT_LEARNED}" in comparisons_table([claim])
