@@ -203,10 +203,14 @@ class TrainConfig:
         if self.schedule not in ("linear", "inverse_sqrt", "constant"):
             raise ValueError(f"train.schedule={self.schedule!r}; choose linear, inverse_sqrt or constant")
 
+    def steps_per_epoch(self, examples: int) -> int:
+        """Steps of batch_size that pass once over `examples` (the last batch may be partly filled)."""
+        return math.ceil(examples / self.batch_size)
+
     def resolved_for_epochs(self, examples: int) -> TrainConfig:
         """Fine-tuning's 0 fields from the training set's size: num_steps = num_epochs passes, evaluations once an
         epoch (at most num_steps apart), checkpoints at every evaluation."""
-        steps_per_epoch = math.ceil(examples / self.batch_size)
+        steps_per_epoch = self.steps_per_epoch(examples)
         num_steps = self.num_steps or max(1, math.ceil(self.num_epochs * steps_per_epoch))
         eval_every = self.eval_every or min(steps_per_epoch, num_steps)
         return dataclasses.replace(self, num_steps=num_steps, eval_every=eval_every,

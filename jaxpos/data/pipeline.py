@@ -189,11 +189,16 @@ def held_out_stream(config: MLMDataConfig, tokenizer: Tokenizer, max_tokens: int
     return stream[:max_tokens] if max_tokens else stream
 
 
+def contiguous_row_count(tokens: int, length: int) -> int:
+    """How many rows of `length` (`contiguous_rows`: [CLS] span [SEP]) a text of `tokens` tokens fills."""
+    return tokens // (length - 2)
+
+
 def _cut(values: np.ndarray, length: int, first, last) -> np.ndarray:
-    """`values` [N] cut into non-overlapping spans of length - 2, each row `first` span `last` [N // (length - 2),
-    length]; the tail too short for a row is dropped."""
+    """`values` [N] cut into non-overlapping spans of length - 2, each row `first` span `last`
+    [contiguous_row_count(N, length), length]; the tail too short for a row is dropped."""
     span = length - 2
-    count = len(values) // span
+    count = contiguous_row_count(len(values), length)
     body = np.asarray(values[:count * span]).reshape(count, span)
     return np.concatenate([np.full((count, 1), first, body.dtype), body, np.full((count, 1), last, body.dtype)], 1)
 

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from jaxpos.config.mechanisms import MECHANISMS
-from jaxpos.data.pipeline import contiguous_batches, held_out_stream, masked_stream
+from jaxpos.data.pipeline import contiguous_batches, contiguous_row_count, held_out_stream, masked_stream
 from jaxpos.data.tokenizer import Tokenizer
 from jaxpos.models import BertForMaskedLM
 from jaxpos.positions.base import LengthError
@@ -58,7 +58,7 @@ def length_batches(stream: np.ndarray, lengths: Sequence[int], tokenizer: Tokeni
     masked once, `masked_stream`; tokens past the part of the stream that rows of every length cover score nothing).
     Raises ValueError when not one row of the longest length fits."""
     input_ids, weights = masked_stream(stream, seed, tokenizer.vocab_size, mask_prob)
-    covered = min(len(stream) // (n - 2) * (n - 2) for n in lengths)
+    covered = min(contiguous_row_count(len(stream), n) * (n - 2) for n in lengths)
     weights = np.where(np.arange(len(stream)) < covered, weights, 0.0)
     return {n: list(contiguous_batches(stream, input_ids, weights, n, batch_size)) for n in lengths}
 
@@ -91,8 +91,8 @@ def evaluate_lengths(run: Run, lengths: Sequence[int], batch_size: int = 8, max_
             except LengthError as err:  # a limit the registry does not name: its own first clause
                 reason = str(err).split(";")[0]
             else:
-                entries.append(dict(length=length, rows=len(stream) // (length - 2), predicted=metrics["predicted"],
-                                    loss=metrics["loss"], accuracy=metrics["accuracy"]))
+                entries.append(dict(length=length, rows=contiguous_row_count(len(stream), length),
+                                    predicted=metrics["predicted"], loss=metrics["loss"], accuracy=metrics["accuracy"]))
                 continue
         entries.append(dict(length=length, skipped=reason))
     return dict(step=step, train_length=data.seq_len, lengths=entries)

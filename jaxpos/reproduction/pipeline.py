@@ -116,15 +116,11 @@ def positional_attention(cfg, params, length: int) -> dict | None:
                 head_locality=loc.tolist(), uniform_locality=float(locality(np.full((length, length), 1 / length))))
 
 
-class RunInterrupted(RuntimeError):
-    """A stage stopped early (SIGTERM checkpoints and returns); executing the run again resumes it."""
-
-
 def _check_finished(stage: str, step: int, steps: int, workdir: str) -> None:
-    """A stage the loop left early (SIGTERM checkpoints and returns) must not pass for a finished one."""
+    """A stage whose report ends short of its steps must not pass for a finished one (a stop signal raises
+    `RunStopped` in the loop instead; this guards what reaches the report)."""
     if step != steps:
-        raise RunInterrupted(f"{stage} in {workdir} stopped at step {step} of {steps}; run the command again to "
-                             "resume")
+        raise RuntimeError(f"{stage} in {workdir} ended at step {step} of {steps}; run the command again to resume")
 
 
 @contextlib.contextmanager
@@ -172,7 +168,7 @@ def _logged(log: str, function, *args) -> str:
     try:
         with _output_to(log):
             function(*args)
-    except (RunInterrupted, RunStopped):
+    except RunStopped:
         os._exit(3)  # the pool is being stopped: this worker takes no further task
     except Exception as error:  # noqa: BLE001 - recorded; the other runs go on
         with open(log, "a") as f:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import Any, Callable, Iterable
 
@@ -186,11 +185,11 @@ def _finetune(run: RunConfig, pretrained: Pretrained, init: str, workdir: str, a
     dev = {split: load_encoded(dcfg, split, pretrained.tokenizer, spec)[1] for split in spec.dev_splits}
     run = dataclasses.replace(run, train=run.train.resolved_for_epochs(len(train.labels)))
     tcfg = run.train
-    steps_per_epoch = math.ceil(len(train.labels) / tcfg.batch_size)
     eval_batch_size = tcfg.eval_batch_size or tcfg.batch_size
+    epochs = tcfg.num_steps / tcfg.steps_per_epoch(len(train.labels))
     status(f"data ({dcfg.source}): {len(train.labels)} train examples ({train.truncated} cut to {dcfg.max_length} "
            "tokens), " + ", ".join(f"{len(e.labels)} {s}" for s, e in dev.items())
-           + f"; {tcfg.num_steps} steps of {tcfg.batch_size} ({tcfg.num_steps / steps_per_epoch:.2f} epochs)")
+           + f"; {tcfg.num_steps} steps of {tcfg.batch_size} ({epochs:.2f} epochs)")
 
     main_split = spec.dev_splits[0]
     chance = chance_scores(spec, dev[main_split].labels)
