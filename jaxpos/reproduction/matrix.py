@@ -94,6 +94,7 @@ class Profile:
     curve_points: int = 8  # held-out MLM loss at this many evenly spaced steps: the learning curve
     analysis_points: int = 4  # of those checkpoints, this many evenly spaced ones (the last included) analysed
     eval_batches: int = 8  # held-out batches behind each point of the curve
+    order_data: dict | None = None  # config.data overrides of the order task over finetune_data's
     order_train: dict | None = None  # config.train overrides of the order task (None: finetune_train's)
     order_learning_rates: tuple[float, ...] = ()  # the order task's grid (): order_train's learning rate alone
     length_factors: tuple[int, ...] = (1, 2, 4)  # the `lengths` stage: multiples of the training length
@@ -109,6 +110,10 @@ class Profile:
     def order_recipe(self) -> dict:
         """config.train overrides of the order task: order_train over finetune_train."""
         return dict(self.finetune_train, **(self.order_train or {}))
+
+    def order_inputs(self) -> dict:
+        """config.data overrides of the order task: order_data over finetune_data."""
+        return dict(self.finetune_data, **(self.order_data or {}))
 
     def order_rates(self) -> tuple[float, ...]:
         """The order task's learning-rate grid (its recipe's rate where the profile gives none)."""
@@ -247,7 +252,7 @@ def finetune_config(plan: dict, seed: int, task: str = "paraphrase", learning_ra
     profile = profile_of(plan)
     config = load_config(repo_config("configs/finetune/bible_order.py" if task == "order" else
                                      "configs/finetune/paraphrase.py"))
-    config.data.update(profile.finetune_data)
+    config.data.update(profile.order_inputs() if task == "order" else profile.finetune_data)
     config.data.seed = seed
     config.train.update(profile.order_recipe() if task == "order" else profile.finetune_train)
     if learning_rate is not None:

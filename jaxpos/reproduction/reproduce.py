@@ -105,12 +105,12 @@ def estimate(plan: dict, timing: dict, workers: int,
             s += profile.finetune_train["num_steps"] * finetune_step + COMPILED_PROGRAMS["finetune"] * compile_s * \
                 compiles
         if "order" in stages:  # a fine-tuning a learning rate, each its own program (the rate is a constant)
-            rates, order = len(profile.order_rates()), profile.order_recipe()
-            s += rates * (order["num_steps"] * finetune_step * order["batch_size"] / profile.finetune_train[
-                "batch_size"] + COMPILED_PROGRAMS["finetune"] * compile_s * compiles)
-            length = profile.finetune_data["max_length"]
+            rates, order, inputs = len(profile.order_rates()), profile.order_recipe(), profile.order_inputs()
+            length = inputs["max_length"]
+            order_step = step * order["batch_size"] * length / pretrain_rows
+            s += rates * (order["num_steps"] * order_step + COMPILED_PROGRAMS["finetune"] * compile_s * compiles)
             # a couple is two dev pairs and two versions of its swapped side, a masked row a token of each
-            masked_rows = profile.finetune_data["offline_dev_examples"] * length / 3
+            masked_rows = inputs["offline_dev_examples"] * length / 3
             s += compile_s * compiles + masked_rows * length / pretrain_rows * step * ZERO_SHOT_STEP_FRACTION
         if "lengths" in stages:  # a forward-only program a length: about a third of a train step's compiling
             s += len(profile.length_factors) * compile_s / 3 * compiles

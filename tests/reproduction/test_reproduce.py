@@ -3,6 +3,7 @@ inconclusive with the difference these seeds could detect), the learning-curve c
 need, the fixed recipes and their estimate, the pool's bookkeeping, and the micro profile end to end (report
 structure, every number in numbers.json, verdicts recomputable from the runs, resumption)."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -339,6 +340,32 @@ def test_the_estimate_adds_up():
                                                        + smoke.curve_points * smoke.eval_batches * 0.1 / 3 + order
                                                        + 3 * 2.0 / 3)
 
+
+
+def test_the_order_task_takes_its_own_data_and_steps():
+    from jaxpos.reproduction.matrix import finetune_config
+    from jaxpos.reproduction.report import recipe_lines
+    from jaxpos.reproduction.reproduce import estimate
+
+    smoke = PROFILES["smoke"]
+    profile = dataclasses.replace(smoke, order_data=dict(offline_train_examples=0, max_length=32),
+                                  order_train=dict(num_steps=10, batch_size=64))
+    plan = make_plan(profile, 1, {"tisa": ("order",)}, workers=1)
+    order, paraphrase = finetune_config(plan, 0, "order", 3e-4), finetune_config(plan, 0)
+    assert (order.data.offline_train_examples, order.data.max_length, order.data.offline_dev_examples) == (0, 32, 256)
+    assert (order.train.num_steps, order.train.batch_size, order.train.learning_rate) == (10, 64, 3e-4)
+    assert (paraphrase.data.offline_train_examples, paraphrase.data.max_length) == (512, 64)
+    assert (paraphrase.train.num_steps, paraphrase.train.batch_size) == (60, 16)
+    table = {"tisa": [fake_run("tisa", 0, [0, 0, 0], d_model=32, num_layers=2, tokens=1000)]}
+    assert "10 steps of 64 pairs (of all the training pairs)" in "\n".join(recipe_lines(plan, table))
+    assert "(of 512 training pairs)" in "\n".join(recipe_lines(make_plan(smoke, 1, {"tisa": ("order",)}, workers=1),
+                                                               table))
+    # The order task's steps cost by its own batch and length: 64 rows of 32 tokens, a pretraining step's 16 × 64.
+    timing = dict(step_s=0.1, first_step_s=0.1)
+    longer = dataclasses.replace(profile, order_train=dict(num_steps=20, batch_size=64))
+    extra = estimate(make_plan(longer, 1, {"tisa": ("order",)}, workers=1), timing, workers=1)["total_s"] \
+        - estimate(plan, timing, workers=1)["total_s"]
+    assert extra == pytest.approx(10 * 0.1 * (64 * 32) / (16 * 64))
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
