@@ -360,12 +360,13 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
                                      if r.get("order")}))
         pairs = profile.order_inputs()["offline_train_examples"]
         pairs = f"of {pairs:,} training pairs" if pairs else "of all the training pairs"
+        at = (f"at each learning rate of {', '.join(f'{r:g}' for r in rates)}" if len(rates) > 1 else
+              f"at learning rate {rates[0]:g}")
         lines.append(
             f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with "
             f"two distant content words swapped in one side; bag of words at chance by construction), "
-            f"{order['num_steps']} steps of {order['batch_size']} pairs ({pairs}) at each learning rate of "
-            f"{', '.join(f'{r:g}' for r in rates)}, {pooled}, the best dev accuracy over evaluations and rates (the "
-            f"papers' protocol); bag of words fine-tuned on every task as the floor; without fine-tuning, the "
+            f"{order['num_steps']:,} steps of {order['batch_size']} pairs ({pairs}) {at}, {pooled}, the best dev "
+            f"accuracy over evaluations{' and rates' if len(rates) > 1 else ''} (the papers' protocol); bag of words fine-tuned on every task as the floor; without fine-tuning, the "
             f"masked LM's preference for the dev couples' swapped side as it is (pseudo-log-likelihood)")
     if "lengths" in stages:
         factors = ", ".join(f"{f}×" for f in profile.length_factors)

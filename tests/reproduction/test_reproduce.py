@@ -357,7 +357,11 @@ def test_the_order_task_takes_its_own_data_and_steps():
     assert (paraphrase.data.offline_train_examples, paraphrase.data.max_length) == (512, 64)
     assert (paraphrase.train.num_steps, paraphrase.train.batch_size) == (60, 16)
     table = {"tisa": [fake_run("tisa", 0, [0, 0, 0], d_model=32, num_layers=2, tokens=1000)]}
-    assert "10 steps of 64 pairs (of all the training pairs)" in "\n".join(recipe_lines(plan, table))
+    assert "10 steps of 64 pairs (of all the training pairs) at learning rate 0.001," \
+        in "\n".join(recipe_lines(plan, table))
+    grid = make_plan(dataclasses.replace(profile, order_learning_rates=(1e-4, 1e-3)), 1, {"tisa": ("order",)},
+                     workers=1)
+    assert "at each learning rate of 0.0001, 0.001," in "\n".join(recipe_lines(grid, table))
     assert "(of 512 training pairs)" in "\n".join(recipe_lines(make_plan(smoke, 1, {"tisa": ("order",)}, workers=1),
                                                                table))
     # The order task's steps cost by its own batch and length: 64 rows of 32 tokens, a pretraining step's 16 × 64.
