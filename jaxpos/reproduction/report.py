@@ -366,8 +366,9 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
             f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with "
             f"two distant content words swapped in one side; bag of words at chance by construction), "
             f"{order['num_steps']:,} steps of {order['batch_size']} pairs ({pairs}) {at}, {pooled}, the best dev "
-            f"accuracy over evaluations{' and rates' if len(rates) > 1 else ''} (the papers' protocol); bag of words fine-tuned on every task as the floor; without fine-tuning, the "
-            f"masked LM's preference for the dev couples' swapped side as it is (pseudo-log-likelihood)")
+            f"accuracy over evaluations{' and rates' if len(rates) > 1 else ''} (the papers' protocol); bag of words "
+            f"fine-tuned on every task as the floor; without fine-tuning, the masked LM's preference for the dev "
+            f"couples' swapped side as it is (pseudo-log-likelihood)")
     if "lengths" in stages:
         factors = ", ".join(f"{f}×" for f in profile.length_factors)
         lines.append(
