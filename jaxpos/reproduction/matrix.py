@@ -149,9 +149,9 @@ PROFILES = {
     # parting forward, so 4,000 steps leave the slow mechanisms a margin (on an H200, learned absolute positions
     # part by step 1,600). Fine-tuning: 600 steps of 32 pairs on the paraphrase task. On the word-order task
     # learned absolute positions stay at chance for 6,000 steps of 32 pairs and learn it after (0.714 at step
-    # 18,000 on 2026-11-27; at 1,200 steps of 4,000 pairs, at any rate of 1e-4-3e-3, no input positions learned it),
-    # so it reads all its training pairs for 20,000 steps, at one rate: a grid at that length would triple what is
-    # already most of the profile's time.
+    # 18,000 on 2026-11-27; at 1,200 steps of 4,000 pairs, at rates from 3e-4 to 3e-3, no input positions learned
+    # it), so it reads all its training pairs for 20,000 steps, at one rate: a grid at that length would triple what
+    # is already most of the profile's time. Sinusoidal positions reached 0.540 at best with it.
     "full": Profile(
         "full", "the verdicts: every mechanism, 5 seeds; about 1.5 hours of one GPU host (estimated; the word-order "
         "task's 20,000 steps a run are most of it), days on 2 CPU cores",
@@ -248,9 +248,10 @@ def pretrain_config(plan: dict, mechanism: str, seed: int):
 
 def finetune_config(plan: dict, seed: int, task: str = "paraphrase", learning_rate: float | None = None):
     """configs/finetune/paraphrase.py (the offline Bible paraphrase task) or, with task="order",
-    configs/finetune/bible_order.py (the word-order pair task) with the profile's recipe (at `learning_rate`, else
-    the recipe's) and two dev evaluations (half-way and at the end; a run's score is the better one, as in DIET's
-    protocol)."""
+    configs/finetune/bible_order.py (the word-order pair task: its own data and steps, `order_inputs` and
+    `order_recipe`) with the profile's recipe (at `learning_rate`, else the recipe's) and two dev evaluations
+    (half-way and at the end; a run's score is the better one, as in DIET's protocol), each checkpointed (a run
+    killed after half-way resumes from there)."""
     profile = profile_of(plan)
     config = load_config(repo_config("configs/finetune/bible_order.py" if task == "order" else
                                      "configs/finetune/paraphrase.py"))
@@ -261,7 +262,7 @@ def finetune_config(plan: dict, seed: int, task: str = "paraphrase", learning_ra
         config.train.learning_rate = learning_rate
     steps = config.train.num_steps
     every = max(1, steps // 2)
-    config.train.update(seed=seed, eval_every=every, log_every=clean_log_every(steps, every), checkpoint_every=steps)
+    config.train.update(seed=seed, eval_every=every, log_every=clean_log_every(steps, every), checkpoint_every=every)
     return config
 
 

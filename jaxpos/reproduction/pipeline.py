@@ -410,7 +410,7 @@ def time_recipe(out: str, mechanism: str) -> dict:
     `mechanism` (`RecipeTiming`), of one seed and of the plan's seeds at once (as its mechanisms pretrain), the
     steps after the first taken while every worker of the pool takes them. Returns {"first_step_s", "step_s"} of
     one seed and {"group_first_step_s", "group_step_s", "seeds_at_once"} of the group (first steps: compiling
-    included); it estimates the wall time."""
+    included), and the platform (jax's backend); it estimates the wall time."""
     plan = load_plan(out)
     steps = max(2, profile_of(plan).timing_steps)
     seeds = max(1, plan["seeds"])
@@ -426,6 +426,7 @@ def time_recipe(out: str, mechanism: str) -> dict:
     first_step, step = timed(1)
     group_first_step, group_step = timed(seeds) if seeds > 1 else (first_step, step)
     return dict(first_step_s=first_step, step_s=step, group_first_step_s=group_first_step, group_step_s=group_step,
+                platform=jax.default_backend(),
                 seeds_at_once=seeds, steps=steps, mechanism=mechanism)
 
 

@@ -34,7 +34,7 @@ ANALYSIS_S = 2.0
 # The order stage's zero-shot scoring: a masked copy of each dev side per token (about a third of max_length
 # tokens a side), each row max_length long and forward-only with the head at one position, costing this fraction of
 # a train step per batch of rows. Fitted to the smoke profile on 2 CPU cores (2026-11-27: 7 s a run); it puts the
-# `full` profile's at 77 s a run where 25 s were measured, a rough allowance beside its 40-minute runs.
+# `full` profile's at 77 s a run where 25 s were measured, a rough allowance beside its runs of over an hour there.
 ZERO_SHOT_STEP_FRACTION = 1 / 4
 
 
@@ -56,8 +56,11 @@ def new_plan(profile: str, seeds: int | None = None, workers: int | None = None,
 
 
 def _same_plan(old: dict, new: dict) -> None:
+    """Raises ValueError when the plan in the --out folder (`old`) is not `new`: profile, seeds or runs. Profiles
+    compare with their defaults filled in, so a plan saved before a profile field was added still resumes."""
     for key in ("profile", "seeds", "runs"):
-        if json.loads(json.dumps(old[key])) != json.loads(json.dumps(new[key])):
+        values = [dataclasses.asdict(matrix.profile_of(p)) if key == "profile" else p[key] for p in (old, new)]
+        if json.loads(json.dumps(values[0])) != json.loads(json.dumps(values[1])):
             raise ValueError(f"{key} differ from the plan already in this --out folder: use a new --out, or the same "
                              "--profile, --seeds, --mechanisms and --claims to resume")
 
@@ -93,7 +96,14 @@ def estimate(plan: dict, timing: dict, workers: int,
     compile_s = max(0.0, timing["first_step_s"] - step)
     group_compile_s = max(0.0, timing.get("group_first_step_s", timing["first_step_s"]) - group_step)
     pretrain_rows = profile.train["batch_size"] * profile.data["seq_len"]
-    finetune_step = step * (profile.finetune_train["batch_size"] * profile.finetune_data["max_length"]) / pretrain_rows
+
+    def step_of(tokens: int) -> float:
+        """A step of `tokens` tokens: a pretraining step's time in proportion on CPU cores (compute-bound); on an
+        accelerator, where a tiny model's step is latency-bound, never less than a pretraining step."""
+        share = tokens / pretrain_rows
+        return step * (share if timing.get("platform", "cpu") == "cpu" else max(1.0, share))
+
+    finetune_step = step_of(profile.finetune_train["batch_size"] * profile.finetune_data["max_length"])
     groups = unfinished or {m: (names, names) for m, names in matrix.pretraining_groups(plan).items()}
 
     def rest_s(name: str, compiles: bool, pretrains: bool) -> float:
@@ -107,7 +117,7 @@ def estimate(plan: dict, timing: dict, workers: int,
         if "order" in stages:  # a fine-tuning a learning rate, each its own program (the rate is a constant)
             rates, order, inputs = len(profile.order_rates()), profile.order_recipe(), profile.order_inputs()
             length = inputs["max_length"]
-            order_step = step * order["batch_size"] * length / pretrain_rows
+            order_step = step_of(order["batch_size"] * length)
             s += rates * (order["num_steps"] * order_step + COMPILED_PROGRAMS["finetune"] * compile_s * compiles)
             # a couple is two dev pairs and two versions of its swapped side, a masked row a token of each
             masked_rows = inputs["offline_dev_examples"] * length / 3
@@ -147,11 +157,12 @@ def estimate(plan: dict, timing: dict, workers: int,
 def time_on_every_worker(pool: Pool) -> dict:
     """The recipe timed on every worker of `pool` at once, as the runs will share the device and the cores: the
     median over workers of each figure of `pipeline.time_recipe` (one seed's first step, compiling included, and
-    step; the same of the plan's seeds at once), and each worker's timing."""
+    step; the same of the plan's seeds at once), the platform, and each worker's timing."""
     timings = pool.call_on_every_worker("time_recipe", matrix.TIMING_MECHANISM)
     keys = ("first_step_s", "step_s", "group_first_step_s", "group_step_s")
     return dict({key: float(np.median([t[key] for t in timings])) for key in keys},
-                seeds_at_once=timings[0]["seeds_at_once"], mechanism=matrix.TIMING_MECHANISM, workers=timings)
+                seeds_at_once=timings[0]["seeds_at_once"], platform=timings[0]["platform"],
+                mechanism=matrix.TIMING_MECHANISM, workers=timings)
 
 
 def describe_estimate(plan: dict, estimated: dict, device: str) -> str:

@@ -120,7 +120,7 @@ def test_a_downstream_comparison_with_a_side_at_chance_is_not_tested():
     table["absolute"] = [fake_run("absolute", s, trained(s), order=order(0.53 if s == 3 else 0.56)) for s in seeds]
     assert C.learned_task(order(0.53)) is False and C.learned_task(order(0.56)) is True
     assert C.learned_task(dict(best=0.9, chance=0.5)) is None  # no count: not gated
-    # The best of six looks: 0.54 passes alone (0.509-0.571) but not at z = 2.64 (0.498-0.581); 0.56 still does.
+    # The best of six looks: 0.54 passes alone (0.509-0.571) but not at z = 2.63 (0.498-0.581); 0.56 still does.
     assert C.learned_task(order(0.54)) is True and C.learned_task(dict(order(0.54), looks=6)) is False
     assert C.learned_task(dict(order(0.56), looks=6)) is True
     claim = V.evaluate_claims(table, C.select_claims(["diet_per_head"]))["claims"][0]
@@ -370,6 +370,27 @@ def test_the_order_task_takes_its_own_data_and_steps():
     extra = estimate(make_plan(longer, 1, {"tisa": ("order",)}, workers=1), timing, workers=1)["total_s"] \
         - estimate(plan, timing, workers=1)["total_s"]
     assert extra == pytest.approx(10 * 0.1 * (64 * 32) / (16 * 64))
+    # On an accelerator a tiny model's step is latency-bound: a step of fewer tokens costs a pretraining step.
+    smaller = dataclasses.replace(profile, order_train=dict(num_steps=10, batch_size=16),
+                                  order_data=dict(offline_train_examples=0, max_length=32))
+    fewer = dataclasses.replace(smaller, order_train=dict(num_steps=20, batch_size=16))
+    cost = {platform: [estimate(make_plan(p, 1, {"tisa": ("order",)}, workers=1), dict(timing, platform=platform),
+                                workers=1)["total_s"] for p in (smaller, fewer)] for platform in ("cpu", "gpu")}
+    assert cost["cpu"][1] - cost["cpu"][0] == pytest.approx(10 * 0.1 * (16 * 32) / (16 * 64))
+    assert cost["gpu"][1] - cost["gpu"][0] == pytest.approx(10 * 0.1)
+
+
+def test_a_plan_saved_before_a_profile_field_was_added_resumes():
+    from jaxpos.reproduction.reproduce import _same_plan
+
+    plan = make_plan(PROFILES["smoke"], 2, {"tisa": ("order",)}, workers=1)
+    older = json.loads(json.dumps(plan))
+    del older["profile"]["order_data"]  # a field with a default, added later
+    _same_plan(older, plan)
+    changed = json.loads(json.dumps(plan))
+    changed["profile"]["order_train"] = dict(num_steps=7)
+    with pytest.raises(ValueError, match="profile differ from the plan"):
+        _same_plan(changed, plan)
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
