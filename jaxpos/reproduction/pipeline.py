@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import sys
 import tempfile
@@ -52,7 +51,7 @@ from jaxpos.training.interrupt import RunStopped
 from jaxpos.training.loop import SeedRun, Trainer
 from jaxpos.training.mlm import MaskedLMTask
 from jaxpos.workflows.analyze import analysis_texts
-from jaxpos.workflows.finetune import finetune, load_finetuned
+from jaxpos.workflows.finetune import finetune, load_finetuned, read_evals
 from jaxpos.workflows.mlm import train_mlm, train_mlm_seeds
 from jaxpos.workflows.probes import paraphrase_probe
 
@@ -308,7 +307,7 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
         zero_shot = minimal_pair_preference(Run.open(pretrained, "mlm"), dev_minimal_pairs)
     except (NothingToScore, LengthError) as err:  # the model cannot score the pairs: the report shows none
         zero_shot = dict(skipped=str(err).split(";")[0])
-    scores, report, config = {}, None, None
+    scores, report, config, looks = {}, None, None, 0
     for rate in profile_of(plan).order_rates():
         config = finetune_config(plan, seed, "order", rate)
         workdir = os.path.join(folder, f"lr_{config.train.learning_rate:g}")
@@ -316,12 +315,12 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
         _check_finished("fine-tuning on the order task", report["step"], config.train.num_steps, workdir)
         scores[f"{config.train.learning_rate:g}"] = dict(best=report["best"]["dev"]["accuracy"],
                                                         last=report["dev"]["dev"]["accuracy"])
+        looks += len(read_evals(workdir))  # the evaluations its best is taken over
     best_rate = max(scores, key=lambda rate: scores[rate]["best"])
     return dict(task=report["task"], best=scores[best_rate]["best"], learning_rate=float(best_rate),
                 by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=config.train.num_steps,
-                dev_pairs=data.offline_dev_examples or 2 * len(dev_minimal_pairs), looks=len(scores) * math.ceil(
-                    config.train.num_steps / config.train.eval_every), pooling=config.model.pooling,
-                zero_shot=zero_shot)
+                dev_pairs=data.offline_dev_examples or 2 * len(dev_minimal_pairs), looks=looks,
+                pooling=config.model.pooling, zero_shot=zero_shot)
 
 
 def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:

@@ -358,8 +358,8 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
         # runs from before results named their pooling read [CLS]
         pooled = " or ".join(sorted({said[r["order"].get("pooling", "cls")] for runs in table.values() for r in runs
                                      if r.get("order")}))
-        pairs = profile.order_inputs()["offline_train_examples"]
-        pairs = f"of {pairs:,} training pairs" if pairs else "of all the training pairs"
+        count = profile.order_inputs()["offline_train_examples"]
+        pairs = f"of {count:,} training pairs" if count else "of all the training pairs"
         at = (f"at each learning rate of {', '.join(f'{r:g}' for r in rates)}" if len(rates) > 1 else
               f"at learning rate {rates[0]:g}")
         lines.append(
