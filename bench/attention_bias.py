@@ -28,6 +28,10 @@ Paths (each jitted; the gradient of sum(out * g) to q, k, v and to the table or 
   jax-fa3          peer: jax's own FlashAttention-3 kernel in Mosaic GPU (jax.experimental.pallas.ops.gpu
                    .attention_mgpu), no bias; in float16 (its shared-memory buffers are f16 whatever the input:
                    bf16 fails to lower), the casts inside the timed step (~3 x 25 MiB of copies)
+Peers in their own process (--peers), run before jax takes the GPU:
+  flex             PyTorch FlexAttention with a learnable table (bench/peers/flex_attention.py: score_mod reads
+                   table[h, kv - q + T - 1], the table's gradient by atomics in its backward kernel), timed with
+                   CUDA events; its ratio is to the fastest jax no-bias path of the same length
 Times: warm-up runs, then the median of --runs timed runs, each ended by block_until_ready. Bias memory: what
 the bias (and its gradient partials) takes beside q, k, v; the table alone is H * (2T - 1) floats.
 """
@@ -36,8 +40,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import jax
@@ -49,6 +56,7 @@ from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors
 from jaxpos.attention.core import fold_factors
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.attention.mask import AttentionMask
+from jaxpos.compilation_cache import enable_compilation_cache
 
 
 def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: bool = False):
@@ -167,6 +175,34 @@ def bias_bytes(name: str, batch: int, length: int, heads: int, block_dq: int, he
     return 0
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = ("flex",)
+
+
+def flex_peer(args) -> dict[int, float | str]:
+    """ms (or an error) per length of the FlexAttention peer, run in its own process before jax takes the GPU."""
+    lengths = [int(x) for x in args.lengths.split(",")]
+    command = [sys.executable, "-m", "bench.peers.flex_attention", "--lengths", args.lengths, "--tokens",
+               str(args.tokens), "--heads", str(args.heads), "--head-dim", str(args.head_dim), "--runs",
+               str(args.runs), "--warmup", str(args.warmup)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            if "check" in row:  # its output and gradients against materialised attention in float32
+                check = dict(row["check"])
+                options = check.pop("kernel_options")
+                print("flex peer against float32 attention with the bias materialised (relative L2 error): "
+                      + ", ".join(f"{name} {error:.1e}" for name, error in check.items())
+                      + f"; kernel options {options or 'default'}", flush=True)
+            else:
+                results[row["length"]] = row.get("ms", row.get("error"))
+    tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:80]
+    return {length: results.get(length, f"exit {proc.returncode}: {tail}") for length in lengths}
+
+
 def time_path(loss, positional, q, k, v, g, warmup, runs):
     """Median ms of the jitted gradient of loss(q, k, v, positional, g) (to the positional input too, if any)."""
     argnums = (0, 1, 2) if positional is None else (0, 1, 2, 3)
@@ -202,7 +238,15 @@ def main(argv=None):
                         help="tuning sweep: also time pallas+table for each BQ/BK/BDQ/WARPS/STAGES in this comma list")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, 2 runs, on the CPU (interpreter)")
     parser.add_argument("--causal", action="store_true", help="every path causal (decoder self-attention)")
+    parser.add_argument("--peers", default="", help=f"comma list of peers in their own process: {', '.join(PEERS)}")
     args = parser.parse_args(argv)
+    peers = [p for p in args.peers.split(",") if p]
+    if set(peers) - set(PEERS):
+        parser.error(f"unknown peer(s) {', '.join(sorted(set(peers) - set(PEERS)))}; choose from {', '.join(PEERS)}")
+    if peers and (args.causal or args.cpu_smoke):
+        parser.error("the flex peer runs non-causal attention on a GPU: leave out --causal and --cpu-smoke")
+    enable_compilation_cache()
+    flex = flex_peer(args) if "flex" in peers else {}  # before jax takes the GPU
     dtype = jnp.bfloat16
     if args.cpu_smoke:
         os.environ.setdefault("PJRT_NPROC", "4")  # the Mosaic GPU interpreter runs 3 warpgroups as threads
@@ -247,11 +291,19 @@ def main(argv=None):
             block_dq = int(name.split()[1].split("/")[2]) if " " in name else args.block_dq or default_dq
             mib = bias_bytes(name.split()[0], batch, length, args.heads, block_dq, args.head_dim, rank,
                              args.causal) / 2**20
-            if isinstance(value, float):
-                ratio = f"{value / fastest:.2f}" if fastest else "-"
-                print(f"{f'{length} ({batch})':>12} {name:>28} {value:9.3f} {ratio:>18} {mib:10.1f}", flush=True)
-            else:
-                print(f"{f'{length} ({batch})':>12} {name:>28} {'failed':>9} {value}", flush=True)
+            print_row(length, batch, name, value, fastest, mib)
+        if length in flex:  # the table and its gradient, float32
+            print_row(length, batch, "flex+table (torch)", flex[length], fastest, 2 * args.heads * (2 * length - 1)
+                      * 4 / 2**20)
+
+
+def print_row(length: int, batch: int, name: str, value: float | str, fastest: float | None, mib: float) -> None:
+    """One row: ms and its ratio to the fastest no-bias path, or the error of a path that failed."""
+    if isinstance(value, float):
+        ratio = f"{value / fastest:.2f}" if fastest else "-"
+        print(f"{f'{length} ({batch})':>12} {name:>28} {value:9.3f} {ratio:>18} {mib:10.1f}", flush=True)
+    else:
+        print(f"{f'{length} ({batch})':>12} {name:>28} {'failed':>9} {value}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 # The GPU measurements of bench/RESULTS.md, as stages of under 10 minutes each, in priority order.
 #
 #   bash bench/gpu_runs.sh wheels          # once, with network: the packages a bare GPU image may lack, into .whl/
+#   bash bench/gpu_runs.sh verify          # in <= 8 min: compiled kernel tests, loop overhead, lone MLM steps,
+#                                          # table attention beside FlexAttention, scanned layers per remat policy
 #   bash bench/gpu_runs.sh recipes         # compiled Hopper-kernel tests, the recipes' MLM step per path, a profile
 #   bash bench/gpu_runs.sh attention       # attention fwd+bwd with and without a table, T 512/2048/8192
 #   bash bench/gpu_runs.sh variants        # causal, head width 128, DIET-Abs rank 16
@@ -73,14 +75,44 @@ install_wheels() {
 }
 
 SUMMARY=()
+# A stage may set DEADLINE (seconds since the script started): no step then runs past it, whatever its own limit.
+DEADLINE=""
+# The limit a step gets: its own, cut to what is left before DEADLINE (0: no time left).
+limit_of() {
+  local limit="$1"
+  if [ -n "$DEADLINE" ] && [ -z "${DRY_RUN:-}" ]; then
+    local left=$((DEADLINE - SECONDS))
+    limit=$((left < limit ? left : limit))
+  fi
+  echo $((limit > 0 ? limit : 0))
+}
+
 # step LIMIT_S TITLE COMMAND...: run one measurement under its own limit, log it, remember its exit code.
 step() {
-  local limit="$1" title="$2"; shift 2
+  local limit title="$2"; limit=$(limit_of "$1"); shift 2
   [ -n "${DRY_RUN:-}" ] || printf '\n===== %s\n' "$title"
-  local start=$SECONDS rc
-  run timeout -k 10 "$limit" "$@"
-  rc=$?
-  SUMMARY+=("$(printf '%-48s rc %3d  %4d s' "$title" "$rc" "$((SECONDS - start))")")
+  local start=$SECONDS rc=124
+  if [ "$limit" -gt 10 ]; then run timeout -k 10 "$limit" "$@"; rc=$?; else echo "(skipped: the stage's time is up)"; fi
+  SUMMARY+=("$(printf '%-56s rc %3d  %4d s' "$title" "$rc" "$((SECONDS - start))")")
+}
+
+# step_bg LIMIT_S NAME TITLE COMMAND...: a step in the background, its output in $LOG_DIR/NAME.log; `finish NAME`
+# waits for it and adds it to the summary.
+declare -A BACKGROUND=() TITLES=() STARTS=()
+step_bg() {
+  local limit name="$2" title="$3"; limit=$(limit_of "$1"); shift 3
+  printf '+ %s &\n' "$(words timeout -k 10 "$limit" "$@")"
+  [ -z "${DRY_RUN:-}" ] || return 0
+  printf '\n===== %s (in the background: %s.log)\n' "$title" "$name"
+  timeout -k 10 "$limit" "$@" > "$LOG_DIR/$name.log" 2>&1 &
+  BACKGROUND[$name]=$!; TITLES[$name]=$title; STARTS[$name]=$SECONDS
+}
+
+finish() {
+  local name="$1" rc
+  [ -z "${DRY_RUN:-}" ] || return 0
+  wait "${BACKGROUND[$name]}"; rc=$?
+  SUMMARY+=("$(printf '%-56s rc %3d  %4d s' "${TITLES[$name]}" "$rc" "$((SECONDS - STARTS[$name]))")")
 }
 
 # Worker processes that compile at once: about 16 GiB of device memory each (BERT-base 32x512 through xla with
@@ -126,6 +158,47 @@ peers() {
     --kinds none,tisa,diet_rel,t5,alibi,rope
 }
 
+# The stage's own budget (8 minutes of a 10-minute call, the rest for the machine's start-up and transfers).
+VERIFY_S=470
+# The MLM step rows: `none` without dropout (the base), the recipes as shipped through `auto` with attention dropout
+# 0.1 and without, BERT-base 32x512 bf16; and scanned BERT-base (TISA) under each remat policy.
+VERIFY_ROWS="none:auto@0,none:auto@0.1,tisa:auto@0.1,t5:auto@0.1,diet_rel:auto@0.1,tisa:auto@0,t5:auto@0,\
+diet_rel:auto@0,tisa:auto@0/scan-none,tisa:auto@0/scan-save_projections,tisa:auto@0/scan-save_dots,\
+tisa:auto@0/scan-full"
+ATTENTION_PATHS=cudnn,cudnn+bias,mgpu,mgpu+table
+
+# What was built since the last GPU run, in one call. Nothing is timed while anything compiles: first the compiled
+# kernel tests run while every later step's programs compile in the background (into jax's persistent cache and
+# torch.compile's, or, for the MLM rows, into workers that then wait); then each measurement runs alone, loading
+# its programs from the caches. The last step compiles two MLM rows again in a fresh process: the cache's compile
+# time.
+verify() {
+  DEADLINE=$((SECONDS + VERIFY_S))
+  # several processes share the GPU at once: each takes memory as it needs it, not 75% of it up front
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  local go=/tmp/jaxpos-verify-go
+  rm -f "$go"
+  step_bg 330 verify-mlm "MLM step rows, alone, after every worker compiled" "$PY" bench/train_throughput.py \
+    --shapes 32x512 --rows "$VERIFY_ROWS" --jobs 12 --steps 20 --peers plain_jax --start-after "$go"
+  step_bg 200 verify-warm-loop "compile: the loop-overhead programs" "$PY" bench/loop_overhead.py --recipe full \
+    --seeds 1,5,10 --steps 2 --repeats 1
+  step_bg 200 verify-warm-attention "compile: the attention programs" "$PY" bench/attention_bias.py \
+    --paths "$ATTENTION_PATHS" --runs 1 --warmup 1 --peers flex
+  step 200 "compiled Hopper-kernel tests and auto" env JAX_PLATFORMS=cuda "$PY" -m pytest -q -n 4 --timeout 180 \
+    --timeout-method thread -p no:cacheprovider tests/attention/test_toeplitz_mosaic_gpu.py tests/attention/test_auto.py
+  finish verify-warm-loop
+  finish verify-warm-attention
+  run touch "$go"
+  finish verify-mlm
+  [ -n "${DRY_RUN:-}" ] || sed -n '/in row order/,$p' "$LOG_DIR/verify-mlm.log"
+  step 100 "loop overhead, the full recipe's model, 1 / 5 / 10 seeds" "$PY" bench/loop_overhead.py --recipe full \
+    --seeds 1,5,10 --steps 100 --repeats 2
+  step 100 "attention fwd+bwd, T 512/2048/8192, beside FlexAttention" "$PY" bench/attention_bias.py \
+    --paths "$ATTENTION_PATHS" --peers flex
+  step 60 "compile again in a fresh process (persistent cache)" "$PY" bench/train_throughput.py --shapes 32x512 \
+    --kinds none,tisa --paths auto@0.1 --jobs 2 --steps 5 --peers ""
+}
+
 REPRODUCE_OUT=runs/reproduce-full
 # A subset instead of the whole matrix: REPRODUCE="--mechanisms none,tisa --claims tisa_local --seeds 3" with a
 # shorter REPRODUCE_S.
@@ -145,8 +218,8 @@ reproduce() {
 
 case "$STAGE" in
   wheels) download_wheels; exit ;;
-  recipes|attention|variants|peers|reproduce) ;;
-  *) die "usage: [DRY_RUN=1] bash bench/gpu_runs.sh wheels|recipes|attention|variants|peers|reproduce" ;;
+  verify|recipes|attention|variants|peers|reproduce) ;;
+  *) die "usage: [DRY_RUN=1] bash bench/gpu_runs.sh wheels|verify|recipes|attention|variants|peers|reproduce" ;;
 esac
 
 LOG_DIR="${OUT:-runs/gpu}"

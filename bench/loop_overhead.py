@@ -6,9 +6,9 @@ the same compiled step run bare on batches already on the device.
     python bench/loop_overhead.py --recipe full --seeds 1,5,10 --dispatch-steps 10   # the reproduction's model
     python bench/loop_overhead.py --steps 200 --repeats 3 --overrides model.position.kind=none
 
-Rows: the loop with batches made ahead on a background thread (train.prefetch_batches = 2) and made in turn (0);
-the bare jitted step; for each --seeds S > 1, the loop training S seeds at once (`SeedRun`s) and the bare step
-vmapped over S seeds; with --dispatch-steps K, K bare steps a dispatch (`lax.scan`). Columns: ms a dispatch (the
+Rows, each printed as soon as it is measured: the bare jitted step; the loop with batches made ahead on a background
+thread (train.prefetch_batches = 2) and made in turn (0); for each --seeds S > 1, the bare step vmapped over S seeds
+and the loop training S seeds at once (`SeedRun`s); with --dispatch-steps K, K bare steps a dispatch (`lax.scan`). Columns: ms a dispatch (the
 fastest of --repeats windows of --steps steps, each after a warm-up window that compiles), ms a seed-step, tokens a
 second over all seeds, and the seed-step's ratio to the bare step of one seed.
 """
@@ -117,6 +117,9 @@ def main(argv=None) -> None:
     parser.add_argument("--overrides", nargs="*", default=[], help="config overrides, e.g. model.dropout=0")
     args = parser.parse_args(argv)
     counts = sorted({int(n) for n in args.seeds.split(",")} | {1})
+    from jaxpos.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()  # the rows share three programs (one per seed count): each compiles once
 
     from jaxpos.data.pipeline import MLMTrainIterator, build_mlm_data
     from jaxpos.models import BertForMaskedLM
@@ -135,31 +138,35 @@ def main(argv=None) -> None:
         return MaskedLMTask(BertForMaskedLM(run.model), run.data.seq_len, run.train.max_predictions)
 
     timed = dict(steps=args.steps, repeats=args.repeats)
-    rows = [("jaxpos train loop, batches made ahead (prefetch 2)", 1,
-             loop_ms(run, data_factory, task_factory, prefetch=2, **timed)),
-            ("jaxpos train loop, batches made in turn (prefetch 0)", 1,
-             loop_ms(run, data_factory, task_factory, prefetch=0, **timed)),
-            ("bare jitted step, batches on the device", 1, bare_ms(run, data_factory, task_factory, **timed))]
-    for seeds in counts[1:]:
-        rows += [(f"jaxpos train loop, {seeds} seeds at once", seeds,
-                  loop_ms(run, data_factory, task_factory, prefetch=0, seeds=seeds, **timed)),
-                 (f"bare step vmapped over {seeds} seeds", seeds,
-                  bare_ms(run, data_factory, task_factory, seeds=seeds, **timed))]
-    if args.dispatch_steps > 1:
-        rows.append((f"bare, {args.dispatch_steps} steps a dispatch (lax.scan)", 1,
-                     bare_ms(run, data_factory, task_factory, dispatch_steps=args.dispatch_steps, **timed)
-                     / args.dispatch_steps))
     device = jax.devices()[0]
     tokens = run.train.batch_size * run.data.seq_len
     print(f"device: {device.platform} {device.device_kind} x{jax.device_count()}  jax {jax.__version__}  "
           f"{datetime.date.today()}  {args.recipe} recipe ({run.model.d_model} x {run.model.num_layers} layers, "
           f"{run.train.batch_size} x {run.data.seq_len} tokens, {run.model.position.kind}) "
           f"{' '.join(args.overrides)}  {args.steps} steps a window, fastest of {args.repeats}")
-    bare = rows[2][2]
-    print(f"{'how the step runs':<52} {'ms/dispatch':>11} {'ms/seed-step':>12} {'tokens/s':>10} {'x bare':>7}")
-    for name, seeds, ms in rows:
+    print(f"{'how the step runs':<52} {'ms/dispatch':>11} {'ms/seed-step':>12} {'tokens/s':>10} {'x bare':>7}",
+          flush=True)
+    bare = bare_ms(run, data_factory, task_factory, **timed)
+
+    def show(name: str, seeds: int, ms: float) -> None:  # each row as soon as it is measured
         per_seed = ms / seeds
-        print(f"{name:<52} {ms:11.2f} {per_seed:12.2f} {tokens * 1e3 / per_seed:10.0f} {per_seed / bare:7.2f}")
+        print(f"{name:<52} {ms:11.2f} {per_seed:12.2f} {tokens * 1e3 / per_seed:10.0f} {per_seed / bare:7.2f}",
+              flush=True)
+
+    show("bare jitted step, batches on the device", 1, bare)
+    show("jaxpos train loop, batches made ahead (prefetch 2)", 1,
+         loop_ms(run, data_factory, task_factory, prefetch=2, **timed))
+    show("jaxpos train loop, batches made in turn (prefetch 0)", 1,
+         loop_ms(run, data_factory, task_factory, prefetch=0, **timed))
+    for seeds in counts[1:]:
+        show(f"bare step vmapped over {seeds} seeds", seeds,
+             bare_ms(run, data_factory, task_factory, seeds=seeds, **timed))
+        show(f"jaxpos train loop, {seeds} seeds at once", seeds,
+             loop_ms(run, data_factory, task_factory, prefetch=0, seeds=seeds, **timed))
+    if args.dispatch_steps > 1:
+        show(f"bare, {args.dispatch_steps} steps a dispatch (lax.scan)", 1,
+             bare_ms(run, data_factory, task_factory, dispatch_steps=args.dispatch_steps, **timed)
+             / args.dispatch_steps)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ by `make test`):
                    and classification batches | BERT, the encoder-decoder, the classifier
     positions      the positional mechanisms: parameters -> compact biases (tables, factors)
     attention      attention with positional biases, its implementations and kernels, the path choice (auto)
-    sharding | initializers | progress
+    sharding | initializers | progress | compilation_cache
     config         the typed configurations and their checks, the registries of mechanisms and of attention
                    implementations
 """

@@ -125,10 +125,10 @@ def test_loop_overhead_benchmark_runs_every_way_at_a_tiny_size():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith(("jaxpos train loop", "bare"))]
     assert [row[:30] for row in rows] == [
-        "jaxpos train loop, batches mad", "jaxpos train loop, batches mad", "bare jitted step, batches on t",
-        "jaxpos train loop, 2 seeds at ", "bare step vmapped over 2 seeds", "bare, 2 steps a dispatch (lax."], \
+        "bare jitted step, batches on t", "jaxpos train loop, batches mad", "jaxpos train loop, batches mad",
+        "bare step vmapped over 2 seeds", "jaxpos train loop, 2 seeds at ", "bare, 2 steps a dispatch (lax."], \
         proc.stdout
-    assert rows[2].split()[-1] == "1.00", proc.stdout
+    assert rows[0].split()[-1] == "1.00", proc.stdout
     for row in rows:  # ms a dispatch, ms a seed-step (half the dispatch for two seeds), tokens a second
         dispatch, seed_step, tokens = (float(x) for x in row.split()[-4:-1])
         assert dispatch > 0 and tokens > 0 and seed_step == pytest.approx(dispatch / (2 if " 2 seeds" in row
@@ -150,3 +150,104 @@ def test_scaling_benchmark_at_a_tiny_size():
               if line.startswith(("none ", "full "))}
     assert set(memory) == {"none", "full"} and memory["none"][1] == memory["full"][1] > 0
     assert 0 < memory["full"][0] <= memory["none"][0]
+
+
+def test_gpu_verify_stage_lists_every_step_in_order_within_eight_minutes():
+    """`verify`: the compiled kernel tests while the later steps' programs compile in the background, then each
+    measurement alone (the MLM rows wait for the file the stage touches after the tests), and a compile from the
+    persistent cache last; every name it passes exists, and the stage's deadline is at most 8 minutes."""
+    from bench import train_throughput
+    from jaxpos.config.model import REMAT_POLICIES
+
+    commands = dry_run("bench/gpu_runs.sh", "verify")
+    background = [argv[:-1] for argv in commands if argv[-1] == "&"]
+    assert all(argv[:3] == ["timeout", "-k", "10"] for argv in commands if argv[0] != "touch")
+    mlm, warm_loop, warm_attention = background
+    tests = next(argv for argv in commands if "pytest" in argv)
+    touch = next(argv for argv in commands if argv[0] == "touch")
+    loop, attention, again = [argv for argv in commands if argv[-1] != "&" and argv not in (tests, touch)]
+    assert commands.index(tests) > commands.index(mlm + ["&"]) and commands.index(touch) > commands.index(tests)
+    assert {"tests/attention/test_toeplitz_mosaic_gpu.py", "tests/attention/test_auto.py"} <= set(tests)
+    # the MLM rows: none without dropout first, the recipes through auto with and without attention dropout,
+    # scanned TISA under every remat policy, the plain-JAX peer; timed only after the touched file exists
+    rows = train_throughput.parse_rows(options(mlm)["--rows"])
+    assert rows[0] == ("none", "auto", 0.0, "unrolled")
+    assert {(kind, rate) for kind, impl, rate, layers in rows if layers == "unrolled"} == {
+        (kind, rate) for kind in ("none", "tisa", "t5", "diet_rel") for rate in (0.0, 0.1)}
+    assert {layers for *_, layers in rows} - {"unrolled"} == {f"scan-{p}" for p in REMAT_POLICIES}
+    assert all(impl == "auto" and kind in MECHANISMS for kind, impl, *_ in rows)
+    assert options(mlm)["--start-after"] == touch[1] and options(mlm)["--peers"] == "plain_jax"
+    assert int(options(mlm)["--jobs"]) == len(rows) and options(mlm)["--shapes"] == "32x512"
+    for warm, timed in ((warm_loop, loop), (warm_attention, attention)):  # the same programs, compiled first
+        assert warm[4:6] == timed[4:6] and options(warm).get("--paths") == options(timed).get("--paths")
+    assert options(loop)["--recipe"] == "full" and options(loop)["--seeds"] == "1,5,10"
+    assert set(options(attention)["--paths"].split(",")) <= set(attention_bias.paths(True, {}))
+    assert options(attention)["--peers"] == "flex" and "--causal" not in attention
+    assert "--start-after" not in again and "auto@0.1" in options(again)["--paths"]
+    with open(os.path.join(ROOT, "bench", "gpu_runs.sh")) as f:
+        budget = int(next(line for line in f if line.startswith("VERIFY_S=")).split("=")[1])
+    assert budget <= 480 and all(int(argv[3]) <= budget for argv in commands if argv[0] != "touch")
+
+
+def test_training_benchmark_rows_layouts_and_a_start_file(tmp_path):
+    """Rows named one by one (a scanned one with full remat among them) compile, then wait for the start file: no
+    row is timed before it exists; each row gives its compile and first-step seconds and XLA's memory plan."""
+    start = tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, "bench/train_throughput.py", "--size", "tiny", "--shapes", "8x32",
+                             "--rows", "none:xla@0,tisa:xla@0.1/scan-full", "--steps", "2", "--jobs", "2",
+                             "--peers", "", "--start-after", str(start)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, XLA_FLAGS=quick_compile_flags()))
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)  # both compiled within this (about 20 s on 2 cores), then wait for the file
+        start.touch()
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stdout + stderr
+    rows = table_rows(stdout)[2:]  # in row order
+    assert [(row[1], row[2]) for row in rows] == [("none", "xla@0"), ("tisa", "xla@0.1/scan-full")], stdout
+    assert all("compile" in row and "plan" in row and "first" in row for row in rows), stdout
+
+
+def test_training_benchmark_refuses_unknown_rows(capsys):
+    from bench import train_throughput
+
+    for rows, message in (("tisa:xla@0/scan-most", "unknown layer layout"), ("tisaa:xla@0", "unknown mechanism"),
+                          ("tisa:xlb@0", "unknown attention_impl")):
+        with pytest.raises(SystemExit):
+            train_throughput.main(["--rows", rows, "--peers", ""])
+        assert message in capsys.readouterr().err
+
+
+def test_flex_attention_peer_is_the_table_attention_of_jaxpos():
+    """The peer's score_mod reads the table as jaxpos's expand_toeplitz does: its output equals jaxpos's attention
+    with the same table (eager FlexAttention on the CPU, float32; its backward needs a GPU, where the peer checks
+    its gradients against materialised attention before timing)."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    from bench.peers.flex_attention import table_attention
+    from jaxpos.attention import PositionalBias, attend
+    from jaxpos.attention.mask import AttentionMask
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(2, 24, 3, 8)).astype(np.float32) for _ in range(3))
+    table = rng.normal(size=(3, 47)).astype(np.float32) * 2
+    pos = jnp.arange(24)
+    want, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos, mask=AttentionMask())
+    heads_first = [torch.tensor(np.moveaxis(x, 1, 2)) for x in (q, k, v)]
+    got = np.moveaxis(table_attention(*heads_first, torch.tensor(table)).numpy(), 1, 2)
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-5)
+    flipped = table_attention(*heads_first, torch.tensor(table[:, ::-1].copy())).numpy()  # q - k: another function
+    assert np.abs(np.moveaxis(flipped, 1, 2) - np.asarray(want)).max() > 0.1
+
+
+def test_attention_benchmark_refuses_a_peer_it_cannot_run(capsys):
+    for argv, message in ((["--peers", "flash"], "unknown peer(s) flash"),
+                          (["--peers", "flex", "--cpu-smoke"], "the flex peer runs non-causal attention on a GPU")):
+        with pytest.raises(SystemExit):
+            attention_bias.main(argv)
+        assert message in capsys.readouterr().err

@@ -9,6 +9,7 @@ position through the tied word embeddings, AdamW. Embedding rows are gathered fr
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -69,8 +70,11 @@ def loss_fn(params, batch, cfg, dtype=jnp.bfloat16):
     return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def measure(batch_size: int, seq_len: int, steps: int, data: list[dict], size: dict | None = None) -> dict:
-    """Median step time of the jitted AdamW step on `data` (two batches of numpy arrays, alternated)."""
+def measure(batch_size: int, seq_len: int, steps: int, data: list[dict], size: dict | None = None,
+            hold=contextlib.nullcontext, compiled=lambda: None) -> dict:
+    """Median step time of the jitted AdamW step on `data` (two batches of numpy arrays, alternated). The step
+    compiles first, then `compiled()` is called, and warm-up and timed steps run inside `hold()` (the benchmark's
+    turn on the device)."""
     cfg = dict(BASE, max_len=max(512, seq_len), attention=_attention_impl())
     if size:
         cfg.update(d=size["d_model"], layers=size["num_layers"], heads=size["num_heads"], mlp=size["mlp_dim"])
@@ -78,23 +82,26 @@ def measure(batch_size: int, seq_len: int, steps: int, data: list[dict], size: d
     tx = optax.adamw(1e-4, weight_decay=0.01)
     opt_state = tx.init(params)
 
-    @jax.jit
     def step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch, cfg)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    step = jax.jit(step.__wrapped__, donate_argnums=(0, 1))
     batches = [jax.device_put(b) for b in data]
-    for i in range(3):
-        params, opt_state, loss = step(params, opt_state, batches[i % 2])
-    jax.block_until_ready(loss)
-    times = []
-    for i in range(steps):
-        start = time.perf_counter()
-        params, opt_state, loss = step(params, opt_state, batches[i % 2])
+    start = time.perf_counter()
+    step = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, batches[0]).compile()
+    compile_s = time.perf_counter() - start
+    compiled()
+    with hold():
+        for i in range(3):
+            params, opt_state, loss = step(params, opt_state, batches[i % 2])
         jax.block_until_ready(loss)
-        times.append(time.perf_counter() - start)
+        times = []
+        for i in range(steps):
+            start = time.perf_counter()
+            params, opt_state, loss = step(params, opt_state, batches[i % 2])
+            jax.block_until_ready(loss)
+            times.append(time.perf_counter() - start)
     ms = statistics.median(times) * 1e3
-    return dict(system="plain JAX", ms=ms, tokens_per_s=batch_size * seq_len / ms * 1e3, loss=float(loss))
-
+    return dict(system="plain JAX", ms=ms, ms_min=min(times) * 1e3, tokens_per_s=batch_size * seq_len / ms * 1e3,
+                loss=float(loss), compile_s=compile_s)

@@ -17,6 +17,7 @@ from jaxpos.cli.finetune import add_finetune_parser
 from jaxpos.cli.reproduce import add_reproduce_parser
 from jaxpos.cli.train import add_tokenizer_parser, add_train_parser
 from jaxpos.cli.translate import add_translate_parsers
+from jaxpos.compilation_cache import enable_compilation_cache
 
 
 def _mechanisms(args, overrides):
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    enable_compilation_cache()  # before anything compiles: a program built once on this machine loads from disk
     from jaxpos.training.interrupt import RunStopped, stop_on_signals  # lazy: no jax; the signals' one path
 
     try:
