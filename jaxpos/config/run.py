@@ -172,7 +172,8 @@ class TrainConfig:
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-6
-    weight_decay: float = 0.01  # on matrices only
+    weight_decay: float = 0.01  # AdamW/LAMB, by role: kernels and embeddings, not biases or LayerNorm parameters
+    decay_positional: bool = True  # also the positional mechanism's and segment attention's (BERT's, TISA's, DIET's)
     clip_norm: float = 1.0  # global gradient-norm clipping; 0 disables
     max_predictions: int = 0  # MLM: run the output head at most at this many masked positions per row (0 = all)
     label_smoothing: float = 0.0

@@ -8,6 +8,7 @@ run passes the same directory, and a checkpoint restores onto any mesh and proce
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,7 +25,55 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
-    """No checkpoint in a workdir could be restored."""
+    """No checkpoint in a workdir could be restored, or one could not be read (nothing was changed)."""
+
+
+# Reading a step again after an error that a retry can cure (seconds before each new try).
+RETRY_DELAYS_S = (1.0, 4.0, 16.0)
+# Errors of the storage, not of the files: the same read may succeed later.
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE,
+                              errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ENETDOWN,
+                              errno.ENETUNREACH, errno.EHOSTUNREACH})
+TRANSIENT_WORDS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED:", "Input/output error", "Connection reset",
+                   "timed out")
+# What a missing or partial file, metadata that does not parse, or a structure unlike the saved one reads as
+# (tensorstore's status codes, orbax's and the JSON reader's messages).
+CORRUPT_WORDS = ("OUT_OF_RANGE", "DATA_LOSS", "NOT_FOUND", "not valid for value of size", "pytree structure error",
+                 "was not found in the checkpoint", "Unexpected end")
+
+
+def error_chain(err: BaseException) -> list[BaseException]:
+    """`err` and the exceptions it was raised from or while handling, outermost first."""
+    chain = []
+    while err is not None and err not in chain:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+def read_failure(err: BaseException) -> str:
+    """"transient" (the storage failed to read: retry), "corrupt" (the step's files are missing, partial or do not
+    parse: set it aside) or "unknown" (stop and change nothing) for an error raised while restoring a step."""
+    chain = error_chain(err)
+    for e in chain:
+        if (isinstance(e, (TimeoutError, ConnectionError)) or
+                isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS or any(w in str(e) for w in TRANSIENT_WORDS)):
+            return "transient"
+    for e in chain:
+        if isinstance(e, (FileNotFoundError, json.JSONDecodeError)) or any(w in str(e) for w in CORRUPT_WORDS):
+            return "corrupt"
+    return "unknown"
+
+
+def error_line(err: BaseException) -> str:
+    """"Type: message" of the first error in the chain with a readable one-line message (orbax wraps tensorstore's
+    errors in a message that embeds a repr)."""
+    chain = error_chain(err)
+    for e in chain:
+        text = (str(e).splitlines() or [""])[0].strip("'\" ")
+        if text and "<bound method" not in text:
+            return f"{type(e).__name__}: {text[:200]}"
+    return type(chain[-1]).__name__
 
 
 # Model-config fields that change how the model is computed or regularised, not its parameters: a run may resume
@@ -108,30 +157,48 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def restore_latest(self, abstract_state):
-        """(step, state, data_state) of the newest checkpoint that restores cleanly, or None if there is none.
+        """(step, state, data_state) of the newest checkpoint that restores, or None if there is none. A step
+        known to be corrupt is moved aside (`restore_good`) and the one before tried; one that cannot be read
+        stops the run with a CheckpointError, changing nothing.
 
         `abstract_state` holds jax.ShapeDtypeStruct leaves with the target shardings (any mesh shape).
         """
-        steps = self.steps()
         failures = []
-        for step in reversed(steps):
-            try:
-                state, data_state = self.restore(step, abstract_state)
-            except Exception as err:  # noqa: BLE001 - any failure means this checkpoint is unusable
-                self.check_state(abstract_state, step)  # whole, but not this run's: refused, and left in place
-                aside = self._move_aside(step)
-                message = f"checkpoint step {step} in {self.directory} is corrupt or partial ({type(err).__name__}: " \
-                          f"{str(err).splitlines()[0][:200] if str(err) else ''}); moved it to {aside} and " \
-                          "falling back to the previous one"
-                log.warning(message)
-                status(f"WARNING: {message}")
-                failures.append(step)
-                continue
-            return step, state, data_state
+        for step in reversed(self.steps()):
+            restored = self.restore_good(step, abstract_state)
+            if restored is not None:
+                return (step, *restored)
+            failures.append(step)
         if failures:
             raise CheckpointError(f"no checkpoint in {self.directory} could be restored (tried steps {failures}); "
                                   "move the directory away to start afresh")
         return None
+
+    def restore_good(self, step: int, abstract_state):
+        """(state, data_state) of `step`, read again after a transient error (RETRY_DELAYS_S); None when the step
+        is known to be corrupt, which is then moved aside with one warning line. Raises CheckpointError when the
+        step cannot be read for another reason (nothing moved), and ValueError when it holds another model's
+        state (`check_state`: left in place)."""
+        for delay in (*RETRY_DELAYS_S, None):
+            try:
+                return self.restore(step, abstract_state)
+            except Exception as err:  # noqa: BLE001 - classified below: retried, set aside or reported
+                kind = read_failure(err)
+                if kind == "transient" and delay is not None:
+                    log.info("reading checkpoint step %d failed (%s); trying again in %g s", step, error_line(err),
+                             delay)
+                    time.sleep(delay)
+                    continue
+                if kind != "corrupt":
+                    tries = f" after {len(RETRY_DELAYS_S) + 1} tries" if kind == "transient" else ""
+                    raise CheckpointError(f"could not read checkpoint step {step} in {self.directory}{tries} "
+                                          f"({error_line(err)}); nothing was moved or deleted: run the same command "
+                                          "again once the storage reads") from err
+                self.check_state(abstract_state, step)  # whole, but not this run's: refused, and left in place
+                aside = self._move_aside(step)
+                status(f"WARNING: checkpoint step {step} in {self.directory} is corrupt or partial "
+                       f"({error_line(err)}); moved it to {aside} and falling back to the previous one")
+                return None
 
     def restore(self, step: int, abstract_state):
         """(state, data_state) of checkpoint `step`; `abstract_state` as `restore_latest` takes it."""

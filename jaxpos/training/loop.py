@@ -26,7 +26,6 @@ from jaxpos.config.run import MeshConfig, TrainConfig
 from jaxpos.models.layout import relayout
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
-from jaxpos.progress import status
 from jaxpos.training.checkpoint import CheckpointError, Checkpointer, abstract_like
 from jaxpos.training.flops import throughput
 from jaxpos.training.interrupt import RunStopped, deferred_stop
@@ -333,11 +332,9 @@ class Trainer:
         if not any(saved):
             return self._init(jnp.stack([jax.random.PRNGKey(run.seed) for run in self.seed_runs])), None
         for step in sorted(set.intersection(*saved), reverse=True):
-            try:
-                restored = [checkpointer.restore(step, abstract) for checkpointer in self.checkpointers]
-            except Exception as err:  # noqa: BLE001 - a seed's copy does not restore: an older common step
-                status(f"WARNING: step {step} of the seeds' checkpoints does not restore ({type(err).__name__}); "
-                       "trying an older one")
+            # the single run's policy for each copy: a corrupt one is moved aside, an unreadable one stops the run
+            restored = [checkpointer.restore_good(step, abstract) for checkpointer in self.checkpointers]
+            if any(copy is None for copy in restored):  # an older step that every seed saved
                 continue
             data.set_state([data_state for _, data_state in restored])
             return self._stack([self._in_this_layout(state) for state, _ in restored]), step

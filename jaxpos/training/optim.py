@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
+
+from jaxpos.models.layout import LAYER, SCANNED
 
 
 def learning_rate_schedule(tcfg) -> optax.Schedule:
@@ -23,20 +26,73 @@ def learning_rate_schedule(tcfg) -> optax.Schedule:
     return optax.join_schedules([ramp, decay], [warmup])
 
 
-def _decay_mask(params):
-    """Weight decay on matrices only: no decay on biases, LayerNorm parameters or 1-D tables."""
-    return jax.tree.map(lambda p: p.ndim > 1, params)
+# Weight decay by role, whatever a parameter's shape or whether the layers are scanned: the weights of linear maps
+# and embeddings are decayed, biases and LayerNorm parameters are not (BERT's rule), and the parameters of the
+# positional mechanism and of per-head segment attention follow `train.decay_positional`, the same for every mechanism.
+DECAYED = ("kernel", "embedding")
+NOT_DECAYED = ("bias", "scale", "output_bias")
+POSITIONAL_MODULES = ("position", "segments")
+
+
+def parameter_name(path) -> str:
+    """"a/b/c" from a pytree path of dict keys (a boxed parameter's `.value` left out)."""
+    return "/".join(str(key.key) for key in path if isinstance(key, jax.tree_util.DictKey))
+
+
+def decays(name: str, decay_positional: bool) -> bool:
+    """Whether weight decay applies to the parameter at `name` ("bert/encoder/layer_0/mlp/wi/kernel")."""
+    parts = name.split("/")
+    if any(part in POSITIONAL_MODULES for part in parts[:-1]):
+        return decay_positional
+    if parts[-1] in DECAYED:
+        return True
+    if parts[-1] in NOT_DECAYED:
+        return False
+    raise ValueError(f"no weight-decay rule for parameter {name}: name it {' or '.join(DECAYED + NOT_DECAYED)}, or "
+                     f"place it in a module named {' or '.join(POSITIONAL_MODULES)}")
+
+
+def decay_mask(decay_positional: bool):
+    """The `mask` of AdamW and LAMB: a tree of bools over the parameters (boxed or not), `decays` of each."""
+    def mask(params):
+        return jax.tree_util.tree_map_with_path(lambda path, _: decays(parameter_name(path), decay_positional),
+                                                params)
+    return mask
+
+
+def stacked_layers(path) -> bool:
+    """Whether the parameter at `path` is a scanned stack's (a leading layer axis: `layers/layer/...`)."""
+    keys = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
+    return any(a == SCANNED and b == LAYER for a, b in zip(keys, keys[1:]))
+
+
+def scale_by_layer_trust_ratio() -> optax.GradientTransformation:
+    """LAMB's trust ratio ||param|| / ||update||, per layer: a scanned stack's leaves take one ratio for each slice
+    of their leading layer axis, so the step is the unscanned stack's."""
+    def ratio(path, update, param):
+        axes = tuple(range(1, param.ndim)) if stacked_layers(path) else None
+        param_norm = jnp.sqrt(jnp.sum(jnp.square(param), axis=axes, keepdims=True))
+        update_norm = jnp.sqrt(jnp.sum(jnp.square(update), axis=axes, keepdims=True))
+        either_zero = (param_norm == 0.0) | (update_norm == 0.0)
+        return update * jnp.where(either_zero, 1.0, param_norm / jnp.where(either_zero, 1.0, update_norm))
+
+    def update_fn(updates, state, params):
+        return jax.tree_util.tree_map_with_path(ratio, updates, params), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 def make_optimizer(tcfg) -> optax.GradientTransformation:
-    """AdamW (default) or LAMB for large batches, with global-norm clipping."""
+    """AdamW (default) or LAMB for large batches, with global-norm clipping; weight decay by role (`decays`)."""
     schedule = learning_rate_schedule(tcfg)
+    mask = decay_mask(tcfg.decay_positional)
     if tcfg.optimizer == "adamw":
         opt = optax.adamw(schedule, b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps, weight_decay=tcfg.weight_decay,
-                          mask=_decay_mask)
-    elif tcfg.optimizer == "lamb":
-        opt = optax.lamb(schedule, b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps, weight_decay=tcfg.weight_decay,
-                         mask=_decay_mask)
+                          mask=mask)
+    elif tcfg.optimizer == "lamb":  # optax.lamb with its trust ratio taken per layer of a scanned stack
+        opt = optax.chain(optax.scale_by_adam(b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps),
+                          optax.add_decayed_weights(tcfg.weight_decay, mask), scale_by_layer_trust_ratio(),
+                          optax.scale_by_learning_rate(schedule))
     elif tcfg.optimizer == "adam":
         opt = optax.adam(schedule, b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps)
     else:
