@@ -11,6 +11,7 @@ this host's worker processes; launch/reproduce.sbatch spreads its groups over a 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 import os
 import time
@@ -208,12 +209,16 @@ def run_name(mechanism: str, seed: int) -> str:
 
 
 def repo_config(relative: str) -> str:
-    """A config file of the repository (configs/...), next to the installed package in a checkout."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), relative)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} is missing: `jaxpos reproduce` runs from a checkout of the repository "
-                                "(pip install -e .)")
-    return path
+    """The path of a config file of the repository (`relative` is configs/...): the copy an installed wheel ships
+    as jaxpos/_configs (setup.py), else the file itself in the checkout that holds the package."""
+    bundled = importlib.resources.files("jaxpos").joinpath("_configs", *relative.split("/")[1:])
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), relative)
+    # The wheel's copy first: a source tree never holds jaxpos/_configs, while site-packages may hold others' configs/.
+    for path in (str(bundled), checkout):
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"{relative} is neither in the installed package ({bundled}) nor in a checkout "
+                            f"({checkout}): reinstall jaxpos")
 
 
 # --- the configs of a run ---------------------------------------------------------------------------------------
