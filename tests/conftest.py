@@ -12,6 +12,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The Mosaic GPU interpreter runs a kernel's three warpgroups as concurrent host callbacks on the CPU client's
 # thread pool (one thread per core by default: two on CI, where they would wait on each other for ever).
 os.environ.setdefault("PJRT_NPROC", "4")
+# The tests expect user errors as one line: a shell's JAXPOS_DEBUG=1 would turn them into tracebacks.
+os.environ.pop("JAXPOS_DEBUG", None)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

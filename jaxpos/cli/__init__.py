@@ -11,7 +11,7 @@ import sys
 
 import jaxpos
 from jaxpos.cli.analyze import add_analyze_parser
-from jaxpos.cli.common import add_command
+from jaxpos.cli.common import DEBUG_HELP, Parser, add_command
 from jaxpos.cli.export import add_export_parser
 from jaxpos.cli.finetune import add_finetune_parser
 from jaxpos.cli.reproduce import add_reproduce_parser
@@ -84,10 +84,23 @@ def _message(error: BaseException) -> str:
     return " ".join(str(text).split()) or type(error).__name__
 
 
+ERRORS_EPILOG = (
+    "Errors: a mistake in what was given (a config field or value, a path, data) prints one line, `jaxpos: error: "
+    "...`, and exits with status 2; a training run that diverged, or a workdir where no checkpoint restores, exits "
+    "with 1; any other error keeps its traceback. Where a one-line error looks like a bug in jaxpos rather than a "
+    "mistake, --debug (before or after the subcommand) or the environment variable JAXPOS_DEBUG=1 shows the "
+    "traceback of every error.")
+
+
+def debug_requested(args: argparse.Namespace) -> bool:
+    """Whether to show every traceback: `--debug` on the command line, or JAXPOS_DEBUG set to anything but 0."""
+    return args.debug or os.environ.get("JAXPOS_DEBUG", "").strip() not in ("", "0")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `jaxpos` argument parser with every subcommand; `--config.a.b=value` overrides pass through unparsed."""
-    parser = argparse.ArgumentParser(prog="jaxpos", description=__doc__)
-    parser.add_argument("--debug", action="store_true", help="show the traceback of every error (any position)")
+    parser = Parser(prog="jaxpos", description=__doc__, epilog=ERRORS_EPILOG)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     parser.add_argument("--version", action="version", version=f"jaxpos {jaxpos.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for register in (add_train_parser, add_tokenizer_parser, add_finetune_parser, add_analyze_parser,
@@ -102,9 +115,8 @@ def parse_command(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]
     other unknown argument is a usage error (argparse exits with status 2)."""
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    args.debug = args.debug or "--debug" in rest  # accepted after the subcommand too
     overrides = [r for r in rest if r.startswith("--config.")]
-    unknown = [r for r in rest if not r.startswith("--config.") and r != "--debug"]
+    unknown = [r for r in rest if not r.startswith("--config.")]
     if unknown:
         parser.error(f"unrecognised arguments: {' '.join(unknown)}")
     return args, overrides
@@ -112,7 +124,7 @@ def parse_command(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one `jaxpos` command. User errors print `jaxpos: error: ...` and return 2 (1 for a diverged or
-    unrestorable run); `--debug` shows their traceback instead. Real faults raise as usual."""
+    unrestorable run); `--debug` or JAXPOS_DEBUG=1 shows their traceback instead. Real faults raise as usual."""
     args, overrides = parse_command(argv)
     if overrides and not args.takes_overrides:
         print(f"jaxpos: error: `jaxpos {args.command}` takes no --config overrides (got {' '.join(overrides)})",
@@ -133,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
               "aside on resume)", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
     except Exception as error:
-        status = None if args.debug else user_error_status(error)
+        status = None if debug_requested(args) else user_error_status(error)
         if status is None:
             raise
         print(f"jaxpos: error: {_message(error)}", file=sys.stderr, flush=True)

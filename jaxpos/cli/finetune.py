@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from jaxpos.cli.common import add_command
+from jaxpos.cli.common import RUN_NOTES, add_command
 
 
 def add_finetune_parser(subparsers) -> None:
@@ -15,7 +15,8 @@ def add_finetune_parser(subparsers) -> None:
     data_only = "--config.data.* fields only, to point at other data, e.g. another glue_dir"
     parser = add_command(
         subparsers, "finetune", "fine-tune a jaxpos run or a Hugging Face BERT/ALBERT folder on a classification or "
-        "regression task; resumes from the workdir's latest checkpoint", overrides=overrides)
+        "regression task; resumes from the workdir's latest checkpoint", overrides=overrides,
+        notes=RUN_NOTES)
     parser.add_argument("--config", required=True, help="config file, e.g. configs/finetune/glue.py")
     parser.add_argument("--init", required=True, help="a `jaxpos train` masked-LM workdir or a local Hugging Face "
                                                       "BERT/ALBERT folder")

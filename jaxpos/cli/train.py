@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from jaxpos.cli.common import add_command
+from jaxpos.cli.common import RUN_NOTES, add_command
 
 
 def add_train_parser(subparsers) -> None:
     """Registers the `train` subcommand on an argparse subparsers object."""
     train = add_command(subparsers, "train", "train from a config; resumes from the workdir's latest checkpoint; "
                         "SIGTERM or Ctrl-C checkpoints and exits (143 / 130)",
-                        overrides="any field of the config, e.g. --config.model.position.kind=diet_rel")
+                        overrides="any field of the config, e.g. --config.model.position.kind=diet_rel",
+                        notes=RUN_NOTES)
     train.add_argument("--config", required=True, help="config file, e.g. configs/mlm/tiny.py (or file.py:arg)")
     train.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, tokenizer, figures")
     train.add_argument("--seeds", type=int, default=1,

@@ -1,6 +1,21 @@
-"""Range checks for config values, one message style: `name=value must be ...` (shown as one line by the CLI)."""
+"""Checks of config values and names, one message style each (shown as one line by the CLI): `name=value must be
+...` for a value out of range, `unknown config field a.b (did you mean a.c?)` for a misspelt field."""
 
 from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+def unknown_field(block: str, name: str, known: Iterable[str]) -> ValueError:
+    """The error for field NAME that config block BLOCK (dotted, e.g. "model.position"; "" at the top) lacks: with
+    the closest of its `known` fields where some are close (difflib), else with all of them."""
+    prefix = f"{block}." if block else ""
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=2)
+    hint = (f" (did you mean {' or '.join(prefix + c for c in close)}?)" if close else
+            f"; known here: {', '.join(known)}" if known else "")
+    return ValueError(f"unknown config field {prefix}{name}{hint}")
 
 
 def check_count(name: str, value, least: int, optional: bool = False) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.checks import check_count, check_number, unknown_field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,5 +29,5 @@ def decode_config(values) -> DecodeConfig:
     known = {f.name for f in dataclasses.fields(DecodeConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown config field decode.{unknown[0]}; known: {', '.join(sorted(known))}")
+        raise unknown_field("decode", unknown[0], known)
     return DecodeConfig(**values)

@@ -11,6 +11,8 @@ import os
 import ml_collections
 from etils import epath
 
+from jaxpos.config.checks import unknown_field
+
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """Runs `get_config(arg)` of a config file given as `path.py` or `path.py:arg`."""
@@ -52,12 +54,14 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
             raise ValueError(f"override {item!r} is not of the form --config.field=value")
         *parents, leaf = key.split(".")[1:]
         node = config
-        for name in parents:
+        for depth, name in enumerate([*parents, leaf]):
+            block = ".".join(parents[:depth])
+            if not isinstance(node, ml_collections.ConfigDict):  # e.g. --config.model.dropout.x=1
+                raise ValueError(f"{item}: config field {block} is a value ({node!r}), not a block of fields")
             if name not in node:
-                raise ValueError(f"unknown config field {key!r} (no {name!r})")
-            node = node[name]
-        if leaf not in node:
-            raise ValueError(f"unknown config field {key!r}; known here: {', '.join(sorted(node.keys()))}")
+                raise unknown_field(block, name, node.keys())
+            if depth < len(parents):
+                node = node[name]
         try:
             value = _parse(text, node[leaf])
         except ValueError as error:

@@ -11,7 +11,7 @@ import typing
 from typing import Any, Mapping
 
 from jaxpos.config.attention import ATTENTION_IMPLS
-from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.checks import check_count, check_number, unknown_field
 from jaxpos.config.mechanisms import MECHANISMS
 
 SEGMENT_MODES = ("input", "per_head", "none")
@@ -263,7 +263,7 @@ def _build(cls, values: Mapping[str, Any], where: str):
     kwargs = {}
     for key, value in values.items():
         if key not in fields:
-            raise ValueError(f"unknown config field {where}{key}; known: {', '.join(fields)}")
+            raise unknown_field(where.rstrip("."), key, fields)
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value, f"{where}{key}.")

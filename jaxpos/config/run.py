@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any, Mapping
 
-from jaxpos.config.checks import check_count, check_number
+from jaxpos.config.checks import check_count, check_number, unknown_field
 from jaxpos.config.decode import DecodeConfig
 from jaxpos.config.model import ModelConfig, model_config
 
@@ -341,7 +341,7 @@ def typed_block(cls, values: Mapping[str, Any] | None, where: str):
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown config field {where}.{unknown[0]}; known here: {', '.join(sorted(known))}")
+        raise unknown_field(where, unknown[0], known)
     tuples = {f.name for f in dataclasses.fields(cls) if isinstance(f.default, tuple)}
     return cls(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()})
 

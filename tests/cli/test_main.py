@@ -1,12 +1,14 @@
 """The command line: a user's mistake is one line on stderr with exit status 2; faults keep their traceback."""
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from jaxpos import cli
+from jaxpos.training.interrupt import RunStopped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "mlm", "tiny.py")
@@ -22,6 +24,7 @@ def _error_lines(capsys) -> list[str]:
     (["--config.data.source=text", "--config.data.paths=['/nonexistent/dir/*.txt']"], "matches no file"),
     (["--config.train.num_steps=many"], "--config.train.num_steps=many"),
     (["--config.model.no_such_field=1"], "unknown config field"),
+    (["--config.model.positon.kind=x"], "unknown config field model.positon (did you mean model.position?)"),
     (["--config.model.attention_dropout=1.0"], "attention_dropout=1.0 must be in [0, 1)"),
     (["--config.model.num_heads=0"], "num_heads=0 must be an integer >= 1"),
     (["--config.train.batch_size=0"], "train.batch_size=0 must be an integer >= 1"),
@@ -61,6 +64,61 @@ def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(ValueError, match="unknown position mechanism"):  # after the subcommand too
         cli.main(["train", "--config", TINY, "--workdir", str(tmp_path), "--config.model.position.kind=bogus",
                   "--debug"])
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_jaxpos_debug_in_the_environment_shows_the_traceback(monkeypatch, tmp_path, value):
+    """The same command, unchanged, shows where a one-line error came from (a bug can raise a user error's type)."""
+    monkeypatch.setenv("JAXPOS_DEBUG", value)
+    with pytest.raises(ValueError, match="unknown position mechanism"):
+        cli.main(["train", "--config", TINY, "--workdir", str(tmp_path), "--config.model.position.kind=bogus"])
+
+
+@pytest.mark.parametrize("value", ["0", ""])
+def test_jaxpos_debug_off_keeps_one_line(monkeypatch, tmp_path, capsys, value):
+    monkeypatch.setenv("JAXPOS_DEBUG", value)
+    assert cli.main(["train", "--config", TINY, "--workdir", str(tmp_path),
+                     "--config.model.position.kind=bogus"]) == 2
+    assert len(_error_lines(capsys)) == 1
+
+
+def test_every_subcommand_lists_debug_and_keeps_it_from_either_side():
+    [subcommands] = [a for a in cli.build_parser()._actions if a.dest == "command"]
+    for name, sub in subcommands.choices.items():
+        assert "--debug" in sub.format_help(), name
+        assert "JAXPOS_DEBUG=1" in " ".join(sub.format_help().split()), name
+    assert "JAXPOS_DEBUG=1" in " ".join(cli.build_parser().format_help().split())
+    assert cli.parse_command(["--debug", "mechanisms"])[0].debug  # the subcommand's own flag does not reset it
+    assert cli.parse_command(["mechanisms", "--debug"])[0].debug
+    assert not cli.parse_command(["mechanisms"])[0].debug
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["train", "--config", "c.py"], "usage: jaxpos train ", "the following arguments are required: --workdir"),
+    (["trian"], "usage: jaxpos ", "argument command: invalid choice: 'trian'"),
+    (["train", "--config", "c.py", "--workdir", "w", "--steps", "3"], "usage: jaxpos ",
+     "unrecognised arguments: --steps 3"),
+    (["evaluate", "--workdir", "w", "--batch-size", "many"], "usage: jaxpos evaluate ",
+     "argument --batch-size: invalid int value: 'many'"),
+])
+def test_usage_errors_read_like_jaxpos_errors(capsys, argv, usage, message):
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    lines = _error_lines(capsys)
+    assert done.value.code == 2
+    assert lines[0].startswith(usage) and lines[-1].startswith(f"jaxpos: error: {message}"), lines
+
+
+@pytest.mark.parametrize("command", ["train", "finetune"])
+def test_the_help_of_a_training_command_says_how_it_resumes_stops_and_exits(command):
+    [subcommands] = [a for a in cli.build_parser()._actions if a.dest == "command"]
+    text = " ".join(subcommands.choices[command].format_help().split())
+    for said in ("the same command again resumes from the newest checkpoint in WORKDIR that restores",
+                 f"({RunStopped(signal.SIGTERM).exit_status} for SIGTERM, {RunStopped(signal.SIGINT).exit_status} "
+                 "for SIGINT)", "a second Ctrl-C aborts at once (130)",
+                 "Exit status: 0 done; 2 a mistake in what was given",
+                 "1 a run that diverged (NaN or infinite values) or a workdir where no checkpoint restores"):
+        assert said in text, said
 
 
 def test_errors_raised_outside_jaxpos_are_faults(monkeypatch, tmp_path):

@@ -36,10 +36,33 @@ def test_overrides_are_typed_and_checked():
                              "--config.model.position.diet_rel.max_distance=12", "--config.train.async_checkpoints=false"])
     assert config.model.position.kind == "diet_rel" and config.train.num_steps == 7
     assert config.model.position.diet_rel.max_distance == 12 and config.train.async_checkpoints is False
-    with pytest.raises(ValueError, match="unknown config field 'config.train.num_step'"):
+    with pytest.raises(ValueError, match=r"unknown config field train.num_step \(did you mean train.num_steps"):
         apply_overrides(config, ["--config.train.num_step=3"])
     with pytest.raises(ValueError, match="unknown position mechanism 'rotary'"):
         model_config(apply_overrides(config, ["--config.model.position.kind=rotary"]).model)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.model.positon.kind=x", "unknown config field model.positon (did you mean model.position?)"),
+    ("--config.model.position.kindd=x", "unknown config field model.position.kindd (did you mean "
+                                        "model.position.kind?)"),
+    ("--config.modle.dropout=0", "unknown config field modle (did you mean model?)"),
+    ("--config.data.zzz=1", "unknown config field data.zzz; known here: "),  # nothing close: every field of data
+    ("--config.model.dropout.rate=0", "--config.model.dropout.rate=0: config field model.dropout is a value (0.1), "
+                                      "not a block of fields"),
+])
+def test_an_unknown_field_reads_the_same_at_any_depth_and_names_the_closest(override, message):
+    config = load_config(os.path.join(ROOT, "configs", "mlm", "tiny.py"))
+    with pytest.raises(ValueError) as error:
+        apply_overrides(config, [override])
+    assert str(error.value).startswith(message)
+
+
+def test_typed_blocks_name_the_closest_field_as_overrides_do():
+    config = load_config(os.path.join(ROOT, "configs", "mlm", "tiny.py")).model.to_dict()
+    with pytest.raises(ValueError, match=r"^unknown config field model.position.kindd \(did you mean "
+                                         r"model.position.kind\?\)$"):
+        model_config(dict(config, position=dict(config["position"], kindd="tisa")))
 
 
 @pytest.mark.parametrize("max_distance", [8, 6])  # NaN everywhere | buckets of the other direction
