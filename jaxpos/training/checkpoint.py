@@ -137,16 +137,18 @@ class Checkpointer:
             return step, restored["model"]
         return None
 
-    def check_model_config(self, model_config: dict) -> None:
+    def check_model_config(self, model_config: dict, pending: tuple[str, ...] = ()) -> None:
         """Raises ValueError, naming the fields and both values, when the newest checkpoint's model config differs
-        from `model_config` (fields in RESUMABLE_MODEL_FIELDS may differ). Reads JSON only: nothing compiles."""
+        from `model_config` (fields in RESUMABLE_MODEL_FIELDS may differ; `pending`: fields not known yet, such as
+        a vocabulary size that the data decides, are left for a later check). Reads JSON only: nothing compiles."""
         saved = self.saved_model_config()
         if saved is None:
             return
         step, old = saved
         old, new = _flatten(json.loads(json.dumps(old))), _flatten(json.loads(json.dumps(model_config)))
+        skipped = RESUMABLE_MODEL_FIELDS | set(pending)
         differ = [k for k in sorted(set(old) | set(new))
-                  if k.split(".")[0] not in RESUMABLE_MODEL_FIELDS and old.get(k, "<absent>") != new.get(k, "<absent>")]
+                  if k.split(".")[0] not in skipped and old.get(k, "<absent>") != new.get(k, "<absent>")]
         if differ:
             fields = "; ".join(f"model.{k}: {old.get(k, '<absent>')!r} in the checkpoint, "
                                f"{new.get(k, '<absent>')!r} in this run" for k in differ)
@@ -270,6 +272,19 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def check_resumable(workdir: str, model_config: dict, pending: tuple[str, ...] = ()) -> None:
+    """`Checkpointer.check_model_config` of WORKDIR/checkpoints, if any, read-only: a resume under another model is
+    refused before the data is read (`pending`: the fields the data decides, checked when the Trainer is built)."""
+    directory = checkpoint_path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        return
+    checkpointer = Checkpointer(directory, read_only=True)
+    try:
+        checkpointer.check_model_config(model_config, pending)
+    finally:
+        checkpointer.close()
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:

@@ -397,15 +397,16 @@ class Trainer:
                                 console=k == 0) for k, run in enumerate(self.seed_runs)]
         if self.stacked and self.log:
             writers[0].write(f"training {seeds} seeds at once ({', '.join(str(r.seed) for r in self.seed_runs)}); "
-                             f"the lines below are seed {self.seed_runs[0].seed}'s, every seed's are in its "
-                             "workdir's TensorBoard")
+                             f"the lines below are seed {self.seed_runs[0].seed}'s (its loss and tokens/s; step "
+                             "time, TFLOP/s and MFU count every seed's work), every seed's are in its workdir's "
+                             "TensorBoard")
         if resumed is not None and self.log:
             writers[0].write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints"
                              + (" and the other seeds'" if self.stacked else ""))
         final_metrics, eval_metrics = [{} for _ in range(seeds)], [{} for _ in range(seeds)]
         pending: list[tuple[int, dict]] = []  # (step, device metrics) not read yet
         windows: list[list[dict]] = [[] for _ in range(seeds)]  # each seed's metrics since the last logged step
-        tokens_per_step = seeds * tcfg.batch_size * self.task.tokens_per_example
+        tokens_per_step = tcfg.batch_size * self.task.tokens_per_example  # each seed's own; the FLOPs count all
         step_flops = seeds * self.task.step_flops(tcfg.batch_size) if hasattr(self.task, "step_flops") else None
         compute_dtype = getattr(getattr(self.task.model, "cfg", None), "dtype", "float32")
         evaluations = None if eval_batches is None else (

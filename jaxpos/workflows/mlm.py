@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from typing import Sequence
@@ -16,6 +17,7 @@ from jaxpos.config.run import RunConfig
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import BertForMaskedLM
 from jaxpos.progress import status
+from jaxpos.training.checkpoint import check_resumable
 from jaxpos.training.loop import SeedRun, Trainer
 from jaxpos.training.mlm import MaskedLMTask
 from jaxpos.workflows.workdir import started_run
@@ -52,6 +54,8 @@ def train_mlm_seeds(configs: Sequence, workdirs: Sequence[str]) -> list:
                    for config, workdir in zip(configs, workdirs)]
         runs = [run for run, _ in started]
         check_seed_batch(runs)
+        for run, workdir in zip(runs, workdirs):  # another model's checkpoints: refused before the corpus is read
+            check_resumable(workdir, dataclasses.asdict(run.model), pending=("vocab_size",))
         return _train_mlm(runs, list(workdirs), [admission for _, admission in started])
 
 
@@ -95,9 +99,9 @@ def _train_mlm(runs: list[RunConfig], workdirs: list[str], admissions) -> list:
         status(f"tokenizer: {data.tokenizer.vocab_size} pieces ({data.tokenizer.path})")
     runs = [run.replace_model(vocab_size=data.tokenizer.vocab_size) for run, data in zip(runs, datas)]
     check_seed_batch(runs)  # tokenizers of other sizes cannot share a program
-    for data in datas:
-        status(f"baseline: unigram entropy of the {'held-out rows' if dcfg.streaming else 'corpus'} = "
-               f"{data.unigram_entropy:.3f} nats/token (the loss of a model that ignores context)")
+    entropies = ", ".join(f"{data.unigram_entropy:.3f}" for data in datas)
+    status(f"baseline: unigram entropy of the {'held-out rows' if dcfg.streaming else 'corpus'} = {entropies} "
+           f"nats/token{' (seed by seed)' if many else ''} (the loss of a model that ignores context)")
 
     cfg = runs[0].model
     task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)

@@ -35,8 +35,10 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(tisa_run, capsys):
         status = cli.main(["train", "--config", TINY, "--workdir", tisa_run, *SMALL,
                            "--config.model.position.kind=diet_rel", "--config.train.num_steps=4"])
     assert status == 2
+    captured = capsys.readouterr()
     assert "was saved for another model (model.position.kind: 'tisa' in the checkpoint, 'diet_rel'" in \
-        error_lines(capsys)[-1]
+        captured.err.strip().splitlines()[-1]
+    assert "data (" not in captured.out and "tokenizer:" not in captured.out  # refused before reading the corpus
     assert folder_digest(tisa_run) == before
     from jaxpos.run import Run  # the run still reads as the model its checkpoints hold
 

@@ -17,10 +17,17 @@ SMALL = [*SMALL_MLM, "--config.train.num_steps=4", "--config.train.log_every=2",
          "--config.train.checkpoint_every=2"]
 
 
-def test_seeds_train_at_once_as_each_would_alone(tmp_path):
+def test_seeds_train_at_once_as_each_would_alone(tmp_path, capsys):
     with one_device_training():
         assert cli.main(["train", "--config", TINY, "--workdir", str(tmp_path / "batch"), "--seeds", "2",
                          "--config.train.seed=5", "--config.data.seed=5", *SMALL]) == 0
+    printed = capsys.readouterr().out
+    assert len([line for line in printed.splitlines() if line.startswith("baseline: unigram entropy")]) == 1
+    with open(tmp_path / "batch" / "seed_5" / "report.json") as f:
+        speed = json.load(f)["train"]
+    tokens = 8 * 32  # SMALL_MLM's batch of 8 rows of 32: each seed's tokens a step, whatever trains beside it
+    assert speed["tokens_per_s"] == pytest.approx(tokens / speed["step_time"], rel=1e-6)
+    with one_device_training():
         assert cli.main(["train", "--config", TINY, "--workdir", str(tmp_path / "alone"),
                          "--config.train.seed=6", "--config.data.seed=6", *SMALL]) == 0
     assert sorted(os.listdir(tmp_path / "batch")) == ["seed_5", "seed_6"]
