@@ -173,6 +173,8 @@ def model_call(cfg, *, training: bool, **platform) -> Call:
     form = MECHANISMS[pcfg.kind].kernel_form_for(pcfg, causal) or "other"
     if pcfg.segment == "per_head" and form == "none":
         form = "factors"  # per-head segment tables reach the kernels as folded factors
+    if pcfg.randomized_max_length and form == "table":
+        form = "other"  # at scattered positions a Toeplitz table is read once per pass into a dense matrix
     return Call(**(platform or platform_facts()), low_precision=cfg.dtype in LOW_PRECISION, form=form,
                 dropout=training and cfg.attention_dropout > 0.0, shaw=pcfg.kind == "shaw",
                 switches=bool(pcfg.content_only or pcfg.position_only),

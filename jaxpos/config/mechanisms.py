@@ -50,6 +50,7 @@ class Mechanism:
     # matrix there, whatever `kernel_form` says of a bidirectional stack.
     dense_when_causal: bool = False
     check: Callable[[ModelConfig], None] | None = None  # raises a ValueError for a model block it cannot run
+    no_randomized_positions: str | None = None  # why position.randomized_max_length does not apply
 
     def is_inductive(self, pcfg: PositionConfig) -> bool:
         """Whether it works at any length under the position block `pcfg`."""
@@ -94,11 +95,21 @@ def _check_diet_abs(cfg: ModelConfig) -> None:
     if cfg.position.diet_abs.linformer_k and (cfg.causal or cfg.num_decoder_layers):
         raise ValueError("diet_abs with linformer_k mixes all key positions and cannot be causal (model.causal, or "
                          "the decoder of an encoder-decoder); use it in encoder (bidirectional) stacks only")
+    if cfg.position.diet_abs.linformer_k and cfg.position.randomized_max_length:
+        raise ValueError("diet_abs with linformer_k projects the keys of a row's columns, not of its positions: "
+                         "it cannot take position.randomized_max_length")
+
+
+def _check_tupe(cfg: ModelConfig) -> None:
+    if cfg.position.tupe.untie_cls and cfg.position.randomized_max_length:
+        raise ValueError("tupe's untie_cls finds [CLS] at position 0, which randomized positions do not keep: set "
+                         "position.tupe.untie_cls=False to randomize TUPE's positions")
 
 
 MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
     Mechanism("none", "jaxpos.positions.base:PositionMechanism", "none (bag of words)", "bag of words",
-              inductive=True, learned=False, input_only=True, kernel_form="none"),
+              inductive=True, learned=False, input_only=True, kernel_form="none",
+              no_randomized_positions="a bag of words reads no positions"),
     Mechanism("absolute", "jaxpos.positions.absolute:AbsolutePosition", "absolute, learned (BERT)",
               "learned input embeddings (BERT)", inductive=False, learned=True, input_only=True, kernel_form="none"),
     Mechanism("sinusoidal", "jaxpos.positions.absolute:SinusoidalPosition", "absolute, sinusoidal",
@@ -119,7 +130,7 @@ MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
               no_position_only_term="Shaw's relative term q.r^K is a product with the query's content"),
     Mechanism("tupe", "jaxpos.positions.tupe:TupePosition", "TUPE",
               "(p_i U_Q)(p_j U_K)ᵀ/√(2D), and q·k/√(2D) instead of q·k/√D (TUPE paper)", inductive=False,
-              learned=True, kernel_form="factors"),
+              learned=True, kernel_form="factors", check=_check_tupe),
     Mechanism("rope", "jaxpos.positions.rope:RopePosition", "RoPE", "rotary queries and keys", inductive=True,
               learned=False, no_position_only_term="RoPE rotates q and k, so positions act only through the "
                                                    "content term q.k",

@@ -125,6 +125,9 @@ class PositionConfig:
     attenuated: AttenuatedConfig = AttenuatedConfig()
     kerple: KerpleConfig = KerpleConfig()
     fire: FireConfig = FireConfig()
+    # Randomized positions (Ruoss et al.): N > model.max_length; each forward pass places a row's T tokens at a
+    # sorted sample of T distinct positions of [0, N), one sample for the whole batch (None: positions 0..T-1)
+    randomized_max_length: int | None = None
 
     def __post_init__(self):
         if self.kind not in MECHANISMS:
@@ -151,6 +154,10 @@ class PositionConfig:
         if not (self.fire.c > 0 and self.fire.threshold >= 0):
             raise ValueError(f"position.fire.c={self.fire.c} must be positive and position.fire.threshold="
                              f"{self.fire.threshold} at least 0 (0: model.max_length)")
+        check_count("position.randomized_max_length", self.randomized_max_length, 2, optional=True)
+        if self.randomized_max_length is not None and MECHANISMS[self.kind].no_randomized_positions:
+            raise ValueError(f"position.randomized_max_length does not apply to {self.kind!r}: "
+                             f"{MECHANISMS[self.kind].no_randomized_positions}")
         check_count("position.num_segments", self.num_segments, 1)
         check_count("position.tisa.num_kernels", self.tisa.num_kernels, 1)
         check_count("position.diet_rel.max_distance", self.diet_rel.max_distance, 1, optional=True)
@@ -221,6 +228,12 @@ class ModelConfig:
         return self.d_model // self.num_heads
 
     @property
+    def position_range(self) -> int:
+        """The positions a model's learned tables cover: position.randomized_max_length where set (its positions
+        are drawn from [0, N)), else max_length."""
+        return self.position.randomized_max_length or self.max_length
+
+    @property
     def embed_width(self) -> int:
         """Width of token and input-position embeddings (E for factorised embeddings, else d_model)."""
         return self.embedding_dim or self.d_model
@@ -252,6 +265,14 @@ class ModelConfig:
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
         if self.pooling not in POOLINGS:
             raise ValueError(f"model.pooling={self.pooling!r}; choose {', '.join(POOLINGS)}")
+        randomized = self.position.randomized_max_length
+        if randomized is not None and randomized <= self.max_length:
+            raise ValueError(f"position.randomized_max_length={randomized} must exceed model.max_length="
+                             f"{self.max_length}: positions are drawn from a range wider than any sequence")
+        if randomized is not None and (self.causal or self.num_decoder_layers):
+            raise ValueError("position.randomized_max_length is implemented for encoder (bidirectional) stacks: "
+                             "a causal stack or the decoder of an encoder-decoder decodes step by step at fixed "
+                             "positions")
         check = MECHANISMS[self.position.kind].check
         if check is not None:
             check(self)

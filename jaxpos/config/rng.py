@@ -35,3 +35,14 @@ TOKENIZER_SAMPLE = 7
 # name) and attention dropout. Its key for step s is fold_in(state.rng, s), and for micro-batch m of an
 # accumulated step fold_in of that key and m (jaxpos/training/loop.py).
 DROPOUT = "dropout"
+# Randomized positions (position.randomized_max_length): the flax RNG collection the stack draws a pass's positions
+# from; a training step's key is fold_in of its dropout key and POSITIONS_STREAM (the dropout key itself unchanged).
+POSITIONS = "positions"
+POSITIONS_STREAM = 1
+
+
+def step_rngs(rng) -> dict:
+    """The flax RNG collections of a training pass from its dropout key: {DROPOUT: rng, POSITIONS: ...}."""
+    import jax  # the config layer's other modules need no jax
+
+    return {DROPOUT: rng, POSITIONS: jax.random.fold_in(rng, POSITIONS_STREAM)}

@@ -47,9 +47,12 @@ def cannot_run(run: Run, length: int) -> str | None:
     """Why `run`'s mechanism cannot run at `length` (one line), or None."""
     cfg = run.model_config
     kind = cfg.position.kind
-    if length <= cfg.max_length or MECHANISMS[kind].is_inductive(cfg.position):
+    randomized = cfg.position.randomized_max_length
+    if randomized and length > randomized:  # its positions are drawn from [0, N): no sample of more
+        return f"randomized positions are drawn from [0, {randomized}) (position.randomized_max_length)"
+    if length <= cfg.position_range or MECHANISMS[kind].is_inductive(cfg.position):
         return None
-    return f"no learned position past {cfg.max_length} ({MECHANISMS[kind].label} is not inductive)"
+    return f"no learned position past {cfg.position_range} ({MECHANISMS[kind].label} is not inductive)"
 
 
 def length_batches(stream: np.ndarray, lengths: Sequence[int], tokenizer: Tokenizer, seed: int, mask_prob: float,

@@ -7,13 +7,14 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention.bias import PositionalBias, expand_toeplitz
 from jaxpos.attention.layer import MultiHeadAttention, dense
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
 from jaxpos.config.model import SAVED_NAMES
-from jaxpos.config.rng import DROPOUT
+from jaxpos.config.rng import DROPOUT, POSITIONS
 from jaxpos.positions import SegmentAttention, make_position
+from jaxpos.positions.base import FIXED_POSITIONS_SEED, randomized_positions
 from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
 
 
@@ -153,8 +154,15 @@ class TransformerStack(nn.Module):
     def __call__(self, x, *, piece_ids=None, token_types=None, input_positions=None, encoded=None,
                  encoded_piece_ids=None, encoded_positions=None, deterministic: bool = True):
         cfg = self.cfg
-        position = make_position(cfg, self.num_layers, self.causal)
+        randomized = cfg.position.randomized_max_length
+        # offset tables over the whole range when positions are drawn from it
+        position = make_position(cfg, self.num_layers, self.causal, min_span=randomized or 0)
         q_pos, k_pos = self.positions(x.shape[1])
+        if randomized and not self.decode:
+            key = self.make_rng(POSITIONS) if not deterministic else jax.random.PRNGKey(FIXED_POSITIONS_SEED)
+            q_pos = k_pos = randomized_positions(key, x.shape[1], randomized)
+            input_positions = None  # a packed piece takes the sampled positions of the columns it occupies
+            self.sow("intermediates", "positions", q_pos)
         position_embedding = position.embed(q_pos if input_positions is None or self.decode else input_positions)
         if position_embedding is not None:
             x = x + jnp.broadcast_to(position_embedding, x.shape[:2] + position_embedding.shape[-1:]).astype(x.dtype)
@@ -167,6 +175,8 @@ class TransformerStack(nn.Module):
         x = constrain(x, HIDDEN)
 
         bias = position(q_pos, k_pos)  # once per forward pass, for all layers
+        if randomized and bias.table is not None:  # scattered positions: the table read at them, once per pass
+            bias = bias.replace(dense=expand_toeplitz(bias.table, q_pos, k_pos), table=None)
         if input_positions is not None and not self.decode and (bias.factors is not None or bias.dense is not None):
             bias = bias.replace(piece_positions=(input_positions, input_positions))  # packed rows: read per piece
         if cfg.position.segment == "per_head":

@@ -21,7 +21,7 @@ def sinusoidal_table(positions: jax.Array, d_model: int, base: float = 10_000.0)
 
 def learned_position_table(module, cfg, name: str = "embedding") -> jax.Array:
     """A learned [n, E] table of input position embeddings (BERT's `position_embeddings`)."""
-    return param(module, name, normal_init(cfg.init_std), (cfg.max_length, cfg.embed_width), ("abspos", "embed"))
+    return param(module, name, normal_init(cfg.init_std), (cfg.position_range, cfg.embed_width), ("abspos", "embed"))
 
 
 def lookup_learned(kind: str, table: jax.Array, positions: jax.Array) -> jax.Array:

@@ -52,7 +52,7 @@ class AttenuatedPosition(PositionMechanism):
     """
 
     def setup(self):
-        acfg, n = self.pcfg.attenuated, self.cfg.max_length
+        acfg, n = self.pcfg.attenuated, self.cfg.position_range
         if acfg.form == "fixed":
             return
         layers, heads = sharing_shape(acfg.sharing, self.num_layers, self.cfg.num_heads)
@@ -77,10 +77,10 @@ class AttenuatedPosition(PositionMechanism):
             return PositionalBias(dense=attenuated_delta(q_pos, k_pos, acfg.w, acfg.s)[None, None],
                                   normalise_dense=True)
         span = self.span(q_pos, k_pos)
-        check_length(f"attenuated ({acfg.form})", span, self.cfg.max_length)
+        check_length(f"attenuated ({acfg.form})", span, self.cfg.position_range)
         if acfg.form == "matrix":
             rows = jnp.take(self.matrix, q_pos, axis=2)
             return PositionalBias(dense=jnp.take(rows, k_pos, axis=3))
         # Columns of the Toeplitz table over offsets -(span-1)..span-1 within the learned table.
-        column = offsets(span) + self.cfg.max_length - 1 if acfg.form == "offset" else jnp.abs(offsets(span))
+        column = offsets(span) + self.cfg.position_range - 1 if acfg.form == "offset" else jnp.abs(offsets(span))
         return PositionalBias(table=jnp.take(self.table, column, axis=-1))

@@ -52,6 +52,19 @@ def param(module: nn.Module, name: str, init: Callable, shape: Sequence[int],
     return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
 
 
+# The sample a pass without a random stream (evaluation, analysis) takes: the same for every pass of one length.
+FIXED_POSITIONS_SEED = 0
+
+
+def randomized_positions(key: jax.Array, length: int, count: int) -> jax.Array:
+    """Ruoss et al.'s randomized positions: a sorted sample of `length` distinct integers drawn uniformly from
+    [0, count). -> [length] int32. Raises a LengthError when the row is longer than the range."""
+    if length > count:
+        raise LengthError(f"randomized positions are drawn from [0, {count}) (position.randomized_max_length) but "
+                          f"got a sequence of length {length}")
+    return jnp.sort(jax.random.choice(key, count, (length,), replace=False)).astype(jnp.int32)
+
+
 class PositionMechanism(nn.Module):
     """Base of every mechanism: owns its parameters for a whole stack of `num_layers` layers.
 

@@ -21,7 +21,7 @@ class DietRelPosition(PositionMechanism):
     def setup(self):
         rcfg = self.pcfg.diet_rel
         layers, heads = sharing_shape(rcfg.sharing, self.num_layers, self.cfg.num_heads)
-        radius = rcfg.max_distance if rcfg.max_distance is not None else self.cfg.max_length - 1
+        radius = rcfg.max_distance if rcfg.max_distance is not None else self.cfg.position_range - 1
         self.table = param(self, "table", normal_init(self.cfg.init_std), (layers, heads, 2 * radius + 1),
                            sharing_axes(layers, heads) + ("relpos",))
 
@@ -47,7 +47,7 @@ class DietAbsPosition(PositionMechanism):
 
     def setup(self):
         acfg = self.pcfg.diet_abs
-        n, rank = self.cfg.max_length, acfg.rank or self.cfg.head_dim
+        n, rank = self.cfg.position_range, acfg.rank or self.cfg.head_dim
         layers, heads = sharing_shape(acfg.sharing, self.num_layers, self.cfg.num_heads)
         lead = sharing_axes(layers, heads)
         init = normal_init(self.cfg.init_std)

@@ -37,7 +37,7 @@ class TupePosition(PositionMechanism):
                                ("layers", "heads", None))
 
     def __call__(self, q_pos, k_pos):
-        check_length("tupe", self.span(q_pos, k_pos), self.cfg.max_length)
+        check_length("tupe", self.span(q_pos, k_pos), self.cfg.position_range)
         scale = (2.0 * self.cfg.head_dim) ** -0.5  # TUPE's 1/sqrt(2D), split evenly between the factors
         p_q = jnp.einsum("td,ldhr->lhtr", jnp.take(self.embedding, q_pos, axis=0), self.u_q) * scale ** 0.5
         p_k = jnp.einsum("sd,ldhr->lhsr", jnp.take(self.embedding, k_pos, axis=0), self.u_k) * scale ** 0.5

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.config.rng import DROPOUT
+from jaxpos.config.rng import step_rngs
 from jaxpos.config.run import TrainConfig
 from jaxpos.models import BertForSequenceClassification
 from jaxpos.models.layout import relayout
@@ -61,7 +61,7 @@ class ClassificationTask:
         """[B, num_labels] float32."""
         return self.model.apply({"params": params}, batch["input_ids"], piece_ids=batch["piece_ids"],
                                 token_types=batch["token_types"], deterministic=not train,
-                                rngs={DROPOUT: rng} if train else {})
+                                rngs=step_rngs(rng) if train else {})
 
     def loss(self, params, batch, rng, train):
         logits = self.logits(params, batch, rng, train)

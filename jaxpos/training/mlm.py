@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxpos.config.rng import DROPOUT
+from jaxpos.config.rng import step_rngs
 from jaxpos.models import BertForMaskedLM
 from jaxpos.training.flops import mlm_step_flops
 
@@ -73,7 +73,7 @@ class MaskedLMTask:
             {"params": params}, batch["input_ids"], piece_ids=batch["piece_ids"],
             token_types=batch["token_types"], input_positions=batch.get("positions"),
             predict_positions=predicted, deterministic=not train,
-            rngs={DROPOUT: rng} if train else {})
+            rngs=step_rngs(rng) if train else {})
         loss, correct, weight = token_cross_entropy(logits, targets, weights)
         return loss, {"loss": loss, "correct": correct, "weight": weight}
 

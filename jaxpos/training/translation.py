@@ -11,7 +11,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxpos.config.rng import DROPOUT
+from jaxpos.config.rng import step_rngs
 from jaxpos.models import EncoderDecoder
 from jaxpos.training.flops import translation_step_flops
 from jaxpos.training.mlm import summarize_token_sums, token_cross_entropy
@@ -42,7 +42,7 @@ class TranslationTask:
             {"params": params}, batch["inputs"], targets, input_piece_ids=batch.get("input_piece_ids"),
             target_piece_ids=target_piece_ids, input_positions=batch.get("input_positions"),
             target_positions=batch.get("target_positions"), deterministic=not train,
-            rngs={DROPOUT: rng} if train else {})
+            rngs=step_rngs(rng) if train else {})
         weights = (targets != 0).astype(jnp.float32)
         if target_piece_ids is not None:
             weights = weights * (target_piece_ids != 0)

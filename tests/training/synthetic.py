@@ -47,11 +47,13 @@ class SyntheticData:
         self.seed, self.index = state["seed"], state["index"]
 
 
-def config(num_steps: int, checkpoint_every: int = 5, accum: int = 1, kind: str = "tisa", scan: bool = False):
+def config(num_steps: int, checkpoint_every: int = 5, accum: int = 1, kind: str = "tisa", scan: bool = False,
+           randomized: int | None = None):
     c = ml_collections.ConfigDict()
     c.model = model_block(vocab_size=VOCAB, d_model=32, num_layers=2, num_heads=4, mlp_dim=64, max_length=SEQ,
                           dropout=0.1, attention_dropout=0.1, scan_layers=scan)
     c.model.position.kind = kind
+    c.model.position.randomized_max_length = randomized
     c.data = ml_collections.ConfigDict(dict(seq_len=SEQ))
     c.train = train_block(num_steps=num_steps, batch_size=BATCH, learning_rate=3e-3, log_every=5,
                           checkpoint_every=checkpoint_every, eval_every=10_000, grad_accum_steps=accum,
@@ -62,11 +64,12 @@ def config(num_steps: int, checkpoint_every: int = 5, accum: int = 1, kind: str 
 
 def run(workdir: str, num_steps: int, checkpoint_every: int = 5, poison_at=None, accum: int = 1, log=False,
         kind: str = "tisa", prefetch: int = 0, data=None, seed: int = 0, stop_at: int | None = None,
-        scan: bool = False, dropout: float = 0.1):
+        scan: bool = False, dropout: float = 0.1, randomized: int | None = None):
     """A Trainer's run on SyntheticData (or `data`); `prefetch`: train.prefetch_batches; `seed`: train.seed and the
     data's; `stop_at`: ends there (the schedule still that of `num_steps`), as a run stopped there would; `scan`:
-    model.scan_layers; `dropout`: the model's dropout and attention dropout."""
-    c = config(num_steps, checkpoint_every, accum, kind, scan)
+    model.scan_layers; `dropout`: the model's dropout and attention dropout; `randomized`: the model's
+    position.randomized_max_length."""
+    c = config(num_steps, checkpoint_every, accum, kind, scan, randomized)
     c.train.update(prefetch_batches=prefetch, seed=seed)
     c.model.update(dropout=dropout, attention_dropout=dropout)
     run = run_config(c, task="mlm")
