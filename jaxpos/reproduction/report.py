@@ -362,9 +362,14 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
         pairs = f"of {count:,} training pairs" if count else "of all the training pairs"
         at = (f"at each learning rate of {', '.join(f'{r:g}' for r in rates)}" if len(rates) > 1 else
               f"at learning rate {rates[0]:g}")
+        left = sorted({r["order"]["couples_left_out"]["dev"] for runs in table.values() for r in runs
+                       if (r.get("order") or {}).get("couples_left_out")})  # runs from before results count them
+        left_out = "" if not left else (
+            f", the couples whose two members the run's tokenizer splits into different pieces left out (dev: "
+            f"{left[0]}{'' if len(left) == 1 else f'–{left[-1]}'} per run)")
         lines.append(
             f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with "
-            f"two distant content words swapped in one side; bag of words at chance by construction), "
+            f"two distant content words swapped in one side; bag of words at chance by construction{left_out}), "
             f"{order['num_steps']:,} steps of {order['batch_size']} pairs ({pairs}) {at}, {pooled}, the best dev "
             f"accuracy over evaluations{' and rates' if len(rates) > 1 else ''} (the papers' protocol); bag of words "
             f"fine-tuned on every task as the floor; without fine-tuning, the masked LM's preference for the dev "
