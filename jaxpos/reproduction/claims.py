@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxpos.evaluation.metrics import wilson_interval
 from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, STAGES
-from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE
+from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, counts
 
 VERDICTS = (HOLDS, CONTRADICTED, INCONCLUSIVE)
 ALPHA = 0.05  # family-wise error rate of the report's comparisons (Holm), and the level of the training check
@@ -155,7 +155,7 @@ def mean_by_seed(values: Sequence[Mapping[int, float | None]]) -> dict[int, floa
 def describe(values) -> dict:
     """{"mean", "sd" (ddof=1; None for one value), "n", "values"} of the finite values of a list or {seed: value}."""
     values = values.values() if isinstance(values, Mapping) else values
-    xs = [float(v) for v in values if v is not None and np.isfinite(v)]
+    xs = [float(v) for v in values if counts(v)]
     if not xs:
         return dict(mean=None, sd=None, n=0, values=[])
     return dict(mean=float(np.mean(xs)), sd=float(np.std(xs, ddof=1)) if len(xs) > 1 else None, n=len(xs),
@@ -479,7 +479,7 @@ def _chen_correlation(table, trained):
         for s in seeds:
             pairs = [(value_at(r, f"last.headline.{name}"), accuracy(r)) for m in pool for r in table[m]
                      if r["seed"] == s]
-            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            pairs = [(a, b) for a, b in pairs if counts(a) and counts(b)]  # a diverged run ranks nowhere
             rho[s] = rank_correlation([a for a, _ in pairs], [b for _, b in pairs])
         measured[name] = dict(describe(rho), undefined_seeds=[s for s, v in rho.items() if v is None])
         parts.append(comparison(f"Spearman ρ across mechanisms of final {name} and word-order task accuracy", rho, None,

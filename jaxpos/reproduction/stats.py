@@ -18,7 +18,8 @@ lies on the side of the mean; so "the interval at the Holm-adjusted level exclud
 two-sided: a one-sided p in the claimed direction can say "holds" but never "contradicted".
 
 NaN policy: a seed where either side is NaN, infinite or None (a run that diverged or did not measure the value) is
-dropped from both sides, and `dropped` counts it; fewer than 2 seeds left is a ValueError.
+dropped from both sides, and `dropped` counts it; fewer than 2 seeds left is a ValueError. `counts` applies the
+policy to one value wherever the reproduction reads runs' numbers.
 
 Minimum detectable difference: the smallest true mean difference that these n seeds, with a per-seed spread equal
 to the observed sd, would detect with 80% power at the same alpha and alternative. The usual closed form
@@ -79,6 +80,11 @@ class PairedDifference:
     @property
     def confidence(self) -> float:
         return 1.0 - self.alpha
+
+
+def counts(value) -> bool:
+    """Whether a seed's value counts under the NaN policy (module docstring): None, NaN and inf do not."""
+    return value is not None and bool(np.isfinite(value))
 
 
 def _check_alternative(alternative: str):

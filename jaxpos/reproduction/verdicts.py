@@ -96,11 +96,6 @@ def _not_learned_reason(part: dict, table: dict) -> str | None:
     return f"{NOT_LEARNED}: " + "; ".join(said) + " (best dev accuracy inside chance's interval for its looks)"
 
 
-def _finite(value) -> bool:
-    """Whether a seed's value counts (the NaN policy of jaxpos.reproduction.stats: None, NaN and inf do not)."""
-    return value is not None and bool(np.isfinite(value))
-
-
 def _direction(mean: float | None, expected_sign: int) -> str | None:
     if mean is None or mean == 0:
         return None
@@ -121,7 +116,7 @@ def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: f
         for index, part in enumerate(parts):
             if part["kind"] != "comparison":
                 continue
-            pairs = [(a, b) for a, b in zip(part["a"], part["b"]) if _finite(a) and _finite(b)]  # stats' NaN policy
+            pairs = [(a, b) for a, b in zip(part["a"], part["b"]) if stats.counts(a) and stats.counts(b)]
             part["measured_mean"] = float(np.mean([a - b for a, b in pairs])) if pairs else None
             part["direction"] = _direction(part["measured_mean"], part["expected_sign"])
             late = _not_trained_reason(part["about"], training)

@@ -254,6 +254,25 @@ def test_rank_correlation_matches_scipy():
     assert C.rank_correlation([1, 2, 3], [5, 5, 5]) is None
 
 
+def test_chens_correlation_leaves_out_the_runs_whose_value_is_none_nan_or_inf():
+    """The reproduction's NaN policy: a diverged run ranks nowhere (NaN would rank as the largest value)."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    mechanisms = ["absolute", "sinusoidal", "tisa", "rope", "alibi", "t5"]
+    locality = [0.1, 0.3, 0.2, float("nan"), 0.5, 0.4]
+    symmetry = [0.2, float("inf"), 0.4, 0.3, None, 0.6]
+    accuracy = [0.6, 0.7, 0.65, 0.5, 0.9, 0.55]
+    table = {m: [fake_run(m, 0, BAG, last=dict(headline=dict(locality=loc, symmetry=sym)), order=dict(best=acc))]
+             for m, loc, sym, acc in zip(mechanisms, locality, symmetry, accuracy)}
+    parts, measured = C._chen_correlation(table, {})
+    for name, values, part in zip(("locality", "symmetry"), (locality, symmetry), parts):
+        kept = [(v, a) for v, a in zip(values, accuracy) if v is not None and np.isfinite(v)]
+        expected = scipy_stats.spearmanr([v for v, _ in kept], [a for _, a in kept]).statistic
+        assert part["a"] == [pytest.approx(expected, abs=1e-12)], name
+        assert measured[name]["values"] == [pytest.approx(expected, abs=1e-12)]
+    # by hand: ranks 1 3 2 5 4 against 2 4 3 5 1, so rho = 1 - 6 * 12 / (5 * 24)
+    assert parts[0]["a"][0] == pytest.approx(0.4, abs=1e-12)
+
+
 # --- the runs a choice of claims needs ------------------------------------------------------------------------------
 
 def test_only_the_runs_the_chosen_claims_need():
