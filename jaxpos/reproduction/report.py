@@ -12,6 +12,7 @@ from jaxpos.analysis.plots import line_style, plt, save_figure  # plots chooses 
 from jaxpos.analysis.report import jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.config.files import write_json_atomically
 from jaxpos.reproduction import claims as C
+from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
 from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
 
@@ -150,7 +151,8 @@ def comparisons_table(claims: list[dict]) -> str:
                 continue
             test = p.get("test")
             if test:
-                interval = f"{test['mean']:+.3g} ({test['ci_low']:+.3g} to {test['ci_high']:+.3g})"
+                interval = (f"{test['mean']:+.3g} ({test['ci_low']:+.3g} to {test['ci_high']:+.3g}"
+                            f"{S.clipped_note(test.get('clipped_to'))})")
                 rows.append([c["id"], p["what"], interval, f"{test['p']:.2g}", f"{test['p_holm']:.2g}",
                              _verdict_text(p), f"{test['mdd']:.3g}" if p["verdict"] == C.INCONCLUSIVE else ""])
             else:

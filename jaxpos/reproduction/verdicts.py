@@ -66,7 +66,8 @@ def training_status(table: dict, alpha: float = ALPHA) -> dict[str, dict]:
 
 def _test_dict(result: stats.PairedDifference) -> dict:
     return dict(n=result.n, dropped=result.dropped, mean=result.mean, sd=result.sd, ci_low=result.ci_low,
-                ci_high=result.ci_high, t=result.t, p=result.p, mdd=result.mdd)
+                ci_high=result.ci_high, t=result.t, p=result.p, mdd=result.mdd,
+                clipped_to=None if result.clipped_to is None else list(result.clipped_to))
 
 
 # --- verdicts ----------------------------------------------------------------------------------------------------
@@ -132,7 +133,8 @@ def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: f
             elif unlearned := _not_learned_reason(part, table):
                 part.update(verdict=INCONCLUSIVE, why=NOT_LEARNED, reason=unlearned)
             else:
-                tested.append((len(records), index, stats.paired_difference(part["a"], part["b"], alpha=alpha)))
+                tested.append((len(records), index, stats.paired_difference(part["a"], part["b"], alpha=alpha,
+                                                                             bounds=part.get("bounds"))))
         records.append(dict(id=claim.id, paper=claim.paper, reference=claim.reference, claim=claim.statement,
                             figure=dataclasses.asdict(claim.figure), parts=parts, measured=measured,
                             caveat=claim.caveat))

@@ -18,6 +18,7 @@ import pytest
 
 from jaxpos.data.bible import chapter_split, is_held_out_chapter
 from jaxpos.reproduction import claims as C
+from jaxpos.reproduction import report as R
 from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
 from jaxpos.reproduction.matrix import PROFILES, make_plan
@@ -212,6 +213,28 @@ def test_a_seed_with_a_nan_value_is_dropped_from_both_sides():
     [part] = V.evaluate_claims(table([0.30, float("nan"), 0.32]),
                                C.select_claims(["tisa_local"]))["claims"][0]["parts"]
     assert part["test"]["n"] == 2 and part["test"]["dropped"] == 1
+
+
+def test_a_bounded_quantity_reports_its_interval_clipped_to_its_range():
+    """Chen et al.'s swap claim at 2 seeds: the share of swapped paraphrases still called paraphrases, minus 0.5,
+    lies in [-0.5, 0.5] and the accuracy gap in [-1, 1], where the t interval (12.7 standard errors either side)
+    would reach past +-3; the report prints the clipped interval and says so. Losses and step times have no bound."""
+    table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in range(2)],
+             "tisa": [fake_run("tisa", s, curve([0.0, 0.3, 0.6])(s), probe=dict(
+                 swapped_paraphrase_share=share, original=0.9, local_drop=0.05, paraphrase_share=0.9))
+                 for s, share in enumerate([0.8, 0.3])]}
+    claim = V.evaluate_claims(table, C.select_claims(["chen_swaps"]))["claims"][0]
+    share, gap = claim["parts"]
+    assert share["bounds"] == [-0.5, 0.5] and gap["bounds"] == [-1.0, 1.0]
+    assert share["test"]["mean"] == pytest.approx(0.05) and gap["test"]["mean"] == pytest.approx(0.4)
+    assert (share["test"]["ci_low"], share["test"]["ci_high"]) == (-0.5, 0.5)
+    assert (gap["test"]["ci_low"], gap["test"]["ci_high"]) == (-1.0, 1.0)
+    assert "95% CI -0.5 to +0.5, clipped to the difference's range -0.5 to +0.5, 2 seeds" in share["reason"]
+    table_text = R.comparisons_table([claim])
+    assert "+0.05 (-0.5 to +0.5, clipped to the difference's range -0.5 to +0.5)" in table_text
+    assert "+0.4 (-1 to +1, clipped to the difference's range -1 to +1)" in table_text
+    for unbounded in C.select_claims(["tisa_inductive", "diet_step_time"]):
+        assert all(p["bounds"] is None for p in unbounded.judge({}, {})[0])
 
 
 def test_a_mechanism_that_parts_and_rejoins_has_not_parted():
