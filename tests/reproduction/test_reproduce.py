@@ -593,6 +593,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     assert "Unigram entropy of the training corpus" in report and "| step | `none` | `tisa` |" in report
     assert "a run's time by stage (mean over the runs that have the stage): pretraining " in report
     assert "the pooler on [CLS]" in report
+    assert "the couples whose two members the run's tokenizer splits into different pieces left out (dev: " in report
     assert set(numbers["mechanisms"]) == {"none", "tisa"} and numbers["missing"] == []
     for path in numbers["figures"].values():
         assert os.path.getsize(out / path) > 1000
@@ -617,6 +618,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
         assert run["order"]["best"] == max(r["best"] for r in run["order"]["by_learning_rate"].values())
         assert run["order"]["dev_pairs"] == 32 and run["order"]["looks"] == 2 * len(run["order"]["by_learning_rate"])
         assert run["order"]["pooling"] == "cls"  # configs/finetune/bible_order.py's
+        assert set(run["order"]["couples_left_out"]) == {"train", "dev"}  # their members' pieces differ
         zero_shot = run["order"]["zero_shot"]  # the dev couples scored by the pretrained masked LM
         assert zero_shot["pairs"] + zero_shot["too_long"] == 16 and zero_shot["low"] <= zero_shot["accuracy"]
         if name.startswith("none"):  # a sentence and its reordering score alike without positions
