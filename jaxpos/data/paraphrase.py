@@ -31,8 +31,11 @@ The offline word-order pair task (TaskSpec "bible_order"), in the spirit of PAWS
                          (the probe's global swap, which changes who does what to whom)
 Both members of a couple hold the same words on each side, so a model blind to word order (no positions: bag of
 words) gives both the same output and is at chance by construction; only word order tells the classes apart.
-Splits, balance and sizes follow the paraphrase task's (its chapters, its couples less the few verses with no two
-content words far enough apart).
+Words are not pieces: a tokenizer can split a word differently beside a mark glued to it ('"Many' and '"excel' lose
+the word-start piece that 'Many' and 'excel' have), so the draws take a `keep` test of the couples as a tokenizer
+encodes them (jaxpos.data.classification.same_pieces): a couple it refuses is left out and the next couple drawn
+takes its place. Splits, balance and sizes follow the paraphrase task's (its chapters, its couples less the few
+verses with no two content words far enough apart, and those `keep` refuses).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -68,6 +71,9 @@ class VersePair:
 
     def example(self) -> Example:
         return Example(self.text_a, self.text_b, self.label)
+
+
+Keep = Callable[[list[tuple[VersePair, VersePair]]], Sequence[bool]]  # couples -> whether each may be drawn
 
 
 def length_matched_foils(chapter: dict[Verse, str], rng: np.random.Generator) -> dict[Verse, Verse]:
@@ -126,9 +132,10 @@ def bible_paraphrase_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv
 
 
 def draw_couples(pools: dict[str, Sequence[tuple[VersePair, VersePair]]], task: str, split: str, num_examples: int,
-                 stream: list[int]) -> list[tuple[VersePair, VersePair]]:
+                 stream: list[int], keep: Keep | None = None) -> list[tuple[VersePair, VersePair]]:
     """The ceil(num_examples / 2) couples (0 = all) of `split`'s pool drawn at random from `stream` (with the
-    split). Raises ValueError for an unknown split and when the pool has fewer."""
+    split). `keep` (couples -> a flag each) leaves out the couples it refuses, the next ones drawn taking their
+    places. Raises ValueError for an unknown split and when the pool has fewer."""
     if split not in SPLITS:
         raise ValueError(f"the {task} task has splits {', '.join(SPLITS)}, not {split!r}")
     pool = pools[split]
@@ -136,14 +143,26 @@ def draw_couples(pools: dict[str, Sequence[tuple[VersePair, VersePair]]], task: 
     if couples > len(pool):
         raise ValueError(f"the {task} {split!r} split has {2 * len(pool)} pairs, fewer than the {num_examples} "
                          "asked for")
-    return [pool[i] for i in np.random.default_rng([*stream, SPLITS.index(split)]).permutation(len(pool))[:couples]]
+    order = np.random.default_rng([*stream, SPLITS.index(split)]).permutation(len(pool))
+    if keep is None:
+        return [pool[i] for i in order[:couples]]
+    chosen: list[tuple[VersePair, VersePair]] = []
+    start = 0
+    while len(chosen) < couples and start < len(order):  # usually one pass: few couples are refused
+        batch = [pool[i] for i in order[start:start + couples - len(chosen)]]
+        start += len(batch)
+        chosen += [couple for couple, kept in zip(batch, keep(batch)) if kept]
+    if num_examples and len(chosen) < couples:
+        raise ValueError(f"the {task} {split!r} split has {2 * len(chosen)} pairs once the couples `keep` refuses "
+                         f"are left out, fewer than the {num_examples} asked for")
+    return chosen
 
 
 def sample_couples(pools: dict[str, Sequence[tuple[VersePair, VersePair]]], task: str, split: str, num_examples: int,
-                   stream: list[int]) -> list[VersePair]:
+                   stream: list[int], keep: Keep | None = None) -> list[VersePair]:
     """`num_examples` pairs (0 = all) of the couples `draw_couples` draws, in a random order: the classes balanced
     within one."""
-    pairs = [pair for couple in draw_couples(pools, task, split, num_examples, stream) for pair in couple]
+    pairs = [pair for couple in draw_couples(pools, task, split, num_examples, stream, keep) for pair in couple]
     if num_examples:
         pairs = pairs[:num_examples]
     order = np.random.default_rng([*stream, SPLITS.index(split), len(pools[split])]).permutation(len(pairs))
@@ -176,22 +195,24 @@ def order_pools(editions: tuple[str, ...], seed: int = 0, dev_fraction: float = 
 
 def bible_order_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv", "bbe"), num_examples: int = 0,
                       seed: int = 0, dev_fraction: float = 0.02, test_fraction: float = 0.02,
-                      books: Sequence[int] = (), min_distance: int = 5) -> list[VersePair]:
+                      books: Sequence[int] = (), min_distance: int = 5,
+                      keep: Keep | None = None) -> list[VersePair]:
     """The bible_order task's `split` as `bible_paraphrase_pairs` draws its own: balanced couples in a seeded
-    random order."""
+    random order, less those `keep` refuses (`draw_couples`)."""
     pools = order_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books),
                         min_distance)
-    return sample_couples(pools, "bible_order", split, num_examples, [seed, BIBLE_ORDER])
+    return sample_couples(pools, "bible_order", split, num_examples, [seed, BIBLE_ORDER], keep)
 
 
 def bible_order_minimal_pairs(split: str, *, editions: Sequence[str] = ("web", "kjv", "bbe"), num_examples: int = 0,
                               seed: int = 0, dev_fraction: float = 0.02, test_fraction: float = 0.02,
-                              books: Sequence[int] = (), min_distance: int = 5) -> list[tuple[str, str]]:
+                              books: Sequence[int] = (), min_distance: int = 5,
+                              keep: Keep | None = None) -> list[tuple[str, str]]:
     """The side each couple of `bible_order_pairs(split, ...)` swaps, as (as it is, swapped): the minimal pairs a
     masked LM can score without fine-tuning. One per couple, in drawing order."""
     pools = order_pools(tuple(editions), seed, dev_fraction, test_fraction, tuple(int(b) for b in books),
                         min_distance)
-    couples = draw_couples(pools, "bible_order", split, num_examples, [seed, BIBLE_ORDER])
+    couples = draw_couples(pools, "bible_order", split, num_examples, [seed, BIBLE_ORDER], keep)
     return [(same.text_a, swapped.text_a) if same.text_a != swapped.text_a else (same.text_b, swapped.text_b)
             for same, swapped in couples]
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxpos.evaluation.metrics import wilson_interval
 from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, STAGES
-from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE
+from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, counts
 
 VERDICTS = (HOLDS, CONTRADICTED, INCONCLUSIVE)
 ALPHA = 0.05  # family-wise error rate of the report's comparisons (Holm), and the level of the training check
@@ -37,6 +37,8 @@ CALLED_PARAPHRASE = 0.5  # "the swap goes unnoticed": most swapped paraphrases a
 NOT_TRAINED = "not trained far enough"  # the reason of a comparison whose mechanisms do not use positions yet
 NOT_LEARNED = "did not learn the task"  # the reason of a downstream comparison with a side at chance
 STEP_TIMES_FILE = "step_times.json"  # OUT/: the step times of `timed_alone` claims' mechanisms, timed alone
+SHARE_DIFFERENCE = (-1.0, 1.0)  # the range of a - b for a, b in [0, 1] (accuracies, rates, attention weights)
+CORRELATION = (-1.0, 1.0)  # the range of a correlation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +157,7 @@ def mean_by_seed(values: Sequence[Mapping[int, float | None]]) -> dict[int, floa
 def describe(values) -> dict:
     """{"mean", "sd" (ddof=1; None for one value), "n", "values"} of the finite values of a list or {seed: value}."""
     values = values.values() if isinstance(values, Mapping) else values
-    xs = [float(v) for v in values if v is not None and np.isfinite(v)]
+    xs = [float(v) for v in values if counts(v)]
     if not xs:
         return dict(mean=None, sd=None, n=0, values=[])
     return dict(mean=float(np.mean(xs)), sd=float(np.std(xs, ddof=1)) if len(xs) > 1 else None, n=len(xs),
@@ -220,14 +222,15 @@ def label(m: str) -> str:
 # --- the parts of a claim ------------------------------------------------------------------------------------------
 
 def comparison(what: str, a: Mapping[int, float | None], b: Mapping[int, float | None] | None, expected_sign: int,
-               about: Sequence[str], task: str | None = None) -> dict:
+               about: Sequence[str], task: str | None = None, bounds: tuple[float, float] | None = None) -> dict:
     """A comparison part: a - b > 0 (expected_sign = +1) or < 0 (-1), per seed; b = None compares a with 0. It is
     tested only when every mechanism of `about` uses positions ((): always) and, for scores on a downstream `task`
-    (a result.json key), learned it in every seed (`learned_task`)."""
+    (a result.json key), learned it in every seed (`learned_task`). `bounds`: the range a - b can take, for a
+    bounded quantity (a share, a correlation), to which its reported interval is clipped."""
     seeds = sorted(set(a) | set(b or {}))
     return dict(kind="comparison", what=what, seeds=seeds, a=[a.get(s) for s in seeds],
                 b=[(b or {}).get(s, None) if b is not None else 0.0 for s in seeds], expected_sign=expected_sign,
-                about=list(about), task=task)
+                about=list(about), task=task, bounds=None if bounds is None else list(bounds))
 
 
 def learned_task(score: dict) -> bool | None:
@@ -320,8 +323,9 @@ def _tisa_local(table, trained):
     def excess(r):
         pa = r.get("positional_attention")
         return None if not pa else pa["locality"] - pa["uniform_locality"]
+    # locality and symmetry of attention rows (distributions) lie in [0, 1]
     parts = [comparison("locality of TISA's position-only attention softmax_j f(j − i) − a uniform matrix's",
-                        by_seed(table, "tisa", excess), None, 1, ["tisa"])]
+                        by_seed(table, "tisa", excess), None, 1, ["tisa"], bounds=SHARE_DIFFERENCE)]
     return parts, dict(locality=describe(by_seed(table, "tisa", field("positional_attention.locality"))),
                        uniform=describe(by_seed(table, "tisa", field("positional_attention.uniform_locality"))))
 
@@ -331,7 +335,7 @@ def _tisa_parameters(table, trained):
     ratios = [t / a for s, t in params["tisa"].items() if (a := params["absolute"].get(s)) and t is not None]
     parts = [comparison("word-order task dev accuracy, TISA + input positions − input positions alone",
                         by_seed(table, "tisa_input", accuracy), by_seed(table, "absolute", accuracy), 1,
-                        ["tisa_input", "absolute"], task="order"),
+                        ["tisa_input", "absolute"], task="order", bounds=SHARE_DIFFERENCE),
              bound(ratios, lambda x: x < 1, "TISA's / input positions' positional parameters", "< 1")]
     return parts, dict(accuracy={m: describe(by_seed(table, m, accuracy)) for m in params},
                        positional_parameters={m: describe(v) for m, v in params.items()})
@@ -379,7 +383,8 @@ def _tisa_inductive(table, trained):
 def _diet_per_head(table, trained):
     base = by_seed(table, "absolute", accuracy)
     parts = [comparison(f"word-order task dev accuracy, {label(m)} − input positions", by_seed(table, m, accuracy),
-                        base, 1, [m, "absolute"], task="order") for m in ("diet_rel", "diet_abs")]
+                        base, 1, [m, "absolute"], task="order", bounds=SHARE_DIFFERENCE)
+             for m in ("diet_rel", "diet_abs")]
     return parts, dict(accuracy={m: describe(by_seed(table, m, accuracy)) for m in ("absolute", "diet_rel",
                                                                                   "diet_abs")})
 
@@ -404,16 +409,17 @@ def _diet_rank(table, trained):
 def _diet_sharing(table, trained):
     acc = {m: by_seed(table, m, accuracy) for m in ("diet_abs", "diet_abs_unshared", "diet_rel", "diet_rel_layer")}
     parts = [comparison("word-order task dev accuracy, DIET-Abs shared by layer − unshared", acc["diet_abs"],
-                        acc["diet_abs_unshared"], 1, ["diet_abs", "diet_abs_unshared"], task="order"),
+                        acc["diet_abs_unshared"], 1, ["diet_abs", "diet_abs_unshared"], task="order",
+                        bounds=SHARE_DIFFERENCE),
              comparison("word-order task dev accuracy, DIET-Rel shared by layer − unshared", acc["diet_rel_layer"],
-                        acc["diet_rel"], -1, ["diet_rel_layer", "diet_rel"], task="order")]
+                        acc["diet_rel"], -1, ["diet_rel_layer", "diet_rel"], task="order", bounds=SHARE_DIFFERENCE)]
     return parts, dict(accuracy={m: describe(v) for m, v in acc.items()})
 
 
 def _diet_segments(table, trained):
     a, b = by_seed(table, "diet_abs_segments", accuracy), by_seed(table, "diet_abs", accuracy)
     parts = [comparison("word-order task dev accuracy, DIET-Abs (shared by layer): per-head − input segments", a, b, 1,
-                        ["diet_abs_segments", "diet_abs"], task="order")]
+                        ["diet_abs_segments", "diet_abs"], task="order", bounds=SHARE_DIFFERENCE)]
     return parts, dict(accuracy=dict(per_head=describe(a), input=describe(b)))
 
 
@@ -445,8 +451,9 @@ def _chen_rise(table, trained):
         change = mean_by_seed(list(per_mechanism.values()))
         measured[name] = dict(pooled_change=describe(change),
                               per_mechanism={m: describe(v) for m, v in per_mechanism.items()})
+        # of attention rows (distributions): in [0, 1]
         parts.append(comparison(f"identical-word {name}, last − first analysed checkpoint, mean over the learned "
-                                "mechanisms that use positions", change, None, 1, pool))
+                                "mechanisms that use positions", change, None, 1, pool, bounds=SHARE_DIFFERENCE))
     return parts, measured
 
 
@@ -479,11 +486,11 @@ def _chen_correlation(table, trained):
         for s in seeds:
             pairs = [(value_at(r, f"last.headline.{name}"), accuracy(r)) for m in pool for r in table[m]
                      if r["seed"] == s]
-            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            pairs = [(a, b) for a, b in pairs if counts(a) and counts(b)]  # a diverged run ranks nowhere
             rho[s] = rank_correlation([a for a, _ in pairs], [b for _, b in pairs])
         measured[name] = dict(describe(rho), undefined_seeds=[s for s, v in rho.items() if v is None])
         parts.append(comparison(f"Spearman ρ across mechanisms of final {name} and word-order task accuracy", rho, None,
-                                1, pool))
+                                1, pool, bounds=CORRELATION))
     return parts, measured
 
 
@@ -499,9 +506,11 @@ def _chen_swaps(table, trained):
 
     share = pooled(table, pool, field("probe.swapped_paraphrase_share"))
     parts = [comparison(f"share of globally swapped paraphrases still called paraphrases − {CALLED_PARAPHRASE}",
-                        {s: v - CALLED_PARAPHRASE for s, v in share.items()}, None, 1, pool),
+                        {s: v - CALLED_PARAPHRASE for s, v in share.items()}, None, 1, pool,
+                        bounds=(-CALLED_PARAPHRASE, 1.0 - CALLED_PARAPHRASE)),
+             # = mean local accuracy + share - 1, a difference of two values in [0, 1]
              comparison("accuracy drop under the global swap − under local shuffles (mean over x = 2..5)",
-                        pooled(table, pool, gap), None, 1, pool)]
+                        pooled(table, pool, gap), None, 1, pool, bounds=SHARE_DIFFERENCE)]
     measured = dict(mechanisms=pool, swapped_paraphrase_share=describe(share),
                     paraphrase_share=describe(pooled(table, pool, field("probe.paraphrase_share"))),
                     local_drop=describe(pooled(table, pool, field("probe.local_drop"))),
@@ -552,7 +561,7 @@ def _identifiability_effective(table, trained):
 
     diffs = by_seed(table, "absolute", change)
     parts = [comparison("Pearson r(raw, effective) at the longest T > D − at the longest T <= D (absolute)", diffs,
-                        None, -1, ["absolute"])]
+                        None, -1, ["absolute"], bounds=(2 * CORRELATION[0], 2 * CORRELATION[1]))]
     curves = [v for v in by_seed(table, "absolute", field("final.effective_attention.correlation")).values() if v]
     return parts, dict(change=describe(diffs),
                        lengths=next((value_at(r, "final.effective_attention.lengths")
@@ -567,8 +576,10 @@ def _identifiability_tokens(table, trained):
     first = by_seed(table, "absolute", rate(1))
     last = by_seed(table, "absolute", rate(-1))
     parts = [comparison(f"linear-probe identifiability at layer 1 − {RECOVERABLE} (most tokens identified)",
-                        {s: None if v is None else v - RECOVERABLE for s, v in first.items()}, None, 1, ["absolute"]),
-             comparison("identifiability at the last layer − layer 1", last, first, -1, ["absolute"])]
+                        {s: None if v is None else v - RECOVERABLE for s, v in first.items()}, None, 1, ["absolute"],
+                        bounds=(-RECOVERABLE, 1.0 - RECOVERABLE)),
+             comparison("identifiability at the last layer − layer 1", last, first, -1, ["absolute"],
+                        bounds=SHARE_DIFFERENCE)]
     rates = [v for v in by_seed(table, "absolute", field("final.identifiability.rates.linear")).values() if v]
     return parts, dict(layer1=describe(first), last=describe(last),
                        rates_mean=np.mean(rates, axis=0).tolist() if rates else None)

@@ -33,7 +33,7 @@ from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences
 from jaxpos.config.files import write_json_atomically
 from jaxpos.config.run import FinetuneDataConfig, typed_block
 from jaxpos.config.validate import check_run_config
-from jaxpos.data.classification import load_examples, order_minimal_pairs
+from jaxpos.data.classification import jaxpos_tokenizer, load_examples, order_minimal_pairs
 from jaxpos.data.mlm import PackedExamples
 from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
 from jaxpos.data.tokenizer import load_tokenizer
@@ -300,11 +300,14 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     protocol); and, without fine-tuning, how often the masked LM scores the dev couples' swapped side higher as it
     is than swapped (`minimal_pair_preference`). {"task", "best", "learning_rate" (the best one's),
     "by_learning_rate": {rate: {"best", "last"}}, "chance", "steps", "dev_pairs", "looks" (the dev evaluations
-    the best is taken over), "pooling" (what the classifier's pooler read), "zero_shot"}."""
+    the best is taken over), "pooling" (what the classifier's pooler read), "zero_shot", "couples_left_out" ({split:
+    couples whose two members the tokenizer splits into different pieces})}."""
     data = typed_block(FinetuneDataConfig, finetune_config(plan, seed, "order").data, "data")
-    dev_minimal_pairs = order_minimal_pairs(data, "dev")  # a pair each couple of the dev pairs comes from
+    mlm = Run.open(pretrained, "mlm")
+    # A pair each couple of the dev pairs comes from: the fine-tuning's tokenizer leaves out the same couples.
+    dev_minimal_pairs = order_minimal_pairs(data, "dev", jaxpos_tokenizer(mlm.tokenizer()))
     try:
-        zero_shot = minimal_pair_preference(Run.open(pretrained, "mlm"), dev_minimal_pairs)
+        zero_shot = minimal_pair_preference(mlm, dev_minimal_pairs)
     except (NothingToScore, LengthError) as err:  # the model cannot score the pairs: the report shows none
         zero_shot = dict(skipped=str(err).split(";")[0])
     scores, report, config, looks = {}, None, None, 0
@@ -320,7 +323,7 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     return dict(task=report["task"], best=scores[best_rate]["best"], learning_rate=float(best_rate),
                 by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=config.train.num_steps,
                 dev_pairs=data.offline_dev_examples or 2 * len(dev_minimal_pairs), looks=looks,
-                pooling=config.model.pooling, zero_shot=zero_shot)
+                pooling=config.model.pooling, zero_shot=zero_shot, couples_left_out=report["couples_left_out"])
 
 
 def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:

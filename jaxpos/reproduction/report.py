@@ -12,6 +12,7 @@ from jaxpos.analysis.plots import line_style, plt, save_figure  # plots chooses 
 from jaxpos.analysis.report import jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.config.files import write_json_atomically
 from jaxpos.reproduction import claims as C
+from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
 from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
 
@@ -150,7 +151,8 @@ def comparisons_table(claims: list[dict]) -> str:
                 continue
             test = p.get("test")
             if test:
-                interval = f"{test['mean']:+.3g} ({test['ci_low']:+.3g} to {test['ci_high']:+.3g})"
+                interval = (f"{test['mean']:+.3g} ({test['ci_low']:+.3g} to {test['ci_high']:+.3g}"
+                            f"{S.clipped_note(test.get('clipped_to'))})")
                 rows.append([c["id"], p["what"], interval, f"{test['p']:.2g}", f"{test['p_holm']:.2g}",
                              _verdict_text(p), f"{test['mdd']:.3g}" if p["verdict"] == C.INCONCLUSIVE else ""])
             else:
@@ -362,9 +364,14 @@ def recipe_lines(plan: dict, table: dict) -> list[str]:
         pairs = f"of {count:,} training pairs" if count else "of all the training pairs"
         at = (f"at each learning rate of {', '.join(f'{r:g}' for r in rates)}" if len(rates) > 1 else
               f"at learning rate {rates[0]:g}")
+        left = sorted({r["order"]["couples_left_out"]["dev"] for runs in table.values() for r in runs
+                       if (r.get("order") or {}).get("couples_left_out")})  # runs from before results count them
+        left_out = "" if not left else (
+            f", the couples whose two members the run's tokenizer splits into different pieces left out (dev: "
+            f"{left[0]}{'' if len(left) == 1 else f'–{left[-1]}'} per run)")
         lines.append(
             f"  - the downstream claims' task: the word-order pair task (a verse in two editions, as it is or with "
-            f"two distant content words swapped in one side; bag of words at chance by construction), "
+            f"two distant content words swapped in one side; bag of words at chance by construction{left_out}), "
             f"{order['num_steps']:,} steps of {order['batch_size']} pairs ({pairs}) {at}, {pooled}, the best dev "
             f"accuracy over evaluations{' and rates' if len(rates) > 1 else ''} (the papers' protocol); bag of words "
             f"fine-tuned on every task as the floor; without fine-tuning, the masked LM's preference for the dev "

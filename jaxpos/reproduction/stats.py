@@ -18,7 +18,8 @@ lies on the side of the mean; so "the interval at the Holm-adjusted level exclud
 two-sided: a one-sided p in the claimed direction can say "holds" but never "contradicted".
 
 NaN policy: a seed where either side is NaN, infinite or None (a run that diverged or did not measure the value) is
-dropped from both sides, and `dropped` counts it; fewer than 2 seeds left is a ValueError.
+dropped from both sides, and `dropped` counts it; fewer than 2 seeds left is a ValueError. `counts` applies the
+policy to one value wherever the reproduction reads runs' numbers.
 
 Minimum detectable difference: the smallest true mean difference that these n seeds, with a per-seed spread equal
 to the observed sd, would detect with 80% power at the same alpha and alternative. The usual closed form
@@ -27,6 +28,11 @@ to the observed sd, would detect with 80% power at the same alpha and alternativ
     P(|T| > t_{1-alpha/2, n-1}) = 0.8,  T ~ noncentral t(n - 1, sqrt(n) * delta / sd)   (one-sided: T > t_{1-alpha})
 for delta (the closed form sizes the root-finder's bracket). It is the power of a single test at `alpha`, before
 Holm's correction over the other claims (which makes each decided difference larger still).
+
+Bounded quantities: a t interval assumes a mean that can take any value, and with few seeds it can reach far past
+what the difference can be (±6 on a share minus 0.5 at 2 seeds); given the difference's `bounds`, the reported
+interval is clipped to them and `clipped_to` says so. The test, its p-value and the minimum detectable difference are
+the t test's, unchanged.
 
 Degenerate spread: when the per-seed differences agree to rounding (sd <= n * eps * max|d|) the sd is taken as 0.
 Then a nonzero mean gives t = +-inf (p = 0 on its side, as scipy), interval [mean, mean] and a minimum detectable
@@ -58,6 +64,7 @@ class PairedDifference:
     alternative     'two-sided', 'greater' (a > b) or 'less' (a < b)
     alpha           the test's level (interval and minimum detectable difference)
     mdd             the minimum detectable difference at `alpha`, `alternative` and 80% power
+    clipped_to      the range of a - b the t interval reached past and was clipped to, or None
     """
     n: int
     dropped: int
@@ -71,6 +78,7 @@ class PairedDifference:
     alternative: str
     alpha: float
     mdd: float
+    clipped_to: tuple[float, float] | None = None
 
     @property
     def df(self) -> int:
@@ -79,6 +87,11 @@ class PairedDifference:
     @property
     def confidence(self) -> float:
         return 1.0 - self.alpha
+
+
+def counts(value) -> bool:
+    """Whether a seed's value counts under the NaN policy (module docstring): None, NaN and inf do not."""
+    return value is not None and bool(np.isfinite(value))
 
 
 def _check_alternative(alternative: str):
@@ -116,12 +129,14 @@ def minimum_detectable_difference(sd: float, n: int, alpha: float = 0.05, altern
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float], alternative: str = "two-sided",
-                      alpha: float = 0.05) -> PairedDifference:
-    """The paired t test of a [n] - b [n], both aligned by seed (module docstring for the NaN policy and sd = 0).
-    alternative: 'two-sided', 'greater' (a > b) or 'less' (a < b)."""
+                      alpha: float = 0.05, bounds: tuple[float, float] | None = None) -> PairedDifference:
+    """The paired t test of a [n] - b [n], both aligned by seed (module docstring for the NaN policy, sd = 0 and
+    `bounds`, the (low, high) range a - b can take). alternative: 'two-sided', 'greater' (a > b) or 'less' (a < b)."""
     _check_alternative(alternative)
     if not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha} is not in (0, 1)")
+    if bounds is not None and not bounds[0] < bounds[1]:
+        raise ValueError(f"bounds={tuple(bounds)}: give (low, high) with low < high")
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)  # None becomes NaN
     if a.ndim != 1 or a.shape != b.shape:
         raise ValueError(f"the two sides must be 1-D and aligned by seed: {a.shape} vs {b.shape} values")
@@ -144,9 +159,13 @@ def paired_difference(a: Sequence[float], b: Sequence[float], alternative: str =
     else:
         p = distributions.t.sf(t, df) if alternative == "greater" else distributions.t.cdf(t, df)
     half_width = float(distributions.t.ppf(1 - alpha / 2, df) * se)
-    return PairedDifference(n=n, dropped=dropped, mean=mean, sd=sd, se=float(se), ci_low=mean - half_width,
-                            ci_high=mean + half_width, t=float(t), p=float(min(p, 1.0)), alternative=alternative,
-                            alpha=alpha, mdd=minimum_detectable_difference(sd, n, alpha, alternative))
+    ci_low, ci_high, clipped_to = mean - half_width, mean + half_width, None
+    if bounds is not None and (ci_low < bounds[0] or ci_high > bounds[1]):
+        clipped_to = (float(bounds[0]), float(bounds[1]))
+        ci_low, ci_high = max(ci_low, clipped_to[0]), min(ci_high, clipped_to[1])
+    return PairedDifference(n=n, dropped=dropped, mean=mean, sd=sd, se=float(se), ci_low=ci_low, ci_high=ci_high,
+                            t=float(t), p=float(min(p, 1.0)), alternative=alternative, alpha=alpha,
+                            mdd=minimum_detectable_difference(sd, n, alpha, alternative), clipped_to=clipped_to)
 
 
 def holm(p_values: Sequence[float], alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
@@ -172,6 +191,13 @@ def _fmt(x: float) -> str:
     return f"{x:+.3g}"
 
 
+def clipped_note(clipped_to: Sequence[float] | None) -> str:
+    """', clipped to the difference's range LOW to HIGH' after an interval that was clipped, else ''."""
+    if clipped_to is None:
+        return ""
+    return f", clipped to the difference's range {_fmt(clipped_to[0])} to {_fmt(clipped_to[1])}"
+
+
 def verdict(result: PairedDifference, adjusted_p: float, alpha: float = 0.05,
             expected_sign: int = 1) -> tuple[str, str]:
     """(verdict, one-line reason) for a claim that the mean difference is positive (expected_sign=+1) or
@@ -187,7 +213,8 @@ def verdict(result: PairedDifference, adjusted_p: float, alpha: float = 0.05,
         raise ValueError(f"a one-sided '{result.alternative}' test cannot decide a claim that a is {claimed} than b")
     seeds = f"{result.n} seeds" + (f", {result.dropped} dropped for a missing value" if result.dropped else "")
     said = (f"mean difference {_fmt(result.mean)} ({result.confidence:.0%} CI {_fmt(result.ci_low)} to "
-            f"{_fmt(result.ci_high)}, {seeds}), p = {result.p:.2g}, Holm-adjusted {adjusted_p:.2g}")
+            f"{_fmt(result.ci_high)}{clipped_note(result.clipped_to)}, {seeds}), p = {result.p:.2g}, Holm-adjusted "
+            f"{adjusted_p:.2g}")
     if result.sd == 0:
         said += ", the seeds' differences agree exactly"
     decided = adjusted_p <= alpha and result.mean != 0

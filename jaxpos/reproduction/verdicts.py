@@ -66,7 +66,8 @@ def training_status(table: dict, alpha: float = ALPHA) -> dict[str, dict]:
 
 def _test_dict(result: stats.PairedDifference) -> dict:
     return dict(n=result.n, dropped=result.dropped, mean=result.mean, sd=result.sd, ci_low=result.ci_low,
-                ci_high=result.ci_high, t=result.t, p=result.p, mdd=result.mdd)
+                ci_high=result.ci_high, t=result.t, p=result.p, mdd=result.mdd,
+                clipped_to=None if result.clipped_to is None else list(result.clipped_to))
 
 
 # --- verdicts ----------------------------------------------------------------------------------------------------
@@ -96,11 +97,6 @@ def _not_learned_reason(part: dict, table: dict) -> str | None:
     return f"{NOT_LEARNED}: " + "; ".join(said) + " (best dev accuracy inside chance's interval for its looks)"
 
 
-def _finite(value) -> bool:
-    """Whether a seed's value counts (the NaN policy of jaxpos.reproduction.stats: None, NaN and inf do not)."""
-    return value is not None and bool(np.isfinite(value))
-
-
 def _direction(mean: float | None, expected_sign: int) -> str | None:
     if mean is None or mean == 0:
         return None
@@ -121,7 +117,7 @@ def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: f
         for index, part in enumerate(parts):
             if part["kind"] != "comparison":
                 continue
-            pairs = [(a, b) for a, b in zip(part["a"], part["b"]) if _finite(a) and _finite(b)]  # stats' NaN policy
+            pairs = [(a, b) for a, b in zip(part["a"], part["b"]) if stats.counts(a) and stats.counts(b)]
             part["measured_mean"] = float(np.mean([a - b for a, b in pairs])) if pairs else None
             part["direction"] = _direction(part["measured_mean"], part["expected_sign"])
             late = _not_trained_reason(part["about"], training)
@@ -137,7 +133,8 @@ def evaluate_claims(table: dict, claims: Sequence[Claim] | None = None, alpha: f
             elif unlearned := _not_learned_reason(part, table):
                 part.update(verdict=INCONCLUSIVE, why=NOT_LEARNED, reason=unlearned)
             else:
-                tested.append((len(records), index, stats.paired_difference(part["a"], part["b"], alpha=alpha)))
+                tested.append((len(records), index, stats.paired_difference(part["a"], part["b"], alpha=alpha,
+                                                                             bounds=part.get("bounds"))))
         records.append(dict(id=claim.id, paper=claim.paper, reference=claim.reference, claim=claim.statement,
                             figure=dataclasses.asdict(claim.figure), parts=parts, measured=measured,
                             caveat=claim.caveat))

@@ -23,8 +23,8 @@ from jaxpos.checkpoints import huggingface as hf
 from jaxpos.config import ModelConfig
 from jaxpos.config.files import load_json_config, write_json_atomically
 from jaxpos.config.run import RunConfig
-from jaxpos.data.classification import (ClassificationTrainIterator, encode_examples, eval_batches, hf_tokenizer,
-                                        jaxpos_tokenizer, load_examples, task_spec)
+from jaxpos.data.classification import (ClassificationTrainIterator, ExampleStats, encode_examples, eval_batches,
+                                        hf_tokenizer, jaxpos_tokenizer, load_examples, task_spec)
 from jaxpos.evaluation.metrics import compute_metrics
 from jaxpos.evaluation.protocol import best_of
 from jaxpos.models import BertForSequenceClassification
@@ -110,9 +110,10 @@ def chance_scores(spec, labels: np.ndarray) -> dict | None:
     return {k: float(v) for k, v in compute_metrics(spec.metrics, constant, labels).items()}
 
 
-def load_encoded(dcfg, split: str, tokenizer, spec, need_labels: bool = True):
-    """(examples, EncodedExamples) of one split; a split without labels is an error when they are needed."""
-    examples = load_examples(dcfg, split)  # raises for an unknown split or an empty one
+def load_encoded(dcfg, split: str, tokenizer, spec, need_labels: bool = True, stats: ExampleStats | None = None):
+    """(examples, EncodedExamples) of one split, its loading's counters in `stats`; a split without labels is an
+    error when they are needed."""
+    examples = load_examples(dcfg, split, stats, tokenizer)  # raises for an unknown split or an empty one
     encoded = encode_examples(examples, tokenizer, dcfg.max_length)
     if need_labels and not np.all(np.isfinite(encoded.labels)):
         raise ValueError(f"the {split!r} split of task {spec.name!r} has no labels (GLUE test sets are unlabelled); "
@@ -137,6 +138,15 @@ def read_evals(workdir: str) -> list[dict]:
 def format_scores(values: dict) -> str:
     """`metric=value ...` with four decimals."""
     return " ".join(f"{k}={v:.4f}" for k, v in values.items())
+
+
+def left_out_note(task: str, loaded: dict[str, ExampleStats]) -> str:
+    """For the bible_order task, the couples each split ({split: its loading's counters}) left out because the
+    tokenizer splits their two members into different pieces; '' for the other tasks."""
+    if task != "bible_order":
+        return ""
+    counts = ", ".join(f"{stats.dropped_unequal_pieces} {split}" for split, stats in loaded.items())
+    return f"; couples left out as their members tokenize to different pieces: {counts}"
 
 
 def chance_note(chance: dict | None, metric: str) -> str:
@@ -181,15 +191,18 @@ def _finetune(run: RunConfig, pretrained: Pretrained, init: str, workdir: str, a
            f"({pretrained.info['kind']}, position={cfg.position.kind}, segments={cfg.position.segment}), "
            f"devices={jax.device_count()}x{jax.devices()[0].device_kind}, workdir={workdir}")
 
-    _, train = load_encoded(dcfg, "train", pretrained.tokenizer, spec)
-    dev = {split: load_encoded(dcfg, split, pretrained.tokenizer, spec)[1] for split in spec.dev_splits}
+    loaded = {split: ExampleStats() for split in ("train", *spec.dev_splits)}
+    _, train = load_encoded(dcfg, "train", pretrained.tokenizer, spec, stats=loaded["train"])
+    dev = {split: load_encoded(dcfg, split, pretrained.tokenizer, spec, stats=loaded[split])[1]
+           for split in spec.dev_splits}
     run = dataclasses.replace(run, train=run.train.resolved_for_epochs(len(train.labels)))
     tcfg = run.train
     eval_batch_size = tcfg.eval_batch_size or tcfg.batch_size
     epochs = tcfg.num_steps / tcfg.steps_per_epoch(len(train.labels))
     status(f"data ({dcfg.source}): {len(train.labels)} train examples ({train.truncated} cut to {dcfg.max_length} "
            "tokens), " + ", ".join(f"{len(e.labels)} {s}" for s, e in dev.items())
-           + f"; {tcfg.num_steps} steps of {tcfg.batch_size} ({epochs:.2f} epochs)")
+           + f"; {tcfg.num_steps} steps of {tcfg.batch_size} ({epochs:.2f} epochs)"
+           + left_out_note(spec.name, loaded))
 
     main_split = spec.dev_splits[0]
     chance = chance_scores(spec, dev[main_split].labels)
@@ -227,6 +240,8 @@ def _finetune(run: RunConfig, pretrained: Pretrained, init: str, workdir: str, a
     report = dict(task=spec.name, step=int(jax.device_get(result.state.step)), train=result.final_metrics,
                   dev=history[-1] if history else None, best=best, main_metric=main, main_split=main_split,
                   chance=chance, position=cfg.position.kind, init=pretrained.info)
+    if spec.name == "bible_order":  # the couples a bag of words could have told apart, left out of each split
+        report["couples_left_out"] = {split: stats.dropped_unequal_pieces for split, stats in loaded.items()}
     _write_json(os.path.join(workdir, REPORT_FILE), report)
     if history:
         last = history[-1][main_split]

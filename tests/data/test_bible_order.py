@@ -12,12 +12,16 @@ import pytest
 from flax.core import meta
 
 from jaxpos.config.data import default_finetune_data_config
+from jaxpos.data import paraphrase
 from jaxpos.data.bible import chapter_split
-from jaxpos.data.classification import TASKS, TokenizerAdapter, encode_examples, load_examples
-from jaxpos.data.paraphrase import (SAME_MEANING, SWAPPED, bible_order_minimal_pairs, bible_order_pairs,
-                                   bible_paraphrase_pairs)
+from jaxpos.data.classification import (TASKS, ExampleStats, TokenizerAdapter, encode_examples, jaxpos_tokenizer,
+                                        load_examples, order_minimal_pairs)
+from jaxpos.data.paraphrase import (PARAPHRASE, SAME_MEANING, SWAPPED, VersePair, bible_order_minimal_pairs,
+                                   bible_order_pairs, bible_paraphrase_pairs)
+from jaxpos.data.tokenizer import train_sentencepiece
 from jaxpos.data.word_order import is_content_word
 from jaxpos.models import BertForSequenceClassification
+from jaxpos.workflows.finetune import left_out_note, load_encoded
 from tests.helpers import tiny_config
 
 EDITIONS = ("web", "kjv", "bbe")
@@ -127,3 +131,79 @@ def test_minimal_pairs_are_the_swapped_sides_of_the_couples_the_split_draws(sono
             assert any(original in (same_a, same_b) for original, _ in minimal)
     for original, swapped in minimal:
         assert original != swapped and symbols(original) == symbols(swapped)
+
+
+# One verse a couple, in two editions; only side a has two content words 5 apart, so the swap is in side a. In the
+# first, the one swap there is (Many <-> excel) puts "excel" after the opening quote, where it loses its
+# word-start piece.
+QUOTED = '"Many have done it, but you excel them all."'
+VERSES = {1: (QUOTED, "Many did well."), 2: ("Boaz went up to the gate and sat down there.", "Boaz sat."),
+          3: ("Ruth gleaned barley in the field until evening.", "Ruth gleaned."),
+          4: ("Naomi went up to the gate and sat down there.", "Naomi sat.")}
+
+
+@pytest.fixture
+def quoted_pool(monkeypatch):
+    """The bible_order task built on `VERSES` (chapter 1 of book 0 in editions web and kjv, a dev chapter)."""
+    couples = tuple((VersePair("web", "kjv", (0, 1, v), (0, 1, v), a, b, PARAPHRASE), None)
+                    for v, (a, b) in VERSES.items())
+    monkeypatch.setattr(paraphrase, "paraphrase_pools", lambda *args: {"train": (), "dev": couples, "test": ()})
+    paraphrase.order_pools.cache_clear()  # pools cached from the real editions must not answer
+    yield
+    paraphrase.order_pools.cache_clear()
+
+
+@pytest.fixture
+def quote_tokenizer(tmp_path):
+    """A tiny SentencePiece model in which a quote glued to a word takes that word's word-start piece."""
+    corpus = ["Many have done it, but you excel them all.", "You excel in wisdom, and many have seen it.",
+              "Boaz went up to the gate and sat down there.", 'Naomi said to her daughter, "Wait until you know."',
+              "Ruth gleaned in the field until evening."] * 10
+    return train_sentencepiece(corpus, str(tmp_path / "spm"), 120)
+
+
+def test_couples_whose_members_tokenize_to_different_pieces_are_left_out_and_counted(quoted_pool, quote_tokenizer):
+    """Swapping words keeps the words, not always the pieces: a couple whose two members the tokenizer splits
+    differently would let a bag of words tell them apart, so it is left out, counted where the split is loaded."""
+    data = default_finetune_data_config()
+    data.update(task="bible_order", offline_dev_examples=0, bible_editions=("web", "kjv"), bible_books=(0,),
+                max_length=64)
+    tokenizer = jaxpos_tokenizer(quote_tokenizer)
+    unchecked = load_examples(data, "dev")  # words alone: every couple, the quoted one too
+    swapped = next(e.text_a for e in unchecked if e.label == SWAPPED and e.text_b == VERSES[1][1])
+    assert swapped == '"excel have done it, but you Many them all."'
+    assert Counter(quote_tokenizer.encode(QUOTED)) != Counter(quote_tokenizer.encode(swapped))
+
+    stats = ExampleStats()
+    examples = load_examples(data, "dev", stats, tokenizer)
+    assert stats.dropped_unequal_pieces == 1 and len(examples) == 2 * (len(VERSES) - 1)
+    assert Counter(e.label for e in examples) == {SAME_MEANING: 3, SWAPPED: 3}
+    members = {}
+    for example in examples:  # side b is never swapped here: it names the couple
+        members.setdefault(example.text_b, []).append(example)
+    assert sorted(members) == sorted(b for _, b in list(VERSES.values())[1:])
+    for same, other in members.values():
+        for side in ("text_a", "text_b"):
+            assert Counter(quote_tokenizer.encode(getattr(same, side))) == \
+                Counter(quote_tokenizer.encode(getattr(other, side)))
+        assert same.text_a != other.text_a
+
+    # What fine-tuning encodes: both members of every couple give a model without positions the same rows.
+    stats = ExampleStats()
+    kept, encoded = load_encoded(data, "dev", tokenizer, TASKS["bible_order"], stats=stats)
+    rows = {}
+    for example, ids, types in zip(kept, encoded.input_ids, encoded.token_types):
+        rows.setdefault(example.text_b, []).append(sorted(zip(ids.tolist(), types.tolist())))
+    assert all(first == second for first, second in rows.values()) and len(rows) == 3
+    assert stats.dropped_unequal_pieces == 1
+    assert left_out_note("bible_order", {"train": ExampleStats(), "dev": stats}).endswith(": 0 train, 1 dev")
+    assert left_out_note("cola", {"dev": stats}) == ""
+
+    # The zero-shot minimal pairs are the same couples' swapped sides; a refused couple makes room for the next.
+    assert len(order_minimal_pairs(data, "dev", tokenizer)) == 3
+    assert QUOTED in {original for original, _ in order_minimal_pairs(data, "dev")}
+    data.offline_dev_examples = 6
+    assert len(load_examples(data, "dev", None, tokenizer)) == 6
+    data.offline_dev_examples = 8
+    with pytest.raises(ValueError, match="fewer than the 8 asked for"):
+        load_examples(data, "dev", None, tokenizer)

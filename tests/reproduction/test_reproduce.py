@@ -18,6 +18,7 @@ import pytest
 
 from jaxpos.data.bible import chapter_split, is_held_out_chapter
 from jaxpos.reproduction import claims as C
+from jaxpos.reproduction import report as R
 from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
 from jaxpos.reproduction.matrix import PROFILES, make_plan
@@ -214,6 +215,28 @@ def test_a_seed_with_a_nan_value_is_dropped_from_both_sides():
     assert part["test"]["n"] == 2 and part["test"]["dropped"] == 1
 
 
+def test_a_bounded_quantity_reports_its_interval_clipped_to_its_range():
+    """Chen et al.'s swap claim at 2 seeds: the share of swapped paraphrases still called paraphrases, minus 0.5,
+    lies in [-0.5, 0.5] and the accuracy gap in [-1, 1], where the t interval (12.7 standard errors either side)
+    would reach past +-3; the report prints the clipped interval and says so. Losses and step times have no bound."""
+    table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in range(2)],
+             "tisa": [fake_run("tisa", s, curve([0.0, 0.3, 0.6])(s), probe=dict(
+                 swapped_paraphrase_share=share, original=0.9, local_drop=0.05, paraphrase_share=0.9))
+                 for s, share in enumerate([0.8, 0.3])]}
+    claim = V.evaluate_claims(table, C.select_claims(["chen_swaps"]))["claims"][0]
+    share, gap = claim["parts"]
+    assert share["bounds"] == [-0.5, 0.5] and gap["bounds"] == [-1.0, 1.0]
+    assert share["test"]["mean"] == pytest.approx(0.05) and gap["test"]["mean"] == pytest.approx(0.4)
+    assert (share["test"]["ci_low"], share["test"]["ci_high"]) == (-0.5, 0.5)
+    assert (gap["test"]["ci_low"], gap["test"]["ci_high"]) == (-1.0, 1.0)
+    assert "95% CI -0.5 to +0.5, clipped to the difference's range -0.5 to +0.5, 2 seeds" in share["reason"]
+    table_text = R.comparisons_table([claim])
+    assert "+0.05 (-0.5 to +0.5, clipped to the difference's range -0.5 to +0.5)" in table_text
+    assert "+0.4 (-1 to +1, clipped to the difference's range -1 to +1)" in table_text
+    for unbounded in C.select_claims(["tisa_inductive", "diet_step_time"]):
+        assert all(p["bounds"] is None for p in unbounded.judge({}, {})[0])
+
+
 def test_a_mechanism_that_parts_and_rejoins_has_not_parted():
     table = {"none": [fake_run("none", s, curve([0, 0, 0])(s)) for s in range(3)],
              "tisa": [fake_run("tisa", s, curve([0.5, 0.0, 0.5])(s)) for s in range(3)]}
@@ -252,6 +275,25 @@ def test_rank_correlation_matches_scipy():
         assert C.rank_correlation(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
     assert C.rank_correlation([1, 2], [2, 1]) is None
     assert C.rank_correlation([1, 2, 3], [5, 5, 5]) is None
+
+
+def test_chens_correlation_leaves_out_the_runs_whose_value_is_none_nan_or_inf():
+    """The reproduction's NaN policy: a diverged run ranks nowhere (NaN would rank as the largest value)."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    mechanisms = ["absolute", "sinusoidal", "tisa", "rope", "alibi", "t5"]
+    locality = [0.1, 0.3, 0.2, float("nan"), 0.5, 0.4]
+    symmetry = [0.2, float("inf"), 0.4, 0.3, None, 0.6]
+    accuracy = [0.6, 0.7, 0.65, 0.5, 0.9, 0.55]
+    table = {m: [fake_run(m, 0, BAG, last=dict(headline=dict(locality=loc, symmetry=sym)), order=dict(best=acc))]
+             for m, loc, sym, acc in zip(mechanisms, locality, symmetry, accuracy)}
+    parts, measured = C._chen_correlation(table, {})
+    for name, values, part in zip(("locality", "symmetry"), (locality, symmetry), parts):
+        kept = [(v, a) for v, a in zip(values, accuracy) if v is not None and np.isfinite(v)]
+        expected = scipy_stats.spearmanr([v for v, _ in kept], [a for _, a in kept]).statistic
+        assert part["a"] == [pytest.approx(expected, abs=1e-12)], name
+        assert measured[name]["values"] == [pytest.approx(expected, abs=1e-12)]
+    # by hand: ranks 1 3 2 5 4 against 2 4 3 5 1, so rho = 1 - 6 * 12 / (5 * 24)
+    assert parts[0]["a"][0] == pytest.approx(0.4, abs=1e-12)
 
 
 # --- the runs a choice of claims needs ------------------------------------------------------------------------------
@@ -551,6 +593,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     assert "Unigram entropy of the training corpus" in report and "| step | `none` | `tisa` |" in report
     assert "a run's time by stage (mean over the runs that have the stage): pretraining " in report
     assert "the pooler on [CLS]" in report
+    assert "the couples whose two members the run's tokenizer splits into different pieces left out (dev: " in report
     assert set(numbers["mechanisms"]) == {"none", "tisa"} and numbers["missing"] == []
     for path in numbers["figures"].values():
         assert os.path.getsize(out / path) > 1000
@@ -575,6 +618,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
         assert run["order"]["best"] == max(r["best"] for r in run["order"]["by_learning_rate"].values())
         assert run["order"]["dev_pairs"] == 32 and run["order"]["looks"] == 2 * len(run["order"]["by_learning_rate"])
         assert run["order"]["pooling"] == "cls"  # configs/finetune/bible_order.py's
+        assert set(run["order"]["couples_left_out"]) == {"train", "dev"}  # their members' pieces differ
         zero_shot = run["order"]["zero_shot"]  # the dev couples scored by the pretrained masked LM
         assert zero_shot["pairs"] + zero_shot["too_long"] == 16 and zero_shot["low"] <= zero_shot["accuracy"]
         if name.startswith("none"):  # a sentence and its reordering score alike without positions

@@ -43,6 +43,26 @@ def test_interval_follows_alpha():
     assert (result.ci_low, result.ci_high) == pytest.approx((low, high), rel=1e-12)
 
 
+def test_a_bounded_difference_reports_its_interval_clipped_to_its_range():
+    """Two seeds of a share minus 0.5, which lies in [-0.5, 0.5]: scipy's t interval reaches past +-3, so the one
+    reported is clipped to the range and says so; the test itself (t, p, detectable difference) is unchanged."""
+    a, b = [0.3, -0.2], [0.0, 0.0]
+    low, high = scipy_stats.t.interval(0.95, 1, loc=0.05, scale=scipy_stats.sem(np.subtract(a, b)))
+    assert low == pytest.approx(0.05 - 12.7062 * 0.25, abs=1e-3) and high > 3  # by hand: t(0.975, 1 df) * se
+    free, bounded = S.paired_difference(a, b), S.paired_difference(a, b, bounds=(-0.5, 0.5))
+    assert (free.ci_low, free.ci_high) == pytest.approx((low, high), rel=1e-12) and free.clipped_to is None
+    assert (bounded.ci_low, bounded.ci_high) == (-0.5, 0.5) and bounded.clipped_to == (-0.5, 0.5)
+    assert (bounded.mean, bounded.t, bounded.p, bounded.mdd) == (free.mean, free.t, free.p, free.mdd)
+    reason = S.verdict(bounded, bounded.p)[1]
+    assert "(95% CI -0.5 to +0.5, clipped to the difference's range -0.5 to +0.5, 2 seeds)" in reason
+    assert "clipped" not in S.verdict(free, free.p)[1]
+    # An interval inside the range is left as it is.
+    inside = S.paired_difference([0.61, 0.58, 0.66, 0.63, 0.59], [0.51, 0.50, 0.55, 0.52, 0.50], bounds=(-1, 1))
+    assert inside.clipped_to is None and 0 < inside.ci_low < inside.ci_high < 1
+    with pytest.raises(ValueError, match="low < high"):
+        S.paired_difference(a, b, bounds=(0.5, -0.5))
+
+
 def test_result_is_frozen():
     result = S.paired_difference(*PAIRS[0])
     with pytest.raises(AttributeError):

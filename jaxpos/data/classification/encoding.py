@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
@@ -72,3 +73,21 @@ def encode_examples(examples: Sequence[Example], tokenizer: PairTokenizer, max_l
         piece_ids[i, :len(row)] = 1
     labels = np.array([e.label for e in examples], np.float32)
     return EncodedExamples(input_ids, token_types, piece_ids, labels, truncated)
+
+
+def same_pieces(couples: Sequence[tuple[Example, Example]], tokenizer: PairTokenizer,
+                max_length: int | None = None) -> list[bool]:
+    """Whether the two members of each couple give a model blind to word order the same input: each sentence
+    tokenized to the same multiset of pieces in both, after `encode_examples`' cut to `max_length` (None: whole
+    sentences)."""
+    texts = list(dict.fromkeys(t for couple in couples for e in couple for t in (e.text_a, e.text_b) if t is not None))
+    pieces = dict(zip(texts, _encode_all(tokenizer, texts)))  # the side a couple leaves alone is encoded once
+
+    def bag(example: Example) -> tuple[Counter, Counter]:
+        a, b = pieces[example.text_a], pieces[example.text_b] if example.text_b is not None else []
+        if max_length is not None:
+            la, lb = truncate_longest_first(len(a), len(b), max_length - (3 if example.text_b is not None else 2))
+            a, b = a[:la], b[:lb]
+        return Counter(a), Counter(b)
+
+    return [bag(first) == bag(second) for first, second in couples]

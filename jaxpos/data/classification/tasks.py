@@ -57,3 +57,4 @@ class ExampleStats:
     examples: int = 0  # examples kept
     dropped_no_gold: int = 0  # SNLI pairs the annotators did not agree on
     dropped_corrupt: int = 0  # TSV rows with missing fields or an empty label
+    dropped_unequal_pieces: int = 0  # bible_order couples whose two members the tokenizer splits differently
