@@ -122,7 +122,6 @@ def main(argv=None) -> None:
     enable_compilation_cache()  # the rows share three programs (one per seed count): each compiles once
 
     from jaxpos.data.pipeline import MLMTrainIterator, build_mlm_data
-    from jaxpos.models import BertForMaskedLM
     from jaxpos.training.mlm import MaskedLMTask
 
     run = recipe(args.recipe, args.overrides)
@@ -135,7 +134,7 @@ def main(argv=None) -> None:
                                 seed=run.data.seed + seed, mask_prob=run.data.mask_prob)
 
     def task_factory():
-        return MaskedLMTask(BertForMaskedLM(run.model), run.data.seq_len, run.train.max_predictions)
+        return MaskedLMTask.of(run)
 
     timed = dict(steps=args.steps, repeats=args.repeats)
     device = jax.devices()[0]

@@ -51,14 +51,13 @@ def compiled_step(run):
     """(seconds to lower and compile, the compiled train step) of `run`'s Trainer on abstract inputs."""
     import jax.numpy as jnp
 
-    from jaxpos.models import BertForMaskedLM
     from jaxpos.sharding import make_mesh
     from jaxpos.training.checkpoint import abstract_like
     from jaxpos.training.loop import Trainer
     from jaxpos.training.mlm import MaskedLMTask
 
     with tempfile.TemporaryDirectory() as workdir:
-        task = MaskedLMTask(BertForMaskedLM(run.model), run.data.seq_len, run.train.max_predictions)
+        task = MaskedLMTask.of(run)
         trainer = Trainer(run.train, workdir, task, mesh=make_mesh(devices=jax.devices()[:1]), log=False)
         try:
             state = abstract_like(trainer.abstract_state, trainer.state_shardings)

@@ -95,7 +95,6 @@ def jaxpos_trainer(kind: str, size: str, batch: int, seq_len: int, dtype: str, i
 
     from jaxpos.config.defaults import mesh_block, model_block, train_block
     from jaxpos.config.run import run_config
-    from jaxpos.models import BertForMaskedLM
     from jaxpos.training.loop import Trainer
     from jaxpos.training.mlm import MaskedLMTask
 
@@ -109,9 +108,7 @@ def jaxpos_trainer(kind: str, size: str, batch: int, seq_len: int, dtype: str, i
     config.train = train_block(num_steps=1000, batch_size=batch, max_predictions=max_predictions(seq_len))
     config.mesh = mesh_block()
     run = run_config(config, task="mlm")
-    model = BertForMaskedLM(run.model)
-    trainer = Trainer(run.train, workdir, MaskedLMTask(model, seq_len, run.train.max_predictions), mesh=run.mesh,
-                      log=False)
+    trainer = Trainer(run.train, workdir, MaskedLMTask.of(run), mesh=run.mesh, log=False)
     state = trainer._init(jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
     batches = [trainer.global_batch(synthetic_batch(batch, seq_len, VOCAB, rng)) for _ in range(2)]

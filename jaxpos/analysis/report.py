@@ -43,6 +43,7 @@ from jaxpos.analysis.taps import (attention_logits, has_learned_input_positions,
                                   value_output_maps, value_path_problem)
 from jaxpos.attention.bias import position_logits
 from jaxpos.data.mlm import split_sentences
+from jaxpos.models import position_params
 from jaxpos.positions import MECHANISMS, make_position
 from jaxpos.positions.tisa import tisa_scores
 from jaxpos.progress import Progress, progress
@@ -283,7 +284,7 @@ def _tisa_scores(ctx: _Context) -> dict:
     if cfg.position.kind != "tisa":
         raise Skip(f"position.kind={cfg.position.kind!r} is not TISA")
 
-    kernels = {k: np.asarray(ctx.params["encoder"]["position"][k]) for k in "abc"}  # [L', H', S]
+    kernels = {k: np.asarray(position_params(ctx.params)[k]) for k in "abc"}  # [L', H', S]
     span = min(ctx.options.probe_length, cfg.max_length)
     ctx.plots.plot_tisa_scores(kernels, span, ctx.figure("tisa_scores.png"))
     offsets = np.arange(-(span - 1), span)

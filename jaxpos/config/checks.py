@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-from typing import Iterable
+import typing
+from typing import Iterable, Mapping
 
 
 def unknown_field(block: str, name: str, known: Iterable[str]) -> ValueError:
@@ -16,6 +18,32 @@ def unknown_field(block: str, name: str, known: Iterable[str]) -> ValueError:
     hint = (f" (did you mean {' or '.join(prefix + c for c in close)}?)" if close else
             f"; known here: {', '.join(known)}" if known else "")
     return ValueError(f"unknown config field {prefix}{name}{hint}")
+
+
+def typed(cls, values, where: str):
+    """The config dataclass `cls` from a ConfigDict or dict (None: its defaults): the one conversion of a config
+    block to its typed form. Nested dataclass fields convert likewise; fields left out keep their defaults (older
+    config.json files); a list becomes a tuple where the field's default is one; an unknown field is a one-line
+    ValueError naming the closest known ones. `where`: the block's dotted name ("model.position")."""
+    if values is None:
+        return cls()
+    if isinstance(values, cls):
+        return values
+    values = values.to_dict() if hasattr(values, "to_dict") else values
+    if not isinstance(values, Mapping):
+        raise ValueError(f"config block {where} must be a block of fields, got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise unknown_field(where, key, fields)
+        if dataclasses.is_dataclass(hints[key]):
+            value = typed(hints[key], value, f"{where}.{key}" if where else key)
+        elif isinstance(fields[key].default, tuple) and isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
 
 
 def check_count(name: str, value, least: int, optional: bool = False) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpos.config.checks import check_count, check_number, unknown_field
+from jaxpos.config.checks import check_count, check_number, typed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,10 +24,5 @@ class DecodeConfig:
 
 
 def decode_config(values) -> DecodeConfig:
-    """DecodeConfig from `config.decode` (a ConfigDict or dict); unknown fields are errors."""
-    values = dict(values.to_dict() if hasattr(values, "to_dict") else values)
-    known = {f.name for f in dataclasses.fields(DecodeConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise unknown_field("decode", unknown[0], known)
-    return DecodeConfig(**values)
+    """DecodeConfig from `config.decode` (a ConfigDict or dict; `typed`)."""
+    return typed(DecodeConfig, values, "decode")

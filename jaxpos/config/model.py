@@ -7,11 +7,10 @@ dataclasses, so a typo in a field name fails loudly at conversion time instead o
 from __future__ import annotations
 
 import dataclasses
-import typing
 from typing import Any, Mapping
 
 from jaxpos.config.attention import ATTENTION_IMPLS
-from jaxpos.config.checks import check_count, check_number, unknown_field
+from jaxpos.config.checks import check_count, check_number, typed
 from jaxpos.config.mechanisms import MECHANISMS
 
 SEGMENT_MODES = ("input", "per_head", "none")
@@ -278,33 +277,14 @@ class ModelConfig:
             check(self)
 
 
-def _build(cls, values: Mapping[str, Any], where: str):
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for key, value in values.items():
-        if key not in fields:
-            raise unknown_field(where.rstrip("."), key, fields)
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = _build(hint, value, f"{where}{key}.")
-        else:
-            kwargs[key] = value
-    return cls(**kwargs)
-
-
 def model_config(cfg: Mapping[str, Any] | ModelConfig) -> ModelConfig:
     """ModelConfig from a (nested) ConfigDict or dict such as `config.model`."""
-    if isinstance(cfg, ModelConfig):
-        return cfg
-    if hasattr(cfg, "to_dict"):
-        cfg = cfg.to_dict()
-    return _build(ModelConfig, cfg, "model.")
+    return typed(ModelConfig, cfg, "model")
 
 
 def position_config(values: Mapping[str, Any]) -> PositionConfig:
     """PositionConfig from a (nested) dict such as a `model.position` block; fields it leaves out keep defaults."""
-    return _build(PositionConfig, values, "model.position.")
+    return typed(PositionConfig, values, "model.position")
 
 
 def position_defaults() -> dict:

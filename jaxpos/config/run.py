@@ -16,9 +16,9 @@ import json
 import math
 from typing import Any, Mapping
 
-from jaxpos.config.checks import check_count, check_number, unknown_field
+from jaxpos.config.checks import check_count, check_number, typed
 from jaxpos.config.decode import DecodeConfig
-from jaxpos.config.model import ModelConfig, model_config
+from jaxpos.config.model import ModelConfig, PositionConfig, model_config
 
 TASKS = ("mlm", "translation", "finetune")
 MLM_SOURCES = ("embedded", "text", "tfds", "bible")  # config.data.source of masked-LM pretraining
@@ -222,7 +222,7 @@ def check_train_block(train, zero_means_default: tuple[str, ...] = ()) -> None:
     """Raises a ValueError naming the first `config.train` value out of its range (counts, rates, intervals), of a
     TrainConfig or a ConfigDict train block. `zero_means_default`: fields that may still be 0."""
     if not isinstance(train, TrainConfig):
-        train = typed_block(TrainConfig, train, "train")
+        train = typed(TrainConfig, train, "train")
 
     def given(name):
         value = getattr(train, name)
@@ -300,7 +300,7 @@ def check_run(run: RunConfig) -> None:
     if not isinstance(run.data, DATA_CONFIGS[run.task]):
         raise ValueError(f"a {run.task} run needs a {DATA_CONFIGS[run.task].__name__}, got {type(run.data).__name__}")
     # Masked-LM rows pack sentences of several documents; translation rows pack pairs unless data.pack=False.
-    check_packing(run.model, run.task == "mlm" or (run.task == "translation" and run.data.pack))
+    check_packing(run.model.position, run.task == "mlm" or (run.task == "translation" and run.data.pack))
     if run.task == "mlm" and run.model.max_length < run.data.seq_len:
         raise ValueError(f"model.max_length={run.model.max_length} is shorter than data.seq_len={run.data.seq_len}")
     if run.task == "translation":
@@ -316,34 +316,15 @@ def check_run(run: RunConfig) -> None:
         check_number("train.num_epochs", run.train.num_epochs, 0.0, open_low=True)
 
 
-def check_packing(model, packed: bool) -> None:
-    """Raises a ValueError when rows that pack several sequences (`packed`) meet Linformer, which mixes them;
-    `model`: a ModelConfig, or the config.model block (a ConfigDict or dict) it comes from.
+def check_packing(position: PositionConfig, packed: bool) -> None:
+    """Raises a ValueError when rows that pack several sequences (`packed`) meet Linformer, which mixes them.
 
     The model cannot tell packed rows from its inputs under jit (piece ids are traced), so the run refuses the
     combination from its config: masked-LM rows always pack, translation rows unless data.pack=False."""
-    def field(node, name, default=None):
-        return node.get(name, default) if isinstance(node, Mapping) else getattr(node, name, default)
-
-    position = field(model, "position", {})
-    if packed and field(position, "kind") == "diet_abs" and field(field(position, "diet_abs", {}), "linformer_k"):
+    if packed and position.kind == "diet_abs" and position.diet_abs.linformer_k:
         raise ValueError("Linformer (position.diet_abs.linformer_k) projects keys and values along the whole row, "
                          "so it mixes the sequences of packed rows; give it rows of one sequence each "
                          "(translation: data.pack=False; masked-LM rows always pack)")
-
-
-def typed_block(cls, values: Mapping[str, Any] | None, where: str):
-    """A typed block from a ConfigDict or dict (None: the defaults); unknown fields are errors, missing ones take
-    the defaults (older config.json files)."""
-    if values is None:
-        return cls()
-    values = dict(values.to_dict() if hasattr(values, "to_dict") else values)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise unknown_field(where, unknown[0], known)
-    tuples = {f.name for f in dataclasses.fields(cls) if isinstance(f.default, tuple)}
-    return cls(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()})
 
 
 def run_config(config: Mapping[str, Any], *, task: str | None = None, model: ModelConfig | None = None
@@ -361,11 +342,11 @@ def run_config(config: Mapping[str, Any], *, task: str | None = None, model: Mod
     if model is None:
         if "model" not in config:
             raise ValueError("the config has no model block")
-        # A packed run hears of packing before the model's own rules.
-        check_packing(config["model"], task == "mlm" or (task == "translation" and config.get("data", {}).get(
-            "pack", True)))
+        # A packed run hears of packing before the model's own rules (the position block alone, typed).
+        position = typed(PositionConfig, config["model"].get("position"), "model.position")
+        check_packing(position, task == "mlm" or (task == "translation" and config.get("data", {}).get("pack", True)))
         model = model_config(config["model"])
-    decode = typed_block(DecodeConfig, config.get("decode"), "decode") if task == "translation" else None
-    return RunConfig(task=task, model=model, data=typed_block(DATA_CONFIGS[task], config.get("data"), "data"),
-                     train=typed_block(TrainConfig, config.get("train"), "train"),
-                     mesh=typed_block(MeshConfig, config.get("mesh"), "mesh"), decode=decode, init=config.get("init"))
+    decode = typed(DecodeConfig, config.get("decode"), "decode") if task == "translation" else None
+    return RunConfig(task=task, model=model, data=typed(DATA_CONFIGS[task], config.get("data"), "data"),
+                     train=typed(TrainConfig, config.get("train"), "train"),
+                     mesh=typed(MeshConfig, config.get("mesh"), "mesh"), decode=decode, init=config.get("init"))

@@ -19,7 +19,6 @@ import numpy as np
 from jaxpos.config.mechanisms import MECHANISMS
 from jaxpos.data.pipeline import contiguous_batches, contiguous_row_count, held_out_stream, masked_stream
 from jaxpos.data.tokenizer import Tokenizer
-from jaxpos.models import BertForMaskedLM
 from jaxpos.positions.base import LengthError
 from jaxpos.run import Run
 from jaxpos.training.loop import eval_sums
@@ -78,7 +77,6 @@ def evaluate_lengths(run: Run, lengths: Sequence[int], batch_size: int = 8, max_
         raise ValueError(f"--lengths {','.join(map(str, lengths))}: give lengths of at least 3 tokens")
     tokenizer = run.tokenizer()
     step, params = run.params(step)
-    model = BertForMaskedLM(run.model_config)
     data = run.config.data
     stream = held_out_stream(data, tokenizer, max_tokens)  # read and tokenized once for every length
     batches = length_batches(stream, lengths, tokenizer, data.seed, data.mask_prob, batch_size)
@@ -88,7 +86,7 @@ def evaluate_lengths(run: Run, lengths: Sequence[int], batch_size: int = 8, max_
         if reason is None:
             # The head at the masked positions only (the most a row holds): the same sums as everywhere.
             most = max(int(batch["mask_weights"].sum(1).max()) for batch in batches[length])
-            task = MaskedLMTask(model, length, max_predictions=max(1, most))
+            task = MaskedLMTask.of(run.config, model=run.model_config, seq_len=length, max_predictions=max(1, most))
             try:
                 metrics = masked_lm_metrics(task, params, batches[length])
             except LengthError as err:  # a limit the registry does not name: its own first clause

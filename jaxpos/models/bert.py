@@ -84,3 +84,12 @@ class BertForMaskedLM(nn.Module):
         else:
             logits = self.decoder(h)
         return logits.astype(jnp.float32)
+
+
+def position_params(params) -> dict:
+    """The positional mechanism's parameters ("position") of an encoder's tree: a BertForMaskedLM's (under
+    "bert"), a BertEncoder's or a classifier's (under "encoder"), or the stack's own."""
+    for scope in ("bert", "encoder"):
+        if scope in params and "position" not in params:
+            params = params[scope]
+    return params["position"]

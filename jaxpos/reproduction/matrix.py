@@ -18,6 +18,9 @@ import time
 from typing import Mapping, Sequence
 
 from jaxpos.config import MECHANISMS, position_config
+from jaxpos.config.checks import unknown_field
+from jaxpos.config.model import ModelConfig
+from jaxpos.config.run import FinetuneDataConfig, MLMDataConfig, TrainConfig
 from jaxpos.config.files import load_config, write_json_atomically
 from jaxpos.reproduction.host import machine
 
@@ -103,6 +106,19 @@ class Profile:
     # ones at each: 9,772 at the full recipe, where 8,192 tokens gave about 1,230 and a standard error near 0.1 nat)
     timing_steps: int = 6  # training steps of the timing that estimates the wall time
     xla_flags: str = ""  # added to XLA_FLAGS in each worker
+
+    def __post_init__(self):
+        # Each override block names fields of its typed config: a misspelt one fails here, not deep in a run.
+        blocks = (("model", self.model, ModelConfig), ("data", self.data, MLMDataConfig),
+                  ("train", self.train, TrainConfig), ("finetune_data", self.finetune_data, FinetuneDataConfig),
+                  ("finetune_train", self.finetune_train, TrainConfig),
+                  ("order_data", self.order_data or {}, FinetuneDataConfig),
+                  ("order_train", self.order_train or {}, TrainConfig))
+        for block, overrides, typed_config in blocks:
+            known = {field.name for field in dataclasses.fields(typed_config)}
+            for key in overrides:
+                if key not in known:
+                    raise unknown_field(f"profile {self.name}: {block}", key, known)
 
     @property
     def steps(self) -> int:
@@ -303,6 +319,14 @@ def load_plan(out: str) -> dict | None:
         plan = json.load(f)
     if plan.get("tokenizer"):
         plan["tokenizer"] = os.path.join(os.path.abspath(out), plan["tokenizer"])
+    return plan
+
+
+def require_plan(out: str, then: str) -> dict:
+    """`load_plan`, or a FileNotFoundError saying that OUT/plan.json is missing and `then`, what to do."""
+    plan = load_plan(out)
+    if plan is None:
+        raise FileNotFoundError(f"{out}/{PLAN_FILE} is missing: {then}")
     return plan
 
 

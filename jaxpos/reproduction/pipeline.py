@@ -31,7 +31,8 @@ from jaxpos.analysis.locality import locality, symmetry
 from jaxpos.analysis.over_training import analyze_over_training
 from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences
 from jaxpos.config.files import write_json_atomically
-from jaxpos.config.run import FinetuneDataConfig, typed_block
+from jaxpos.config.checks import typed
+from jaxpos.config.run import FinetuneDataConfig, TrainConfig
 from jaxpos.config.validate import check_run_config
 from jaxpos.data.classification import jaxpos_tokenizer, load_examples, order_minimal_pairs
 from jaxpos.data.mlm import PackedExamples
@@ -39,13 +40,12 @@ from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
 from jaxpos.data.tokenizer import load_tokenizer
 from jaxpos.evaluation.lengths import evaluate_lengths, masked_lm_metrics
 from jaxpos.evaluation.pseudo_likelihood import NothingToScore, minimal_pair_preference
-from jaxpos.models import BertForMaskedLM
 from jaxpos.positions.base import LengthError
 from jaxpos.progress import status
 from jaxpos.reproduction import host
 from jaxpos.reproduction.matrix import (FAILED_FILE, LOG_FILE, RESULT_FILE, finetune_config, group_log, load_plan,
                                       mark_failed, pretrain_config, pretrain_dir, pretraining_finished,
-                                      pretraining_groups, profile_of, run_dir)
+                                      pretraining_groups, profile_of, require_plan, run_dir)
 from jaxpos.run import Run
 from jaxpos.training.interrupt import RunStopped
 from jaxpos.training.loop import SeedRun, Trainer
@@ -69,7 +69,7 @@ def learning_curve(workdir: str, steps: list[int]) -> list[dict]:
     data, train = run.config.data, run.config.train
     tokenizer = run.tokenizer()
     rows = held_out_rows(data, tokenizer)
-    task = MaskedLMTask(BertForMaskedLM(run.model_config), data.seq_len, train.max_predictions)
+    task = MaskedLMTask.of(run.config, model=run.model_config)
     curve = []
     for step in steps:
         _, params = run.params(step)
@@ -180,9 +180,7 @@ def pretrain_group(out: str, mechanism: str) -> list[str]:
     """Pretrains the runs of MECHANISM in the plan in OUT that have not finished pretraining, their seeds at once
     in one program (`train_mlm_seeds`), each in its own folder as if alone; each folder records the group's wall
     time (pretrain_timing.json). Returns the names trained."""
-    plan = load_plan(out)
-    if plan is None:
-        raise FileNotFoundError(f"{out}/plan.json is missing: start with `jaxpos reproduce --out {out}`")
+    plan = require_plan(out, f"start with `jaxpos reproduce --out {out}`")
     groups = pretraining_groups(plan)
     if mechanism not in groups:
         raise ValueError(f"{mechanism!r} is not a mechanism of {out}/plan.json; mechanisms: {', '.join(groups)}")
@@ -216,9 +214,7 @@ def pretraining_record(out: str, name: str) -> dict:
 def execute_run(out: str, name: str) -> dict:
     """Runs NAME of the plan in OUT and writes OUT/runs/NAME/result.json."""
     wall = time.perf_counter()
-    plan = load_plan(out)
-    if plan is None:
-        raise FileNotFoundError(f"{out}/plan.json is missing: start with `jaxpos reproduce --out {out}`")
+    plan = require_plan(out, f"start with `jaxpos reproduce --out {out}`")
     spec = plan["runs"].get(name)
     if spec is None:
         raise ValueError(f"{name!r} is not a run of {out}/plan.json; runs: {', '.join(plan['runs'])}")
@@ -246,10 +242,11 @@ def execute_run(out: str, name: str) -> dict:
     with timed("curve_s"):
         curve = learning_curve(pretrained, profile.curve_steps())
     model = load_run(pretrained)
-    seq_len = config.data.seq_len
+    recipe = Run.open(pretrained, "mlm").config  # the typed blocks the run trained with
+    seq_len, batch_size = recipe.data.seq_len, recipe.train.batch_size
     result = dict(
         name=name, mechanism=mechanism, seed=seed, stages=sorted(stages), steps=profile.steps,
-        tokens=profile.steps * config.train.batch_size * seq_len, batch_size=config.train.batch_size,
+        tokens=profile.steps * batch_size * seq_len, batch_size=batch_size,
         seq_len=seq_len, d_model=model.cfg.d_model, head_dim=model.cfg.head_dim, num_layers=model.cfg.num_layers,
         params=parameter_counts(model.params),
         pretrain=dict(eval_loss=pretrain["eval"].get("loss"), eval_accuracy=pretrain["eval"].get("accuracy"),
@@ -266,20 +263,20 @@ def execute_run(out: str, name: str) -> dict:
 
     if "finetune" in stages:
         ft_config = finetune_config(plan, seed)
+        ft_data, ft_train = typed(FinetuneDataConfig, ft_config.data, "data"), typed(TrainConfig, ft_config.train,
+                                                                                       "train")
         ft_dir = os.path.join(folder, "paraphrase")
         with timed("finetune_s"):
             report = finetune(ft_config, pretrained, ft_dir, log=False)
-        _check_finished("fine-tuning", report["step"], ft_config.train.num_steps, ft_dir)
+        _check_finished("fine-tuning", report["step"], ft_train.num_steps, ft_dir)
         result["finetune"] = dict(task=report["task"], last=report["dev"]["dev"]["accuracy"],
                                   best=report["best"]["dev"]["accuracy"], chance=report["chance"]["accuracy"],
-                                  steps=ft_config.train.num_steps, step_time_s=report["train"].get("step_time"))
+                                  steps=ft_train.num_steps, step_time_s=report["train"].get("step_time"))
         if "probe" in stages:
-            examples = load_examples(typed_block(FinetuneDataConfig, ft_config.data, "data"),
-                                     "test")[:profile.probe_examples]
+            examples = load_examples(ft_data, "test")[:profile.probe_examples]
             with timed("probe_s"):
-                result["probe"] = paraphrase_probe(load_finetuned(ft_dir), examples,
-                                                   tuple(ft_config.data.offline_windows),
-                                                   ft_config.data.offline_min_distance, seed)
+                result["probe"] = paraphrase_probe(load_finetuned(ft_dir), examples, tuple(ft_data.offline_windows),
+                                                   ft_data.offline_min_distance, seed)
 
     if "order" in stages:
         with timed("order_s"):
@@ -302,7 +299,7 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
     "by_learning_rate": {rate: {"best", "last"}}, "chance", "steps", "dev_pairs", "looks" (the dev evaluations
     the best is taken over), "pooling" (what the classifier's pooler read), "zero_shot", "couples_left_out" ({split:
     couples whose two members the tokenizer splits into different pieces})}."""
-    data = typed_block(FinetuneDataConfig, finetune_config(plan, seed, "order").data, "data")
+    data = typed(FinetuneDataConfig, finetune_config(plan, seed, "order").data, "data")
     mlm = Run.open(pretrained, "mlm")
     # A pair each couple of the dev pairs comes from: the fine-tuning's tokenizer leaves out the same couples.
     dev_minimal_pairs = order_minimal_pairs(data, "dev", jaxpos_tokenizer(mlm.tokenizer()))
@@ -310,20 +307,22 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
         zero_shot = minimal_pair_preference(mlm, dev_minimal_pairs)
     except (NothingToScore, LengthError) as err:  # the model cannot score the pairs: the report shows none
         zero_shot = dict(skipped=str(err).split(";")[0])
-    scores, report, config, looks = {}, None, None, 0
+    scores, report, train, looks = {}, None, None, 0
     for rate in profile_of(plan).order_rates():
         config = finetune_config(plan, seed, "order", rate)
-        workdir = os.path.join(folder, f"lr_{config.train.learning_rate:g}")
+        train = typed(TrainConfig, config.train, "train")
+        workdir = os.path.join(folder, f"lr_{train.learning_rate:g}")
         report = finetune(config, pretrained, workdir, log=False)
-        _check_finished("fine-tuning on the order task", report["step"], config.train.num_steps, workdir)
-        scores[f"{config.train.learning_rate:g}"] = dict(best=report["best"]["dev"]["accuracy"],
-                                                        last=report["dev"]["dev"]["accuracy"])
+        _check_finished("fine-tuning on the order task", report["step"], train.num_steps, workdir)
+        scores[f"{train.learning_rate:g}"] = dict(best=report["best"]["dev"]["accuracy"],
+                                                 last=report["dev"]["dev"]["accuracy"])
         looks += len(read_evals(workdir))  # the evaluations its best is taken over
     best_rate = max(scores, key=lambda rate: scores[rate]["best"])
     return dict(task=report["task"], best=scores[best_rate]["best"], learning_rate=float(best_rate),
-                by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=config.train.num_steps,
+                by_learning_rate=scores, chance=report["chance"]["accuracy"], steps=train.num_steps,
                 dev_pairs=data.offline_dev_examples or 2 * len(dev_minimal_pairs), looks=looks,
-                pooling=config.model.pooling, zero_shot=zero_shot, couples_left_out=report["couples_left_out"])
+                pooling=Run.open(workdir, "finetune").config.model.pooling, zero_shot=zero_shot,
+                couples_left_out=report["couples_left_out"])
 
 
 def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:
@@ -380,7 +379,7 @@ class RecipeTiming:
         batch, length = config.train.batch_size, config.data.seq_len
         self.scratch = tempfile.TemporaryDirectory()
         folder = self.scratch.name
-        task = MaskedLMTask(BertForMaskedLM(self.run.model), length, self.run.train.max_predictions)
+        task = MaskedLMTask.of(self.run)
         runs = folder if seeds == 1 else [SeedRun(k, os.path.join(folder, str(k))) for k in range(seeds)]
         self.trainer = Trainer(self.run.train, runs, task, mesh=self.run.mesh, log=False)
         rng = np.random.default_rng(0)

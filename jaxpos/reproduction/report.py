@@ -11,25 +11,26 @@ import numpy as np
 from jaxpos.analysis.plots import line_style, plt, save_figure  # plots chooses matplotlib's file-only backend
 from jaxpos.analysis.report import jsonable  # numpy -> JSON, NaN -> null
 from jaxpos.config.files import write_json_atomically
-from jaxpos.reproduction import claims as C
+from jaxpos.reproduction import claims as C, judging as J, readings as R
+from jaxpos.reproduction.stats import INCONCLUSIVE
 from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
-from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, load_plan, profile_of, read_result
+from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, profile_of, require_plan, read_result
 
 REPORT_FILE, NUMBERS_FILE, FIGURES = "REPRODUCTION.md", "numbers.json", "figures"
 # Per-mechanism numbers of the mechanisms table: (key, column title, getter).
 COLUMNS = (
-    ("positional_parameters", "positional params", C.field("params.positional")),
+    ("positional_parameters", "positional params", R.field("params.positional")),
     ("step_time_ms", "step time (ms)", lambda r: None if r["pretrain"]["step_time_s"] is None
      else 1000 * r["pretrain"]["step_time_s"]),
     ("mlm_eval_loss", "held-out MLM loss", lambda r: r["curve"][-1]["loss"] if r.get("curve") else None),
-    ("order_accuracy", "word-order task dev acc. (max over evals and rates)", C.accuracy),
+    ("order_accuracy", "word-order task dev acc. (max over evals and rates)", R.accuracy),
     ("order_zero_shot_accuracy", "word-order dev couples, zero-shot MLM preference",
-     C.field("order.zero_shot.accuracy")),
-    ("paraphrase_accuracy", "paraphrase dev acc. (max over evals)", C.paraphrase_accuracy),
-    ("locality", "locality", C.field("last.headline.locality")),
-    ("symmetry", "symmetry", C.field("last.headline.symmetry")),
-    ("logit_rank_max", "largest logit rank", C.field("last.rank.logit_rank_max")),
+     R.field("order.zero_shot.accuracy")),
+    ("paraphrase_accuracy", "paraphrase dev acc. (max over evals)", R.paraphrase_accuracy),
+    ("locality", "locality", R.field("last.headline.locality")),
+    ("symmetry", "symmetry", R.field("last.headline.symmetry")),
+    ("logit_rank_max", "largest logit rank", R.field("last.rank.logit_rank_max")),
 )
 
 
@@ -53,7 +54,7 @@ def results_table(out: str, plan: dict) -> dict:
 
 def mechanism_numbers(table: dict) -> dict:
     """{mechanism: {column key: mean, sd over seeds}}."""
-    return {m: {key: C.describe([get(r) for r in table[m]]) for key, _, get in COLUMNS} for m in table}
+    return {m: {key: R.describe([get(r) for r in table[m]]) for key, _, get in COLUMNS} for m in table}
 
 
 def curves(table: dict) -> dict:
@@ -82,7 +83,7 @@ def _mark(value: str) -> str:
 def _verdict_text(part: dict) -> str:
     """The verdict, and for an inconclusive part why (not trained, a side that did not learn the task, not measured,
     one seed)."""
-    if part["verdict"] == C.INCONCLUSIVE and part.get("why") in (C.NOT_TRAINED, C.NOT_LEARNED, "not measured",
+    if part["verdict"] == INCONCLUSIVE and part.get("why") in (J.NOT_TRAINED, J.NOT_LEARNED, "not measured",
                                                                   "one seed"):
         return f"inconclusive: {part['why']}"
     return _mark(part["verdict"])
@@ -120,7 +121,7 @@ def curve_table(curve: dict, entropy: float | None) -> str:
         row = [str(step)]
         for m in names:
             k = curve[m]["steps"].index(step) if step in curve[m]["steps"] else None
-            row.append("–" if k is None else _cell(C.describe(curve[m]["loss"][k])))
+            row.append("–" if k is None else _cell(R.describe(curve[m]["loss"][k])))
         rows.append(row)
     note = f"Unigram entropy of the training corpus (a model that ignores context): {entropy:.3f} nats/token.\n" \
         if entropy else ""
@@ -154,7 +155,7 @@ def comparisons_table(claims: list[dict]) -> str:
                 interval = (f"{test['mean']:+.3g} ({test['ci_low']:+.3g} to {test['ci_high']:+.3g}"
                             f"{S.clipped_note(test.get('clipped_to'))})")
                 rows.append([c["id"], p["what"], interval, f"{test['p']:.2g}", f"{test['p_holm']:.2g}",
-                             _verdict_text(p), f"{test['mdd']:.3g}" if p["verdict"] == C.INCONCLUSIVE else ""])
+                             _verdict_text(p), f"{test['mdd']:.3g}" if p["verdict"] == INCONCLUSIVE else ""])
             else:
                 mean = "–" if p.get("measured_mean") is None else f"{p['measured_mean']:+.3g} (not tested)"
                 rows.append([c["id"], p["what"], mean, "", "", _verdict_text(p), ""])
@@ -215,7 +216,7 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     paths = {"learning_curves": _learning_curves_figure(os.path.join(folder, "learning_curves.png"), curve,
                                                         entropy)}
 
-    chance = {task: C.describe([r[task]["chance"] for runs in table.values() for r in runs if r.get(task)])["mean"]
+    chance = {task: R.describe([r[task]["chance"] for runs in table.values() for r in runs if r.get(task)])["mean"]
               for task in ("order", "finetune")}
     fig, axes = plt.subplots(1, 5, figsize=(23, 3.8))
     _bars(axes[0], names, [numbers[m]["order_accuracy"] for m in names],
@@ -289,7 +290,7 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     for offset, key, text in ((-width, "local_drop", "accuracy drop, local shuffles (mean over x = 2..5)"),
                               (0.0, "paraphrase_share", "share called paraphrase: unswapped paraphrases"),
                               (width, "swapped_paraphrase_share", "share called paraphrase: globally swapped")):
-        values = [C.describe([C.value_at(r, f"probe.{key}") for r in table[m]]) for m in probed]
+        values = [R.describe([R.value_at(r, f"probe.{key}") for r in table[m]]) for m in probed]
         ax.bar(np.arange(len(probed)) + offset, [v["mean"] if v["n"] else np.nan for v in values], width,
                yerr=[v["sd"] or 0 for v in values], capsize=2, label=text)
     ax.axhline(0, color="grey", lw=0.5)
@@ -299,10 +300,10 @@ def figures(out: str, table: dict, numbers: dict, curve: dict, entropy: float | 
     ax.legend(fontsize=7)
     paths["word_order_probe"] = save_figure(fig, os.path.join(folder, "word_order_probe.png"))
 
-    factors = C.length_factors(table)
+    factors = R.length_factors(table)
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for m in (m for m in names if any(r.get("lengths") for r in table[m])):
-        values = [C.describe(C.by_seed(table, m, C.loss_at(f))) for f in factors]
+        values = [R.describe(R.by_seed(table, m, R.loss_at(f))) for f in factors]
         ran = [(f, v) for f, v in zip(factors, values) if v["n"]]
         if ran:
             ax.errorbar([f for f, _ in ran], [v["mean"] for _, v in ran], yerr=[v["sd"] or 0 for _, v in ran],
@@ -415,9 +416,7 @@ def resumed_line(plan: dict) -> list[str]:
 def write_report(out: str, wall_s: float | None = None, command: str = "") -> dict:
     """Writes OUT/REPRODUCTION.md, OUT/figures/ and OUT/numbers.json from the finished runs of OUT/plan.json;
     returns the numbers. Runs that have not finished are listed as missing."""
-    plan = load_plan(out)
-    if plan is None:
-        raise FileNotFoundError(f"{out}/plan.json is missing: nothing to report")
+    plan = require_plan(out, "nothing to report")
     table = results_table(out, plan)
     if not table:
         raise ValueError(f"no run in {out}/runs has finished: nothing to report")
@@ -455,11 +454,11 @@ def write_report(out: str, wall_s: float | None = None, command: str = "") -> di
         "this scale, not a replacement for the papers' runs.", "",
         f"**Verdicts.** A downstream claim about a mechanism is judged only once that mechanism uses positions: its "
         f"held-out MLM loss at the last step lies below the bag-of-words model's, paired by seed, with the 95% "
-        f"interval of the difference above 0 (otherwise: *inconclusive: {C.NOT_TRAINED}*, with the step at which "
+        f"interval of the difference above 0 (otherwise: *inconclusive: {J.NOT_TRAINED}*, with the step at which "
         f"the curves part); a comparison of scores on the word-order task, only once both sides learned it in "
         f"every seed: the Wilson interval of the best dev accuracy above chance, at the level at which the best of "
         f"a run's dev evaluations at chance passes 2.5% of the time (Šidák; otherwise: *inconclusive: "
-        f"{C.NOT_LEARNED}*). Each comparison pairs the two sides by seed (a change or a value against a constant "
+        f"{J.NOT_LEARNED}*). Each comparison pairs the two sides by seed (a change or a value against a constant "
         f"is paired with 0) and gets a two-sided paired t test; the {evaluated['family']} tested comparisons of "
         f"this report are Holm-corrected together, and a comparison *holds* or is *contradicted* only when its "
         f"Holm-adjusted p <= {evaluated['alpha']:g} (its 95% interval then excludes 0); otherwise it is "

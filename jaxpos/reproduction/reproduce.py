@@ -263,9 +263,7 @@ def run_one(out: str, name: str) -> str:
     """Executes NAME of the plan in OUT in this process (a SLURM array task; the scheduler gives it its device):
     a mechanism (its unfinished seeds pretrained at once, then each run's stages in turn) or one run. Returns
     "done", or "already finished"; raises RuntimeError naming what failed."""
-    plan = matrix.load_plan(out)
-    if plan is None:
-        raise FileNotFoundError(f"{out}/plan.json is missing: plan with `jaxpos reproduce --out {out} --plan-only`")
+    plan = matrix.require_plan(out, f"plan with `jaxpos reproduce --out {out} --plan-only`")
     mechanisms = matrix.pretraining_groups(plan)
     if name not in plan["runs"] and name not in mechanisms:
         raise ValueError(f"{name!r} is neither a mechanism nor a run of {out}/plan.json; mechanisms: "

@@ -11,7 +11,9 @@ from typing import Sequence
 import numpy as np
 
 from jaxpos.reproduction import stats
-from jaxpos.reproduction.claims import ALPHA, CLAIMS, NOT_LEARNED, NOT_TRAINED, Claim, all_of, label, learned_task
+from jaxpos.reproduction.claims import CLAIMS, Claim
+from jaxpos.reproduction.judging import ALPHA, NOT_LEARNED, NOT_TRAINED, all_of, learned_task
+from jaxpos.reproduction.readings import label
 from jaxpos.reproduction.matrix import BAG_OF_WORDS
 from jaxpos.reproduction.stats import INCONCLUSIVE
 

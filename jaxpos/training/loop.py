@@ -26,13 +26,17 @@ from jaxpos.config.run import MeshConfig, TrainConfig
 from jaxpos.models.layout import relayout
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              replicated)
-from jaxpos.training.checkpoint import CheckpointError, Checkpointer, abstract_like
+from jaxpos.training.checkpoint import Checkpointer, abstract_like
 from jaxpos.training.flops import throughput
 from jaxpos.training.interrupt import RunStopped, deferred_stop
 from jaxpos.training.metrics import MetricWriter
 from jaxpos.training.optim import learning_rate_schedule, make_optimizer
 from jaxpos.training.prefetch import Prefetcher
+from jaxpos.training.seeds import SeedRun, check_seed_runs, seed_layout
 from jaxpos.training.state import TrainState, init_state
+
+__all__ = ["IN_FLIGHT_STEPS", "SeedRun", "Task", "TrainResult", "Trainer", "TrainingDiverged", "check_seed_runs",
+           "make_global_batch", "model_config_dict", "train_step"]
 
 
 IN_FLIGHT_STEPS = 8  # steps dispatched ahead of the oldest unfinished one (each holds its batch on the device)
@@ -45,7 +49,7 @@ class TrainingDiverged(RuntimeError):
 class Task(Protocol):
     """What a task gives the loop. Losses are sums over tokens, so accumulation and sharding stay exact."""
 
-    model: nn.Module
+    model: nn.Module  # a jaxpos model: `model.cfg` is its ModelConfig (saved with every checkpoint)
     tokens_per_example: int  # tokens in one row of a batch, for throughput
 
     def init_inputs(self) -> tuple[tuple, dict]:
@@ -114,10 +118,9 @@ def with_activation_sharding(fn: Callable, mesh) -> Callable:
     return wrapped
 
 
-def model_config_dict(model: nn.Module) -> dict | None:
+def model_config_dict(model: nn.Module) -> dict:
     """The typed config of a jaxpos model (`model.cfg`) as a JSON-ready dict, saved with every checkpoint."""
-    cfg = getattr(model, "cfg", None)
-    return json.loads(json.dumps(dataclasses.asdict(cfg))) if dataclasses.is_dataclass(cfg) else None
+    return json.loads(json.dumps(dataclasses.asdict(model.cfg)))
 
 
 def make_global_batch(local: dict, sharding: NamedSharding) -> dict:
@@ -172,20 +175,6 @@ def _reshard(sharding: NamedSharding) -> Callable:
     return jax.jit(lambda x: x, out_shardings=sharding)
 
 
-def with_seed_axis(sharding: NamedSharding) -> NamedSharding:
-    """`sharding` of an array with a leading seed axis added, whole on every device: [S, ...]."""
-    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
-
-
-@dataclasses.dataclass(frozen=True)
-class SeedRun:
-    """One seed of a batch trained in one program: its `train.seed` (initialisation, dropout) and its own workdir
-    (checkpoints, TensorBoard), as if it were trained alone."""
-
-    seed: int
-    workdir: str
-
-
 @dataclasses.dataclass
 class TrainResult:
     state: TrainState  # this run's (a seed's own, without the seed axis)
@@ -214,6 +203,17 @@ class _Zipped:
             it.set_state(state)
 
 
+@dataclasses.dataclass(frozen=True)
+class Every:
+    """A hook's cadence: every `steps` steps and at the run's last step."""
+
+    steps: int
+    last: int
+
+    def __call__(self, step: int) -> bool:
+        return step % self.steps == 0 or step == self.last
+
+
 class Trainer:
     """Builds the mesh, shardings and jitted steps for a task, then runs and resumes training.
 
@@ -221,7 +221,7 @@ class Trainer:
     optimiser moment with a leading seed axis [S, ...] and the step `vmap`ped over it, each seed with its own data
     order, masking and initialisation, and its own checkpoints (without the seed axis, as a run trained alone
     saves them: analysis, fine-tuning and export read them as any). Small models are latency-bound, so S seeds
-    cost a device little more than one."""
+    cost a device little more than one. What differs between one seed and several is `seeds`, a SeedLayout."""
 
     def __init__(self, train: TrainConfig, workdir: str | Sequence[SeedRun], task: Task, *,
                  mesh: MeshConfig | Mesh | None = None, log: bool = True):
@@ -229,71 +229,79 @@ class Trainer:
         of one over every device of every process (None: MeshConfig's defaults). Refuses, before anything is
         written or compiled, a batch the mesh cannot split and a workdir whose newest checkpoint holds another
         model: the checkpoints are only read until `run` has restored them and the data position (`on_start`)."""
-        self.seed_runs = [SeedRun(train.seed, workdir)] if isinstance(workdir, str) else list(workdir)
-        check_seed_runs(self.seed_runs)
-        self.stacked = len(self.seed_runs) > 1
-        self.train, self.workdir, self.task = train, self.seed_runs[0].workdir, task
-        tcfg = train
+        self.seeds = seed_layout([SeedRun(train.seed, workdir)] if isinstance(workdir, str) else list(workdir))
+        self.seed_runs = self.seeds.runs
+        self.train, self.workdir, self.task, self.log = train, self.seed_runs[0].workdir, task, log
         self.mesh = mesh if isinstance(mesh, Mesh) else make_mesh(**dataclasses.asdict(mesh or MeshConfig()))
+        self._check_hosts()
+        self.checkpointers = []
+        try:  # a model that does not build, or a checkpoint of another model, is refused before anything is written
+            init = self._abstract_state()
+            self._check_checkpoints()
+        except BaseException:
+            self.close()
+            raise
+        self._compile(init)
+
+    def _check_hosts(self) -> None:
+        """Refuses a batch the mesh cannot split and what runs on one process only on several."""
+        tcfg = self.train
         check_batch_divisible(tcfg.batch_size, self.mesh, jax.process_count(), tcfg.grad_accum_steps)
         if tcfg.prefetch_batches and jax.process_count() > 1:
             raise ValueError("train.prefetch_batches makes batches on a thread of one process; a run of "
                              f"{jax.process_count()} processes makes each in turn: set it to 0")
-        if self.stacked and jax.process_count() > 1:
+        if self.seeds.count > 1 and jax.process_count() > 1:
             raise ValueError(f"seeds trained at once run on one process; this run has {jax.process_count()}: "
                              "train one seed per run")
-        self.checkpointers = []
-        try:  # a model that does not build, or a checkpoint of another model, is refused before anything is written
-            for run in self.seed_runs:
-                self.checkpointers.append(Checkpointer(f"{run.workdir}/checkpoints", keep=tcfg.keep_checkpoints,
-                                                       async_save=tcfg.async_checkpoints, read_only=True))
-            self.model_config = model_config_dict(task.model)
-            self.tx = make_optimizer(tcfg)
-            self.schedule = learning_rate_schedule(tcfg)
-            args, kwargs = task.init_inputs()
-            init = functools.partial(init_state, task.model, self.tx, init_args=args, init_kwargs=kwargs)
-            boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
-            self.seed_state_shardings = logical_sharding(boxed, self.mesh)  # one seed's, as its checkpoints hold it
-            self.abstract_state = nn.unbox(boxed)
-            # A checkpoint of the other layer layout (model.scan_layers changed on resume) is converted as restored.
-            self.scanned = getattr(getattr(task.model, "cfg", None), "scan_layers", False)
-            self.other_layout = None  # the state in the other layout, where there are checkpoints to compare with
-            if any(checkpointer.steps() for checkpointer in self.checkpointers):
-                self.other_layout = jax.eval_shape(functools.partial(relayout, scanned=not self.scanned),
-                                                   self.abstract_state)
-            layouts = set()
-            for checkpointer in self.checkpointers:
-                if self.model_config is not None:
-                    checkpointer.check_model_config(self.model_config)
-                layouts.add(checkpointer.check_state(self.abstract_state, other_layout=self.other_layout))
-            if len(layouts) > 1:
-                raise ValueError("the seeds' checkpoints hold their layers in different layouts (model.scan_layers); "
-                                 "resume each seed alone")
-            self.restore_other_layout = layouts == {True}
-        except BaseException:
-            self.close()
-            raise
+
+    def _abstract_state(self) -> Callable:
+        """The optimiser, one seed's abstract state and shardings; returns the (unjitted) initialiser."""
+        self.model_config = model_config_dict(self.task.model)
+        self.tx = make_optimizer(self.train)
+        self.schedule = learning_rate_schedule(self.train)
+        args, kwargs = self.task.init_inputs()
+        init = functools.partial(init_state, self.task.model, self.tx, init_args=args, init_kwargs=kwargs)
+        boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+        self.seed_state_shardings = logical_sharding(boxed, self.mesh)  # one seed's, as its checkpoints hold it
+        self.abstract_state = nn.unbox(boxed)
+        return init
+
+    def _check_checkpoints(self) -> None:
+        """Opens each seed's checkpoints read-only and refuses another model's (converting another layer layout)."""
+        tcfg = self.train
+        for run in self.seed_runs:
+            self.checkpointers.append(Checkpointer(f"{run.workdir}/checkpoints", keep=tcfg.keep_checkpoints,
+                                                   async_save=tcfg.async_checkpoints, read_only=True))
+        # A checkpoint of the other layer layout (model.scan_layers changed on resume) is converted as restored.
+        self.scanned = self.task.model.cfg.scan_layers
+        self.other_layout = None  # the state in the other layout, where there are checkpoints to compare with
+        if any(checkpointer.steps() for checkpointer in self.checkpointers):
+            self.other_layout = jax.eval_shape(functools.partial(relayout, scanned=not self.scanned),
+                                               self.abstract_state)
+        layouts = set()
+        for checkpointer in self.checkpointers:
+            checkpointer.check_model_config(self.model_config)
+            layouts.add(checkpointer.check_state(self.abstract_state, other_layout=self.other_layout))
+        if len(layouts) > 1:
+            raise ValueError("the seeds' checkpoints hold their layers in different layouts (model.scan_layers); "
+                             "resume each seed alone")
+        self.restore_other_layout = layouts == {True}
+
+    def _compile(self, init: Callable) -> None:
+        """The jitted initialiser, train and evaluation steps, batched over the seeds' layout."""
         on_mesh = functools.partial(with_activation_sharding, mesh=self.mesh)
-        step = functools.partial(on_mesh(train_step), task=task, tx=self.tx, schedule=self.schedule,
-                                 accum_steps=tcfg.grad_accum_steps)
-        evaluate = functools.partial(on_mesh(eval_sums), task=task)
-        self.batch_sharding = batch_sharding(self.mesh)
-        self.state_shardings = self.seed_state_shardings
-        if self.stacked:
-            init, step, evaluate = jax.vmap(init), jax.vmap(step), jax.vmap(evaluate)
-            self.state_shardings = jax.tree.map(with_seed_axis, self.seed_state_shardings)
-            self.batch_sharding = with_seed_axis(self.batch_sharding)
+        step = functools.partial(on_mesh(train_step), task=self.task, tx=self.tx, schedule=self.schedule,
+                                 accum_steps=self.train.grad_accum_steps)
+        evaluate = functools.partial(on_mesh(eval_sums), task=self.task)
+        init, step, evaluate = (self.seeds.batched(fn) for fn in (init, step, evaluate))
+        self.state_shardings, self.batch_sharding = self.seeds.shardings(self.seed_state_shardings,
+                                                                         batch_sharding(self.mesh))
+        self.seeds.compile(self.seed_state_shardings, self.state_shardings)
         self._init = jax.jit(lambda rng: nn.unbox(init(rng)), out_shardings=self.state_shardings)
         self.train_step = jax.jit(step, in_shardings=(self.state_shardings, self.batch_sharding),
                                   out_shardings=(self.state_shardings, replicated(self.mesh)), donate_argnums=(0,))
         self.eval_step = jax.jit(evaluate, in_shardings=(self.state_shardings.params, self.batch_sharding),
                                  out_shardings=replicated(self.mesh))
-        count = len(self.seed_runs)
-        self._seeds_of = jax.jit(lambda state: [jax.tree.map(lambda x: x[k], state) for k in range(count)],
-                                 out_shardings=[self.seed_state_shardings] * count)
-        self._stack = jax.jit(lambda states: jax.tree.map(lambda *xs: jnp.stack(xs), *states),
-                              out_shardings=self.state_shardings)
-        self.log = log
 
     @property
     def checkpointer(self) -> Checkpointer:
@@ -304,43 +312,25 @@ class Trainer:
         """This process's rows of a global batch (jaxpos.data.order.host_slice) -> global arrays sharded over
         the mesh; see `make_global_batch`. With several seeds, their batches (one each, in order) stacked [S, B, ...]
         in one transfer."""
-        if self.stacked:  # one process (the constructor refuses more): one transfer
-            return make_global_batch({key: np.stack([np.asarray(b[key]) for b in local]) for key in local[0]},
-                                     self.batch_sharding)
-        return make_global_batch(local[0] if isinstance(local, (list, tuple)) else local, self.batch_sharding)
+        return make_global_batch(self.seeds.host_batch(local), self.batch_sharding)
 
     def seed_states(self, state: TrainState) -> list[TrainState]:
         """Each seed's own state (no seed axis), in the order of the SeedRuns."""
-        return self._seeds_of(state) if self.stacked else [state]
+        return self.seeds.split(state)
 
     def initial_state(self, data) -> tuple[TrainState, int | None]:
         """(state, the step it was restored from, or None when initialised); the data position restored with it
-        (`data`: the seeds' iterators as one, `_Zipped`). Seeds resume from the newest step they all
-        saved."""
+        (`data`: the seeds' iterators as one, `_Zipped`). Seeds resume from the newest step they all saved."""
         abstract = abstract_like(self.abstract_state, self.seed_state_shardings)
         if self.restore_other_layout:  # restored whole on this host's CPU, converted, then placed
             cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
             abstract = abstract_like(self.other_layout, jax.tree.map(lambda _: cpu, self.other_layout))
-        if not self.stacked:
-            restored = self.checkpointer.restore_latest(abstract)
-            if restored is None:
-                return self._init(jax.random.PRNGKey(self.seed_runs[0].seed)), None
-            step, state, data_state = restored
-            data.set_state([data_state])
-            return self._in_this_layout(state), step
-        saved = [set(checkpointer.steps()) for checkpointer in self.checkpointers]
-        if not any(saved):
-            return self._init(jnp.stack([jax.random.PRNGKey(run.seed) for run in self.seed_runs])), None
-        for step in sorted(set.intersection(*saved), reverse=True):
-            # the single run's policy for each copy: a corrupt one is moved aside, an unreadable one stops the run
-            restored = [checkpointer.restore_good(step, abstract) for checkpointer in self.checkpointers]
-            if any(copy is None for copy in restored):  # an older step that every seed saved
-                continue
-            data.set_state([data_state for _, data_state in restored])
-            return self._stack([self._in_this_layout(state) for state, _ in restored]), step
-        listed = "; ".join(f"{run.workdir}: {sorted(steps) or 'none'}" for run, steps in zip(self.seed_runs, saved))
-        raise CheckpointError(f"the seeds' checkpoints have no step in common that restores ({listed}); resume "
-                              "each seed alone, or move their checkpoints away to start afresh")
+        restored = self.seeds.restore(self.checkpointers, abstract, self._in_this_layout)
+        if restored is None:
+            return self._init(self.seeds.init_keys()), None
+        state, step, positions = restored
+        data.set_state(positions)
+        return state, step
 
     def _in_this_layout(self, state: TrainState) -> TrainState:
         """A restored seed's state in this model's layer layout, placed as training places it."""
@@ -357,10 +347,8 @@ class Trainer:
             total = sums if total is None else jax.tree.map(jnp.add, total, sums)
         if total is None:
             raise ValueError("the evaluation data yielded no batch")
-        total = jax.device_get(total)
-        by_seed = [jax.tree.map(lambda x: x[k], total) for k in range(len(self.seed_runs))] if self.stacked \
-            else [total]
-        return [{k: float(v) for k, v in self.task.summarize(sums).items()} for sums in by_seed]
+        return [{k: float(v) for k, v in self.task.summarize(sums).items()}
+                for sums in self.seeds.by_seed(jax.device_get(total))]
 
     def run(self, data, eval_batches: Callable[[], Iterable[dict]] | None = None,
             hooks: Iterable[Callable[[int, TrainState], dict | None]] = (),
@@ -368,8 +356,8 @@ class Trainer:
         """Trains the one run to train.num_steps from wherever its checkpoints left off (`run_seeds` for several);
         see `run_seeds`. `hooks` run after every step (and a resumed run's evaluation of its last step) with the step
         and the state, and choose their own steps; what they return is logged as evaluation metrics."""
-        if self.stacked:
-            raise ValueError(f"this trainer trains {len(self.seed_runs)} seeds: call run_seeds")
+        if self.seeds.count > 1:
+            raise ValueError(f"this trainer trains {self.seeds.count} seeds: call run_seeds")
         return self.run_seeds([data], None if eval_batches is None else [eval_batches], on_start, hooks)[0]
 
     def run_seeds(self, data: Sequence, eval_batches: Sequence[Callable[[], Iterable[dict]]] | None = None,
@@ -380,142 +368,142 @@ class Trainer:
         position are restored (or initialised) and before anything is written: the last point at which a run can
         be refused with its workdir untouched. SIGTERM or SIGINT during the loop checkpoints the step in progress
         and raises `RunStopped` (jaxpos.training.interrupt). A run resumed at its last step trains nothing and
-        evaluates that step again. Returns each seed's result."""
-        tcfg, seeds = self.train, len(self.seed_runs)
-        if len(data) != seeds or (eval_batches is not None and len(eval_batches) != seeds):
-            raise ValueError(f"{seeds} seed(s) need as many data iterators and evaluation sets")
-        if hooks and self.stacked:
-            raise ValueError("hooks see one run's state: train seeds with hooks one at a time")
+        evaluates that step again. Returns each seed's result.
+
+        The loop body is the step, then the hooks, each at its own cadence: the training log (`_TrainLog`, every
+        train.log_every steps), the evaluation and the user's hooks (`_Evaluation`, every train.eval_every), the
+        checkpoint (`_Saving`, every train.checkpoint_every and when a signal stops the run)."""
+        tcfg = self.train
+        self._check_inputs(data, eval_batches, hooks)
         data = _Zipped(data)
         state, resumed = self.initial_state(data)
-        start = int(np.asarray(jax.device_get(state.step)).reshape(-1)[0])
+        start = self.seeds.first_step(state)
         if on_start is not None:
             on_start()
-        for checkpointer in self.checkpointers:
-            checkpointer.writable()
-        writers = [MetricWriter(run.workdir, tcfg.num_steps, start, enabled=self.log and jax.process_index() == 0,
-                                console=k == 0) for k, run in enumerate(self.seed_runs)]
-        if self.stacked and self.log:
-            writers[0].write(f"training {seeds} seeds at once ({', '.join(str(r.seed) for r in self.seed_runs)}); "
-                             f"the lines below are seed {self.seed_runs[0].seed}'s (its loss and tokens/s; step "
-                             "time, TFLOP/s and MFU count every seed's work), every seed's are in its workdir's "
-                             "TensorBoard")
-        if resumed is not None and self.log:
-            writers[0].write(f"resumed from checkpoint step {resumed} in {self.workdir}/checkpoints"
-                             + (" and the other seeds'" if self.stacked else ""))
-        final_metrics, eval_metrics = [{} for _ in range(seeds)], [{} for _ in range(seeds)]
-        pending: list[tuple[int, dict]] = []  # (step, device metrics) not read yet
-        windows: list[list[dict]] = [[] for _ in range(seeds)]  # each seed's metrics since the last logged step
-        tokens_per_step = tcfg.batch_size * self.task.tokens_per_example  # each seed's own; the FLOPs count all
-        step_flops = seeds * self.task.step_flops(tcfg.batch_size) if hasattr(self.task, "step_flops") else None
-        compute_dtype = getattr(getattr(self.task.model, "cfg", None), "dtype", "float32")
-        evaluations = None if eval_batches is None else (
-            (lambda: eval_batches[0]()) if not self.stacked else (lambda: zip(*(fn() for fn in eval_batches))))
-        tick = time.perf_counter()
-
-        def read_pending() -> None:
-            """Host copies of the unread steps' metrics, in one transfer (the steps ran ahead meanwhile); stops
-            the run at the first step whose loss, gradient norm or updated state is not finite. Called before
-            every log line, evaluation and checkpoint: a state not read finite is never saved (hooks, which run
-            every step, may see one not yet read)."""
-            if not pending:
-                return
-            stacked = jax.device_get(_stacked([m for _, m in pending]))  # a transfer a metric, not one a step
-            for i, (step, _) in enumerate(pending):
-                for k, window in enumerate(windows):
-                    host = {name: float(np.reshape(values[i], -1)[k]) for name, values in stacked.items()}
-                    state_finite = host.pop("state_finite") == 1.0
-                    if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"]) and state_finite):
-                        raise self._diverged(host, state_finite, step, k)
-                    window.append(host)
-            pending.clear()
-
-        def save(done: int, state: TrainState, data_state) -> None:
-            read_pending()  # never checkpoint a state not known to be finite
-            positions = data_state if data_state is not None else data.get_state()
-            for checkpointer, seed_state, position in zip(self.checkpointers, self.seed_states(state), positions):
-                if done not in checkpointer.steps():  # a seed that saved it before the batch was stopped keeps it
-                    checkpointer.save(done, seed_state, position, self.model_config)
-
+        log = _TrainLog(self, start, resumed)
+        evaluation = _Evaluation(self, eval_batches, hooks, log)
+        saving = _Saving(self, log, data)
+        due = {name: Every(every, tcfg.num_steps) for name, every in
+               (("log", tcfg.log_every), ("eval", tcfg.eval_every), ("save", tcfg.checkpoint_every))}
         if tcfg.checkpoint_initial and resumed is None and start == 0:  # the initialisation, as step 0
-            save(0, state, None)
-        batches, in_flight = None, collections.deque(maxlen=IN_FLIGHT_STEPS)
+            saving(0, state, None)
+        batches = None
         with deferred_stop() as stop:
             try:
-                # With batches made ahead each carries its data position; made in turn, the iterator's is current.
                 batches = Prefetcher(data, self.global_batch, tcfg.prefetch_batches)
-                data_state = None
                 if start >= tcfg.num_steps and not stop:  # resumed at the end: the last step's evaluation again
-                    eval_metrics = self._evaluate_step(start, state, evaluations, hooks, writers, eval_metrics)
+                    evaluation(start, state, evaluate=True)
                 for step in range(start, tcfg.num_steps):
-                    batch, data_state = next(batches)
+                    batch, position = next(batches)  # made ahead, a batch carries its data position
                     state, metrics = self.train_step(state, batch)
-                    pending.append((step + 1, metrics))
-                    if len(in_flight) == in_flight.maxlen:  # the host stays a few steps ahead, never the whole window
-                        jax.block_until_ready(in_flight[0])
-                    in_flight.append(metrics)
-                    for writer in writers:
-                        writer.advance()
                     done = step + 1
-                    if done % tcfg.log_every == 0 or done == tcfg.num_steps:
-                        read_pending()
-                        elapsed = time.perf_counter() - tick
-                        tick = time.perf_counter()
-                        step_time = elapsed / len(windows[0])  # a step of every seed at once
-                        speed = dict(step_time=step_time, tokens_per_s=tokens_per_step / step_time,
-                                     **throughput(step_flops, step_time, self.mesh.size,
-                                                  self.mesh.devices.flat[0].device_kind, compute_dtype))
-                        for k, (writer, window) in enumerate(zip(writers, windows)):
-                            final = {name: float(np.mean([m[name] for m in window])) for name in window[-1]}
-                            final.update(speed)
-                            writer.postfix(loss=final["loss"])
-                            if done == tcfg.num_steps:
-                                writer.finish_bar()
-                            writer.scalars(done, final)
-                            final_metrics[k] = final
-                            window.clear()
+                    log.record(done, metrics)
+                    if due["log"](done):
+                        log.write(done)
                     if not stop:  # a stopping run saves its step and leaves its evaluation to the resumed one
-                        evaluating = evaluations is not None and (done % tcfg.eval_every == 0
-                                                                  or done == tcfg.num_steps)
-                        if evaluating:
-                            read_pending()
-                        eval_metrics = self._evaluate_step(done, state, evaluations if evaluating else None, hooks,
-                                                           writers, eval_metrics)
-                    if done % tcfg.checkpoint_every == 0 or done == tcfg.num_steps or stop:
-                        save(done, state, data_state)
+                        evaluation(done, state, evaluate=due["eval"](done))
+                    if due["save"](done) or stop:
+                        saving(done, state, position)
                     if stop:
                         break
             finally:
                 if batches is not None:
                     batches.close()
-                for checkpointer in self.checkpointers:
-                    checkpointer.wait()
-                for writer in writers:
-                    writer.close()
+                saving.close()
+                log.close()
         if stop:  # the step in progress was checkpointed (or the run had just ended): say so instead of going on
-            saved = self.checkpointer.steps()
-            where = f"{self.workdir}/checkpoints" + (f" and the other {seeds - 1} seeds'" if self.stacked else "")
-            raise RunStopped(stop.signum, saved[-1] if saved else None, where)
-        return [TrainResult(seed_state, final, evaluated, resumed)
-                for seed_state, final, evaluated in zip(self.seed_states(state), final_metrics, eval_metrics)]
+            raise self._stopped(stop.signum)
+        return [TrainResult(seed_state, final, evaluated, resumed) for seed_state, final, evaluated
+                in zip(self.seed_states(state), log.final, evaluation.metrics)]
 
-    def _evaluate_step(self, step: int, state: TrainState, evaluations, hooks, writers, metrics: list[dict]) \
-            -> list[dict]:
-        """Step `step`'s held-out evaluation (when `evaluations` gives its batches) and hooks, written to each
-        seed's writer: each seed's `metrics` (the latest evaluation's) replaced by the evaluation, updated by what
-        the hooks return."""
-        if evaluations is not None:
-            metrics = self.evaluate(state.params, evaluations())
-            for writer, evaluated in zip(writers, metrics):
-                writer.scalars(step, evaluated, prefix="eval")
-        for hook in hooks:  # one seed only
-            extra = hook(step, state)
-            if extra:
-                writers[0].scalars(step, extra, prefix="eval")
-                metrics[0].update(extra)
-        return metrics
+    def _check_inputs(self, data: Sequence, eval_batches, hooks) -> None:
+        count = self.seeds.count
+        if len(data) != count or (eval_batches is not None and len(eval_batches) != count):
+            raise ValueError(f"{count} seed(s) need as many data iterators and evaluation sets")
+        if hooks and count > 1:
+            raise ValueError("hooks see one run's state: train seeds with hooks one at a time")
 
-    def _diverged(self, host: dict, state_finite: bool, step: int, seed_index: int = 0) -> TrainingDiverged:
+    def _stopped(self, signum: int) -> RunStopped:
+        """The error that ends a run stopped by a signal, naming the step it saved."""
+        saved, count = self.checkpointer.steps(), self.seeds.count
+        where = f"{self.workdir}/checkpoints" + (f" and the other {count - 1} seeds'" if count > 1 else "")
+        return RunStopped(signum, saved[-1] if saved else None, where)
+
+    def close(self):
+        for checkpointer in self.checkpointers:
+            checkpointer.close()
+
+
+class _TrainLog:
+    """The training metrics of every seed: kept on the device as the steps run ahead, read in one transfer a metric
+    (`read`: before every log line, evaluation and checkpoint), checked finite (a diverged run stops), then averaged
+    over the window since the last line and written with the speed (`write`)."""
+
+    def __init__(self, trainer: Trainer, start: int, resumed: int | None):
+        self.trainer, tcfg, seeds = trainer, trainer.train, trainer.seeds
+        self.writers = [MetricWriter(run.workdir, tcfg.num_steps, start, console=k == 0,
+                                     enabled=trainer.log and jax.process_index() == 0)
+                        for k, run in enumerate(seeds.runs)]
+        if trainer.log and seeds.header():
+            self.writers[0].write(seeds.header())
+        if resumed is not None and trainer.log:
+            self.writers[0].write(f"resumed from checkpoint step {resumed} in {trainer.workdir}/checkpoints"
+                                  + (" and the other seeds'" if seeds.count > 1 else ""))
+        self.final = [{} for _ in range(seeds.count)]
+        self.pending: list[tuple[int, dict]] = []  # (step, device metrics) not read yet
+        self.windows: list[list[dict]] = [[] for _ in range(seeds.count)]  # each seed's since the last line
+        self.in_flight = collections.deque(maxlen=IN_FLIGHT_STEPS)
+        task = trainer.task
+        self.tokens_per_step = tcfg.batch_size * task.tokens_per_example  # each seed's own; the FLOPs count all
+        self.step_flops = seeds.count * task.step_flops(tcfg.batch_size) if hasattr(task, "step_flops") else None
+        self.compute_dtype = task.model.cfg.dtype
+        self.tick = time.perf_counter()
+
+    def record(self, step: int, metrics: dict) -> None:
+        """Keeps a step's device metrics; the host stays a few steps ahead of the device, never the whole window."""
+        self.pending.append((step, metrics))
+        if len(self.in_flight) == self.in_flight.maxlen:
+            jax.block_until_ready(self.in_flight[0])
+        self.in_flight.append(metrics)
+        for writer in self.writers:
+            writer.advance()
+
+    def read(self) -> None:
+        """Host copies of the unread steps' metrics, in one transfer (the steps ran ahead meanwhile); stops the run
+        at the first step whose loss, gradient norm or updated state is not finite. A state not read finite is
+        never saved (hooks, which run every step, may see one not yet read)."""
+        if not self.pending:
+            return
+        stacked = jax.device_get(_stacked([m for _, m in self.pending]))  # a transfer a metric, not one a step
+        for i, (step, _) in enumerate(self.pending):
+            for k, window in enumerate(self.windows):
+                host = {name: float(np.reshape(values[i], -1)[k]) for name, values in stacked.items()}
+                state_finite = host.pop("state_finite") == 1.0
+                if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"]) and state_finite):
+                    raise self.diverged(host, state_finite, step, k)
+                window.append(host)
+        self.pending.clear()
+
+    def write(self, step: int) -> None:
+        """Each seed's means since the last line, with the step time and throughput of the window."""
+        self.read()
+        elapsed, self.tick = time.perf_counter() - self.tick, time.perf_counter()
+        step_time = elapsed / len(self.windows[0])  # a step of every seed at once
+        trainer = self.trainer
+        speed = dict(step_time=step_time, tokens_per_s=self.tokens_per_step / step_time,
+                     **throughput(self.step_flops, step_time, trainer.mesh.size,
+                                  trainer.mesh.devices.flat[0].device_kind, self.compute_dtype))
+        for k, (writer, window) in enumerate(zip(self.writers, self.windows)):
+            final = {name: float(np.mean([m[name] for m in window])) for name in window[-1]}
+            final.update(speed)
+            writer.postfix(loss=final["loss"])
+            if step == trainer.train.num_steps:
+                writer.finish_bar()
+            writer.scalars(step, final)
+            self.final[k] = final
+            window.clear()
+
+    def diverged(self, host: dict, state_finite: bool, step: int, seed_index: int = 0) -> TrainingDiverged:
         """The error that stops a run whose step `step` read `host` (its metrics) and `state_finite`."""
         if not math.isfinite(host["loss"]):
             what = f"loss is {host['loss']}"
@@ -523,22 +511,57 @@ class Trainer:
             what = f"gradient norm is {host['grad_norm']}"
         else:
             what = "the updated parameters or optimizer state are not finite"
-        run = self.seed_runs[seed_index]
-        if self.stacked:
-            what += f" for seed {run.seed} (every seed trained with it stops)"
-        saved = self.checkpointers[seed_index].steps()  # only states read finite are ever saved
+        trainer = self.trainer
+        run = trainer.seed_runs[seed_index]
+        saved = trainer.checkpointers[seed_index].steps()  # only states read finite are ever saved
         last = f"The last good checkpoint is step {saved[-1]}" if saved else "There is no checkpoint"
-        return TrainingDiverged(f"{what} at step {step}; stopping. {last} in {run.workdir}")
+        return TrainingDiverged(f"{what}{trainer.seeds.seed_words(seed_index)} at step {step}; stopping. {last} "
+                                f"in {run.workdir}")
 
-    def close(self):
-        for checkpointer in self.checkpointers:
-            checkpointer.close()
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
 
 
-def check_seed_runs(seed_runs: Sequence[SeedRun]) -> None:
-    """Raises ValueError for no seed, a seed twice, or two seeds sharing a workdir."""
-    if not seed_runs:
-        raise ValueError("no seed to train")
-    seeds, folders = [r.seed for r in seed_runs], [r.workdir for r in seed_runs]
-    if len(set(seeds)) < len(seeds) or len(set(folders)) < len(folders):
-        raise ValueError(f"each seed trains once, in its own workdir: seeds {seeds}, workdirs {folders}")
+class _Evaluation:
+    """At its steps, each seed's held-out evaluation (`eval_batches`), then the user's hooks (one seed), written to
+    each seed's log; `metrics` keeps each seed's latest."""
+
+    def __init__(self, trainer: Trainer, eval_batches, hooks, log: _TrainLog):
+        self.trainer, self.hooks, self.log = trainer, list(hooks), log
+        self.metrics = [{} for _ in range(trainer.seeds.count)]
+        self.batches = None if eval_batches is None else (
+            (lambda: eval_batches[0]()) if trainer.seeds.count == 1 else (lambda: zip(*(fn() for fn in eval_batches))))
+
+    def __call__(self, step: int, state: TrainState, evaluate: bool) -> None:
+        if evaluate and self.batches is not None:
+            self.log.read()
+            self.metrics = self.trainer.evaluate(state.params, self.batches())
+            for writer, evaluated in zip(self.log.writers, self.metrics):
+                writer.scalars(step, evaluated, prefix="eval")
+        for hook in self.hooks:  # one seed only
+            extra = hook(step, state)
+            if extra:
+                self.log.writers[0].scalars(step, extra, prefix="eval")
+                self.metrics[0].update(extra)
+
+
+class _Saving:
+    """Each seed's checkpoint of a step, with its data position; only once the step's metrics read finite."""
+
+    def __init__(self, trainer: Trainer, log: _TrainLog, data: _Zipped):
+        self.trainer, self.log, self.data = trainer, log, data
+        for checkpointer in trainer.checkpointers:
+            checkpointer.writable()
+
+    def __call__(self, step: int, state: TrainState, positions) -> None:
+        self.log.read()  # never checkpoint a state not known to be finite
+        positions = positions if positions is not None else self.data.get_state()
+        trainer = self.trainer
+        for checkpointer, seed_state, position in zip(trainer.checkpointers, trainer.seed_states(state), positions):
+            if step not in checkpointer.steps():  # a seed that saved it before the batch was stopped keeps it
+                checkpointer.save(step, seed_state, position, trainer.model_config)
+
+    def close(self) -> None:
+        for checkpointer in self.trainer.checkpointers:
+            checkpointer.wait()

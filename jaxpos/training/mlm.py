@@ -7,7 +7,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jaxpos.config.model import ModelConfig
 from jaxpos.config.rng import step_rngs
+from jaxpos.config.run import RunConfig
 from jaxpos.models import BertForMaskedLM
 from jaxpos.training.flops import mlm_step_flops
 
@@ -48,6 +50,14 @@ class MaskedLMTask:
     model: BertForMaskedLM
     seq_len: int
     max_predictions: int = 0
+
+    @classmethod
+    def of(cls, run: RunConfig, *, model: ModelConfig | None = None, seq_len: int | None = None,
+           max_predictions: int | None = None) -> "MaskedLMTask":
+        """The task of a masked-LM run config: its model (or `model`, e.g. a reader's unscanned copy), rows of
+        data.seq_len and the head at train.max_predictions positions, unless given."""
+        return cls(BertForMaskedLM(model or run.model), run.data.seq_len if seq_len is None else seq_len,
+                   run.train.max_predictions if max_predictions is None else max_predictions)
 
     @property
     def tokens_per_example(self) -> int:

@@ -15,7 +15,7 @@ from etils import epath
 from jaxpos.config.files import write_run_report
 from jaxpos.config.run import RunConfig
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
-from jaxpos.models import BertForMaskedLM
+from jaxpos.models import position_params
 from jaxpos.progress import status
 from jaxpos.training.checkpoint import check_resumable
 from jaxpos.training.loop import SeedRun, Trainer
@@ -103,8 +103,7 @@ def _train_mlm(runs: list[RunConfig], workdirs: list[str], admissions) -> list:
     status(f"baseline: unigram entropy of the {'held-out rows' if dcfg.streaming else 'corpus'} = {entropies} "
            f"nats/token{' (seed by seed)' if many else ''} (the loss of a model that ignores context)")
 
-    cfg = runs[0].model
-    task = MaskedLMTask(BertForMaskedLM(cfg), dcfg.seq_len, tcfg.max_predictions)
+    task = MaskedLMTask.of(runs[0])
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
     trainer = Trainer(tcfg, [SeedRun(run.train.seed, w) for run, w in zip(runs, workdirs)], task, mesh=runs[0].mesh)
 
@@ -142,7 +141,7 @@ def _report(result, run: RunConfig, data, workdir: str, main_process: bool, labe
         from jaxpos.analysis.plots import plot_tisa_scores  # lazy: matplotlib costs ~1 s at import; only TISA runs draw
 
         params = jax.device_get(result.state.params)
-        tisa = params["bert"]["encoder"]["position"]
+        tisa = position_params(params)
         with tempfile.TemporaryDirectory() as scratch:  # matplotlib writes local files; epath copies them anywhere
             local = plot_tisa_scores({k: np.asarray(tisa[k]) for k in "abc"}, run.data.seq_len,
                                      os.path.join(scratch, "tisa_scores.png"), step=step)

@@ -77,6 +77,6 @@ def test_linformer_takes_padded_rows_and_runs_refuse_packed_ones():
     params = model.init(jax.random.PRNGKey(0), ids)["params"]
     one_piece = jnp.ones((2, 16), jnp.int32).at[1, 10:].set(0)  # padding is fine: padded keys are zeroed
     model.apply({"params": params}, ids, piece_ids=one_piece)
-    check_packing(cfg, packed=False)
+    check_packing(cfg.position, packed=False)
     with pytest.raises(ValueError, match="Linformer .*packed rows"):
-        check_packing(cfg, packed=True)
+        check_packing(cfg.position, packed=True)
