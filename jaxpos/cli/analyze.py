@@ -69,7 +69,10 @@ def over_training_summary(result: dict) -> str:
 
 
 def summary(report: dict) -> str:
-    """A few lines with the headline numbers of a report."""
+    """A few lines with the headline numbers of a report; the per-layer ones in one table over the hidden states,
+    numbered as the figures number them (the embedding output, then layer 1 = the first)."""
+    from jaxpos.analysis.plots import hidden_state_label, layer_number  # lazy: matplotlib, not needed by --help
+
     lines = []
 
     def get(name, key):
@@ -82,26 +85,51 @@ def summary(report: dict) -> str:
     if get("position_gram", "toeplitz_r2") is not None:
         lines.append(f"  Toeplitz R^2 of E_P E_P^T: {get('position_gram', 'toeplitz_r2'):.3f}")
     if get("positional_profile", "fit_r2") is not None:
-        lines.append(f"  F-hat_P: TISA fit r^2 per head {fmt(get('positional_profile', 'fit_r2'))}")
+        layer = layer_number(get("positional_profile", "layer") or 0)
+        lines.append(f"  F-hat_P (layer {layer}): TISA fit r^2 per head {fmt(get('positional_profile', 'fit_r2'))}")
     if get("identical_word", "locality") is not None:
-        lines.append(f"  identical words: locality {get('identical_word', 'locality'):.3f}, symmetry "
+        lines.append(f"  identical words (all layers): locality {get('identical_word', 'locality'):.3f}, symmetry "
                      f"{get('identical_word', 'symmetry'):.3f}")
     if get("rank", "logit_rank_mean") is not None:
         lines.append(f"  attention logit rank (T={get('rank', 'length')}, D={get('rank', 'head_dim')}): mean "
                      f"{get('rank', 'logit_rank_mean'):.1f}, max {get('rank', 'logit_rank_max')} "
                      f"(tolerance {get('rank', 'rtol'):.3g} x the largest singular value)")
     if get("decomposition", "importance") is not None:
-        last = get("decomposition", "importance")[-1]
-        lines.append(f"  Muppet importance at the last layer (i h f c): {fmt(last)}")
+        importance = get("decomposition", "importance")  # [L+1, 4]: the embedding output first
+        lines.append(f"  Muppet importance at layer {hidden_state_label(len(importance) - 1)} (the last; i h f c): "
+                     f"{fmt(importance[-1])}")
     if get("effective_attention", "correlation") is not None:
         pairs = zip(get("effective_attention", "lengths"), get("effective_attention", "correlation"))
         lines.append("  raw vs effective attention r: " + ", ".join(f"T={n}: {r:.3f}" for n, r in pairs))
     if get("effective_attention", "rank_summary"):
         lines.append("  effective attention: " + get("effective_attention", "rank_summary"))
-    for kind, values in (get("identifiability", "rates") or {}).items():
-        lines.append(f"  identifiability ({kind}) per layer: {fmt(values)}")
+    rows = {f"identifiability ({kind})": dict(enumerate(values))
+            for kind, values in (get("identifiability", "rates") or {}).items()}
     if get("attribution", "self_share") is not None:
-        lines.append(f"  own-token contribution per layer: {fmt(get('attribution', 'self_share'))}")
+        own = get("attribution", "self_share")
+        states = get("attribution", "layers") or range(1, len(own) + 1)  # hidden-state indices: layer 1 is 1
+        rows["own-token contribution"] = dict(zip(states, own))
+    lines.extend(per_layer_table(rows))
     for name, why in report.get("skipped", {}).items():
         lines.append(f"  skipped {name}: {why}")
     return "\n".join(lines)
+
+
+def per_layer_table(rows: dict[str, dict[int, float]]) -> list[str]:
+    """Lines of a table of `rows` {label: {hidden-state index: value}}, a column per hidden state that has a value:
+    0 is the embedding output ("embeddings"), i the output of layer i; "-" where a row has no value, "nan" where
+    it is None (a NaN in report.json)."""
+    from jaxpos.analysis.plots import LAYER_AXIS_LABEL, hidden_state_label
+
+    states = sorted({state for values in rows.values() for state in values})
+    if not states:
+        return []
+    width = max(len(LAYER_AXIS_LABEL), *(len(label) for label in rows))
+    heads = [hidden_state_label(state) for state in states]
+    widths = [max(len(head), 4) for head in heads]
+    lines = [f"  {LAYER_AXIS_LABEL:<{width}}" + "".join(f"  {head:>{w}}" for head, w in zip(heads, widths))]
+    for label, values in rows.items():
+        cells = ["-" if state not in values else "nan" if values[state] is None else f"{values[state]:.2f}"
+                 for state in states]
+        lines.append(f"  {label:<{width}}" + "".join(f"  {cell:>{w}}" for cell, w in zip(cells, widths)))
+    return lines

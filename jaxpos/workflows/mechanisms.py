@@ -1,5 +1,6 @@
 """`jaxpos mechanisms`: a forward and backward pass of every positional mechanism on a small random BERT, as a
-table of parameters, losses, gradient norms and times (a check that an installation works)."""
+table of parameters, losses, gradient norms, order sensitivity and times (a check that an installation works and
+that each mechanism is wired in)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,31 @@ import jax.numpy as jnp
 from jaxpos.config import MECHANISMS, model_config
 from jaxpos.models import BertForMaskedLM
 
+# Full float32 matmuls wherever it runs: TF32 on a GPU would add noise of the size of the order column's smallest
+# values (a random model at initialisation barely uses its attention).
+PRECISION = "highest"
+
+
+def shuffled_positions(seq_len: int) -> jax.Array:
+    """A fixed random permutation of `seq_len` positions; not a reversal, which keeps every distance |j − i| and so
+    leaves ALiBi, KERPLE and the other symmetric biases blind to it."""
+    return jax.random.permutation(jax.random.PRNGKey(2), seq_len)
+
+
+def order_sensitivity(logits: jax.Array, shuffled_logits: jax.Array, order: jax.Array) -> float:
+    """‖f(x[:, order]) − f(x)[:, order]‖ / ‖f(x)‖ from the logits [B, T, V] of rows `x` and of the same rows with
+    their tokens in `order`: 0 up to float error for a model blind to positions (a bag of words, whose outputs
+    move with their tokens), above it wherever positions act."""
+    moved = logits[:, order]
+    return float(jnp.linalg.norm(shuffled_logits - moved) / jnp.linalg.norm(logits))
+
 
 def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
-    """The table, one row per registered mechanism: rows of `seq_len` random tokens, `batch` of them."""
-    rows = [f"{'mechanism':<12} {'params':>9} {'loss':>8} {'grad norm':>10} {'compile s':>9} {'step ms':>8}"]
+    """The table, one row per registered mechanism: rows of `seq_len` random tokens, `batch` of them; its `order`
+    column is `order_sensitivity` of the logits when each row's tokens are shuffled by `shuffled_positions`."""
+    rows = [f"{'mechanism':<12} {'params':>9} {'loss':>8} {'grad norm':>10} {'order':>8} {'compile s':>9} "
+            f"{'step ms':>8}"]
+    order = shuffled_positions(seq_len)
     for kind in MECHANISMS:
         cfg = model_config(dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, mlp_dim=128,
                                 max_length=seq_len, position=dict(kind=kind)))
@@ -23,19 +45,24 @@ def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
         ids = jax.random.randint(jax.random.PRNGKey(0), (batch, seq_len), 1, cfg.vocab_size)
         params = nn.unbox(model.init(jax.random.PRNGKey(1), ids)["params"])
 
-        def loss(p):
-            logp = jax.nn.log_softmax(model.apply({"params": p}, ids))
-            return -jnp.mean(jnp.take_along_axis(logp, ids[..., None], -1))
+        def loss(p, x):
+            logits = model.apply({"params": p}, x)
+            logp = jax.nn.log_softmax(logits)
+            return -jnp.mean(jnp.take_along_axis(logp, x[..., None], -1)), logits
 
-        step = jax.jit(jax.value_and_grad(loss))
-        start = time.perf_counter()
-        value, grads = jax.block_until_ready(step(params))
-        compiled = time.perf_counter() - start
-        start = time.perf_counter()
-        for _ in range(5):
-            jax.block_until_ready(step(params))
-        ms = (time.perf_counter() - start) / 5 * 1e3
+        step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        with jax.default_matmul_precision(PRECISION):
+            start = time.perf_counter()
+            (value, logits), grads = jax.block_until_ready(step(params, ids))
+            compiled = time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(5):
+                jax.block_until_ready(step(params, ids))
+            ms = (time.perf_counter() - start) / 5 * 1e3
+            (_, shuffled), _ = step(params, ids[:, order])  # the same shapes: no second compilation
         count = sum(x.size for x in jax.tree.leaves(params))
         norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
-        rows.append(f"{kind:<12} {count:>9} {float(value):>8.4f} {norm:>10.4f} {compiled:>9.2f} {ms:>8.2f}")
+        moved = order_sensitivity(logits, shuffled, order)
+        rows.append(f"{kind:<12} {count:>9} {float(value):>8.4f} {norm:>10.4f} {moved:>8.1e} {compiled:>9.2f} "
+                    f"{ms:>8.2f}")
     return "\n".join(rows)

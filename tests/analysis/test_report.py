@@ -14,6 +14,7 @@ import pytest
 from jaxpos.analysis.loading import load_hf, load_run
 from jaxpos.data.wordpiece import WordPiece
 from jaxpos.analysis.report import analyze, corpus_sentences, token_windows
+from jaxpos.cli.analyze import summary
 from jaxpos.config import model_config
 from jaxpos.config.defaults import mlm_config
 from jaxpos.data.corpus import embedded_documents
@@ -140,6 +141,19 @@ def test_absolute_run_report_agrees_with_direct_calls(tmp_path, spm_model, texts
     assert len(shares["self_share"]) == 2 and len(shares["by_distance"][0]) == 10
     assert all(0 < s <= 1 for s in shares["self_share"])
     assert report["skipped"] == {"tisa_scores": report["tisa_scores"]["skipped"]}
+
+    # The printed summary numbers layers as the figures do: the embedding output, then layer 1 = the first; the
+    # identifiability rates (embeddings and 2 layers) and the own-token shares (2 layers) share the columns.
+    lines = summary(report).splitlines()
+    assert any(line.startswith("  F-hat_P (layer 1): TISA fit r^2 per head ") for line in lines)
+    assert any(line.startswith("  Muppet importance at layer 2 (the last; i h f c): ") for line in lines)
+    start = next(i for i, line in enumerate(lines) if line.startswith("  layer (1 = first)"))
+    table = lines[start:start + 4]
+    assert table[0].split()[-3:] == ["embeddings", "1", "2"]
+    assert table[1].split() == ["identifiability", "(naive)", *(f"{r:.2f}" for r in rates["naive"])]
+    assert table[2].split() == ["identifiability", "(linear)", *(f"{r:.2f}" for r in rates["linear"])]
+    assert table[3].split() == ["own-token", "contribution", "-", *(f"{s:.2f}" for s in shares["self_share"])]
+    assert len({len(line) for line in table}) == 1  # right-aligned under their headers
 
 
 def test_tisa_run_skips_what_does_not_apply(tmp_path, spm_model, texts):
