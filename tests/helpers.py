@@ -30,6 +30,8 @@ KIND_VARIANTS = {
     "diet_rel": {"diet_rel_layer_shared_clipped": dict(diet_rel=dict(sharing="layer", max_distance=5)),
                  "diet_rel_per_head_segments": dict(segment="per_head")},
     "diet_abs": {"diet_abs_unfolded_none": dict(diet_abs=dict(fold=False, sharing="none", rank=6))},
+    # RoPE's options change its tables only: one variant with a length rule and p-RoPE takes every path
+    "rope": {"rope_yarn_partial": dict(rope=dict(scaling="yarn", factor=4.0, fraction=0.5))},
     "attenuated": {"attenuated_matrix": dict(attenuated=dict(form="matrix", sharing="head")),
                    "attenuated_offset": dict(attenuated=dict(form="offset")),
                    "attenuated_abs_offset": dict(attenuated=dict(form="abs_offset"))},
@@ -74,14 +76,14 @@ def folder_digest(path) -> dict:
     return digest
 
 
-def train_tiny_mlm(workdir: str, checkpoint_every: int = 2, kind: str = "tisa") -> str:
-    """A tiny masked-LM run (TISA, or position `kind`) of two steps on one device, as `jaxpos train` leaves it (its
-    tokenizer trained on the embedded corpus); returns the workdir."""
+def train_tiny_mlm(workdir: str, checkpoint_every: int = 2, kind: str = "tisa", **model) -> str:
+    """A tiny masked-LM run (TISA, or position `kind`; `model`: other model fields) of two steps on one device, as
+    `jaxpos train` leaves it (its tokenizer trained on the embedded corpus); returns the workdir."""
     from jaxpos.config.defaults import mlm_config
     from jaxpos.workflows.mlm import train_mlm
 
     config = mlm_config()
-    config.model.update(d_model=32, num_layers=1, num_heads=4, mlp_dim=48, max_length=32)
+    config.model.update(d_model=32, num_layers=1, num_heads=4, mlp_dim=48, max_length=32, **model)
     config.model.position.kind = kind
     config.data.update(seq_len=32, vocab_size=300, max_documents=20, tokenizer_max_sentences=2000)
     config.train.update(num_steps=2, batch_size=8, log_every=1, eval_every=2, eval_batches=1,

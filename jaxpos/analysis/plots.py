@@ -421,7 +421,9 @@ def lengths_figure(results: dict, metric: str = "loss"):
     for k, (name, result) in enumerate(results.items()):
         done = [e for e in result["lengths"] if "skipped" not in e]
         skipped = [e["length"] for e in result["lengths"] if "skipped" in e]
-        label = name + (f" (cannot run at {', '.join(map(str, skipped))})" if skipped else "")
+        shown = result.get("positions", name)  # the mechanism and RoPE's length rule, where the name lacks them
+        label = name + (f", {shown}" if shown != name else "") + (
+            f" (cannot run at {', '.join(map(str, skipped))})" if skipped else "")
         ax.plot([e["length"] for e in done], [e[metric] for e in done], marker="o", label=label, **line_style(k))
     for length in sorted({r["train_length"] for r in results.values()}):
         ax.axvline(length, color="0.5", linestyle=":", linewidth=1)

@@ -13,6 +13,9 @@ def add_finetune_parser(subparsers) -> None:
     overrides = "any field of the config, e.g. --config.data.task=mrpc --config.data.source=glue_dir " \
                 "--config.data.glue_dir=/data/glue"
     data_only = "--config.data.* fields only, to point at other data, e.g. another glue_dir"
+    evaluate_overrides = (f"{data_only}; with --lengths, a RoPE run's length rule only (no parameter changes), "
+                          "e.g. --config.model.position.rope.scaling=yarn --config.model.position.rope.factor=4 "
+                          "(docs/mechanisms.md)")
     parser = add_command(
         subparsers, "finetune", "fine-tune a jaxpos run or a Hugging Face BERT/ALBERT folder on a classification or "
         "regression task; resumes from the workdir's latest checkpoint", overrides=overrides,
@@ -26,7 +29,7 @@ def add_finetune_parser(subparsers) -> None:
     parser = add_command(subparsers, "evaluate", "scores of a fine-tuned run's latest checkpoint on a split; with "
                          "--lengths, masked-LM runs' held-out loss and accuracy at several lengths; with "
                          "--word-order, masked-LM runs' preference for word-order pairs as they are",
-                         overrides=data_only)
+                         overrides=evaluate_overrides)
     parser.add_argument("--workdir", required=True, action="append",
                         help="the workdir of a `jaxpos finetune` run; with --lengths or --word-order, of a `jaxpos "
                              "train` masked-LM run (repeat for several in one table)")
@@ -107,16 +110,17 @@ def _evaluate(args, overrides):
 
 
 def _evaluate_lengths(args, overrides):
-    if overrides or args.split:
-        raise ValueError("--lengths reads each run's own held-out text: no --split or --config overrides")
+    if args.split or any(o.lstrip("-").startswith("config.data.") for o in overrides):
+        raise ValueError("--lengths reads each run's own held-out text: no --split or --config.data overrides")
     batch_size = 8 if args.batch_size is None else args.batch_size
     if batch_size < 1 or args.max_tokens < 0:
         raise ValueError("--batch-size must be at least 1 and --max-tokens at least 0")
     from jaxpos.workflows.lengths import length_generalisation, lengths_table  # lazy: loads jax
 
     results = length_generalisation(args.workdir, _numbers(args.lengths, int, "--lengths"), args.figure,
-                                    batch_size, args.max_tokens)
-    print(lengths_table(results) + f"wrote {next(iter(results.values()))['figure']} and each run's lengths.json")
+                                    batch_size, args.max_tokens, overrides)
+    first = next(iter(results.values()))
+    print(lengths_table(results) + f"wrote {first['figure']} and each run's {first['file']}")
     return results
 
 

@@ -77,10 +77,19 @@ def trait_text(trait: bool | When) -> str:
     return trait.text if isinstance(trait, When) else ("yes" if trait else "no")
 
 
+def rotated_pairs(head_dim: int, fraction: float) -> int:
+    """How many of a head's D/2 channel pairs p-RoPE rotates: ⌊fraction·D/2⌋, as Hugging Face's `proportional`."""
+    return int(fraction * head_dim // 2)
+
+
 def _check_rope(cfg: ModelConfig) -> None:
     if cfg.head_dim % 2:
         raise ValueError(f"RoPE rotates channel pairs: it needs an even head dimension, got d_model / "
                          f"num_heads = {cfg.d_model} / {cfg.num_heads} = {cfg.head_dim}")
+    fraction = cfg.position.rope.fraction
+    if rotated_pairs(cfg.head_dim, fraction) < 1:
+        raise ValueError(f"position.rope.fraction={fraction!r} rotates no channel pair of a head of {cfg.head_dim} "
+                         f"dimensions: it needs at least 2 / {cfg.head_dim} = {2 / cfg.head_dim:g}")
 
 
 def _check_t5(cfg: ModelConfig) -> None:

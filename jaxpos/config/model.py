@@ -72,9 +72,57 @@ class ShawConfig:
     values: bool = True  # also add r^V to the values
 
 
+# RoPE's length-extension rules (jaxpos/positions/rope.py has the formulas): none | linear (positions / factor) |
+# ntk (static NTK-aware base) | dynamic (NTK at the pass's length) | yarn | llama3
+ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
+# The rope fields that change no parameter, so a trained run may be evaluated under other values of them
+ROPE_RULE_FIELDS = ("scaling", "factor", "original_max_length", "beta_fast", "beta_slow", "low_freq_factor",
+                    "high_freq_factor")
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
     base: float = 10_000.0
+    scaling: str = "none"  # a length-extension rule of ROPE_SCALINGS
+    factor: float = 1.0  # s: how many times L0 the rule stretches the positions to (>= 1)
+    original_max_length: int | None = None  # L0 of dynamic, yarn and llama3; None: model.max_length
+    beta_fast: float = 32.0  # yarn: pairs turning more than beta_fast times over L0 keep their frequency
+    beta_slow: float = 1.0  # yarn: pairs turning less than beta_slow times over L0 are divided by the factor
+    low_freq_factor: float = 1.0  # llama3: wavelengths above L0 / low_freq_factor are divided by the factor
+    high_freq_factor: float = 4.0  # llama3: wavelengths below L0 / high_freq_factor keep their frequency
+    # p-RoPE: the share of each head's channel pairs rotated, the highest frequencies; the pairs of the lowest
+    # frequencies stay unrotated (1.0: every pair, plain RoPE)
+    fraction: float = 1.0
+
+    def check(self) -> None:
+        """Raises a one-line ValueError for an unknown rule or an option out of range."""
+        if self.scaling not in ROPE_SCALINGS:
+            raise ValueError(f"position.rope.scaling={self.scaling!r}; choose one of {', '.join(ROPE_SCALINGS)}")
+        check_number("position.rope.base", self.base, 0.0, open_low=True)
+        check_number("position.rope.factor", self.factor, 1.0)
+        check_count("position.rope.original_max_length", self.original_max_length, 1, optional=True)
+        check_number("position.rope.fraction", self.fraction, 0.0, 1.0, open_low=True, open_high=False)
+        check_number("position.rope.beta_slow", self.beta_slow, 0.0, open_low=True)
+        check_number("position.rope.low_freq_factor", self.low_freq_factor, 0.0, open_low=True)
+        if not self.beta_fast > self.beta_slow:
+            raise ValueError(f"position.rope.beta_fast={self.beta_fast!r} must be greater than beta_slow="
+                             f"{self.beta_slow!r} (yarn's ramp runs from beta_fast rotations down to beta_slow)")
+        if not self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"position.rope.low_freq_factor={self.low_freq_factor!r} must be less than "
+                             f"high_freq_factor={self.high_freq_factor!r} (llama3's bands: wavelengths above "
+                             "L0 / low_freq_factor are scaled, below L0 / high_freq_factor kept)")
+
+    def rule(self, original_length: int) -> str:
+        """The length rule and p-RoPE in a few words, e.g. "yarn ×4, L₀ 512", "p-RoPE 0.5" or "none"
+        (`original_length`: L₀, named where the rule reads it)."""
+        parts = []
+        if self.scaling in ("linear", "ntk"):
+            parts.append(f"{self.scaling} ×{self.factor:g}")
+        elif self.scaling != "none":
+            parts.append(f"{self.scaling} ×{self.factor:g}, L₀ {original_length}")
+        if self.fraction < 1:
+            parts.append(f"p-RoPE {self.fraction:g}")
+        return ", ".join(parts) or "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +211,7 @@ class PositionConfig:
         check_count("position.diet_abs.rank", self.diet_abs.rank, 1, optional=True)
         check_count("position.diet_abs.linformer_k", self.diet_abs.linformer_k, 1, optional=True)
         check_count("position.shaw.clip", self.shaw.clip, 1)
-        check_number("position.rope.base", self.rope.base, 0.0, open_low=True)
+        self.rope.check()
         # w > 0 sets locality, s >= 0 symmetry (Chen et al. eq. 8)
         check_number("position.attenuated.w", self.attenuated.w, 0.0, open_low=True)
         check_number("position.attenuated.s", self.attenuated.s, 0.0)

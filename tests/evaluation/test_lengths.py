@@ -2,11 +2,14 @@
 run's own evaluation, inductive mechanisms run past their training length and others say why they cannot."""
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
 
 from jaxpos import cli
+from jaxpos.config import model_config
 from jaxpos.data.pipeline import contiguous_rows, eval_batches, held_out_rows, held_out_stream
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.mlm import split_sentences
@@ -131,7 +134,8 @@ def test_the_command_writes_a_table_a_figure_and_each_runs_numbers(runs, tmp_pat
     assert cli.main(["evaluate", "--workdir", runs["tisa"], "--workdir", runs["absolute"], "--lengths", "16,64",
                      "--figure", str(figure), "--max-tokens", "256"]) == 0
     out = capsys.readouterr().out
-    assert "| run | trained at | 16 tokens | 64 tokens |" in out and "cannot run" in out
+    assert "| run | positions | trained at | 16 tokens | 64 tokens |" in out and "cannot run" in out
+    assert "| tisa | tisa | 32 |" in out and "| absolute | absolute | 32 |" in out
     assert out.count("absolute: no learned position past 32") == 1  # one note a run and reason
     assert figure.stat().st_size > 1000
     saved = json.loads(open(f"{runs['tisa']}/lengths.json").read())
@@ -164,3 +168,72 @@ def test_the_word_order_command_scores_each_run_without_fine_tuning(runs, capsys
     assert "--lengths or --word-order, not both" in capsys.readouterr().err
     assert cli.main(["evaluate", "--workdir", runs["tisa"], "--word-order", "0"]) == 2
     assert "give at least one pair" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory):
+    """A RoPE run, trained two steps at 32 tokens (L₀ = model.max_length = 32), its weights large enough for
+    attention to be far from uniform, so that the rotation's angles show in the loss."""
+    return train_tiny_mlm(str(tmp_path_factory.mktemp("lengths") / "rope"), kind="rope", init_std=0.5)
+
+
+def test_a_rope_run_is_scored_under_another_length_rule_and_says_which(rope_run, capsys):
+    """RoPE's length rules change no parameter, so `evaluate --lengths` takes them as overrides of a trained run:
+    dynamic NTK leaves lengths up to L₀ as trained and changes longer ones; YaRN's numbers are those of a model built
+    with it; every row and file names its rule, and the as-trained lengths.json stays."""
+    rule = ["--config.model.position.rope.scaling=dynamic", "--config.model.position.rope.factor=2"]
+    assert cli.main(["evaluate", "--workdir", rope_run, "--lengths", "16,32,64", "--max-tokens", "320"]) == 0
+    assert "| rope | rope | 32 |" in capsys.readouterr().out
+    trained = json.loads(open(f"{rope_run}/lengths.json").read())
+    assert trained["positions"] == "rope" and trained["rope"]["scaling"] == "none"
+    assert cli.main(["evaluate", "--workdir", rope_run, "--lengths", "16,32,64", "--max-tokens", "320", *rule]) == 0
+    out = capsys.readouterr().out
+    assert "| rope | rope, dynamic ×2, L₀ 32 | 32 |" in out and "lengths_dynamic_x2.json" in out
+    dynamic = json.loads(open(f"{rope_run}/lengths_dynamic_x2.json").read())
+    assert dynamic["positions"] == "rope, dynamic ×2, L₀ 32"
+    assert dynamic["rope"] == dict(trained["rope"], scaling="dynamic", factor=2.0, original_max_length=32)
+    assert json.loads(open(f"{rope_run}/lengths.json").read()) == trained  # the as-trained numbers stay
+    for as_trained, scaled in zip(trained["lengths"], dynamic["lengths"]):
+        assert scaled["predicted"] == as_trained["predicted"]
+        if scaled["length"] <= 32:
+            assert scaled["loss"] == pytest.approx(as_trained["loss"], rel=1e-6)
+        else:
+            assert abs(scaled["loss"] - as_trained["loss"]) > 1e-4
+    # YaRN at 64 tokens: the model built with it, scored on the same batches
+    yarn = ["--config.model.position.rope.scaling=yarn", "--config.model.position.rope.factor=4"]
+    assert cli.main(["evaluate", "--workdir", rope_run, "--lengths", "64", "--max-tokens", "320", *yarn]) == 0
+    assert "| rope | rope, yarn ×4, L₀ 32 | 32 |" in capsys.readouterr().out
+    scored = json.loads(open(f"{rope_run}/lengths_yarn_x4.json").read())["lengths"][0]
+    run = Run.open(rope_run)
+    cfg = model_config(dict(run.config.to_dict()["model"], position=dict(kind="rope", rope=dict(scaling="yarn",
+                                                                                              factor=4.0))))
+    tokenizer, data = run.tokenizer(), run.config.data
+    batches = length_batches(held_out_stream(data, tokenizer, 320), [64], tokenizer, data.seed, data.mask_prob)
+    want = masked_lm_metrics(MaskedLMTask(BertForMaskedLM(cfg), 64), run.params()[1], batches[64])
+    assert scored["loss"] == pytest.approx(want["loss"], rel=1e-5) and scored["predicted"] == want["predicted"]
+    assert abs(scored["loss"] - trained["lengths"][2]["loss"]) > 1e-4
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["--config.model.position.rope.base=500000"], r"except for RoPE's length rule \(no parameter changes\): "
+     r"--config.model.position.rope.\{scaling,factor,original_max_length,beta_fast,beta_slow,low_freq_factor,"
+     r"high_freq_factor\}=VALUE only, got --config.model.position.rope.base=500000$"),
+    (["--config.model.position.rope.fraction=0.5"], "got --config.model.position.rope.fraction=0.5$"),
+    (["--config.model.dropout=0.0"], "got --config.model.dropout=0.0$"),
+    (["--config.data.max_documents=3"], "no --split or --config.data overrides$"),
+    (["--config.model.position.rope.scaling=ntk_by_parts"], "scaling='ntk_by_parts'; choose one of none, linear,"),
+    (["--config.model.position.rope.factor=0.5"], r"position.rope.factor=0.5 must be a number >= 1$"),
+], ids=["base", "fraction", "dropout", "data", "unknown_rule", "factor"])
+def test_other_overrides_of_a_trained_run_are_refused(rope_run, overrides, message, capsys):
+    assert cli.main(["evaluate", "--workdir", rope_run, "--lengths", "16", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+def test_a_length_rule_is_refused_for_a_run_without_rope(rope_run, runs, capsys):
+    """Every run is checked before any is scored."""
+    assert cli.main(["evaluate", "--workdir", rope_run, "--workdir", runs["tisa"], "--lengths", "16",
+                     "--config.model.position.rope.scaling=yarn"]) == 2
+    err = capsys.readouterr().err
+    assert "is a 'tisa' run: --config.model.position.rope.* sets RoPE's length rule, for rope runs only" in err
+    assert not os.path.exists(f"{rope_run}/lengths_yarn_x1.json")

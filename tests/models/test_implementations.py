@@ -12,6 +12,7 @@ from tests.helpers import tiny_config
 
 # diet_abs rank 3 with per-head segments: both folded into q.k (D 8 + 3 + 1 channels, padded to 16 for cuDNN).
 CASES = [dict(kind="tisa"), dict(kind="diet_abs"), dict(kind="t5"), dict(kind="rope"),
+         dict(kind="rope", rope=dict(scaling="yarn", factor=4.0, fraction=0.5)),
          dict(kind="attenuated"), dict(kind="diet_rel", segment="per_head"),
          dict(kind="diet_abs", segment="per_head", diet_abs=dict(rank=3))]
 

@@ -11,7 +11,7 @@ from jaxpos.positions.absolute import sinusoidal_table
 from jaxpos.positions.alibi import alibi_slopes
 from jaxpos.positions.attenuated import attenuated_delta
 from jaxpos.attention.core import apply_rotary
-from jaxpos.positions.rope import rotary_tables
+from jaxpos.positions.rope import inverse_frequencies, rotary_tables
 from jaxpos.positions.t5 import t5_bucket
 from jaxpos.positions.tisa import tisa_scores
 
@@ -98,7 +98,7 @@ def test_rope_matches_complex_rotation_and_is_relative():
     d, base = 8, 10000.0
     x = rng.normal(size=(1, 5, 1, d)).astype(np.float32)
     pos = np.arange(5)
-    cos, sin = rotary_tables(jnp.asarray(pos), d, base)
+    cos, sin = rotary_tables(jnp.asarray(pos), inverse_frequencies(d, base))
     got = np.asarray(apply_rotary(jnp.asarray(x), cos, sin))
     freq = base ** (-np.arange(0, d, 2) / d)
     z = (x[..., : d // 2] + 1j * x[..., d // 2:]) * np.exp(1j * pos[None, :, None, None] * freq)
@@ -107,8 +107,8 @@ def test_rope_matches_complex_rotation_and_is_relative():
     q, k = rng.normal(size=(2, d)).astype(np.float32)
 
     def score(i, j):
-        cq, sq = rotary_tables(jnp.asarray([i]), d, base)
-        ck, sk = rotary_tables(jnp.asarray([j]), d, base)
+        cq, sq = rotary_tables(jnp.asarray([i]), inverse_frequencies(d, base))
+        ck, sk = rotary_tables(jnp.asarray([j]), inverse_frequencies(d, base))
         return float(jnp.sum(apply_rotary(jnp.asarray(q)[None, None, None], cq, sq)
                              * apply_rotary(jnp.asarray(k)[None, None, None], ck, sk)))
 
