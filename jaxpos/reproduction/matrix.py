@@ -21,7 +21,7 @@ from jaxpos.config import MECHANISMS, position_config
 from jaxpos.config.checks import unknown_field
 from jaxpos.config.model import ModelConfig
 from jaxpos.config.run import FinetuneDataConfig, MLMDataConfig, TrainConfig
-from jaxpos.config.files import load_config, write_json_atomically
+from jaxpos.config.files import apply_overrides, load_config, write_json_atomically
 from jaxpos.reproduction.host import machine
 
 PLAN_FILE = "plan.json"
@@ -48,12 +48,14 @@ class RunMechanism:
     label: str  # as the report names it
     position: dict  # the model.position block (kind and options)
     learned: bool  # has learned positional parameters (Chen's "learned encodings")
+    model: dict = dataclasses.field(default_factory=dict)  # other config.model fields it sets (a local window)
 
 
-def run_mechanism(name: str, position: dict, label: str | None = None) -> RunMechanism:
+def run_mechanism(name: str, position: dict, label: str | None = None, model: dict | None = None) -> RunMechanism:
     """The run `name` of the position block `position`; `learned` from the registry, and its label unless given."""
     mechanism = MECHANISMS[position["kind"]]
-    return RunMechanism(name, label or mechanism.label, position, mechanism.is_learned(position_config(position)))
+    return RunMechanism(name, label or mechanism.label, position, mechanism.is_learned(position_config(position)),
+                        dict(model or {}))
 
 
 # The runs of a kind beside its own (named after the kind, with the registry's label and default options):
@@ -106,6 +108,13 @@ class Profile:
     # ones at each: 9,772 at the full recipe, where 8,192 tokens gave about 1,230 and a standard error near 0.1 nat)
     timing_steps: int = 6  # training steps of the timing that estimates the wall time
     xla_flags: str = ""  # added to XLA_FLAGS in each worker
+    # The recipe's base: a config file (configs/... of the repository, or a path) and `--config.a.b=value`
+    # overrides applied to it before the blocks above (`jaxpos compare`: the user's config and overrides).
+    config: str = "configs/mlm/tiny.py"
+    overrides: tuple[str, ...] = ()
+    # Mechanisms of this profile beyond the registry's runs: {name: {"position", "label", "model", "eval"}}, where
+    # "eval" holds {label: overrides} of rules applied at evaluation only (RoPE's length rules: `jaxpos compare`).
+    variants: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         # Each override block names fields of its typed config: a misspelt one fails here, not deep in a run.
@@ -151,7 +160,7 @@ class Profile:
         if self.steps % self.curve_points or self.curve_points % self.analysis_points:
             raise ValueError(f"profile {self.name}: {self.steps} steps, {self.curve_points} curve points and "
                              f"{self.analysis_points} analysis points must divide each other")
-        unknown = [m for m in self.mechanisms if m not in RUN_MECHANISMS]
+        unknown = [m for m in self.mechanisms if m not in RUN_MECHANISMS and m not in self.variants]
         if unknown:
             raise ValueError(f"profile {self.name}: unknown mechanisms {unknown}")
 
@@ -220,6 +229,20 @@ PROFILES = {
 }
 
 
+def mechanism_of(profile: Profile, name: str) -> RunMechanism:
+    """The run mechanism `name` of a profile: one of its variants, else the registry's."""
+    if name in profile.variants:
+        variant = profile.variants[name]
+        return run_mechanism(name, variant["position"], variant.get("label"), variant.get("model"))
+    return RUN_MECHANISMS[name]
+
+
+def base_config(profile: Profile):
+    """The profile's base config file (the repository's configs/..., or a path) with its overrides applied."""
+    path = repo_config(profile.config) if profile.config.startswith("configs/") else profile.config
+    return apply_overrides(load_config(path), list(profile.overrides))
+
+
 def run_name(mechanism: str, seed: int) -> str:
     return f"{mechanism}_s{seed}"
 
@@ -249,9 +272,11 @@ def pretrain_config(plan: dict, mechanism: str, seed: int):
     """configs/mlm/tiny.py with the profile's recipe, the mechanism's position block, the shared tokenizer, and a
     checkpoint (all kept) at each step of the learning curve and of the initialisation (step 0)."""
     profile = profile_of(plan)
-    config = load_config(repo_config("configs/mlm/tiny.py"))
+    config = base_config(profile)
+    run = mechanism_of(profile, mechanism)
     config.model.update(profile.model)
-    for key, value in RUN_MECHANISMS[mechanism].position.items():
+    config.model.update(run.model)
+    for key, value in run.position.items():
         if isinstance(value, dict):
             config.model.position[key].update(value)
         else:
@@ -345,7 +370,7 @@ def profile_of(plan: dict) -> Profile:
     values = dict(plan["profile"])
     values["mechanisms"] = tuple(values["mechanisms"])
     values["analysis"] = dict(values["analysis"], lengths=tuple(values["analysis"]["lengths"]))
-    for key in ("length_factors", "order_learning_rates"):
+    for key in ("length_factors", "order_learning_rates", "overrides"):
         if key in values:
             values[key] = tuple(values[key])
     return Profile(**values)

@@ -52,6 +52,7 @@ from jaxpos.training.loop import SeedRun, Trainer
 from jaxpos.training.mlm import MaskedLMTask
 from jaxpos.workflows.analyze import analysis_texts
 from jaxpos.workflows.finetune import finetune, load_finetuned, read_evals
+from jaxpos.workflows.lengths import rope_rule_run
 from jaxpos.workflows.mlm import train_mlm, train_mlm_seeds
 from jaxpos.workflows.probes import paraphrase_probe
 
@@ -256,10 +257,14 @@ def execute_run(out: str, name: str) -> dict:
     with on_host_cpu():
         result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
     if "lengths" in stages:
+        lengths = [seq_len * f for f in profile.length_factors]
         with timed("lengths_s"):
-            result["lengths"] = evaluate_lengths(Run.open(pretrained, "mlm"),
-                                                 [seq_len * f for f in profile.length_factors], LENGTH_BATCH,
+            result["lengths"] = evaluate_lengths(Run.open(pretrained, "mlm"), lengths, LENGTH_BATCH,
                                                  profile.length_tokens)["lengths"]
+            rules = profile.variants.get(mechanism, {}).get("eval", {})
+            result["lengths_by_rule"] = {rule: evaluate_lengths(rope_rule_run(Run.open(pretrained, "mlm"), overrides),
+                                                                lengths, LENGTH_BATCH, profile.length_tokens)["lengths"]
+                                         for rule, overrides in rules.items()}  # the same weights, rules at evaluation
 
     if "finetune" in stages:
         ft_config = finetune_config(plan, seed)

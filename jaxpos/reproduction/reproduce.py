@@ -179,6 +179,8 @@ def time_alone(out: str, plan: dict, pool: Pool) -> dict | None:
     their mechanisms in the plan timed alone on one worker (`pipeline.time_alone`), written to OUT/step_times.json
     (kept: a resumed command does not time again). None where no chosen claim reads them."""
     path = os.path.join(out, STEP_TIMES_FILE)
+    if not plan["claims"]:  # a comparison: no claim reads step times
+        return None
     wanted = list(dict.fromkeys(m for claim in select_claims(plan["claims"]) if claim.timed_alone
                                 for m in claim.runs_needed(plan["mechanisms"])))
     if not wanted or os.path.isfile(path):
@@ -207,19 +209,27 @@ def reproduce(out: str, profile: str, seeds: int | None = None, workers: int | N
     from jaxpos.reproduction.report import write_report  # matplotlib: only once there is a report to write
 
     bible_db_path()  # the Bible corpora are in an extra: say which before anything runs
-    start = time.perf_counter()
     plan = new_plan(profile, seeds, workers, mechanisms, claims)
+    chosen = matrix.profile_of(plan)
+    about = (f"jaxpos reproduce: profile {chosen.name} ({chosen.purpose}): {len(plan['runs'])} runs of "
+             f"{len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s) for {len(plan['claims'])} claim(s)")
+    return run_plan(out, plan, "jaxpos reproduce", about, write_report, command=command, plan_only=plan_only)
+
+
+def run_plan(out: str, plan: dict, name: str, about: str, write_report, *, command: str,
+             plan_only: bool) -> Reproduction:
+    """The engine of `jaxpos reproduce` and `jaxpos compare` (`name`): resumes the plan in OUT (refusing another),
+    trains the shared tokenizer, times the recipe to estimate the wall time, executes every run on the plan's
+    workers and writes the report with `write_report(out, wall_s=, command=)`. `about`: a new plan's status line."""
+    start = time.perf_counter()
     workers = plan["workers"]
     old = matrix.load_plan(out)
     if old is not None:
         _same_plan(old, plan)
         plan = old
-        status(f"jaxpos reproduce: resuming the plan in {out}")
+        status(f"{name}: resuming the plan in {out}")
     else:
-        chosen = matrix.profile_of(plan)
-        status(f"jaxpos reproduce: profile {chosen.name} ({chosen.purpose}): {len(plan['runs'])} runs of "
-               f"{len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s) for {len(plan['claims'])} claim(s) "
-               f"-> {out}")
+        status(f"{about} -> {out}")
     if "tokenizer" not in plan:
         plan["tokenizer"], plan["corpus"] = _shared_tokenizer(out, plan)
         matrix.save_plan(out, plan)

@@ -1,0 +1,380 @@
+"""`jaxpos compare`: one masked-LM recipe (any config file and overrides), a set of positional mechanisms and
+variants x seeds, trained and evaluated by the reproduction's engine (the plan, seeds of a mechanism at once, the
+pool or SLURM array tasks, resuming), and one report of paired statistics.
+
+A variant is a mechanism of the registry's runs (`jaxpos.reproduction.matrix.RUN_MECHANISMS`: `rope`, `alibi`,
+`diet_rel_layer`, ...) with options joined by `+`, e.g. `rope+partial0.5`, `absolute+random`, `alibi+local128`:
+  linear | ntk | dynamic | yarn | llama3, each with an optional factor (`yarn8`; default: the largest --lengths
+              factor): RoPE's length rule (position.rope.scaling, with L0 the training length);
+  partialF    RoPE rotating a fraction F of each head's channel pairs (position.rope.fraction);
+  random[N]   randomized positions drawn from [0, N) (position.randomized_max_length; default: the longest
+              evaluated length, and more than model.max_length);
+  localW      a local attention window of W keys (model.local_window).
+A trailing `@eval` applies the RoPE rules of a variant at evaluation only: `rope+yarn@eval` is the `rope` runs'
+weights scored with YaRN in the lengths stage (no training of its own); the other options always train.
+
+The report (OUT/COMPARISON.md, OUT/comparison.json, OUT/figures/): per variant the held-out masked-LM loss and
+accuracy at the last checkpoint with a 95% t interval over seeds, the learning curves with their seeds' range,
+the loss at each evaluated length (a variant that cannot run there says so), the fine-tuning accuracy where asked,
+and paired comparisons against `--baseline` (and between every pair with `--all-pairs`): the mean difference with
+its interval, a paired t test, Holm's correction over every comparison of the report, and beside each difference
+the seeds did not resolve, the smallest difference they could have detected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from typing import Sequence
+
+import numpy as np
+from scipy.stats import distributions
+
+from jaxpos.config.checks import typed
+from jaxpos.config.files import load_config, write_json_atomically
+from jaxpos.config.run import FinetuneDataConfig, TrainConfig
+from jaxpos.reproduction import host, matrix, stats
+from jaxpos.reproduction.matrix import RUN_MECHANISMS, Profile
+from jaxpos.reproduction.readings import describe
+
+REPORT_FILE = "COMPARISON.md"
+NUMBERS_FILE = "comparison.json"
+RULES = ("linear", "ntk", "dynamic", "yarn", "llama3")
+RULE_LABELS = dict(linear="PI", ntk="NTK", dynamic="dynamic NTK", yarn="YaRN", llama3="Llama 3")
+FINETUNE_STAGES = {"paraphrase": "finetune", "order": "order"}  # --finetune TASK: the reproduction's stage
+ALPHA = 0.05
+_OPTION = re.compile(r"^(linear|ntk|dynamic|yarn|llama3|partial|random|local)([0-9.]*)$")
+
+
+def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: int) -> tuple[str, dict, str | None]:
+    """(the training variant's name, its {"position", "model", "label", "eval"}, the evaluation rule's label or
+    None) of a variant `text` (module docstring); `factors`, `seq_len`, `max_length`: the comparison's lengths."""
+    base, _, at = text.partition("@")
+    if at not in ("", "eval"):
+        raise ValueError(f"variant {text!r}: only '@eval' may follow a variant")
+    name, *options = base.split("+")
+    if name not in RUN_MECHANISMS:
+        raise ValueError(f"variant {text!r}: unknown mechanism {name!r}; choose from {', '.join(RUN_MECHANISMS)}")
+    run = RUN_MECHANISMS[name]
+    position, model, labels, rule, trained = json.loads(json.dumps(run.position)), {}, [run.label], {}, [name]
+    longest = seq_len * max(factors)
+    for option in options:
+        match = _OPTION.match(option)
+        if not match:
+            raise ValueError(f"variant {text!r}: unknown option {option!r}; choose linear, ntk, dynamic, yarn or llama3 "
+                             "(a factor may follow), partialF, random[N] or localW")
+        key, number = match.group(1), match.group(2)
+        if key in RULES:
+            factor = float(number) if number else float(max(factors))
+            rule = dict(scaling=key, factor=factor, original_max_length=seq_len)
+            labels.append(f"{RULE_LABELS[key]} ×{factor:g}" + (" at evaluation" if at else ""))
+            if not at:
+                position.setdefault("rope", {}).update(rule)
+                trained.append(option)
+            continue
+        if key == "partial":
+            position.setdefault("rope", {})["fraction"] = float(number or 0.5)
+            labels.append(f"partial {float(number or 0.5):g}")
+        elif key == "random":
+            position["randomized_max_length"] = int(number) if number else max(longest, max_length + 1)
+            labels.append(f"randomized over [0, {position['randomized_max_length']})")
+        else:
+            if not number:
+                raise ValueError(f"variant {text!r}: give the window, e.g. local128")
+            model["local_window"] = int(number)
+            labels.append(f"local {int(number)}")
+        trained.append(option)
+    if rule and at and position.get("kind") != "rope":
+        raise ValueError(f"variant {text!r}: a length rule at evaluation needs RoPE runs")
+    train_labels = [label for label in labels if not label.endswith("at evaluation")]
+    variant = dict(position=position, model=model, label=", ".join(train_labels), eval={})
+    if rule and at:
+        overrides = [f"--config.model.position.rope.{k}={v}" for k, v in rule.items()]
+        variant["eval"][text] = overrides
+        return "+".join(trained), variant, ", ".join(labels)
+    return "+".join(trained), variant, None
+
+
+def new_plan(config_file: str, overrides: Sequence[str], mechanisms: Sequence[str], seeds: int,
+             workers: int | None = None, lengths: Sequence[int] = (), finetune: Sequence[str] = (),
+             baseline: str = "none", all_pairs: bool = False) -> dict:
+    """The plan of a comparison without writing anything: a run per (variant, seed) of the recipe in `config_file`
+    with `overrides`, each with the stages asked for (`lengths`: factors of the training length; `finetune`:
+    paraphrase and/or order), the baseline included."""
+    if seeds < 2:
+        raise ValueError(f"--seeds {seeds}: a comparison needs 2 seeds or more (paired tests over seeds)")
+    path = os.path.abspath(config_file)
+    config = load_config(path)
+    if config.get("task", "mlm") != "mlm":
+        raise ValueError(f"{config_file} is a {config.task} config: jaxpos compare runs masked-LM recipes")
+    from jaxpos.config.files import apply_overrides
+
+    config = apply_overrides(config, list(overrides))
+    factors = tuple(sorted(set(lengths))) or ()
+    if any(f < 1 for f in factors):
+        raise ValueError(f"--lengths {','.join(map(str, factors))}: give multiples of the training length (1, 2, ...)")
+    unknown = [t for t in finetune if t not in FINETUNE_STAGES]
+    if unknown:
+        raise ValueError(f"--finetune {','.join(unknown)}: choose {' or '.join(FINETUNE_STAGES)}")
+    seq_len, max_length = int(config.data.seq_len), int(config.model.max_length)
+    variants, rows = {}, {}  # training variants; report rows {row name: (training variant, rule label or None)}
+    for text in dict.fromkeys([baseline, *mechanisms]):
+        name, variant, rule_label = parse_variant(text, factors or (1,), seq_len, max_length)
+        if name in variants:
+            variants[name]["eval"].update(variant["eval"])
+        else:
+            variants[name] = variant
+        rows[name] = (name, None)
+        if rule_label:
+            rows[text] = (name, rule_label)
+    if baseline not in rows:
+        raise ValueError(f"--baseline {baseline!r} is not among the variants")
+    if any(variant["eval"] for variant in variants.values()) and not factors:
+        raise ValueError("a rule at evaluation (@eval) acts in the lengths stage: give --lengths")
+    profile = comparison_profile(path, overrides, config, variants, seeds, factors)
+    stages = tuple(s for s in matrix.STAGES if s == "lengths" and factors or s in {FINETUNE_STAGES[t] for t in finetune})
+    plan = matrix.make_plan(profile, seeds, {name: stages for name in variants}, workers or host.default_workers())
+    plan["comparison"] = dict(rows={k: list(v) for k, v in rows.items()}, baseline=baseline, all_pairs=all_pairs,
+                              command_overrides=list(overrides))
+    return plan
+
+
+def comparison_profile(path: str, overrides: Sequence[str], config, variants: dict, seeds: int,
+                       factors: Sequence[int]) -> Profile:
+    """The comparison's recipe as a profile: the user's config and overrides as they stand, the curve at up to 8
+    evenly spaced checkpoints, fine-tuning as configs/finetune/*.py give it (rows of the training length)."""
+    steps = int(config.train.num_steps)
+    points = max(c for c in range(1, 9) if steps % c == 0)
+    finetune = load_config(matrix.repo_config("configs/finetune/paraphrase.py"))
+    finetune_data = typed(FinetuneDataConfig, finetune.data, "data")
+    finetune_train = typed(TrainConfig, finetune.train, "train")
+    return Profile(
+        "compare", "a comparison of positional mechanisms on one recipe", tuple(variants), seeds, model={},
+        data=dict(seq_len=int(config.data.seq_len)),
+        train=dict(num_steps=steps, batch_size=int(config.train.batch_size)),
+        finetune_data=dict(max_length=int(config.data.seq_len), offline_train_examples=finetune_data.offline_train_examples,
+                           offline_dev_examples=finetune_data.offline_dev_examples),
+        finetune_train=dict(num_steps=finetune_train.num_steps or 1000, batch_size=finetune_train.batch_size,
+                            learning_rate=finetune_train.learning_rate),
+        analysis={}, max_sentences=16, probe_examples=16, curve_points=points, analysis_points=1,
+        eval_batches=int(config.train.eval_batches) or 8, length_factors=tuple(factors) or (1,),
+        config=path, overrides=tuple(overrides), variants=variants)
+
+
+# --- the report --------------------------------------------------------------------------------------------------
+
+def mean_interval(values: Sequence[float | None]) -> dict:
+    """{"mean", "low", "high", "n"}: the mean of the finite values with its 95% t interval (None bounds for one)."""
+    d = describe(values)
+    if not d["n"]:
+        return dict(mean=None, low=None, high=None, n=0)
+    if d["n"] < 2:
+        return dict(mean=d["mean"], low=None, high=None, n=1)
+    half = float(distributions.t.ppf(0.975, d["n"] - 1)) * d["sd"] / math.sqrt(d["n"])
+    return dict(mean=d["mean"], low=d["mean"] - half, high=d["mean"] + half, n=d["n"])
+
+
+def interval_text(s: dict, digits: int = 3) -> str:
+    if s["mean"] is None:
+        return "–"
+    if s["low"] is None:
+        return f"{s['mean']:.{digits}f}"
+    return f"{s['mean']:.{digits}f} [{s['low']:.{digits}f}, {s['high']:.{digits}f}]"
+
+
+def measurements(out: str, plan: dict) -> dict:
+    """{row: {"label", "seeds": [...], "loss", "accuracy", "curve", "lengths", "finetune", "order"}} of the finished
+    runs: per seed, read from each run's result.json."""
+    comparison = plan["comparison"]
+    profile = matrix.profile_of(plan)
+    rows = {}
+    for row, (variant, rule) in comparison["rows"].items():
+        label = matrix.mechanism_of(profile, variant).label if rule is None else rule
+        seeds = {}
+        for seed in range(plan["seeds"]):
+            result = matrix.read_result(out, matrix.run_name(variant, seed))
+            if result is not None:
+                seeds[seed] = result
+        lengths = {}
+        for seed, result in seeds.items():
+            entries = result.get("lengths") if rule is None else result.get("lengths_by_rule", {}).get(row)
+            for entry in entries or []:
+                lengths.setdefault(entry["length"], {})[seed] = entry
+        rows[row] = dict(
+            label=label, variant=variant, rule=rule, seeds=sorted(seeds),
+            loss={s: r["curve"][-1]["loss"] for s, r in seeds.items()},
+            accuracy={s: r["curve"][-1]["accuracy"] for s, r in seeds.items()},
+            curve={s: [(p["step"], p["loss"]) for p in r["curve"]] for s, r in seeds.items()},
+            lengths=lengths, train_length=profile.data["seq_len"],
+            finetune={s: r["finetune"]["best"] for s, r in seeds.items() if "finetune" in r},
+            order={s: r["order"]["best"] for s, r in seeds.items() if "order" in r})
+    return rows
+
+
+def comparisons(rows: dict, baseline: str, all_pairs: bool) -> list[dict]:
+    """Every paired comparison of the report (each against the baseline; every pair with all_pairs): of the
+    held-out loss and accuracy, the loss at each evaluated length and the fine-tuning scores, Holm-corrected
+    together. Each {"a", "b", "quantity", "test" (stats.PairedDifference fields), "adjusted_p", "decided"}."""
+    pairs = [(a, baseline) for a in rows if a != baseline]
+    if all_pairs:
+        names = list(rows)
+        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    found = []
+    for a, b in pairs:
+        quantities = [("held-out loss", rows[a]["loss"], rows[b]["loss"]),
+                      ("held-out accuracy", rows[a]["accuracy"], rows[b]["accuracy"])]
+        for length in sorted(set(rows[a]["lengths"]) & set(rows[b]["lengths"])):
+            sides = [{s: e.get("loss") for s, e in rows[x]["lengths"][length].items()} for x in (a, b)]
+            quantities.append((f"loss at {length} tokens", *sides))
+        for task in ("finetune", "order"):
+            if rows[a][task] and rows[b][task]:
+                quantities.append((f"{task} accuracy", rows[a][task], rows[b][task]))
+        for quantity, x, y in quantities:
+            seeds = sorted(set(x) & set(y))
+            if len(seeds) < 2 or any(x[s] is None or y[s] is None for s in seeds):
+                continue
+            test = stats.paired_difference([x[s] for s in seeds], [y[s] for s in seeds], alpha=ALPHA)
+            found.append(dict(a=a, b=b, quantity=quantity, test=test))
+    if found:
+        adjusted, rejected = stats.holm([c["test"].p for c in found], ALPHA)
+        for c, p, decided in zip(found, adjusted, rejected):
+            c.update(adjusted_p=float(p), decided=bool(decided))
+    return found
+
+
+def comparison_text(c: dict) -> str:
+    t = c["test"]
+    interval = f"{t.mean:+.3g} [{t.ci_low:+.3g}, {t.ci_high:+.3g}]"
+    if c["decided"]:
+        said = "higher" if t.mean > 0 else "lower"
+        return f"{interval}, p = {t.p:.2g}, Holm {c['adjusted_p']:.2g}: {said}"
+    return (f"{interval}, p = {t.p:.2g}, Holm {c['adjusted_p']:.2g}: no difference resolved (these {t.n} seeds "
+            f"could detect {t.mdd:.3g})")
+
+
+def write_report(out: str, wall_s: float | None = None, command: str = "jaxpos compare") -> dict:
+    """Writes OUT/COMPARISON.md, OUT/comparison.json and OUT/figures/ from the finished runs; returns the numbers."""
+    plan = matrix.require_plan(out, f"start with `jaxpos compare --out {out} ...`")
+    comparison = plan["comparison"]
+    rows = measurements(out, plan)
+    found = comparisons(rows, comparison["baseline"], comparison["all_pairs"])
+    figures = os.path.join(out, "figures")
+    os.makedirs(figures, exist_ok=True)
+    paths = dict(curves=curves_figure(rows, os.path.join(figures, "learning_curves.png")))
+    if any(r["lengths"] for r in rows.values()):
+        paths["lengths"] = lengths_figure(rows, os.path.join(figures, "lengths.png"))
+    numbers = dict(
+        rows={name: dict(label=r["label"], seeds=r["seeds"], loss=mean_interval(list(r["loss"].values())),
+                         accuracy=mean_interval(list(r["accuracy"].values())),
+                         lengths={str(n): length_cell(entries) for n, entries in sorted(r["lengths"].items())},
+                         finetune=mean_interval(list(r["finetune"].values())),
+                         order=mean_interval(list(r["order"].values()))) for name, r in rows.items()},
+        comparisons=[dict(a=c["a"], b=c["b"], quantity=c["quantity"], mean=c["test"].mean, ci_low=c["test"].ci_low,
+                          ci_high=c["test"].ci_high, p=c["test"].p, adjusted_p=c["adjusted_p"], n=c["test"].n,
+                          mdd=c["test"].mdd, decided=c["decided"]) for c in found],
+        seeds=plan["seeds"], baseline=comparison["baseline"], machine=plan.get("machine"), wall_s=wall_s,
+        command=command, written=time.strftime("%Y-%m-%d %H:%M:%S"), figures=paths)
+    write_json_atomically(os.path.join(out, NUMBERS_FILE), numbers, indent=1)
+    with open(os.path.join(out, REPORT_FILE), "w") as f:
+        f.write(report_text(plan, rows, numbers, found))
+    return numbers
+
+
+def length_cell(entries: dict) -> dict:
+    """A length's cell over seeds: the loss's mean and interval, or why the variant cannot run there."""
+    skipped = [e["skipped"] for e in entries.values() if "skipped" in e]
+    if skipped:
+        return dict(skipped=skipped[0])
+    return mean_interval([e.get("loss") for e in entries.values()])
+
+
+def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str:
+    """COMPARISON.md: the recipe, then a table per quantity, then the comparisons."""
+    profile = matrix.profile_of(plan)
+    machine = plan.get("machine") or {}
+    lines = [f"# Comparison: {len(rows)} variants × {plan['seeds']} seeds", "",
+             f"`{numbers['command']}`", "",
+             f"Recipe: `{profile.config}` with {' '.join(profile.overrides) or 'no overrides'}; "
+             f"{profile.steps} steps of {profile.train['batch_size']} × {profile.data['seq_len']} tokens. "
+             f"Machine: {machine.get('summary', machine)}; written {numbers['written']}"
+             + (f", wall time {numbers['wall_s'] / 60:.1f} min." if numbers.get("wall_s") else "."), "",
+             "Cells: the mean over seeds and its 95% t interval; comparisons: the mean paired difference (variant − "
+             f"{numbers['baseline']}) with its 95% interval, the paired t test's p and Holm's adjusted p over all "
+             f"{len(found)} comparisons of this report (α = {ALPHA}).", "",
+             "## Held-out masked-LM at the training length (last checkpoint)", "",
+             "| variant | loss | accuracy |", "| --- | --- | --- |"]
+    for name, r in numbers["rows"].items():
+        lines.append(f"| {r['label']} | {interval_text(r['loss'])} | {interval_text(r['accuracy'])} |")
+    lengths = sorted({int(n) for r in numbers["rows"].values() for n in r["lengths"]})
+    if lengths:
+        train = profile.data["seq_len"]
+        lines += ["", "## Held-out loss by length (the same masked tokens at every length)", "",
+                  "| variant | " + " | ".join(f"{n} ({n / train:g}×)" for n in lengths) + " |",
+                  "| --- |" + " --- |" * len(lengths)]
+        for r in numbers["rows"].values():
+            cells = [r["lengths"].get(str(n)) for n in lengths]
+            lines.append(f"| {r['label']} | " + " | ".join(
+                "–" if c is None else f"cannot run: {c['skipped']}" if "skipped" in c else interval_text(c)
+                for c in cells) + " |")
+    for task, title in (("finetune", "Fine-tuning: paraphrase task, best dev accuracy"),
+                        ("order", "Fine-tuning: word-order task, best dev accuracy")):
+        if any(r[task]["n"] for r in numbers["rows"].values()):
+            lines += ["", f"## {title}", "", "| variant | accuracy |", "| --- | --- |"]
+            lines += [f"| {r['label']} | {interval_text(r[task])} |" for r in numbers["rows"].values()]
+    if found:
+        lines += ["", "## Paired comparisons", "", "| variant | against | quantity | difference, test |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {rows[c['a']]['label']} | {rows[c['b']]['label']} | {c['quantity']} | {comparison_text(c)} |"
+                  for c in found]
+    lines += ["", "![learning curves](figures/learning_curves.png)"]
+    if "lengths" in numbers["figures"]:
+        lines += ["", "![lengths](figures/lengths.png)"]
+    return "\n".join(lines) + "\n"
+
+
+def curves_figure(rows: dict, path: str) -> str:
+    """Held-out loss against the step: each variant's mean over seeds, its seeds' range shaded, labelled by the
+    variant (rows of evaluation rules share their training variant's curve and are left out)."""
+    from jaxpos.analysis.plots import line_style, plt, save_figure  # matplotlib: only for a report
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    shown = [r for r in rows.values() if r["rule"] is None and r["curve"]]
+    for index, r in enumerate(shown):
+        steps = [s for s, _ in next(iter(r["curve"].values()))]
+        losses = np.array([[loss for _, loss in curve] for curve in r["curve"].values()])
+        style = line_style(index)
+        ax.plot(steps, losses.mean(0), label=f"{r['label']} ({len(losses)} seeds)", **style)
+        ax.fill_between(steps, losses.min(0), losses.max(0), color=style["color"], alpha=0.15, lw=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out masked-LM loss")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def lengths_figure(rows: dict, path: str) -> str:
+    """Held-out loss against the evaluated length (× the training length): each variant's mean with its 95%
+    interval over seeds; lengths a variant cannot run are left out."""
+    from jaxpos.analysis.plots import line_style, plt, save_figure  # matplotlib: only for a report
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, r in enumerate(rows.values()):
+        points = [(n, mean_interval([e.get("loss") for e in entries.values()])) for n, entries in
+                  sorted(r["lengths"].items()) if not any("skipped" in e for e in entries.values())]
+        points = [(n / r["train_length"], s) for n, s in points if s["mean"] is not None]
+        if not points:
+            continue
+        x = [p for p, _ in points]
+        mean = [s["mean"] for _, s in points]
+        low = [s["low"] if s["low"] is not None else s["mean"] for _, s in points]
+        high = [s["high"] if s["high"] is not None else s["mean"] for _, s in points]
+        style = line_style(index)
+        ax.plot(x, mean, marker="o", label=r["label"], **style)
+        ax.fill_between(x, low, high, color=style["color"], alpha=0.15, lw=0)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluated length / training length")
+    ax.set_ylabel("held-out masked-LM loss")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
