@@ -82,7 +82,8 @@ def test_every_checkpoint_matches_the_single_analysis(workdir, tmp_path, capsys,
         single = json.loads((single_out / "report.json").read_text())
         per_step = json.loads((out / f"step_{step}" / "report.json").read_text())
         assert per_step["model"]["origin"]["step"] == single["model"]["origin"]["step"] == step
-        assert comparable(per_step) == comparable(single)  # the same numbers, diagnostic for diagnostic
+        # the same numbers, diagnostic for diagnostic: `analyze` on the same restored parameters in this process
+        assert comparable(per_step) == comparable(single)
         for name, values in result["series"].items():  # the series are the single analysis' headline numbers
             assert values[index] == headline(single)[name], name
         reports[step] = per_step

@@ -112,7 +112,7 @@ def test_on_the_cpu_auto_is_the_xla_reference_and_says_so(caplog):
     core._NOTED.clear()
     got, weights = core.attend(q, k, v, bias=bias, q_pos=positions, k_pos=positions, implementation="auto")
     want, _ = core.attend(q, k, v, bias=bias, q_pos=positions, k_pos=positions, implementation="xla")
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # both the "xla" path, eagerly: the same ops
     assert weights is not None  # the reference path: attention weights for the analyses
     assert "attention_impl='auto' chose 'xla'" in caplog.text
 

@@ -1,6 +1,6 @@
-"""The attention implementations' records: every implementation computes what its record claims as the XLA
-reference does (on the calls this host can run), `auto` and the fallbacks only pick records that can take a call,
-and a configuration naming one that cannot run its model is refused in one line."""
+"""The attention implementations' records: every implementation computes what its record claims as a numpy
+softmax attention written here does (on the calls this host can run), `auto` and the fallbacks only pick records
+that can take a call, and a configuration naming one that cannot run its model is refused in one line."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +12,7 @@ from jaxpos.attention import core
 from jaxpos.attention.core import attend, call_facts, resolve
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.attention import AUTO, IMPLEMENTATIONS, Call, can_take, check_attention, lacks, model_call
+from tests.attention.test_dropout import lowbias32
 from tests.helpers import tiny_config
 
 BATCH, LENGTH, HEADS, D, RANK = 2, 16, 2, 8, 3
@@ -31,6 +32,37 @@ def bias_of(form: str) -> PositionalBias:
     if form == "other":
         return PositionalBias(dense=random((HEADS, LENGTH, LENGTH), 6))
     return PositionalBias()
+
+
+def numpy_attention(q, k, v, bias: PositionalBias, piece_ids, dropout_rate: float) -> np.ndarray:
+    """Softmax attention in float64 numpy, every term written out: q.k/sqrt(D) plus the bias expanded by hand
+    (table[h, j - i + T - 1], P_Q P_K^T, or the dense matrix), keys of the query's own piece only, and the dropout
+    mask from its definition (uint32 lowbias32 over the row index and key index, `dropout`'s docstring).
+    -> out [B, T, H, D]."""
+    q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v))
+    logits = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(D)
+    i, j = np.arange(LENGTH)[:, None], np.arange(LENGTH)[None, :]
+    if bias.table is not None:
+        logits = logits + np.asarray(bias.table, np.float64)[:, j - i + LENGTH - 1]  # offsets -15..15, no clipping
+    if bias.factors is not None:
+        p_q, p_k = (np.asarray(x, np.float64) for x in bias.factors)
+        logits = logits + np.einsum("htr,hsr->hts", p_q, p_k)
+    if bias.dense is not None:
+        logits = logits + np.asarray(bias.dense, np.float64)
+    ids = np.asarray(piece_ids)
+    visible = (ids[:, None, :, None] == ids[:, None, None, :]) & (ids[:, None, None, :] != 0)
+    logits = np.where(visible, logits, -1e30)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    if dropout_rate:
+        seed = np.uint32(np.asarray(jax.random.bits(DROPOUT_RNG, (), jnp.uint32)))  # the call's seed, from its key
+        rows = np.arange(BATCH * HEADS * LENGTH, dtype=np.uint32).reshape(BATCH, HEADS, LENGTH)
+        with np.errstate(over="ignore"):
+            bits = lowbias32(lowbias32(rows ^ lowbias32(seed))[..., None]
+                             + np.arange(LENGTH, dtype=np.uint32) * np.uint32(0x9E3779B9))
+        keep = (bits >> np.uint32(8)) >= round(dropout_rate * 2**24)
+        weights = np.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    return np.einsum("bhts,bshd->bthd", weights, v)
 
 
 # Every claimed (implementation, form, dropout); the Hopper kernels' interpreted runs beyond one case are slow.
@@ -60,12 +92,12 @@ def test_every_implementation_computes_what_its_record_claims_as_the_reference_d
     assert resolve(name, call) == name  # no fallback for a call the record takes
     got, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask, implementation=name, dropout_rng=rng,
                     dropout_rate=rate)
-    want, _ = attend(*(x.astype(jnp.float32) for x in (q, k, v)), bias=bias, q_pos=pos, k_pos=pos, mask=mask,
-                     implementation="xla", dropout_rng=rng, dropout_rate=rate)
+    want = numpy_attention(q, k, v, bias, piece_ids, rate)
     real = np.asarray(piece_ids != 0)
+    # float32 against float64: ~1e-6 apart; bf16 inputs and weights: ~1e-2. A wrong offset, scale, mask or dropped
+    # weight moves outputs of size ~1 by ~0.1 or more.
     tolerance = 3e-2 if dtype == jnp.bfloat16 else 1e-5
-    np.testing.assert_allclose(np.asarray(got, np.float32)[real], np.asarray(want)[real], rtol=tolerance,
-                               atol=tolerance)
+    np.testing.assert_allclose(np.asarray(got, np.float64)[real], want[real], rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("form", ["none", "table", "factors", "other"])

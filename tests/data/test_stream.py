@@ -184,7 +184,7 @@ def test_process_zero_trains_the_tokenizer_and_the_others_wait_for_it(corpus, tm
 
 @pytest.mark.slow  # three compiled runs (~1 minute); the resume logic itself is covered by the test above
 def test_a_resumed_training_run_continues_the_stream_exactly(corpus, tmp_path):
-    """Through the loop's checkpoints (orbax JSON): 2 steps, stop, resume to 4 == 4 steps straight."""
+    """Through the loop's checkpoints (orbax JSON): a 4-step run stopped after 2, resumed to 4 == 4 steps straight."""
     import jax
 
     from jaxpos.config.run import run_config
@@ -195,25 +195,26 @@ def test_a_resumed_training_run_continues_the_stream_exactly(corpus, tmp_path):
 
     root, tokenizer = corpus
 
-    def run(workdir, steps):
-        config = synthetic.config(steps, checkpoint_every=2)
+    def run(workdir, stop_at=None):
+        config = synthetic.config(4, checkpoint_every=2)
         config.model.vocab_size = tokenizer.vocab_size
         shards = [Shard(str(root / f"shard{i}.txt")) for i in range(5)]
         data = StreamingMLMIterator(shards, ShardReader(data_config(root, tokenizer), tokenizer, DataStats()), 16, 8,
                                     vocab_size=tokenizer.vocab_size, window=5, process_index=0, process_count=1)
         run = run_config(config, task="mlm")
         trainer = Trainer(run.train, str(workdir), MaskedLMTask(BertForMaskedLM(run.model), 16), log=False)
+        synthetic.stopping(trainer, stop_at)  # the schedule still that of 4 steps: the same compiled step
         try:
             return trainer.run(data), data
         finally:
             trainer.close()
 
-    straight, _ = run(tmp_path / "straight", 4)
-    run(tmp_path / "resumed", 2)
-    resumed, data = run(tmp_path / "resumed", 4)
+    straight, _ = run(tmp_path / "straight")
+    run(tmp_path / "resumed", stop_at=2)
+    resumed, data = run(tmp_path / "resumed")
     assert resumed.resumed_from == 2 and data.step == 4 and data.window > 0
     for a, b in zip(jax.tree.leaves(straight.state.params), jax.tree.leaves(resumed.state.params)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # one process, one compiled step: bit for bit
 
 
 def gather_worker(args) -> None:

@@ -96,7 +96,9 @@ def test_the_score_is_a_cross_entropy_of_the_masked_tokens(runs):
         count += len(targets)
     assert metrics["predicted"] == count
     assert metrics["loss"] == pytest.approx(nll / count, rel=1e-5)
-    assert metrics["accuracy"] == pytest.approx(correct / count)
+    # The evaluation's program scores the masked positions only: an argmax at a near-tie may flip in the last bits,
+    # one prediction (1 / count); scoring the wrong tokens moves it by many.
+    assert metrics["accuracy"] == pytest.approx(correct / count, abs=1.01 / count)
 
 
 def test_at_its_own_rows_the_score_is_the_runs_own_evaluation(runs):
@@ -155,8 +157,10 @@ def test_the_word_order_command_scores_each_run_without_fine_tuning(runs, capsys
     assert saved["pairs"] == 20 and saved["too_long"] == 0 and saved["step"] == 2  # inductive: any length
     assert cli.main(["evaluate", "--workdir", runs["tisa"], "--word-order", "20", "--batch-size", "7"]) == 0
     again = json.loads(open(f"{runs['tisa']}/word_order.json").read())  # other batches, the same scores
-    assert again["accuracy"] == saved["accuracy"] and again["mean_difference"] == pytest.approx(
-        saved["mean_difference"], abs=1e-4)
+    # Another batch size compiles another program (last bits): a pair at the tie tolerance's edge may move between
+    # a tie and a win, 0.5 / pairs; the mean difference shows a pair scored wrongly.
+    assert again["accuracy"] == pytest.approx(saved["accuracy"], abs=0.51 / saved["pairs"])
+    assert again["mean_difference"] == pytest.approx(saved["mean_difference"], abs=1e-4)
     # learned positions for 32 tokens: the Bible's verses are longer at a vocabulary of 300 pieces
     assert cli.main(["evaluate", "--workdir", runs["absolute"], "--word-order", "20"]) == 2
     assert "none of the 20 minimal pairs fits its 32 learned positions" in capsys.readouterr().err

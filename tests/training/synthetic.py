@@ -111,4 +111,6 @@ def one_device():
 
 
 if __name__ == "__main__":
+    # As tests/conftest.py: the killed run must compile the step the test's own runs compile.
+    jax.config.update("jax_default_matmul_precision", "highest")
     run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), log=True)

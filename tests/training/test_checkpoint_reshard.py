@@ -72,6 +72,7 @@ def test_a_checkpoint_restores_onto_other_meshes_with_the_optimizer_state(tmp_pa
         assert step == 7 and data_state == {"step": 7}
         for (path, got), expected in zip(jax.tree_util.tree_flatten_with_path(restored)[0], jax.tree.leaves(want)):
             assert got.sharding.mesh.devices.shape == shape, jax.tree_util.keystr(path)
+            # read back from the file it was written to: exact
             np.testing.assert_array_equal(np.asarray(got), expected, err_msg=f"{shape} {jax.tree_util.keystr(path)}")
         # The optimizer moments are sharded like their parameters on the new mesh.
         kernel = ["bert", "encoder", "layer_0", "mlp", "wi", "kernel"]
@@ -86,7 +87,8 @@ def test_a_checkpoint_restores_onto_other_meshes_with_the_optimizer_state(tmp_pa
 
 def test_a_checkpoint_of_another_model_is_refused_before_compiling(tmp_path):
     saver = trainer(tmp_path, (1, 1, 1))
-    saver.checkpointer.save(4, random_state(saver), {"step": 4}, saver.model_config)
+    state = random_state(saver)
+    saver.checkpointer.save(4, state, {"step": 4}, saver.model_config)
     saver.close()
     with no_compilation():
         with pytest.raises(ValueError) as err:
@@ -96,10 +98,19 @@ def test_a_checkpoint_of_another_model_is_refused_before_compiling(tmp_path):
     assert "model.position.kind: 'tisa' in the checkpoint, 't5' in this run" in message
     assert "model.num_layers: 2 in the checkpoint, 3 in this run" in message
     assert "d_model" not in message
-    # How the model is computed may change on resume; the saved config is read again.
+    # How the model is computed may change on resume: the checkpoint of dropout 0.1 and attention 'auto' restores
+    # into a run of dropout 0 on 'xla', whose own config is what its next checkpoints record.
     t = trainer(tmp_path, (1, 1, 1), dropout=0.0, attention_impl="xla")
-    assert dataclasses.asdict(t.task.model.cfg)["dropout"] == 0.0
-    t.close()
+    try:
+        step, saved = t.checkpointer.saved_model_config()
+        assert step == 4 and (saved["dropout"], saved["attention_impl"]) == (0.1, "auto")
+        assert (t.model_config["dropout"], t.model_config["attention_impl"]) == (0.0, "xla")
+        step, restored, data_state = t.checkpointer.restore_latest(abstract_like(t.abstract_state, t.state_shardings))
+    finally:
+        t.close()
+    assert step == 4 and data_state == {"step": 4}
+    # read back from the file it was written to: exact
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(state))
 
 
 @needs_8

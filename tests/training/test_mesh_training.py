@@ -238,7 +238,9 @@ def check_case(results, arrays, task, kind, mesh):
     init = select(f"{task}-{kind}-init")
     assert_trained_alike(select(name), select(reference), init, name)
     for key, value in select(f"{name}-init").items():  # initialised on the mesh: the same parameters
-        np.testing.assert_array_equal(value, init[key], err_msg=f"{name} init {key}")
+        # Another program (partitioned over the mesh) may fuse the elementwise draws otherwise (last bits); a draw
+        # from another key or shard differs by ~0.02.
+        np.testing.assert_allclose(value, init[key], rtol=1e-6, atol=1e-7, err_msg=f"{name} init {key}")
 
 
 @pytest.mark.slow

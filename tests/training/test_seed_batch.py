@@ -51,7 +51,7 @@ def test_each_seed_checkpoints_alone_and_a_stopped_batch_resumes_as_if_straight(
     # a seed's checkpoints are a plain run's: the seed alone resumes from them (nothing left to train)
     alone = synthetic.run(workdirs[1], STEPS, checkpoint_every=3, seed=1)
     assert alone.resumed_from == STEPS
-    assert_same_params(alone.state.params, resumed[1].state.params, atol=0)
+    assert_same_params(alone.state.params, resumed[1].state.params, atol=0)  # restored from the batch's file: exact
     checkpointer = Checkpointer(f"{workdirs[0]}/checkpoints", read_only=True)
     try:
         assert checkpointer.steps() == [3, 6]
@@ -122,4 +122,4 @@ def test_the_initial_state_is_saved_as_step_0_when_asked(tmp_path):
         finally:
             checkpointer.close()
         assert position == {"seed": k, "index": 0} and int(state.step) == 0
-        assert_same_params(state.params, initial[k].params, atol=0)
+        assert_same_params(state.params, initial[k].params, atol=0)  # the same init program and keys, read back
