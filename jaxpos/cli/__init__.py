@@ -1,5 +1,5 @@
 """The `jaxpos` command: train, tokenizer, finetune, evaluate, finetune-sweep, probe-word-order, analyze, curves,
-export, translate, eval-bleu, reproduce, mechanisms."""
+export, translate, eval-bleu, reproduce, compare, mechanisms."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from jaxpos.cli.analyze import add_analyze_parser
 from jaxpos.cli.common import DEBUG_HELP, Parser, add_command
 from jaxpos.cli.export import add_export_parser
 from jaxpos.cli.finetune import add_finetune_parser
+from jaxpos.cli.compare import add_compare_parser
 from jaxpos.cli.reproduce import add_reproduce_parser
 from jaxpos.cli.train import add_tokenizer_parser, add_train_parser
 from jaxpos.cli.translate import add_translate_parsers
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for register in (add_train_parser, add_tokenizer_parser, add_finetune_parser, add_analyze_parser,
                      add_curves_parser, add_export_parser, add_translate_parsers, add_reproduce_parser,
-                     add_mechanisms_parser):  # the order of the module docstring (tests/cli checks it)
+                     add_compare_parser, add_mechanisms_parser):  # the order of the module docstring (tests/cli checks it)
         register(sub)
     return parser
 

@@ -55,11 +55,11 @@ def add_reproduce_parser(subparsers) -> None:
     parser.set_defaults(run=_reproduce)
 
 
-def _command_line() -> str:
-    """This command as typed (quoted in the report), or `jaxpos reproduce` when run some other way."""
+def _command_line(otherwise: str = "jaxpos reproduce") -> str:
+    """This command as typed (quoted in the report), or `otherwise` when run some other way."""
     if sys.argv and sys.argv[0].endswith("jaxpos"):
         return "jaxpos " + " ".join(shlex.quote(a) for a in sys.argv[1:] if a != "--debug")
-    return "jaxpos reproduce"
+    return otherwise
 
 
 def _names(text: str | None) -> list[str] | None:

@@ -46,6 +46,7 @@ RULES = ("linear", "ntk", "dynamic", "yarn", "llama3")
 RULE_LABELS = dict(linear="PI", ntk="NTK", dynamic="dynamic NTK", yarn="YaRN", llama3="Llama 3")
 FINETUNE_STAGES = {"paraphrase": "finetune", "order": "order"}  # --finetune TASK: the reproduction's stage
 ALPHA = 0.05
+SHARE, SHARE_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)  # the ranges of an accuracy and of a difference of two
 _OPTION = re.compile(r"^(linear|ntk|dynamic|yarn|llama3|partial|random|local)([0-9.]*)$")
 
 
@@ -166,15 +167,20 @@ def comparison_profile(path: str, overrides: Sequence[str], config, variants: di
 
 # --- the report --------------------------------------------------------------------------------------------------
 
-def mean_interval(values: Sequence[float | None]) -> dict:
-    """{"mean", "low", "high", "n"}: the mean of the finite values with its 95% t interval (None bounds for one)."""
+def mean_interval(values: Sequence[float | None], bounds: tuple[float, float] | None = None) -> dict:
+    """{"mean", "low", "high", "n"}: the mean of the finite values with its 95% t interval (None bounds for one),
+    clipped to `bounds` where the quantity has a range (an accuracy), with "clipped": True then."""
     d = describe(values)
     if not d["n"]:
         return dict(mean=None, low=None, high=None, n=0)
     if d["n"] < 2:
         return dict(mean=d["mean"], low=None, high=None, n=1)
     half = float(distributions.t.ppf(0.975, d["n"] - 1)) * d["sd"] / math.sqrt(d["n"])
-    return dict(mean=d["mean"], low=d["mean"] - half, high=d["mean"] + half, n=d["n"])
+    low, high = d["mean"] - half, d["mean"] + half
+    out = dict(mean=d["mean"], low=low, high=high, n=d["n"])
+    if bounds is not None and (low < bounds[0] or high > bounds[1]):
+        out.update(low=max(low, bounds[0]), high=min(high, bounds[1]), clipped=True)
+    return out
 
 
 def interval_text(s: dict, digits: int = 3) -> str:
@@ -182,7 +188,8 @@ def interval_text(s: dict, digits: int = 3) -> str:
         return "–"
     if s["low"] is None:
         return f"{s['mean']:.{digits}f}"
-    return f"{s['mean']:.{digits}f} [{s['low']:.{digits}f}, {s['high']:.{digits}f}]"
+    clipped = "*" if s.get("clipped") else ""
+    return f"{s['mean']:.{digits}f} [{s['low']:.{digits}f}, {s['high']:.{digits}f}]{clipped}"
 
 
 def measurements(out: str, plan: dict) -> dict:
@@ -203,14 +210,15 @@ def measurements(out: str, plan: dict) -> dict:
             entries = result.get("lengths") if rule is None else result.get("lengths_by_rule", {}).get(row)
             for entry in entries or []:
                 lengths.setdefault(entry["length"], {})[seed] = entry
+        own = seeds if rule is None else {}  # a rule at evaluation has only its lengths: the rest is its runs'
         rows[row] = dict(
             label=label, variant=variant, rule=rule, seeds=sorted(seeds),
-            loss={s: r["curve"][-1]["loss"] for s, r in seeds.items()},
-            accuracy={s: r["curve"][-1]["accuracy"] for s, r in seeds.items()},
-            curve={s: [(p["step"], p["loss"]) for p in r["curve"]] for s, r in seeds.items()},
+            loss={s: r["curve"][-1]["loss"] for s, r in own.items()},
+            accuracy={s: r["curve"][-1]["accuracy"] for s, r in own.items()},
+            curve={s: [(p["step"], p["loss"]) for p in r["curve"]] for s, r in own.items()},
             lengths=lengths, train_length=profile.data["seq_len"],
-            finetune={s: r["finetune"]["best"] for s, r in seeds.items() if "finetune" in r},
-            order={s: r["order"]["best"] for s, r in seeds.items() if "order" in r})
+            finetune={s: r["finetune"]["best"] for s, r in own.items() if "finetune" in r},
+            order={s: r["order"]["best"] for s, r in own.items() if "order" in r})
     return rows
 
 
@@ -224,19 +232,18 @@ def comparisons(rows: dict, baseline: str, all_pairs: bool) -> list[dict]:
         pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     found = []
     for a, b in pairs:
-        quantities = [("held-out loss", rows[a]["loss"], rows[b]["loss"]),
-                      ("held-out accuracy", rows[a]["accuracy"], rows[b]["accuracy"])]
+        quantities = [("held-out loss", rows[a]["loss"], rows[b]["loss"], None),
+                      ("held-out accuracy", rows[a]["accuracy"], rows[b]["accuracy"], SHARE_DIFFERENCE)]
         for length in sorted(set(rows[a]["lengths"]) & set(rows[b]["lengths"])):
             sides = [{s: e.get("loss") for s, e in rows[x]["lengths"][length].items()} for x in (a, b)]
-            quantities.append((f"loss at {length} tokens", *sides))
+            quantities.append((f"loss at {length} tokens", *sides, None))
         for task in ("finetune", "order"):
-            if rows[a][task] and rows[b][task]:
-                quantities.append((f"{task} accuracy", rows[a][task], rows[b][task]))
-        for quantity, x, y in quantities:
+            quantities.append((f"{task} accuracy", rows[a][task], rows[b][task], SHARE_DIFFERENCE))
+        for quantity, x, y, bounds in quantities:
             seeds = sorted(set(x) & set(y))
             if len(seeds) < 2 or any(x[s] is None or y[s] is None for s in seeds):
                 continue
-            test = stats.paired_difference([x[s] for s in seeds], [y[s] for s in seeds], alpha=ALPHA)
+            test = stats.paired_difference([x[s] for s in seeds], [y[s] for s in seeds], alpha=ALPHA, bounds=bounds)
             found.append(dict(a=a, b=b, quantity=quantity, test=test))
     if found:
         adjusted, rejected = stats.holm([c["test"].p for c in found], ALPHA)
@@ -268,10 +275,10 @@ def write_report(out: str, wall_s: float | None = None, command: str = "jaxpos c
         paths["lengths"] = lengths_figure(rows, os.path.join(figures, "lengths.png"))
     numbers = dict(
         rows={name: dict(label=r["label"], seeds=r["seeds"], loss=mean_interval(list(r["loss"].values())),
-                         accuracy=mean_interval(list(r["accuracy"].values())),
+                         accuracy=mean_interval(list(r["accuracy"].values()), SHARE),
                          lengths={str(n): length_cell(entries) for n, entries in sorted(r["lengths"].items())},
-                         finetune=mean_interval(list(r["finetune"].values())),
-                         order=mean_interval(list(r["order"].values()))) for name, r in rows.items()},
+                         finetune=mean_interval(list(r["finetune"].values()), SHARE),
+                         order=mean_interval(list(r["order"].values()), SHARE)) for name, r in rows.items()},
         comparisons=[dict(a=c["a"], b=c["b"], quantity=c["quantity"], mean=c["test"].mean, ci_low=c["test"].ci_low,
                           ci_high=c["test"].ci_high, p=c["test"].p, adjusted_p=c["adjusted_p"], n=c["test"].n,
                           mdd=c["test"].mdd, decided=c["decided"]) for c in found],
@@ -295,19 +302,22 @@ def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str
     """COMPARISON.md: the recipe, then a table per quantity, then the comparisons."""
     profile = matrix.profile_of(plan)
     machine = plan.get("machine") or {}
+    device = ", ".join(machine.get("gpus") or [f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"])
     lines = [f"# Comparison: {len(rows)} variants × {plan['seeds']} seeds", "",
              f"`{numbers['command']}`", "",
              f"Recipe: `{profile.config}` with {' '.join(profile.overrides) or 'no overrides'}; "
              f"{profile.steps} steps of {profile.train['batch_size']} × {profile.data['seq_len']} tokens. "
-             f"Machine: {machine.get('summary', machine)}; written {numbers['written']}"
+             f"Machine: {device}, jax {machine.get('jax', '?')}; written {numbers['written']}"
              + (f", wall time {numbers['wall_s'] / 60:.1f} min." if numbers.get("wall_s") else "."), "",
              "Cells: the mean over seeds and its 95% t interval; comparisons: the mean paired difference (variant − "
              f"{numbers['baseline']}) with its 95% interval, the paired t test's p and Holm's adjusted p over all "
-             f"{len(found)} comparisons of this report (α = {ALPHA}).", "",
+             f"{len(found)} comparisons of this report (α = {ALPHA}); * an interval clipped to the quantity's "
+             "range.", "",
              "## Held-out masked-LM at the training length (last checkpoint)", "",
              "| variant | loss | accuracy |", "| --- | --- | --- |"]
     for name, r in numbers["rows"].items():
-        lines.append(f"| {r['label']} | {interval_text(r['loss'])} | {interval_text(r['accuracy'])} |")
+        if r["loss"]["n"]:  # rules at evaluation have lengths only
+            lines.append(f"| {r['label']} | {interval_text(r['loss'])} | {interval_text(r['accuracy'])} |")
     lengths = sorted({int(n) for r in numbers["rows"].values() for n in r["lengths"]})
     if lengths:
         train = profile.data["seq_len"]

@@ -369,7 +369,8 @@ def profile_of(plan: dict) -> Profile:
     """The plan's profile (as saved: tuples came back as lists)."""
     values = dict(plan["profile"])
     values["mechanisms"] = tuple(values["mechanisms"])
-    values["analysis"] = dict(values["analysis"], lengths=tuple(values["analysis"]["lengths"]))
+    if "lengths" in values["analysis"]:
+        values["analysis"] = dict(values["analysis"], lengths=tuple(values["analysis"]["lengths"]))
     for key in ("length_factors", "order_learning_rates", "overrides"):
         if key in values:
             values[key] = tuple(values[key])

@@ -257,10 +257,11 @@ def run_plan(out: str, plan: dict, name: str, about: str, write_report, *, comma
     return Reproduction(plan, numbers, wall)
 
 
-def report_only(out: str, command: str = "jaxpos reproduce") -> dict:
-    """Writes the report from the finished runs in OUT, with the wall time of the command that ran them; returns
-    the numbers (OUT/numbers.json)."""
-    from jaxpos.reproduction.report import write_report  # matplotlib: only once there is a report to write
+def report_only(out: str, command: str = "jaxpos reproduce", write_report=None) -> dict:
+    """Writes the report from the finished runs in OUT (`write_report`: the reproduction's by default, or a
+    comparison's), with the wall time of the command that ran them; returns the numbers."""
+    if write_report is None:
+        from jaxpos.reproduction.report import write_report  # matplotlib: only once there is a report to write
 
     wall = None
     if os.path.isfile(os.path.join(out, WALL_FILE)):  # the wall time of the command that ran the runs

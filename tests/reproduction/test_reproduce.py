@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from jaxpos.data.bible import chapter_split, is_held_out_chapter
-from jaxpos.reproduction import claims as C
+from jaxpos.reproduction import claims as C, judges, judging as J, readings as RD
 from jaxpos.reproduction import report as R
 from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
@@ -152,8 +152,8 @@ def test_the_verdict_table_on_constructed_runs():
     assert by_id["muppet_depth"]["parts"][0]["direction"] == "disagrees"
     assert by_id["muppet_depth"]["verdict"] == S.CONTRADICTED
     per_head = by_id["diet_per_head"]["parts"][0]  # DIET-Rel vs absolute
-    assert per_head["verdict"] == S.INCONCLUSIVE and per_head["why"] == C.NOT_TRAINED
-    assert per_head["reason"].startswith(C.NOT_TRAINED) and "DIET-Rel" in per_head["reason"]
+    assert per_head["verdict"] == S.INCONCLUSIVE and per_head["why"] == J.NOT_TRAINED
+    assert per_head["reason"].startswith(J.NOT_TRAINED) and "DIET-Rel" in per_head["reason"]
     assert "test" not in per_head and per_head["direction"] == "agrees"  # measured, not tested
     step_time = by_id["diet_step_time"]["parts"][0]
     assert step_time["verdict"] == S.INCONCLUSIVE and step_time["why"] == "not detected"
@@ -189,19 +189,19 @@ def test_a_downstream_comparison_with_a_side_at_chance_is_not_tested():
     table["diet_rel"] = [fake_run("diet_rel", s, trained(s), order=order(0.70 + 0.01 * s)) for s in seeds]
     # 0.53 on 1,000 pairs: Wilson 0.499-0.561, inside chance's interval; 0.56: 0.529-0.590, above it
     table["absolute"] = [fake_run("absolute", s, trained(s), order=order(0.53 if s == 3 else 0.56)) for s in seeds]
-    assert C.learned_task(order(0.53)) is False and C.learned_task(order(0.56)) is True
-    assert C.learned_task(dict(best=0.9, chance=0.5)) is None  # no count: not gated
+    assert J.learned_task(order(0.53)) is False and J.learned_task(order(0.56)) is True
+    assert J.learned_task(dict(best=0.9, chance=0.5)) is None  # no count: not gated
     # The best of six looks: 0.54 passes alone (0.509-0.571) but not at z = 2.63 (0.498-0.581); 0.56 still does.
-    assert C.learned_task(order(0.54)) is True and C.learned_task(dict(order(0.54), looks=6)) is False
-    assert C.learned_task(dict(order(0.56), looks=6)) is True
+    assert J.learned_task(order(0.54)) is True and J.learned_task(dict(order(0.54), looks=6)) is False
+    assert J.learned_task(dict(order(0.56), looks=6)) is True
     claim = V.evaluate_claims(table, C.select_claims(["diet_per_head"]))["claims"][0]
     part = claim["parts"][0]  # DIET-Rel vs absolute
-    assert part["verdict"] == S.INCONCLUSIVE and part["why"] == C.NOT_LEARNED and "test" not in part
-    assert part["reason"] == (f"{C.NOT_LEARNED}: {C.label('absolute')} in seed 3 (best dev accuracy inside "
+    assert part["verdict"] == S.INCONCLUSIVE and part["why"] == J.NOT_LEARNED and "test" not in part
+    assert part["reason"] == (f"{J.NOT_LEARNED}: {RD.label('absolute')} in seed 3 (best dev accuracy inside "
                               "chance's interval for its looks)")
-    assert claim["verdict"] == S.INCONCLUSIVE and C.NOT_LEARNED in claim["reason"]
+    assert claim["verdict"] == S.INCONCLUSIVE and J.NOT_LEARNED in claim["reason"]
     from jaxpos.reproduction.report import comparisons_table  # the report names why, as for an untrained side
-    assert f"inconclusive: {C.NOT_LEARNED}" in comparisons_table([claim])
+    assert f"inconclusive: {J.NOT_LEARNED}" in comparisons_table([claim])
     table["absolute"][3]["order"] = order(0.56)  # every seed learned it: tested, and it holds
     part = V.evaluate_claims(table, C.select_claims(["diet_per_head"]))["claims"][0]["parts"][0]
     assert part["verdict"] == S.HOLDS and part["test"]["n"] == 5
@@ -223,9 +223,9 @@ def test_changes_over_training_start_where_the_mechanism_uses_positions():
     assert claim["measured"]["initialisation"]["mean"] == pytest.approx(0.9)  # reported beside
     # Counted from the first analysed checkpoint (step 100, positions not yet used), the same runs would contradict
     # the paper; without a step to start from (one seed cannot say), the initialisation is still not the start.
-    assert [C.first_last("toeplitz_r2")(r) for r in table["absolute"]] == pytest.approx(
+    assert [RD.first_last("toeplitz_r2")(r) for r in table["absolute"]] == pytest.approx(
         [r2(s)[3] - r2(s)[1] for s in seeds])
-    assert all(C.first_last("toeplitz_r2")(r) < 0 for r in table["absolute"])
+    assert all(RD.first_last("toeplitz_r2")(r) < 0 for r in table["absolute"])
 
 
 
@@ -316,9 +316,9 @@ def test_a_mechanism_that_parts_and_rejoins_has_not_parted():
 
 def test_bounds_are_decided_run_by_run():
     le = lambda x: x <= 0  # noqa: E731
-    assert C.bound([-3, 0], le, "x", "<= 0")["verdict"] == S.HOLDS
-    assert C.bound([2], le, "x", "<= 0")["verdict"] == S.CONTRADICTED  # one seed decides a bound
-    assert C.bound([2, -1], le, "x", "<= 0")["verdict"] == S.INCONCLUSIVE
+    assert J.bound([-3, 0], le, "x", "<= 0")["verdict"] == S.HOLDS
+    assert J.bound([2], le, "x", "<= 0")["verdict"] == S.CONTRADICTED  # one seed decides a bound
+    assert J.bound([2, -1], le, "x", "<= 0")["verdict"] == S.INCONCLUSIVE
     ranks = {m: [fake_run(m, 0, BAG, last=dict(rank=dict(logit_rank_max=r, length=16)))]
              for m, r in (("absolute", 8), ("diet_rel", 15), ("diet_abs", 12))}
     assert V.evaluate_claims(ranks, C.select_claims(["diet_rank"]))["claims"][0]["verdict"] == S.HOLDS
@@ -342,9 +342,9 @@ def test_rank_correlation_matches_scipy():
     rng = np.random.default_rng(0)
     for _ in range(5):
         x, y = rng.normal(size=7), rng.integers(0, 3, size=7).astype(float)  # ties on one side
-        assert C.rank_correlation(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
-    assert C.rank_correlation([1, 2], [2, 1]) is None
-    assert C.rank_correlation([1, 2, 3], [5, 5, 5]) is None
+        assert RD.rank_correlation(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
+    assert RD.rank_correlation([1, 2], [2, 1]) is None
+    assert RD.rank_correlation([1, 2, 3], [5, 5, 5]) is None
 
 
 def test_chens_correlation_leaves_out_the_runs_whose_value_is_none_nan_or_inf():
@@ -356,7 +356,7 @@ def test_chens_correlation_leaves_out_the_runs_whose_value_is_none_nan_or_inf():
     accuracy = [0.6, 0.7, 0.65, 0.5, 0.9, 0.55]
     table = {m: [fake_run(m, 0, BAG, last=dict(headline=dict(locality=loc, symmetry=sym)), order=dict(best=acc))]
              for m, loc, sym, acc in zip(mechanisms, locality, symmetry, accuracy)}
-    parts, measured = C._chen_correlation(table, {})
+    parts, measured = judges.chen_correlation(table, {})
     for name, values, part in zip(("locality", "symmetry"), (locality, symmetry), parts):
         kept = [(v, a) for v, a in zip(values, accuracy) if v is not None and np.isfinite(v)]
         expected = scipy_stats.spearmanr([v for v, _ in kept], [a for _, a in kept]).statistic
@@ -699,7 +699,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
 
     claims = numbers["claims"]
     assert [c["id"] for c in claims] == chosen.split(",")
-    assert all(c["verdict"] in C.VERDICTS for c in claims)
+    assert all(c["verdict"] in J.VERDICTS for c in claims)
     assert {c["id"]: c["verdict"] for c in claims}["muppet_exact"] == S.HOLDS
     for claim in claims:
         assert f"### {claim['claim']}" in report and f"- the paper ({claim['figure']['source']})" in report
@@ -721,7 +721,7 @@ def test_micro_profile_end_to_end(tmp_path, capsys):
     for claim in claims:  # a comparison of TISA waits for it to use positions; once it does, it is tested
         for part in claim["parts"]:
             if part["kind"] == "comparison" and part["why"] != "not measured":
-                assert part["about"] == ["tisa"] and (part["why"] == C.NOT_TRAINED) == (not trained), part
+                assert part["about"] == ["tisa"] and (part["why"] == J.NOT_TRAINED) == (not trained), part
     assert numbers["family"] == check_tested_parts(claims)
 
     # A second call resumes the plan; other settings in the same folder are refused.
