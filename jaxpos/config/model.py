@@ -109,6 +109,20 @@ class FireConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CopeConfig:
+    # npos_max: contextual positions are counts clamped to max_position - 1, each with a learned embedding per
+    # direction; 0: model.max_length + 1 (the authors' default, block size + 1: a count can reach the length)
+    max_position: int = 0
+    # True: (q.k + q.e[p]) / sqrt(D), the authors' model by default; False: q.k / sqrt(D) + q.e[p], the paper's
+    # listing (the authors' --cope-nodiv)
+    divide: bool = True
+
+    def positions(self, max_length: int) -> int:
+        """npos_max for a model of `max_length` tokens."""
+        return self.max_position or max_length + 1
+
+
+@dataclasses.dataclass(frozen=True)
 class PositionConfig:
     kind: str = "absolute"
     segment: str = "input"  # input embeddings | per-head segment attention (DIET) | none
@@ -125,6 +139,7 @@ class PositionConfig:
     attenuated: AttenuatedConfig = AttenuatedConfig()
     kerple: KerpleConfig = KerpleConfig()
     fire: FireConfig = FireConfig()
+    cope: CopeConfig = CopeConfig()
 
     def __post_init__(self):
         if self.kind not in MECHANISMS:
@@ -151,6 +166,12 @@ class PositionConfig:
         if not (self.fire.c > 0 and self.fire.threshold >= 0):
             raise ValueError(f"position.fire.c={self.fire.c} must be positive and position.fire.threshold="
                              f"{self.fire.threshold} at least 0 (0: model.max_length)")
+        check_count("position.cope.max_position", self.cope.max_position, 0)
+        if self.cope.max_position == 1:
+            raise ValueError("position.cope.max_position=1 must be 0 (model.max_length + 1) or at least 2: with one "
+                             "position every count reads the same embedding")
+        if not isinstance(self.cope.divide, bool):
+            raise ValueError(f"position.cope.divide={self.cope.divide!r} must be true or false")
         check_count("position.num_segments", self.num_segments, 1)
         check_count("position.tisa.num_kernels", self.tisa.num_kernels, 1)
         check_count("position.diet_rel.max_distance", self.diet_rel.max_distance, 1, optional=True)

@@ -319,7 +319,7 @@ def _tisa_toeplitz(table, trained):
 def _tisa_local(table, trained):
     def excess(r):
         pa = r.get("positional_attention")
-        return None if not pa else pa["locality"] - pa["uniform_locality"]
+        return None if not pa or "skipped" in pa else pa["locality"] - pa["uniform_locality"]
     parts = [comparison("locality of TISA's position-only attention softmax_j f(j − i) − a uniform matrix's",
                         by_seed(table, "tisa", excess), None, 1, ["tisa"])]
     return parts, dict(locality=describe(by_seed(table, "tisa", field("positional_attention.locality"))),
