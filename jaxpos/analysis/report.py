@@ -324,6 +324,12 @@ def _identical_word(ctx: _Context) -> dict:
                 array="arrays.npz:identical_word_attention")
 
 
+def no_position_only_logits(cfg) -> str:
+    """Why the diagnostics of position-only logits skip a model whose `bias_logits` are None, in one line."""
+    why = MECHANISMS[cfg.position.kind].no_position_only_term  # a positional term that involves content, if any
+    return f"position.kind={cfg.position.kind!r} has no position-only logits" + (f": {why}" if why else "")
+
+
 def bias_logits(cfg, params, length: int) -> np.ndarray | None:
     """Position-only attention logits of a logit-bias mechanism (TISA, DIET, T5, ALiBi, TUPE, attenuated) for
     every layer and head, computed from its parameters: [L, H, T, T]; None for mechanisms without one
@@ -384,7 +390,7 @@ def _rank(ctx: _Context) -> dict:
         result[f"positional_{key}"] = dict(form=label, rank=ranks, toeplitz_r2=toeplitz.toeplitz_r2(matrices))
         plotted = (np.asarray(ranks, float), label)
     if plotted is None:
-        result["positional"] = {"skipped": f"position.kind={cfg.position.kind!r} has no position-only logits"}
+        result["positional"] = {"skipped": no_position_only_logits(cfg)}
     ctx.plots.plot_ranks(result["logit_rank"], cfg.head_dim, length, ctx.figure("rank.png"),
                          *(plotted if plotted else (None, "")))
     result["figure"] = "rank.png"

@@ -73,7 +73,7 @@ def _layer_logits(cfg: ModelConfig, q, k, bias, positions, mask, types) -> jax.A
         k, mask = project_keys(bias.kv_projection, k, mask), None
     logits = pre_softmax_logits(q, k, over_attended_keys(bias, mask), q_pos=positions, k_pos=positions,
                                 q_types=types, k_types=types, content=not pcfg.position_only,
-                                position=not pcfg.content_only)
+                                position=not pcfg.content_only, mask=mask)
     return logits if mask is None else jnp.where(mask, logits, 0.0)
 
 

@@ -74,6 +74,38 @@ def segment_pair_factors(table_HGG: jax.Array, q_types_BT: jax.Array, k_types_BS
     return u, w
 
 
+@jax.checkpoint  # keeps its inputs alone for the backward pass, which recomputes gates, counts and reads
+def contextual_logits(gate_logits_BHTS: jax.Array, q_BTHD: jax.Array, table_RDP: jax.Array, q_pos: jax.Array,
+                      k_pos: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """CoPE's term q_i . e[p_ij] [B, H, T, S] (float32), read at fractional positions by linear interpolation.
+
+    gate_logits [B, H, T, S]: the content logits q.k/sqrt(D), whose sigmoids g_it are the gates; q [B, T, H, D];
+    table [R, D, P] (`PositionalBias.contextual`); q_pos [T], k_pos [S] (or per example [B, T], [B, S]), keys in
+    order along the row; mask [B|1, 1, T, S] bool (None: every key): a key the query may not attend to neither gates
+    nor counts. A key j at or before the query i sits at p_ij = sum of g_it over t = j..i (the reversed cumulative
+    sum of the paper), one after it (R = 2) at the sum over t = i..j, read from its own table; p_ij <= P - 1.
+    """
+    directions, _, npos = table_RDP.shape
+    gates = jax.nn.sigmoid(gate_logits_BHTS.astype(jnp.float32))
+    if mask is not None:
+        gates = jnp.where(mask, gates, 0.0)
+    offset = relative_offsets(q_pos, k_pos)  # [T, S] j - i, or per example [B, T, S]
+    offset = offset[:, None] if offset.ndim == 3 else offset  # per example: under the head axis
+    before = offset <= 0
+    positions = jax.lax.cumsum(jnp.where(before, gates, 0.0), axis=3, reverse=True)
+    if directions == 2:  # keys after the query count from it rightwards, including it, as the causal count does
+        positions = jnp.where(before, positions, jax.lax.cumsum(jnp.where(offset >= 0, gates, 0.0), axis=3))
+    positions = jnp.minimum(positions, npos - 1)
+    per_position = jnp.einsum("bthd,rdp->bhtrp", q_BTHD, table_RDP.astype(q_BTHD.dtype),
+                              preferred_element_type=jnp.float32)  # z_i[p] for every integer p, per direction
+    per_position = per_position.reshape(*per_position.shape[:3], directions * npos)
+    column = 0 if directions == 1 else jnp.where(before, 0, npos)  # the after-table's columns follow the before's
+    low = jnp.floor(positions)
+    read = lambda p: jnp.take_along_axis(per_position, p.astype(jnp.int32) + column, axis=-1)  # noqa: E731
+    weight = positions - low  # the gradient reaches the gates through the weight, as in the authors' code
+    return read(jnp.ceil(positions)) * weight + read(low) * (1.0 - weight)
+
+
 @struct.dataclass
 class PositionalBias:
     """What a mechanism hands to attention, for all layers of a stack; every field is optional.
@@ -91,6 +123,9 @@ class PositionalBias:
     rotary: tuple[jax.Array, jax.Array] | None = None  # cos, sin [L'=1, T, D/2] at the query positions
     rotary_keys: tuple[jax.Array, jax.Array] | None = None  # cos, sin [1, S, D/2] at the key positions
     kv_projection: jax.Array | None = None  # [L', k, S] Linformer E: keys/values projected to k positions
+    # [L', R, D, P] CoPE's position embeddings e, shared by the heads, per direction (R = 1: keys at or before the
+    # query; 2: and keys after it) over contextual positions 0..P-1; read inside the logits (`contextual_logits`)
+    contextual: jax.Array | None = None
     # (q [B, T], k [B, S]) positions within each packed piece (no layer axis), at which `factors`, `dense` and
     # `rotary` (computed at positions 0..T-1 / 0..S-1) are read; None: read at the row positions, as computed.
     piece_positions: tuple[jax.Array, jax.Array] | None = None
@@ -111,8 +146,8 @@ class PositionalBias:
 
     @property
     def has_position_logits(self) -> bool:
-        """Whether a table, factors, a dense matrix or Shaw r^K add positional terms to the logits."""
-        return any(x is not None for x in (self.table, self.factors, self.dense, self.rel_keys))
+        """Whether a table, factors, a dense matrix, Shaw r^K or CoPE add positional terms to the logits."""
+        return any(x is not None for x in (self.table, self.factors, self.dense, self.rel_keys, self.contextual))
 
 
 def at_pieces(bias: PositionalBias) -> PositionalBias:

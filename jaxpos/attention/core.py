@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.attention import auto, dropout
-from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, over_attended_keys,
-                                  position_logits, segment_logits, segment_pair_factors)
+from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, contextual_logits,
+                                  over_attended_keys, position_logits, segment_logits, segment_pair_factors)
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.attention import (ATTENTION_IMPLS, AUTO, IMPLEMENTATIONS, Call, can_take, lacks, names,
@@ -86,7 +86,8 @@ def call_facts(q_BTHD, k_BSHD, bias: PositionalBias, q_pos, k_pos, mask: Attenti
                content: bool = True, position: bool = True, dropout_rng=None, dropout_rate: float = 0.0) -> Call:
     """The facts of one call of `attend` that decide its implementation (jaxpos.config.attention.Call)."""
     shaw = position and (bias.rel_keys is not None or bias.rel_values is not None)
-    if (shaw or bias.dense is not None or bias.kv_projection is not None
+    contextual = position and bias.contextual is not None
+    if (shaw or contextual or bias.dense is not None or bias.kv_projection is not None
             or (bias.table is not None and bias.table.ndim != 2)):
         form = "other"
     elif bias.table is not None:
@@ -97,7 +98,8 @@ def call_facts(q_BTHD, k_BSHD, bias: PositionalBias, q_pos, k_pos, mask: Attenti
         form = "none"
     length, keys = q_BTHD.shape[1], k_BSHD.shape[1]
     return Call(**platform_facts(), low_precision=q_BTHD.dtype in (jnp.bfloat16, jnp.float16), form=form,
-                dropout=dropout_rng is not None and dropout_rate > 0.0, shaw=shaw, switches=not (content and position),
+                dropout=dropout_rng is not None and dropout_rate > 0.0, shaw=shaw, contextual=contextual,
+                switches=not (content and position),
                 per_example_positions=q_pos.ndim > 1 or k_pos.ndim > 1, linformer=bias.kv_projection is not None,
                 cached_causal=mask is not None and mask.causal and length != keys,
                 odd_length=bool(length % 2 or keys % 2))
@@ -132,7 +134,7 @@ def reference_attention(q_BTHD, k_BSHD, v_BSHD, *, bias, q_pos, k_pos, mask, q_t
     dense_mask = None if mask is None else mask.dense(q_pos, k_pos)  # [B|1, 1, T, S] bool
     bias = over_attended_keys(at_pieces(bias), dense_mask)  # packed rows; the fixed attenuated delta
     logits = pre_softmax_logits(q_BTHD, k_BSHD, bias, q_pos=q_pos, k_pos=k_pos, q_types=q_types, k_types=k_types,
-                                content=content, position=position)
+                                content=content, position=position, mask=dense_mask)
     if dense_mask is not None:
         logits = jnp.where(dense_mask, logits, jnp.finfo(logits.dtype).min)
     weights = jax.nn.softmax(logits, axis=-1)
@@ -180,11 +182,13 @@ def dot_product_attention(q_BTHD, k_BSHD, v_BSHD, *, bias, q_pos, k_pos, mask, q
 
 def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBias, *, q_pos: jax.Array,
                        k_pos: jax.Array, q_types: jax.Array | None = None, k_types: jax.Array | None = None,
-                       content: bool = True, position: bool = True) -> jax.Array:
+                       content: bool = True, position: bool = True, mask: jax.Array | None = None) -> jax.Array:
     """Pre-softmax logits [B, H, T, S] (float32, unmasked) of the "xla" path: scale * q.k (with low-rank factors
-    folded in when `bias.fold_factors`), Shaw's q_i . r^K_{clip(j - i)}, the position-only terms and the per-head
-    segment terms. q [B, T, H, D], k [B, S, H, D] as attention sees them (rotated, Linformer-projected); `bias` one
-    layer's slice after `at_pieces` and `over_attended_keys`. The analyses read the model's logits through it.
+    folded in when `bias.fold_factors`), Shaw's q_i . r^K_{clip(j - i)}, CoPE's q_i . e[p_ij], the position-only
+    terms and the per-head segment terms. q [B, T, H, D], k [B, S, H, D] as attention sees them (rotated,
+    Linformer-projected); `bias` one layer's slice after `at_pieces` and `over_attended_keys`; `mask`
+    [B|1, 1, T, S] bool the keys each query attends to, the only ones CoPE counts (None: all). The analyses read
+    the model's logits through it.
     """
     head_dim = q_BTHD.shape[-1]
     scale = bias.content_scale * head_dim**-0.5
@@ -194,6 +198,9 @@ def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBia
         if not content:  # keep only the folded positional channels
             q_BTHD = q_BTHD.at[..., :head_dim].set(0)
     logits = jnp.einsum("bthd,bshd->bhts", q_BTHD, k_BSHD, preferred_element_type=jnp.float32) * scale
+    contextual = None
+    if position and bias.contextual is not None:  # CoPE gates with the content logits: before any switch drops them
+        contextual = contextual_logits(logits, q_BTHD[..., :head_dim], bias.contextual, q_pos, k_pos, mask)
     if not content and not fold:
         logits = jnp.zeros_like(logits)
     if position and bias.rel_keys is not None:
@@ -202,6 +209,8 @@ def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBia
                                 preferred_element_type=jnp.float32) * scale
         index = index[:, None] if index.ndim == 3 else index  # per example: under the head axis
         logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
+    if contextual is not None:
+        logits = logits + contextual
     position_bias = bias if position else PositionalBias(segment_table=bias.segment_table)
     extra = _additive_terms(position_bias, q_pos, k_pos, q_types, k_types,
                             include_factors=not fold, dtype=jnp.float32)

@@ -100,6 +100,12 @@ def _check_t5(cfg: ModelConfig) -> None:
         cfg.position.t5.check(bidirectional, stack)
 
 
+def _check_cope(cfg: ModelConfig) -> None:
+    if cfg.cross_attention_position and cfg.num_decoder_layers:
+        raise ValueError("cope counts the keys between a query and a key of its own sequence; cross-attention has "
+                         "no such order: set model.cross_attention_position=False")
+
+
 def _check_diet_abs(cfg: ModelConfig) -> None:
     if cfg.position.diet_abs.linformer_k and (cfg.causal or cfg.num_decoder_layers):
         raise ValueError("diet_abs with linformer_k mixes all key positions and cannot be causal (model.causal, or "
@@ -156,6 +162,13 @@ MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
     Mechanism("fire", "jaxpos.positions.fire:FirePosition", "FIRE",
               "MLP(ψ(i − j) / ψ(max(L, i))) per head, ψ(x) = log(cx + 1); an encoder's: MLP(sign(j − i) "
               "ψ(|j − i|) / ψ(max(L, T)))", inductive=True, learned=True, kernel_form="table", dense_when_causal=True),
+    # Positions are counts clamped at max_position - 1: any length runs, with the far counts sharing the last one.
+    Mechanism("cope", "jaxpos.positions.cope:CopePosition", "CoPE",
+              "q_i·e[p_ij], p_ij = Σ_t σ(q_i·k_t/√D) over keys t from j to i (an encoder's: per direction)",
+              inductive=True, learned=True,
+              no_position_only_term="CoPE's positions are counts of gates σ(q.k/√D), so its term depends on the "
+                                    "query's and the keys' content",
+              check=_check_cope),
 )}
 
 

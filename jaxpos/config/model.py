@@ -156,6 +156,20 @@ class FireConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CopeConfig:
+    # npos_max: contextual positions are counts clamped to max_position - 1, each with a learned embedding per
+    # direction; 0: model.max_length + 1 (the authors' default, block size + 1: a count can reach the length)
+    max_position: int = 0
+    # True: (q.k + q.e[p]) / sqrt(D), the authors' model by default; False: q.k / sqrt(D) + q.e[p], the paper's
+    # listing (the authors' --cope-nodiv)
+    divide: bool = True
+
+    def positions(self, max_length: int) -> int:
+        """npos_max for a model of `max_length` tokens."""
+        return self.max_position or max_length + 1
+
+
+@dataclasses.dataclass(frozen=True)
 class PositionConfig:
     kind: str = "absolute"
     segment: str = "input"  # input embeddings | per-head segment attention (DIET) | none
@@ -175,6 +189,7 @@ class PositionConfig:
     # Randomized positions (Ruoss et al.): N > model.max_length; each forward pass places a row's T tokens at a
     # sorted sample of T distinct positions of [0, N), one sample for the whole batch (None: positions 0..T-1)
     randomized_max_length: int | None = None
+    cope: CopeConfig = CopeConfig()
 
     def __post_init__(self):
         if self.kind not in MECHANISMS:
@@ -205,6 +220,12 @@ class PositionConfig:
         if self.randomized_max_length is not None and MECHANISMS[self.kind].no_randomized_positions:
             raise ValueError(f"position.randomized_max_length does not apply to {self.kind!r}: "
                              f"{MECHANISMS[self.kind].no_randomized_positions}")
+        check_count("position.cope.max_position", self.cope.max_position, 0)
+        if self.cope.max_position == 1:
+            raise ValueError("position.cope.max_position=1 must be 0 (model.max_length + 1) or at least 2: with one "
+                             "position every count reads the same embedding")
+        if not isinstance(self.cope.divide, bool):
+            raise ValueError(f"position.cope.divide={self.cope.divide!r} must be true or false")
         check_count("position.num_segments", self.num_segments, 1)
         check_count("position.tisa.num_kernels", self.tisa.num_kernels, 1)
         check_count("position.diet_rel.max_distance", self.diet_rel.max_distance, 1, optional=True)

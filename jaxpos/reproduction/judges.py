@@ -34,7 +34,7 @@ def tisa_toeplitz(table, trained):
 def tisa_local(table, trained):
     def excess(r):
         pa = r.get("positional_attention")
-        return None if not pa else pa["locality"] - pa["uniform_locality"]
+        return None if not pa or "skipped" in pa else pa["locality"] - pa["uniform_locality"]
     # locality and symmetry of attention rows (distributions) lie in [0, 1]
     parts = [comparison("locality of TISA's position-only attention softmax_j f(j − i) − a uniform matrix's",
                         by_seed(table, "tisa", excess), None, 1, ["tisa"], bounds=SHARE_DIFFERENCE)]

@@ -29,7 +29,7 @@ import numpy as np
 from jaxpos.analysis.loading import load_run
 from jaxpos.analysis.locality import locality, symmetry
 from jaxpos.analysis.over_training import analyze_over_training
-from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences
+from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences, no_position_only_logits
 from jaxpos.config.files import write_json_atomically
 from jaxpos.config.checks import typed
 from jaxpos.config.run import FinetuneDataConfig, TrainConfig
@@ -102,12 +102,13 @@ def parameter_counts(params: dict) -> dict:
     return dict(positional=size(encoder.get("position", {})), segment=segment, total=size(params))
 
 
-def positional_attention(cfg, params, length: int) -> dict | None:
+def positional_attention(cfg, params, length: int) -> dict:
     """Locality and symmetry (Chen eq. 6-7) of the position-only attention softmax_j(bias[i, j]) of a logit-bias
-    mechanism, averaged over layers and heads, beside a uniform matrix's locality; None for other mechanisms."""
+    mechanism, averaged over layers and heads, beside a uniform matrix's locality; {"skipped": why} for other
+    mechanisms."""
     logits = bias_logits(cfg, params, length)  # [L, H, T, T]
     if logits is None:
-        return None
+        return {"skipped": no_position_only_logits(cfg)}
     weights = np.exp(logits - logits.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     loc = np.asarray([[locality(m) for m in layer] for layer in weights])

@@ -61,3 +61,18 @@ def test_value_bookkeeping_diagnostics_are_skipped(tmp_path, position, named):
     for name in ("effective_attention", "decomposition"):
         assert named in report[name]["skipped"], name
     assert set(report["skipped"]) == {"effective_attention", "decomposition"}
+
+
+def test_position_only_diagnostics_skip_cope_with_the_reason(tmp_path):
+    """CoPE's positions are counts of content gates: the rank diagnostic's position-only part (ranks, Toeplitz R²)
+    and the position-only attention say why they are left out; the logit rank itself is the model's."""
+    from jaxpos.reproduction.pipeline import positional_attention
+
+    model = in_memory_model(tiny_config(dict(kind="cope")))
+    report = analyze(model, str(tmp_path), sentences=SENTENCES, only=["rank"], lengths=(8,), windows=2,
+                     figures=False)["rank"]
+    why = ("position.kind='cope' has no position-only logits: CoPE's positions are counts of gates σ(q.k/√D), so its "
+           "term depends on the query's and the keys' content")
+    assert report["positional"]["skipped"] == why
+    assert report["logit_rank_max"] >= 1
+    assert positional_attention(model.cfg, model.params, 8) == {"skipped": why}

@@ -10,7 +10,8 @@ from jaxpos.data.translation import one_pair_per_row, pack_pairs
 from jaxpos.models import EncoderDecoder
 from tests.helpers import tiny_config
 
-PACKABLE = [dict(kind=k) for k in ("absolute", "sinusoidal", "tisa", "diet_rel", "t5", "rope", "alibi", "shaw")]
+PACKABLE = [dict(kind=k) for k in ("absolute", "sinusoidal", "tisa", "diet_rel", "t5", "rope", "alibi", "shaw",
+                                   "cope")]
 # Mechanisms whose position-only term depends on absolute positions: read at each pair's own positions.
 ABSOLUTE_TERMS = [
     dict(kind="diet_abs"),  # layer-shared, folded
@@ -92,7 +93,8 @@ def test_packed_pairs_with_cross_attention_positions_match_pairs_in_their_own_ro
                     cross_attention_position=True))
 
 
-MLM_MECHANISMS = [dict(kind="absolute"), dict(kind="diet_abs"), dict(kind="tupe"), dict(kind="tisa")]
+MLM_MECHANISMS = [dict(kind="absolute"), dict(kind="diet_abs"), dict(kind="tupe"), dict(kind="tisa"),
+                  dict(kind="cope")]
 
 
 @pytest.mark.parametrize("position", MLM_MECHANISMS, ids=variant_id)
@@ -132,7 +134,8 @@ def test_packed_mlm_pieces_match_pieces_in_their_own_rows(position):
     for i, piece in enumerate(pieces):
         np.testing.assert_allclose(packed_hidden[0, batch["piece_ids"][0] == i + 1], alone_hidden[i, :len(piece)],
                                    rtol=1e-5, atol=1e-5)
-    if position["kind"] != "tisa":  # without per-piece positions the later pieces see other positions
+    # Without per-piece positions the later pieces see other positions (TISA's offsets and CoPE's counts read none).
+    if position["kind"] not in ("tisa", "cope"):
         unaware = encode(batch["input_ids"], batch["piece_ids"])
         gap = np.abs(unaware[0, batch["piece_ids"][0] == 3] - alone_hidden[2, :len(pieces[2])]).max()
         assert gap > 1e-4, gap  # ten times the tolerance above: the check has teeth for every mechanism here
