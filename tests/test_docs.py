@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CITATION = re.compile(r"(?<![\w/.-])((?:[\w-][\w.-]*/)*[\w-][\w.-]*\.md|docs/[\w./-]*[\w])(?![\w/])")
 
 # Reports jaxpos writes into an output folder (cited as OUT/NAME, WORKDIR/NAME or by name), not shipped files.
-WRITTEN_REPORTS = {"sweep.md", "REPRODUCTION.md"}
+WRITTEN_REPORTS = {"sweep.md", "REPRODUCTION.md", "COMPARISON.md"}
 
 
 def documents() -> list[str]:

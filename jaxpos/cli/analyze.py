@@ -119,7 +119,7 @@ def per_layer_table(rows: dict[str, dict[int, float]]) -> list[str]:
     """Lines of a table of `rows` {label: {hidden-state index: value}}, a column per hidden state that has a value:
     0 is the embedding output ("embeddings"), i the output of layer i; "-" where a row has no value, "nan" where
     it is None (a NaN in report.json)."""
-    from jaxpos.analysis.plots import LAYER_AXIS_LABEL, hidden_state_label
+    from jaxpos.analysis.plots import LAYER_AXIS_LABEL, hidden_state_label  # lazy: matplotlib, for a summary only
 
     states = sorted({state for values in rows.values() for state in values})
     if not states:

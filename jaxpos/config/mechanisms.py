@@ -168,7 +168,8 @@ MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
               inductive=True, learned=True,
               no_position_only_term="CoPE's positions are counts of gates σ(q.k/√D), so its term depends on the "
                                     "query's and the keys' content",
-              check=_check_cope),
+              check=_check_cope, no_randomized_positions="CoPE counts its positions from gates on the content, "
+                                                          "not from the tokens' positions"),
 )}
 
 

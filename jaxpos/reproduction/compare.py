@@ -34,7 +34,7 @@ import numpy as np
 from scipy.stats import distributions
 
 from jaxpos.config.checks import typed
-from jaxpos.config.files import load_config, write_json_atomically
+from jaxpos.config.files import apply_overrides, load_config, write_json_atomically
 from jaxpos.config.run import FinetuneDataConfig, TrainConfig
 from jaxpos.reproduction import host, matrix, stats
 from jaxpos.reproduction.matrix import RUN_MECHANISMS, Profile
@@ -111,8 +111,6 @@ def new_plan(config_file: str, overrides: Sequence[str], mechanisms: Sequence[st
     config = load_config(path)
     if config.get("task", "mlm") != "mlm":
         raise ValueError(f"{config_file} is a {config.task} config: jaxpos compare runs masked-LM recipes")
-    from jaxpos.config.files import apply_overrides
-
     config = apply_overrides(config, list(overrides))
     factors = tuple(sorted(set(lengths))) or ()
     if any(f < 1 for f in factors):

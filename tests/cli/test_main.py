@@ -137,9 +137,10 @@ def test_console_script_exit_status_and_stderr(tmp_path):
                            str(tmp_path), "--config.model.position.kind=bogus"],
                           capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
     assert proc.returncode == 2
+    from jaxpos.config import MECHANISMS
+
     assert proc.stderr.strip().splitlines() == [
-        "jaxpos: error: unknown position mechanism 'bogus'; choose one of none, absolute, sinusoidal, tisa, "
-        "diet_rel, diet_abs, t5, shaw, tupe, rope, alibi, attenuated, kerple, fire"]
+        f"jaxpos: error: unknown position mechanism 'bogus'; choose one of {', '.join(MECHANISMS)}"]
 
 
 def test_the_commands_are_listed_in_one_order_and_say_whether_they_take_overrides(capsys):
@@ -148,7 +149,7 @@ def test_the_commands_are_listed_in_one_order_and_say_whether_they_take_override
     listed = cli.__doc__.split(":", 1)[1].replace("\n", " ").rstrip(".").split(", ")
     assert [name.strip() for name in listed] == list(subcommands.choices)  # the description and the usage line
     takes = {name for name, sub in subcommands.choices.items() if sub.get_default("takes_overrides")}
-    assert takes == {"train", "tokenizer", "finetune", "evaluate", "finetune-sweep", "probe-word-order", "translate",
+    assert takes == {"train", "tokenizer", "finetune", "evaluate", "finetune-sweep", "probe-word-order", "translate", "compare",
                      "eval-bleu"}
     for name in takes:
         assert "Takes --config.a.b=value overrides: " in subcommands.choices[name].format_help()

@@ -1,0 +1,100 @@
+"""`jaxpos compare`: variants parsed from their names, the report's statistics against numbers worked out by hand
+(scipy's t distribution, a hand-written Holm), and the command end to end at a tiny size: labels from mechanisms,
+never folders, and a killed command resumed without training its finished runs again."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from jaxpos import cli
+from jaxpos.reproduction import compare as comp
+from tests.helpers import SMALL_MLM, TINY_MLM_CONFIG
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_a_variant_is_a_mechanism_with_options():
+    name, variant, rule = comp.parse_variant("rope+partial0.25", (1, 4), 128, 256)
+    assert (name, rule) == ("rope+partial0.25", None) and variant["position"]["rope"]["fraction"] == 0.25
+    assert variant["label"] == "RoPE, partial 0.25"
+    name, variant, rule = comp.parse_variant("rope+yarn@eval", (1, 2, 8), 128, 256)
+    assert name == "rope" and "scaling" not in variant["position"].get("rope", {})  # trained as plain RoPE
+    assert variant["eval"] == {"rope+yarn@eval": ["--config.model.position.rope.scaling=yarn",
+                                                  "--config.model.position.rope.factor=8.0",
+                                                  "--config.model.position.rope.original_max_length=128"]}
+    assert rule == "RoPE, YaRN ×8 at evaluation"
+    name, variant, _ = comp.parse_variant("absolute+random", (1, 8), 128, 256)
+    assert name == "absolute+random" and variant["position"]["randomized_max_length"] == 1024
+    assert comp.parse_variant("alibi+local64", (1,), 128, 256)[1]["model"] == {"local_window": 64}
+    for bad, message in (("ropee", "unknown mechanism"), ("rope+yarm", "unknown option"),
+                         ("alibi+yarn@eval", "needs RoPE runs"), ("rope@train", "only '@eval'"),
+                         ("alibi+local", "give the window")):
+        with pytest.raises(ValueError, match=message):
+            comp.parse_variant(bad, (1, 2), 128, 256)
+
+
+def test_intervals_and_paired_comparisons_against_numbers_worked_by_hand():
+    values = [3.1, 2.9, 3.4, 3.0]
+    got = comp.mean_interval(values)
+    half = scipy_stats.t.ppf(0.975, 3) * np.std(values, ddof=1) / 2
+    assert got["mean"] == pytest.approx(3.1) and got["high"] - got["mean"] == pytest.approx(half)
+    clipped = comp.mean_interval([0.02, 0.10, 0.0], bounds=(0.0, 1.0))
+    assert clipped["low"] == 0.0 and clipped["clipped"]
+    # three variants against a baseline on one quantity each: the p-values as scipy gives them, Holm by hand
+    base = {0: 5.0, 1: 5.2, 2: 4.9}
+    sides = {"a": {0: 4.5, 1: 4.8, 2: 4.4}, "b": {0: 5.01, 1: 5.19, 2: 4.93}, "c": {0: 5.5, 1: 5.6, 2: 5.45}}
+    rows = {name: dict(loss=loss, accuracy={}, lengths={}, finetune={}, order={})
+            for name, loss in dict(none=base, **sides).items()}
+    found = comp.comparisons(rows, "none", all_pairs=False)
+    assert [(c["a"], c["quantity"]) for c in found] == [("a", "held-out loss"), ("b", "held-out loss"),
+                                                          ("c", "held-out loss")]
+    p = [scipy_stats.ttest_rel([sides[k][s] for s in range(3)], [base[s] for s in range(3)]).pvalue for k in "abc"]
+    order = np.argsort(p)
+    holm = np.empty(3)
+    running = 0.0
+    for rank, index in enumerate(order):  # the k-th smallest times (m - k), never below the one before
+        running = max(running, min(1.0, (3 - rank) * p[index]))
+        holm[index] = running
+    assert [c["test"].p for c in found] == pytest.approx(p, rel=1e-9)
+    assert [c["adjusted_p"] for c in found] == pytest.approx(holm, rel=1e-9)
+    assert [c["decided"] for c in found] == [h <= 0.05 for h in holm]
+    assert "could detect" in comp.comparison_text(found[1])  # b is within the noise: the detectable difference
+
+
+def small(out: str) -> list[str]:
+    return ["compare", "--config", TINY_MLM_CONFIG, "--mechanisms", "alibi,rope+yarn@eval", "--seeds", "2",
+            "--lengths", "1,2", "--workers", "1", "--out", out, *SMALL_MLM, "--config.train.num_steps=4"]
+
+
+def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
+    out = tmp_path / "cmp"
+    env = dict(os.environ, JAXPOS_COMPILATION_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-m", "jaxpos.cli", *small(str(out))], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = out / "runs" / "none_s0" / "result.json"
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None and not first.exists():
+        time.sleep(0.2)
+    assert proc.poll() is None, "the command ended before it could be killed:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    kept = first.stat().st_mtime
+    assert cli.main(small(str(out))) == 0  # the same command resumes
+    assert first.stat().st_mtime == kept  # a finished run is not made again
+    numbers = json.loads((out / "comparison.json").read_text())
+    assert {r["label"] for r in numbers["rows"].values()} == {"none (bag of words)", "ALiBi", "RoPE",
+                                                              "RoPE, YaRN ×2 at evaluation"}
+    rope = numbers["rows"]["rope+yarn@eval"]
+    assert set(rope["lengths"]) == {"32", "64"} and rope["loss"]["n"] == 0  # a rule at evaluation: lengths only
+    assert numbers["rows"]["alibi"]["loss"]["n"] == 2 and numbers["rows"]["alibi"]["lengths"]["64"]["n"] == 2
+    assert all(c["b"] == "none" for c in numbers["comparisons"]) and len(numbers["comparisons"]) == 4 + 4 + 2  # alibi, rope: 4; the rule: 2 lengths
+    report = (out / "COMPARISON.md").read_text()
+    assert "| ALiBi |" in report and "runs/" not in report.split("## Held-out")[1]  # labelled by mechanism
+    assert (out / "figures" / "learning_curves.png").stat().st_size > 1000
