@@ -41,6 +41,8 @@ def add_compare_parser(subparsers) -> None:
     parser.add_argument("--all-pairs", action="store_true", help="also compare every pair of variants")
     parser.add_argument("--lengths", help="comma-separated multiples of the training length to score the held-out "
                                           "loss at, e.g. 1,2,4,8 (the same masked tokens at each)")
+    parser.add_argument("--length-tokens", type=int, default=32768,
+                        help="held-out tokens scored at every length (default 32768; the same masked ones at each)")
     parser.add_argument("--finetune", help="comma-separated fine-tuning tasks: paraphrase, order")
     parser.add_argument("--workers", type=int, help="runs at a time (default: 8 per GPU, else one per CPU core)")
     mode = parser.add_mutually_exclusive_group()
@@ -67,7 +69,7 @@ def _compare(args, overrides):
         raise ValueError("jaxpos compare plans from --config FILE and --mechanisms a,b,...")
     plan = comp.new_plan(args.config, overrides, _names(args.mechanisms), args.seeds, args.workers,
                          [int(x) for x in _names(args.lengths) or ()], _names(args.finetune) or (), args.baseline,
-                         args.all_pairs)
+                         args.all_pairs, args.length_tokens)
     about = (f"jaxpos compare: {len(plan['mechanisms'])} variants x {plan['seeds']} seeds of {args.config} "
              f"({len(plan['runs'])} runs)")
     done = repro.run_plan(out, plan, "jaxpos compare", about, comp.write_report,

@@ -9,7 +9,8 @@ A variant is a mechanism of the registry's runs (`jaxpos.reproduction.matrix.RUN
   partialF    RoPE rotating a fraction F of each head's channel pairs (position.rope.fraction);
   random[N]   randomized positions drawn from [0, N) (position.randomized_max_length; default: the longest
               evaluated length, and more than model.max_length);
-  localW      a local attention window of W keys (model.local_window).
+  localW      a local attention window of W keys (model.local_window);
+  clipN       DIET-Rel's offsets clipped at N (position.diet_rel.max_distance: inductive).
 A trailing `@eval` applies the RoPE rules of a variant at evaluation only: `rope+yarn@eval` is the `rope` runs'
 weights scored with YaRN in the lengths stage (no training of its own); the other options always train.
 
@@ -36,7 +37,7 @@ from scipy.stats import distributions
 from jaxpos.config.checks import typed
 from jaxpos.config.files import apply_overrides, load_config, write_json_atomically
 from jaxpos.config.run import FinetuneDataConfig, TrainConfig
-from jaxpos.reproduction import host, matrix, stats
+from jaxpos.reproduction import host, matrix, stats, verdicts
 from jaxpos.reproduction.matrix import RUN_MECHANISMS, Profile
 from jaxpos.reproduction.readings import describe
 
@@ -47,7 +48,7 @@ RULE_LABELS = dict(linear="PI", ntk="NTK", dynamic="dynamic NTK", yarn="YaRN", l
 FINETUNE_STAGES = {"paraphrase": "finetune", "order": "order"}  # --finetune TASK: the reproduction's stage
 ALPHA = 0.05
 SHARE, SHARE_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)  # the ranges of an accuracy and of a difference of two
-_OPTION = re.compile(r"^(linear|ntk|dynamic|yarn|llama3|partial|random|local)([0-9.]*)$")
+_OPTION = re.compile(r"^(linear|ntk|dynamic|yarn|llama3|partial|random|local|clip)([0-9.]*)$")
 
 
 def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: int) -> tuple[str, dict, str | None]:
@@ -66,7 +67,7 @@ def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: i
         match = _OPTION.match(option)
         if not match:
             raise ValueError(f"variant {text!r}: unknown option {option!r}; choose linear, ntk, dynamic, yarn or llama3 "
-                             "(a factor may follow), partialF, random[N] or localW")
+                             "(a factor may follow), partialF, random[N], localW or clipN")
         key, number = match.group(1), match.group(2)
         if key in RULES:
             factor = float(number) if number else float(max(factors))
@@ -79,6 +80,11 @@ def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: i
         if key == "partial":
             position.setdefault("rope", {})["fraction"] = float(number or 0.5)
             labels.append(f"partial {float(number or 0.5):g}")
+        elif key == "clip":
+            if position.get("kind") != "diet_rel" or not number:
+                raise ValueError(f"variant {text!r}: clipN clips DIET-Rel's offsets at N, e.g. diet_rel+clip16")
+            position.setdefault("diet_rel", {})["max_distance"] = int(number)
+            labels.append(f"clipped at ±{int(number)}")
         elif key == "random":
             position["randomized_max_length"] = int(number) if number else max(longest, max_length + 1)
             labels.append(f"randomized over [0, {position['randomized_max_length']})")
@@ -101,7 +107,7 @@ def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: i
 
 def new_plan(config_file: str, overrides: Sequence[str], mechanisms: Sequence[str], seeds: int,
              workers: int | None = None, lengths: Sequence[int] = (), finetune: Sequence[str] = (),
-             baseline: str = "none", all_pairs: bool = False) -> dict:
+             baseline: str = "none", all_pairs: bool = False, length_tokens: int = 32768) -> dict:
     """The plan of a comparison without writing anything: a run per (variant, seed) of the recipe in `config_file`
     with `overrides`, each with the stages asked for (`lengths`: factors of the training length; `finetune`:
     paraphrase and/or order), the baseline included."""
@@ -133,7 +139,7 @@ def new_plan(config_file: str, overrides: Sequence[str], mechanisms: Sequence[st
         raise ValueError(f"--baseline {baseline!r} is not among the variants")
     if any(variant["eval"] for variant in variants.values()) and not factors:
         raise ValueError("a rule at evaluation (@eval) acts in the lengths stage: give --lengths")
-    profile = comparison_profile(path, overrides, config, variants, seeds, factors)
+    profile = comparison_profile(path, overrides, config, variants, seeds, factors, length_tokens)
     stages = tuple(s for s in matrix.STAGES if s == "lengths" and factors or s in {FINETUNE_STAGES[t] for t in finetune})
     plan = matrix.make_plan(profile, seeds, {name: stages for name in variants}, workers or host.default_workers())
     plan["comparison"] = dict(rows={k: list(v) for k, v in rows.items()}, baseline=baseline, all_pairs=all_pairs,
@@ -142,7 +148,7 @@ def new_plan(config_file: str, overrides: Sequence[str], mechanisms: Sequence[st
 
 
 def comparison_profile(path: str, overrides: Sequence[str], config, variants: dict, seeds: int,
-                       factors: Sequence[int]) -> Profile:
+                       factors: Sequence[int], length_tokens: int = 32768) -> Profile:
     """The comparison's recipe as a profile: the user's config and overrides as they stand, the curve at up to 8
     evenly spaced checkpoints, fine-tuning as configs/finetune/*.py give it (rows of the training length)."""
     steps = int(config.train.num_steps)
@@ -160,6 +166,7 @@ def comparison_profile(path: str, overrides: Sequence[str], config, variants: di
                             learning_rate=finetune_train.learning_rate),
         analysis={}, max_sentences=16, probe_examples=16, curve_points=points, analysis_points=1,
         eval_batches=int(config.train.eval_batches) or 8, length_factors=tuple(factors) or (1,),
+        length_tokens=length_tokens,
         config=path, overrides=tuple(overrides), variants=variants)
 
 
@@ -210,7 +217,7 @@ def measurements(out: str, plan: dict) -> dict:
                 lengths.setdefault(entry["length"], {})[seed] = entry
         own = seeds if rule is None else {}  # a rule at evaluation has only its lengths: the rest is its runs'
         rows[row] = dict(
-            label=label, variant=variant, rule=rule, seeds=sorted(seeds),
+            label=label, variant=variant, rule=rule, seeds=sorted(seeds), results=list(own.values()),
             loss={s: r["curve"][-1]["loss"] for s, r in own.items()},
             accuracy={s: r["curve"][-1]["accuracy"] for s, r in own.items()},
             curve={s: [(p["step"], p["loss"]) for p in r["curve"]] for s, r in own.items()},
@@ -266,6 +273,9 @@ def write_report(out: str, wall_s: float | None = None, command: str = "jaxpos c
     comparison = plan["comparison"]
     rows = measurements(out, plan)
     found = comparisons(rows, comparison["baseline"], comparison["all_pairs"])
+    # When each variant's held-out loss leaves the bag-of-words model's for good (paired by seed): what the
+    # steps suffice for
+    parting = verdicts.training_status({name: r["results"] for name, r in rows.items() if r["results"]})
     figures = os.path.join(out, "figures")
     os.makedirs(figures, exist_ok=True)
     paths = dict(curves=curves_figure(rows, os.path.join(figures, "learning_curves.png")))
@@ -276,7 +286,8 @@ def write_report(out: str, wall_s: float | None = None, command: str = "jaxpos c
                          accuracy=mean_interval(list(r["accuracy"].values()), SHARE),
                          lengths={str(n): length_cell(entries) for n, entries in sorted(r["lengths"].items())},
                          finetune=mean_interval(list(r["finetune"].values()), SHARE),
-                         order=mean_interval(list(r["order"].values()), SHARE)) for name, r in rows.items()},
+                         order=mean_interval(list(r["order"].values()), SHARE),
+                         parting=parting.get(name, {}).get("reason")) for name, r in rows.items()},
         comparisons=[dict(a=c["a"], b=c["b"], quantity=c["quantity"], mean=c["test"].mean, ci_low=c["test"].ci_low,
                           ci_high=c["test"].ci_high, p=c["test"].p, adjusted_p=c["adjusted_p"], n=c["test"].n,
                           mdd=c["test"].mdd, decided=c["decided"]) for c in found],
@@ -312,10 +323,11 @@ def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str
              f"{len(found)} comparisons of this report (α = {ALPHA}); * an interval clipped to the quantity's "
              "range.", "",
              "## Held-out masked-LM at the training length (last checkpoint)", "",
-             "| variant | loss | accuracy |", "| --- | --- | --- |"]
+             "| variant | loss | accuracy | against bag of words |", "| --- | --- | --- | --- |"]
     for name, r in numbers["rows"].items():
         if r["loss"]["n"]:  # rules at evaluation have lengths only
-            lines.append(f"| {r['label']} | {interval_text(r['loss'])} | {interval_text(r['accuracy'])} |")
+            lines.append(f"| {r['label']} | {interval_text(r['loss'])} | {interval_text(r['accuracy'])} | "
+                         f"{r['parting'] or '–'} |")
     lengths = sorted({int(n) for r in numbers["rows"].values() for n in r["lengths"]})
     if lengths:
         train = profile.data["seq_len"]
