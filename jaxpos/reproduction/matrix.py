@@ -327,7 +327,8 @@ def make_plan(profile: Profile, seeds: int, needs: Mapping[str, Sequence[str]], 
     bad = sorted({s for stages in needs.values() for s in stages} - set(STAGES))
     if bad:
         raise ValueError(f"unknown stages {bad}; stages are {', '.join(STAGES)}")
-    order = [m for m in RUN_MECHANISMS if m in needs]
+    order = [m for m in [*RUN_MECHANISMS, *profile.variants] if m in needs]  # the registry's order, then variants
+    order = list(dict.fromkeys(order))
     runs = {run_name(m, s): dict(mechanism=m, seed=s, stages=[x for x in STAGES if x in needs[m]])
             for s in range(seeds) for m in order}  # seed-major: every mechanism's first seed comes first
     return dict(profile=dataclasses.asdict(profile), mechanisms=order, claims=list(claims), seeds=seeds,
