@@ -383,7 +383,9 @@ def _rank(ctx: _Context) -> dict:
         result[f"positional_{key}"] = dict(form=label, rank=ranks, toeplitz_r2=toeplitz.toeplitz_r2(matrices))
         plotted = (np.asarray(ranks, float), label)
     if plotted is None:
-        result["positional"] = {"skipped": f"position.kind={cfg.position.kind!r} has no position-only logits"}
+        reason = MECHANISMS[cfg.position.kind].no_position_only_term  # why, where the registry says
+        result["positional"] = {"skipped": f"position.kind={cfg.position.kind!r} has no position-only logits"
+                                           + (f": {reason}" if reason else "")}
     ctx.plots.plot_ranks(result["logit_rank"], cfg.head_dim, length, ctx.figure("rank.png"),
                          *(plotted if plotted else (None, "")))
     result["figure"] = "rank.png"

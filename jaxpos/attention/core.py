@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.attention import auto, dropout
-from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, over_attended_keys,
-                                  position_logits, segment_logits, segment_pair_factors)
+from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, disentangled_logits,
+                                  expand_toeplitz, over_attended_keys, position_logits, segment_logits,
+                                  segment_pair_factors)
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.attention import (ATTENTION_IMPLS, AUTO, IMPLEMENTATIONS, Call, can_take, lacks, names,
@@ -86,7 +87,8 @@ def call_facts(q_BTHD, k_BSHD, bias: PositionalBias, q_pos, k_pos, mask: Attenti
                content: bool = True, position: bool = True, dropout_rng=None, dropout_rate: float = 0.0) -> Call:
     """The facts of one call of `attend` that decide its implementation (jaxpos.config.attention.Call)."""
     shaw = position and (bias.rel_keys is not None or bias.rel_values is not None)
-    if (shaw or bias.dense is not None or bias.kv_projection is not None
+    disentangled = position and bias.rel_index is not None
+    if (shaw or disentangled or bias.dense is not None or bias.kv_projection is not None
             or (bias.table is not None and bias.table.ndim != 2)):
         form = "other"
     elif bias.table is not None:
@@ -97,7 +99,8 @@ def call_facts(q_BTHD, k_BSHD, bias: PositionalBias, q_pos, k_pos, mask: Attenti
         form = "none"
     length, keys = q_BTHD.shape[1], k_BSHD.shape[1]
     return Call(**platform_facts(), low_precision=q_BTHD.dtype in (jnp.bfloat16, jnp.float16), form=form,
-                dropout=dropout_rng is not None and dropout_rate > 0.0, shaw=shaw, switches=not (content and position),
+                dropout=dropout_rng is not None and dropout_rate > 0.0, shaw=shaw, disentangled=disentangled,
+                switches=not (content and position),
                 per_example_positions=q_pos.ndim > 1 or k_pos.ndim > 1, linformer=bias.kv_projection is not None,
                 cached_causal=mask is not None and mask.causal and length != keys,
                 odd_length=bool(length % 2 or keys % 2))
@@ -182,9 +185,10 @@ def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBia
                        k_pos: jax.Array, q_types: jax.Array | None = None, k_types: jax.Array | None = None,
                        content: bool = True, position: bool = True) -> jax.Array:
     """Pre-softmax logits [B, H, T, S] (float32, unmasked) of the "xla" path: scale * q.k (with low-rank factors
-    folded in when `bias.fold_factors`), Shaw's q_i . r^K_{clip(j - i)}, the position-only terms and the per-head
-    segment terms. q [B, T, H, D], k [B, S, H, D] as attention sees them (rotated, Linformer-projected); `bias` one
-    layer's slice after `at_pieces` and `over_attended_keys`. The analyses read the model's logits through it.
+    folded in when `bias.fold_factors`), Shaw's q_i . r^K_{clip(j - i)}, DeBERTa's c2p and p2c (from the
+    `rel_projections` the layer made), the position-only terms and the per-head segment terms. q [B, T, H, D],
+    k [B, S, H, D] as attention sees them (rotated, Linformer-projected); `bias` one layer's slice after `at_pieces`
+    and `over_attended_keys`. The analyses read the model's logits through it.
     """
     head_dim = q_BTHD.shape[-1]
     scale = bias.content_scale * head_dim**-0.5
@@ -202,6 +206,10 @@ def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBia
                                 preferred_element_type=jnp.float32) * scale
         index = index[:, None] if index.ndim == 3 else index  # per example: under the head axis
         logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
+    if position and bias.rel_index is not None:  # DeBERTa's c2p and p2c, at the content term's scale
+        rows = expand_toeplitz(bias.rel_index, q_pos, k_pos)  # [T, S] or per example [B, T, S]
+        logits = logits + disentangled_logits(q_BTHD[..., :head_dim], k_BSHD[..., :head_dim],
+                                              *bias.rel_projections, rows) * scale
     position_bias = bias if position else PositionalBias(segment_table=bias.segment_table)
     extra = _additive_terms(position_bias, q_pos, k_pos, q_types, k_types,
                             include_factors=not fold, dtype=jnp.float32)

@@ -38,6 +38,7 @@ class Call:
     form: str = "none"
     dropout: bool = False  # attention dropout in this call
     shaw: bool = False  # Shaw's query-dependent relative vectors
+    disentangled: bool = False  # DeBERTa's c2p and p2c terms (products of q and k with relative embeddings)
     switches: bool = False  # the content_only / position_only ablations
     per_example_positions: bool = False  # positions per example (packed cross-attention)
     linformer: bool = False  # Linformer key projections
@@ -61,6 +62,7 @@ class Implementation:
     forms: tuple[str, ...]  # the bias forms it computes
     dropout: bool = False
     shaw: bool = False
+    disentangled: bool = False
     switches: bool = False
     per_example_positions: bool = False
     linformer: bool = False
@@ -85,8 +87,8 @@ class Implementation:
 IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
     Implementation("xla", "jaxpos.attention.core:reference_attention",
                    "einsum and softmax: every term exact, the attention weights kept for the analyses",
-                   platforms=("cpu", "gpu", "tpu"), forms=BIAS_FORMS, dropout=True, shaw=True, switches=True,
-                   per_example_positions=True, linformer=True, cached_causal=True,
+                   platforms=("cpu", "gpu", "tpu"), forms=BIAS_FORMS, dropout=True, shaw=True, disentangled=True,
+                   switches=True, per_example_positions=True, linformer=True, cached_causal=True,
                    step_ms={("none", True): 45.6, ("table", True): 54.7, ("factors", True): 49.1}, tie_rank=1),
     Implementation("jax", "jaxpos.attention.core:dot_product_attention",
                    "jax.nn.dot_product_attention, XLA's choice of kernel; position-only terms materialised once",
@@ -127,6 +129,7 @@ def lacks(impl: Implementation, call: Call) -> str | None:
         return "float32 inputs (bf16 or f16 only)"
     for needed, present, what in (
             (call.shaw, impl.shaw, "Shaw's relative vectors"),
+            (call.disentangled, impl.disentangled, "DeBERTa's disentangled relative terms (c2p, p2c)"),
             (call.switches, impl.switches, "the content_only/position_only switches"),
             (call.dropout, impl.dropout, "attention dropout"),
             (call.per_example_positions, impl.per_example_positions, "per-example positions (packed cross-attention)"),
@@ -175,6 +178,7 @@ def model_call(cfg, *, training: bool, **platform) -> Call:
         form = "factors"  # per-head segment tables reach the kernels as folded factors
     return Call(**(platform or platform_facts()), low_precision=cfg.dtype in LOW_PRECISION, form=form,
                 dropout=training and cfg.attention_dropout > 0.0, shaw=pcfg.kind == "shaw",
+                disentangled=pcfg.kind == "deberta",
                 switches=bool(pcfg.content_only or pcfg.position_only),
                 linformer=pcfg.kind == "diet_abs" and bool(pcfg.diet_abs.linformer_k))
 

@@ -136,6 +136,11 @@ MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
     Mechanism("fire", "jaxpos.positions.fire:FirePosition", "FIRE",
               "MLP(ψ(i − j) / ψ(max(L, i))) per head, ψ(x) = log(cx + 1); an encoder's: MLP(sign(j − i) "
               "ψ(|j − i|) / ψ(max(L, T)))", inductive=True, learned=True, kernel_form="table", dense_when_causal=True),
+    Mechanism("deberta", "jaxpos.positions.deberta:DebertaPosition", "DeBERTa",
+              "(q_i·k_j + q_i·K_r[δ] + k_j·Q_r[δ])/√(3D), δ = bucket(i − j); Q_r, K_r: the layer's own q, k "
+              "projections of shared relative embeddings", inductive=True, learned=True,
+              no_position_only_term="DeBERTa's relative terms q_i.K_r and k_j.Q_r are products with the query's and "
+                                    "the key's content"),
 )}
 
 

@@ -139,7 +139,7 @@ def test_console_script_exit_status_and_stderr(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "jaxpos: error: unknown position mechanism 'bogus'; choose one of none, absolute, sinusoidal, tisa, "
-        "diet_rel, diet_abs, t5, shaw, tupe, rope, alibi, attenuated, kerple, fire"]
+        "diet_rel, diet_abs, t5, shaw, tupe, rope, alibi, attenuated, kerple, fire, deberta"]
 
 
 def test_the_commands_are_listed_in_one_order_and_say_whether_they_take_overrides(capsys):
