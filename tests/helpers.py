@@ -23,6 +23,7 @@ TINY = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=48, ma
 # The options of each kind's own variant (named after the kind) where they differ from the defaults.
 KIND_OPTIONS = {
     "shaw": dict(shaw=dict(clip=3)),  # a clip that 16-token rows reach
+    "deberta": dict(deberta=dict(position_buckets=8, max_relative_positions=12)),  # log buckets and clamping too
 }
 # The variants beside each kind's own, as options of that kind: {kind: {id: options}}.
 KIND_VARIANTS = {

@@ -95,11 +95,22 @@ def _logits_fn(cfg: ModelConfig):
         for layer in range(cfg.num_layers):
             attention = encoder["layer_shared" if cfg.share_layers else f"layer_{layer}"]["self_attention"]
             call = layer if cfg.share_layers else 0  # a shared layer records one output per application
-            q, k = attention["query"]["__call__"][call], attention["key"]["__call__"][call]
-            logits.append(_layer_logits(cfg, q, k, bias.for_layer(layer), positions, mask, types))
+            # DeBERTa's layers also project the relative embeddings [R, H, D] (3-d) beside the tokens (4-d)
+            (q, rel_q), (k, rel_k) = (_by_rank(attention[name]["__call__"], call) for name in ("query", "key"))
+            layer_bias = bias.for_layer(layer)
+            if layer_bias.rel_embeddings is not None:
+                layer_bias = layer_bias.replace(rel_embeddings=None, rel_projections=(rel_q, rel_k))
+            logits.append(_layer_logits(cfg, q, k, layer_bias, positions, mask, types))
         return jnp.stack(logits)
 
     return jax.jit(run)
+
+
+def _by_rank(outputs, call: int):
+    """(token projection [B, T, H, D], relative-embedding projection [R, H, D] or None) of application `call`
+    among a projection's captured outputs."""
+    relative = [x for x in outputs if x.ndim == 3]
+    return [x for x in outputs if x.ndim == 4][call], relative[call] if relative else None
 
 
 def attention_logits(cfg: ModelConfig, params, input_ids, piece_ids=None, token_types=None) -> jax.Array:

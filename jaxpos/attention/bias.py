@@ -54,6 +54,20 @@ def clipped_offset_index(q_pos: jax.Array, k_pos: jax.Array, clip: int) -> jax.A
     return jnp.clip(relative_offsets(q_pos, k_pos), -clip, clip) + clip
 
 
+def disentangled_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, rel_q_RHD: jax.Array, rel_k_RHD: jax.Array,
+                        rows: jax.Array) -> jax.Array:
+    """DeBERTa's c2p + p2c terms, unscaled, as transformers computes them: q_i . K_r[c_ij] + k_j . Q_r[c_ij], both at
+    the row c_ij of the pair (i, j). q [B, T, H, D], k [B, S, H, D], Q_r, K_r [R, H, D], rows [T, S] (per example
+    [B, T, S]) int -> [B, H, T, S] float32; per query and key a product with all R rows, then a gather."""
+    c2p = jnp.einsum("bthd,rhd->bhtr", q_BTHD, rel_k_RHD.astype(q_BTHD.dtype), preferred_element_type=jnp.float32)
+    p2c = jnp.einsum("bshd,rhd->bhsr", k_BSHD, rel_q_RHD.astype(k_BSHD.dtype), preferred_element_type=jnp.float32)
+    rows_TS = rows[:, None] if rows.ndim == 3 else rows  # per example: under the head axis
+    rows_ST = jnp.swapaxes(rows_TS, -1, -2)
+    c2p = jnp.take_along_axis(c2p, jnp.broadcast_to(rows_TS, c2p.shape[:3] + rows_TS.shape[-1:]), axis=-1)
+    p2c = jnp.take_along_axis(p2c, jnp.broadcast_to(rows_ST, p2c.shape[:3] + rows_ST.shape[-1:]), axis=-1)
+    return c2p + jnp.swapaxes(p2c, -1, -2)  # p2c[b, h, j, i] = k_j . Q_r[c_ij]
+
+
 def segment_logits(table_HGG: jax.Array, q_types_BT: jax.Array, k_types_BS: jax.Array) -> jax.Array:
     """Per-example segment bias: out[b, h, i, j] = table[h, q_types[b, i], k_types[b, j]]. -> [B, H, T, S]."""
     rows = jnp.moveaxis(jnp.take(table_HGG, q_types_BT, axis=1), 0, 1)  # [B, H, T, G]
@@ -119,6 +133,12 @@ class PositionalBias:
     dense: jax.Array | None = None  # [L', H', T, S] a full position-only matrix (attenuated encoding)
     rel_keys: jax.Array | None = None  # [L', 2c+1, D] Shaw r^K over clipped offsets -c..c
     rel_values: jax.Array | None = None  # [L', 2c+1, D] Shaw r^V
+    # DeBERTa: the normalised relative embeddings [L', R, d], which each attention layer projects with its own query
+    # and key projections into `rel_projections` (Q_r, K_r [R, H, D], one layer's, no layer axis), and the row of
+    # each offset j - i as an integer Toeplitz table [L', W]
+    rel_embeddings: jax.Array | None = None
+    rel_projections: tuple[jax.Array, jax.Array] | None = None
+    rel_index: jax.Array | None = None
     segment_table: jax.Array | None = None  # [L', H, G, G] per-head segment attention E_S[h, g_i, g_j]
     rotary: tuple[jax.Array, jax.Array] | None = None  # cos, sin [L'=1, T, D/2] at the query positions
     rotary_keys: tuple[jax.Array, jax.Array] | None = None  # cos, sin [1, S, D/2] at the key positions
@@ -146,8 +166,10 @@ class PositionalBias:
 
     @property
     def has_position_logits(self) -> bool:
-        """Whether a table, factors, a dense matrix, Shaw r^K or CoPE add positional terms to the logits."""
-        return any(x is not None for x in (self.table, self.factors, self.dense, self.rel_keys, self.contextual))
+        """Whether a table, factors, a dense matrix, Shaw r^K, DeBERTa's relative terms or CoPE add positional terms
+        to the logits."""
+        return any(x is not None for x in (self.table, self.factors, self.dense, self.rel_keys, self.rel_index,
+                                           self.contextual))
 
 
 def at_pieces(bias: PositionalBias) -> PositionalBias:

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 
 from jaxpos.attention import auto, dropout
 from jaxpos.attention.bias import (PositionalBias, at_pieces, clipped_offset_index, contextual_logits,
-                                  over_attended_keys, position_logits, segment_logits, segment_pair_factors)
+                                  disentangled_logits, expand_toeplitz, over_attended_keys, position_logits,
+                                  segment_logits, segment_pair_factors)
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.attention import (ATTENTION_IMPLS, AUTO, IMPLEMENTATIONS, Call, can_take, lacks, names,
@@ -87,7 +88,8 @@ def call_facts(q_BTHD, k_BSHD, bias: PositionalBias, q_pos, k_pos, mask: Attenti
     """The facts of one call of `attend` that decide its implementation (jaxpos.config.attention.Call)."""
     shaw = position and (bias.rel_keys is not None or bias.rel_values is not None)
     contextual = position and bias.contextual is not None
-    if (shaw or contextual or bias.dense is not None or bias.kv_projection is not None
+    disentangled = position and bias.rel_index is not None
+    if (shaw or contextual or disentangled or bias.dense is not None or bias.kv_projection is not None
             or (bias.table is not None and bias.table.ndim != 2)):
         form = "other"
     elif bias.table is not None:
@@ -99,6 +101,7 @@ def call_facts(q_BTHD, k_BSHD, bias: PositionalBias, q_pos, k_pos, mask: Attenti
     length, keys = q_BTHD.shape[1], k_BSHD.shape[1]
     return Call(**platform_facts(), low_precision=q_BTHD.dtype in (jnp.bfloat16, jnp.float16), form=form,
                 dropout=dropout_rng is not None and dropout_rate > 0.0, shaw=shaw, contextual=contextual,
+                disentangled=disentangled,
                 switches=not (content and position),
                 per_example_positions=q_pos.ndim > 1 or k_pos.ndim > 1, linformer=bias.kv_projection is not None,
                 cached_causal=mask is not None and mask.causal and length != keys,
@@ -184,11 +187,11 @@ def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBia
                        k_pos: jax.Array, q_types: jax.Array | None = None, k_types: jax.Array | None = None,
                        content: bool = True, position: bool = True, mask: jax.Array | None = None) -> jax.Array:
     """Pre-softmax logits [B, H, T, S] (float32, unmasked) of the "xla" path: scale * q.k (with low-rank factors
-    folded in when `bias.fold_factors`), Shaw's q_i . r^K_{clip(j - i)}, CoPE's q_i . e[p_ij], the position-only
-    terms and the per-head segment terms. q [B, T, H, D], k [B, S, H, D] as attention sees them (rotated,
-    Linformer-projected); `bias` one layer's slice after `at_pieces` and `over_attended_keys`; `mask`
-    [B|1, 1, T, S] bool the keys each query attends to, the only ones CoPE counts (None: all). The analyses read
-    the model's logits through it.
+    folded in when `bias.fold_factors`), Shaw's q_i . r^K_{clip(j - i)}, DeBERTa's c2p and p2c (from the
+    `rel_projections` the layer made), CoPE's q_i . e[p_ij], the position-only terms and the per-head segment
+    terms. q [B, T, H, D], k [B, S, H, D] as attention sees them (rotated, Linformer-projected); `bias` one layer's
+    slice after `at_pieces` and `over_attended_keys`; `mask` [B|1, 1, T, S] bool the keys each query attends to, the
+    only ones CoPE counts (None: all). The analyses read the model's logits through it.
     """
     head_dim = q_BTHD.shape[-1]
     scale = bias.content_scale * head_dim**-0.5
@@ -209,6 +212,10 @@ def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBia
                                 preferred_element_type=jnp.float32) * scale
         index = index[:, None] if index.ndim == 3 else index  # per example: under the head axis
         logits = logits + jnp.take_along_axis(per_offset, jnp.broadcast_to(index, logits.shape), axis=-1)
+    if position and bias.rel_index is not None:  # DeBERTa's c2p and p2c, at the content term's scale
+        rows = expand_toeplitz(bias.rel_index, q_pos, k_pos)  # [T, S] or per example [B, T, S]
+        logits = logits + disentangled_logits(q_BTHD[..., :head_dim], k_BSHD[..., :head_dim],
+                                              *bias.rel_projections, rows) * scale
     if contextual is not None:
         logits = logits + contextual
     position_bias = bias if position else PositionalBias(segment_table=bias.segment_table)

@@ -42,13 +42,18 @@ class MultiHeadAttention(nn.Module):
         passes positions within each pair, [B, T] and [B, S]."""
         cfg = self.cfg
         heads, head_dim = cfg.num_heads, cfg.head_dim
-        q = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")(inputs_q)
-        k = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "key")(inputs_kv)
+        query = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")
+        key = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "key")
+        q, k = query(inputs_q), key(inputs_kv)
         v = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "value")(inputs_kv)
         # Batch over data x fsdp, heads over tensor (the fsdp-sharded kernels are gathered, not the activations);
         # named for model.remat="save_projections" (a no-op without it).
         q, k, v = (checkpoint_name(constrain(t, HEADS), name) for t, name in ((q, "query"), (k, "key"),
                                                                               (v, "value")))
+
+        if bias.rel_embeddings is not None:  # DeBERTa: this layer's own projections of the shared embeddings [R, d]
+            rel = nn.Dropout(cfg.dropout)(bias.rel_embeddings, deterministic=deterministic)  # as transformers
+            bias = bias.replace(rel_embeddings=None, rel_projections=(query(rel), key(rel)))  # [R, H, D] each
 
         pcfg = cfg.position
         bias = at_pieces(bias)  # packed rows: rotary tables, factors and dense terms at each token's piece position

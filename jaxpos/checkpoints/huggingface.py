@@ -1,8 +1,13 @@
-"""Import Hugging Face BERT and ALBERT checkpoints (PyTorch state dicts or local folders) into jaxpos encoders.
+"""Import Hugging Face BERT, ALBERT and DeBERTa-v2/v3 checkpoints (PyTorch state dicts or local folders) into
+jaxpos encoders.
 
 Maps `BertModel` / `BertForMaskedLM` and `AlbertModel` / `AlbertForMaskedLM` weights onto `BertEncoder` /
 `BertForMaskedLM` (absolute learned positions, post-LN; ALBERT's factorised embeddings and shared layers; a tied
 or untied output layer; BERT's `is_decoder` as a causal encoder) and the pooler for classification heads.
+`DebertaV2Model` / `DebertaV2ForMaskedLM` (model_type deberta-v2, v3 included) map onto position.kind='deberta':
+the encoder, its shared relative embeddings and their LayerNorm, and the MLM head in either layout (`cls.predictions`
+with legacy=true, `lm_predictions.lm_head` otherwise); DeBERTa-v3's replaced-token-detection head
+(`mask_predictions`) and the sequence classifier's ContextPooler are not read.
 A config.json field that would make transformers build a model jaxpos cannot represent is refused by name.
 Needs no torch for safetensors folders; `pytorch_model.bin` needs torch.
 """
@@ -32,9 +37,24 @@ CONFIG_FIELDS = {
     "hidden_dropout_prob": ("dropout", 0.1), "attention_probs_dropout_prob": ("attention_dropout", 0.1),
     "layer_norm_eps": ("layer_norm_eps", 1e-12), "initializer_range": ("init_std", 0.02)}
 
+# DeBERTa-v2/v3 config.json fields: (transformers' default, the only value jaxpos imports or None: mapped, what
+# jaxpos supports). The disentangled attention of v2/v3 is position.kind='deberta'.
+_DEBERTA_FIELDS = {
+    "relative_attention": (False, True, "relative attention, DeBERTa's c2p and p2c terms"),
+    "position_biased_input": (True, False, "no absolute positions at the input"),
+    "share_att_key": (False, True, "relative embeddings projected by each layer's own query and key projections"),
+    "pos_att_type": (None, ["c2p", "p2c"], "both disentangled terms, c2p and p2c"),
+    "norm_rel_ebd": ("none", ["layer_norm"], "relative embeddings normalised by a LayerNorm"),
+    "conv_kernel_size": (0, 0, "no convolution layer after the first layer"),
+    "position_buckets": (-1, None, ""), "max_relative_positions": (-1, None, ""), "legacy": (True, None, ""),
+    "attention_head_size": (None, None, ""), "conv_groups": (1, None, ""), "conv_act": ("tanh", None, ""),
+}
+# Where a DeBERTa-v2 config.json leaves a field out, transformers' default differs from BERT's.
+_DEBERTA_DEFAULTS = {"type_vocab_size": 0, "layer_norm_eps": 1e-7}
+
 # config.json fields that config_from_hf maps onto ModelConfig.
 _MAPPED = frozenset(CONFIG_FIELDS) | {"model_type", "hidden_act", "tie_word_embeddings", "is_decoder",
-                                     "embedding_size"}
+                                     "embedding_size"} | frozenset(_DEBERTA_FIELDS)
 
 # Fields jaxpos can only import at their default: field -> (default, what jaxpos supports).
 _DEFAULT_ONLY = {
@@ -63,7 +83,7 @@ _IRRELEVANT = frozenset({
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
     "pooler_size_per_head", "pooler_type", "down_scale_factor", "gap_size", "net_structure_type",
-    "num_memory_blocks"})
+    "num_memory_blocks", "pooler_dropout", "pooler_hidden_act", "pooler_hidden_size"})
 
 
 def _check_fields(hf: Mapping[str, Any]) -> None:
@@ -82,23 +102,56 @@ def _check_fields(hf: Mapping[str, Any]) -> None:
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
-    """A jaxpos ModelConfig equivalent to a Hugging Face BertConfig or AlbertConfig (a dict from config.json).
-    Raises ValueError naming a field whose value jaxpos cannot represent."""
+    """A jaxpos ModelConfig equivalent to a Hugging Face BertConfig, AlbertConfig or DebertaV2Config (a dict from
+    config.json). Raises ValueError naming a field whose value jaxpos cannot represent."""
     model_type = hf.get("model_type", "bert")
-    if model_type not in ("bert", "albert"):
-        raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; jaxpos imports bert and albert")
+    if model_type not in ("bert", "albert", "deberta-v2"):
+        raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; jaxpos imports bert, albert and "
+                         "deberta-v2 (DeBERTa-v2 and v3)")
     _check_fields(hf)
-    values = {field: hf[key] if default is None else hf.get(key, default)
+    defaults = _DEBERTA_DEFAULTS if model_type == "deberta-v2" else {}
+    values = {field: hf[key] if default is None else hf.get(key, defaults.get(key, default))
               for key, (field, default) in CONFIG_FIELDS.items()}
     values.update(activation=_ACTIVATIONS[hf.get("hidden_act", "gelu")], layer_norm="post",
                   tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
                   position=dict(kind="absolute", segment="input"))
     if model_type == "albert":  # transformers' AlbertModel ignores is_decoder: it is always bidirectional
         values.update(embedding_dim=hf["embedding_size"], share_layers=True)
+    elif model_type == "deberta-v2":
+        values.update(_deberta_values(hf, values))
     else:
         values.update(causal=bool(hf.get("is_decoder", False)))
     values.update(overrides)
     return model_config(values)
+
+
+def _deberta_values(hf: Mapping[str, Any], values: Mapping[str, Any]) -> dict:
+    """The ModelConfig values of a DeBERTa-v2/v3 config.json beyond BERT's; refuses what jaxpos cannot represent."""
+    for key, (default, only, supported) in _DEBERTA_FIELDS.items():
+        value = hf.get(key, default)
+        if key in ("pos_att_type", "norm_rel_ebd") and value is not None:  # "p2c|c2p" as transformers splits it
+            parts = value.lower().split("|") if isinstance(value, str) else value
+            value = sorted({part.strip() for part in parts} - {"none"})
+        if only is not None and value != only:
+            raise ValueError(f"config.json has {key}={hf.get(key, default)!r}; jaxpos imports DeBERTa with "
+                             f"{key}={only!r} ({supported})")
+    head_size = hf.get("attention_head_size")
+    if head_size is not None and head_size * hf["num_attention_heads"] != hf["hidden_size"]:
+        raise ValueError(f"config.json has attention_head_size={head_size!r}; jaxpos imports only "
+                         "hidden_size / num_attention_heads")
+    if hf.get("embedding_size", hf["hidden_size"]) != hf["hidden_size"]:
+        raise ValueError(f"config.json has embedding_size={hf['embedding_size']!r}; jaxpos imports DeBERTa only with "
+                         "embedding_size = hidden_size (its projection of narrower embeddings precedes the LayerNorm)")
+    # transformers: position_buckets <= 0 turns the log buckets off, max_relative_positions < 1 means
+    # max_position_embeddings
+    buckets, max_relative = hf.get("position_buckets", -1), hf.get("max_relative_positions", -1)
+    deberta = dict(position_buckets=max(buckets, 0),
+                   max_relative_positions=max_relative if max_relative >= 1 else hf["max_position_embeddings"])
+    types = values["type_vocab_size"]
+    # The legacy=false head multiplies by the input embeddings whatever tie_word_embeddings says.
+    tied = bool(hf.get("tie_word_embeddings", True)) or not hf.get("legacy", True)
+    return dict(type_vocab_size=max(types, 1), tie_embeddings=tied,
+                position=dict(kind="deberta", segment="input" if types else "none", deberta=deberta))
 
 
 class _Weights:
@@ -138,9 +191,14 @@ _LAYER_NAMES = {
              "attention.output.LayerNorm", "intermediate.dense", "output.dense", "output.LayerNorm"),
     "albert": ("attention.query", "attention.key", "attention.value", "attention.dense", "attention.LayerNorm",
                "ffn", "ffn_output", "full_layer_layer_norm"),
+    "deberta": ("attention.self.query_proj", "attention.self.key_proj", "attention.self.value_proj",
+                "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
+                "output.LayerNorm"),
 }
-ENCODER_PREFIX = {"bert": "bert.", "albert": "albert."}  # of the encoder inside *ForMaskedLM
-MLM_HEAD_PREFIX = {"bert": "cls.predictions.", "albert": "predictions."}
+ENCODER_PREFIX = {"bert": "bert.", "albert": "albert.", "deberta": "deberta."}  # of the encoder inside *ForMaskedLM
+# DeBERTa's MLM head is `cls.predictions.` (BERT's layout) with legacy=true, else `DEBERTA_HEAD_PREFIX`.
+MLM_HEAD_PREFIX = {"bert": "cls.predictions.", "albert": "predictions.", "deberta": "cls.predictions."}
+DEBERTA_HEAD_PREFIX = "lm_predictions.lm_head."
 
 
 def encoder_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, ...], str]]:
@@ -150,6 +208,11 @@ def encoder_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, 
               ("embeddings.token_type_embeddings", ("type_embed",), "embedding"),
               ("embeddings.position_embeddings", ("encoder", "position"), "embedding"),
               ("embeddings.LayerNorm", ("encoder", "embed_norm"), "norm")]
+    if family == "deberta":  # relative embeddings instead of absolute ones; token types only where configured
+        layout = [entry for entry in layout[:2] if entry[1] != ("type_embed",) or cfg.position.segment == "input"]
+        layout += [("embeddings.LayerNorm", ("encoder", "embed_norm"), "norm"),
+                   ("encoder.rel_embeddings.weight", ("encoder", "position", "embedding"), "vector"),
+                   ("encoder.LayerNorm", ("encoder", "position", "norm"), "norm")]
     if family == "albert":
         layout.append(("encoder.embedding_hidden_mapping_in", ("encoder", "embed_projection"), "linear"))
         layers = [("encoder.albert_layer_groups.0.albert_layers.0.", "layer_shared")]
@@ -170,8 +233,10 @@ def encoder_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, 
 
 def mlm_head_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, ...], str]]:
     """(name under MLM_HEAD_PREFIX, path in the `BertForMaskedLM` parameters, kind) of the MLM head's weights.
-    `decoder` exists only with tie_embeddings off (tie_word_embeddings=false)."""
-    dense, norm = ("dense", "LayerNorm") if family == "albert" else ("transform.dense", "transform.LayerNorm")
+    `decoder` exists only with tie_embeddings off (tie_word_embeddings=false). Family "deberta_lm_head": DeBERTa's
+    head under DEBERTA_HEAD_PREFIX (legacy=false), tied to the input embeddings."""
+    flat = family in ("albert", "deberta_lm_head")
+    dense, norm = ("dense", "LayerNorm") if flat else ("transform.dense", "transform.LayerNorm")
     layout = [(dense, ("head_dense",), "linear"), (norm, ("head_norm",), "norm"),
               ("bias", ("output_bias",), "vector")]
     if not cfg.tie_embeddings:
@@ -226,7 +291,9 @@ def _nested(entries) -> dict:
 
 
 def _family(state) -> str:
-    return "albert" if any("albert_layer_groups" in k for k in state) else "bert"
+    if any("albert_layer_groups" in k for k in state):
+        return "albert"
+    return "deberta" if any(k.endswith("encoder.rel_embeddings.weight") for k in state) else "bert"
 
 
 def _encoder_weights(state: Mapping[str, Any]) -> tuple[str, _Weights]:
@@ -237,26 +304,33 @@ def _encoder_weights(state: Mapping[str, Any]) -> tuple[str, _Weights]:
 
 
 def bert_encoder_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
-    """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT or ALBERT state dict (`BertModel`,
-    `BertForMaskedLM`, `AlbertModel`, `AlbertForMaskedLM`, ...)."""
+    """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT, ALBERT or DeBERTa-v2/v3 state dict
+    (`BertModel`, `BertForMaskedLM`, `AlbertModel`, `AlbertForMaskedLM`, `DebertaV2Model`, ...)."""
     family, w = _encoder_weights(state)
     return _nested((path, from_hf(w, name, kind, cfg)) for name, path, kind in encoder_layout(cfg, family))
 
 
 def bert_mlm_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
-    """Parameters of a jaxpos `BertForMaskedLM` from a Hugging Face `BertForMaskedLM`/`BertForPreTraining`
-    or `AlbertForMaskedLM`; with `cfg.tie_embeddings` off (tie_word_embeddings=false) the checkpoint's own
-    decoder [V, E] becomes `decoder` {"kernel": [E, V], "bias": [V]}."""
+    """Parameters of a jaxpos `BertForMaskedLM` from a Hugging Face `BertForMaskedLM`/`BertForPreTraining`,
+    `AlbertForMaskedLM` or `DebertaV2ForMaskedLM` (either head layout); with `cfg.tie_embeddings` off
+    (tie_word_embeddings=false) the checkpoint's own decoder [V, E] becomes `decoder` {"kernel": [E, V],
+    "bias": [V]}."""
     family = _family(state)
-    w = _Weights(state, MLM_HEAD_PREFIX[family])
+    prefix = MLM_HEAD_PREFIX[family]
+    if family == "deberta" and any(k.startswith(DEBERTA_HEAD_PREFIX) for k in state):
+        family, prefix = "deberta_lm_head", DEBERTA_HEAD_PREFIX
+    w = _Weights(state, prefix)
     params = _nested((path, from_hf(w, name, kind, cfg)) for name, path, kind in mlm_head_layout(cfg, family))
     return {"bert": bert_encoder_params(state, cfg), **params}
 
 
 def bert_pooler_params(state: Mapping[str, Any]) -> dict | None:
     """The pooler of a BERT or ALBERT state dict as a flax Dense {"kernel": [d, d], "bias": [d]}
-    (pooled = tanh(hidden[:, 0] @ kernel + bias)), or None when the checkpoint has none (e.g. *ForMaskedLM)."""
+    (pooled = tanh(hidden[:, 0] @ kernel + bias)), or None when the checkpoint has none (e.g. *ForMaskedLM) or it
+    is DeBERTa's ContextPooler (its activation is pooler_hidden_act, not tanh: a classifier starts a new one)."""
     family, w = _encoder_weights(state)
+    if family == "deberta":
+        return None
     key = "pooler" if family == "albert" else "pooler.dense"
     return from_hf(w, key, "linear", None) if f"{key}.weight" in w else None
 

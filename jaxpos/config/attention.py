@@ -39,6 +39,7 @@ class Call:
     dropout: bool = False  # attention dropout in this call
     shaw: bool = False  # Shaw's query-dependent relative vectors
     contextual: bool = False  # CoPE: positions counted from the gated logits, inside the logits path
+    disentangled: bool = False  # DeBERTa's c2p and p2c terms (products of q and k with relative embeddings)
     switches: bool = False  # the content_only / position_only ablations
     per_example_positions: bool = False  # positions per example (packed cross-attention)
     linformer: bool = False  # Linformer key projections
@@ -63,6 +64,7 @@ class Implementation:
     dropout: bool = False
     shaw: bool = False
     contextual: bool = False
+    disentangled: bool = False
     switches: bool = False
     per_example_positions: bool = False
     linformer: bool = False
@@ -87,7 +89,7 @@ class Implementation:
 IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
     Implementation("xla", "jaxpos.attention.core:reference_attention",
                    "einsum and softmax: every term exact, the attention weights kept for the analyses",
-                   platforms=("cpu", "gpu", "tpu"), forms=BIAS_FORMS, dropout=True, shaw=True, contextual=True,
+                   platforms=("cpu", "gpu", "tpu"), forms=BIAS_FORMS, dropout=True, shaw=True, contextual=True, disentangled=True,
                    switches=True, per_example_positions=True, linformer=True, cached_causal=True,
                    step_ms={("none", True): 45.6, ("table", True): 54.7, ("factors", True): 49.1}, tie_rank=1),
     Implementation("jax", "jaxpos.attention.core:dot_product_attention",
@@ -130,6 +132,7 @@ def lacks(impl: Implementation, call: Call) -> str | None:
     for needed, present, what in (
             (call.shaw, impl.shaw, "Shaw's relative vectors"),
             (call.contextual, impl.contextual, "CoPE's contextual positions (counts of gates over the logits)"),
+            (call.disentangled, impl.disentangled, "DeBERTa's disentangled relative terms (c2p, p2c)"),
             (call.switches, impl.switches, "the content_only/position_only switches"),
             (call.dropout, impl.dropout, "attention dropout"),
             (call.per_example_positions, impl.per_example_positions, "per-example positions (packed cross-attention)"),
@@ -181,6 +184,7 @@ def model_call(cfg, *, training: bool, **platform) -> Call:
     return Call(**(platform or platform_facts()), low_precision=cfg.dtype in LOW_PRECISION, form=form,
                 dropout=training and cfg.attention_dropout > 0.0, shaw=pcfg.kind == "shaw",
                 contextual=pcfg.kind == "cope" and not pcfg.content_only,
+                disentangled=pcfg.kind == "deberta",
                 switches=bool(pcfg.content_only or pcfg.position_only),
                 linformer=pcfg.kind == "diet_abs" and bool(pcfg.diet_abs.linformer_k))
 

@@ -170,6 +170,11 @@ MECHANISMS: dict[str, Mechanism] = {m.kind: m for m in (
                                     "query's and the keys' content",
               check=_check_cope, no_randomized_positions="CoPE counts its positions from gates on the content, "
                                                           "not from the tokens' positions"),
+    Mechanism("deberta", "jaxpos.positions.deberta:DebertaPosition", "DeBERTa",
+              "(q_i·k_j + q_i·K_r[δ] + k_j·Q_r[δ])/√(3D), δ = bucket(i − j); Q_r, K_r: the layer's own q, k "
+              "projections of shared relative embeddings", inductive=True, learned=True,
+              no_position_only_term="DeBERTa's relative terms q_i.K_r and k_j.Q_r are products with the query's and "
+                                    "the key's content"),
 )}
 
 

@@ -170,6 +170,30 @@ class CopeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DebertaConfig:
+    # DeBERTa-v3-base's values. position_buckets: log-bucketed offsets (transformers' make_log_bucket_position),
+    # 2 * position_buckets table rows; 0: offsets clamped to +-max_relative_positions, 2 * max_relative_positions
+    # rows (transformers: position_buckets <= 0; its max_relative_positions < 1 means max_position_embeddings).
+    position_buckets: int = 256
+    max_relative_positions: int = 512  # with buckets: the offset at which the log buckets reach the table's end
+
+    def check(self) -> None:
+        """Raises a ValueError unless the bucket function is well defined (no log(0) or division by log(1))."""
+        check_count("position.deberta.max_relative_positions", self.max_relative_positions, 1)
+        if self.position_buckets == 0:
+            return
+        if isinstance(self.position_buckets, bool) or not isinstance(self.position_buckets, int) \
+                or self.position_buckets < 2:
+            raise ValueError(f"position.deberta.position_buckets={self.position_buckets!r} must be 0 (no buckets) "
+                             "or an integer >= 2")
+        if self.max_relative_positions <= self.position_buckets // 2 + 1:
+            raise ValueError(
+                f"position.deberta.max_relative_positions={self.max_relative_positions} must be greater than "
+                f"position_buckets/2 + 1 = {self.position_buckets // 2 + 1}: the log buckets divide by "
+                f"log((max_relative_positions - 1) / (position_buckets/2)); or set position_buckets=0")
+
+
+@dataclasses.dataclass(frozen=True)
 class PositionConfig:
     kind: str = "absolute"
     segment: str = "input"  # input embeddings | per-head segment attention (DIET) | none
@@ -190,6 +214,7 @@ class PositionConfig:
     # sorted sample of T distinct positions of [0, N), one sample for the whole batch (None: positions 0..T-1)
     randomized_max_length: int | None = None
     cope: CopeConfig = CopeConfig()
+    deberta: DebertaConfig = DebertaConfig()
 
     def __post_init__(self):
         if self.kind not in MECHANISMS:
@@ -226,6 +251,7 @@ class PositionConfig:
                              "position every count reads the same embedding")
         if not isinstance(self.cope.divide, bool):
             raise ValueError(f"position.cope.divide={self.cope.divide!r} must be true or false")
+        self.deberta.check()
         check_count("position.num_segments", self.num_segments, 1)
         check_count("position.tisa.num_kernels", self.tisa.num_kernels, 1)
         check_count("position.diet_rel.max_distance", self.diet_rel.max_distance, 1, optional=True)

@@ -176,6 +176,18 @@ def test_tisa_run_skips_what_does_not_apply(tmp_path, spm_model, texts):
     figures_exist(report, out)
 
 
+def test_deberta_run_skips_position_only_terms_with_the_reason(tmp_path, spm_model, texts):
+    save_run(tmp_path / "run", spm_model, dict(kind="deberta", deberta=dict(position_buckets=8,
+                                                                           max_relative_positions=12)))
+    model = load_run(str(tmp_path / "run"))
+    report = analyze(model, str(tmp_path / "out"), sentences=corpus_sentences(model, texts, 16),
+                     only=["rank", "decomposition"], **FAST)
+    assert report["rank"]["positional"]["skipped"] == (
+        "position.kind='deberta' has no position-only logits: DeBERTa's relative terms q_i.K_r and k_j.Q_r are "
+        "products with the query's and the key's content")
+    assert report["rank"]["logit_rank_max"] >= 1 and "skipped" not in report["decomposition"]
+
+
 def test_diagnostics_trace_full_precision_products(tmp_path, spm_model, texts, monkeypatch):
     """A GPU's default float32 product (TF32, about 1e-3 relative) is coarser than what the diagnostics compare
     (Muppet's terms sum to the hidden states within 1e-4): the encoder's program traced inside a diagnostic asks

@@ -92,6 +92,8 @@ def qkv(dtype=jnp.bfloat16, length=16):
     (PositionalBias(), jnp.bfloat16, False, "cudnn"),
     (PositionalBias(), jnp.float32, True, "xla"),
     (PositionalBias(rel_keys=jnp.zeros((5, 8))), jnp.bfloat16, False, "xla"),
+    (PositionalBias(rel_index=jnp.zeros((1, 31), jnp.int32), rel_projections=(jnp.zeros((4, 2, 8)),) * 2),
+     jnp.bfloat16, False, "xla"),
 ])
 def test_attend_reads_the_facts_of_its_call(monkeypatch, bias, dtype, dropout, expected):
     """On a (pretended) Hopper GPU, `attend`'s facts (bias form, dtype, dropout, Shaw terms) reach the choice."""

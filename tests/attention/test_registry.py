@@ -9,6 +9,7 @@ import pytest
 
 from jaxpos.attention.bias import PositionalBias
 from jaxpos.attention import core
+from jaxpos.attention.auto import choose_for
 from jaxpos.attention.core import attend, call_facts, resolve
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config.attention import AUTO, IMPLEMENTATIONS, Call, can_take, check_attention, lacks, model_call
@@ -127,6 +128,18 @@ def test_a_config_naming_an_implementation_that_cannot_run_its_model_is_refused_
                                          r"lacks Shaw's relative vectors; use attention_impl='xla' \(or 'auto'\)$"):
         check_attention(tiny_config(dict(kind="shaw", shaw=dict(clip=3)), attention_impl="pallas"), training=False,
                         **cpu)
+    for impl in ("pallas", "jax"):
+        with pytest.raises(ValueError, match=rf"^attention_impl='{impl}' cannot compute this model's attention here: "
+                                             r"it lacks DeBERTa's disentangled relative terms \(c2p, p2c\); use "
+                                             r"attention_impl='xla' \(or 'auto'\)$"):
+            check_attention(tiny_config(dict(kind="deberta"), attention_impl=impl), training=False, **cpu)
+    gpu = dict(platform="gpu", gpu_capability="9.0")
+    for impl in ("cudnn", "mosaic_gpu"):
+        with pytest.raises(ValueError, match="it lacks DeBERTa's disentangled relative terms"):
+            check_attention(tiny_config(dict(kind="deberta"), attention_impl=impl, dtype="bfloat16"),
+                            training=False, **gpu)
+    assert choose_for(model_call(tiny_config(dict(kind="deberta"), dtype="bfloat16"), training=True, **gpu))[0] \
+        == "xla"
     with pytest.raises(ValueError, match="attention_impl='cudnn' cannot compute .* it lacks the cpu backend"):
         check_attention(tiny_config(dict(kind="tisa"), attention_impl="cudnn", dtype="bfloat16"), training=False,
                         **cpu)

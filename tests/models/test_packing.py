@@ -11,7 +11,7 @@ from jaxpos.models import EncoderDecoder
 from tests.helpers import tiny_config
 
 PACKABLE = [dict(kind=k) for k in ("absolute", "sinusoidal", "tisa", "diet_rel", "t5", "rope", "alibi", "shaw",
-                                   "cope")]
+                                   "cope", "deberta")]
 # Mechanisms whose position-only term depends on absolute positions: read at each pair's own positions.
 ABSOLUTE_TERMS = [
     dict(kind="diet_abs"),  # layer-shared, folded
@@ -78,7 +78,8 @@ def test_packed_pairs_match_pairs_in_their_own_rows(position):
 
 # Cross-attention with a positional term: in a packed row a pair's source and target start at different columns,
 # so offsets and absolute reads must use each pair's own positions on both sides.
-CROSS_POSITIONED = [dict(kind=k) for k in ("tisa", "t5", "diet_rel", "alibi", "rope", "shaw", "diet_abs", "tupe")] + [
+CROSS_POSITIONED = [dict(kind=k) for k in ("tisa", "t5", "diet_rel", "alibi", "rope", "shaw", "diet_abs", "tupe",
+                                           "deberta")] + [
     dict(kind="diet_abs", diet_abs=dict(fold=False, sharing="none", rank=6)),
     dict(kind="attenuated"),
     dict(kind="attenuated", attenuated=dict(form="matrix")),

@@ -22,7 +22,7 @@ POSITIONAL = {"none": [], "absolute": ["embedding"], "sinusoidal": [], "tisa": [
               "diet_rel": ["table"], "diet_abs": ["p_k", "p_q"], "t5": ["embedding"], "shaw": ["rel_keys", "rel_values"],
               "tupe": ["cls_theta", "embedding", "u_k", "u_q"], "rope": [], "alibi": [], "attenuated": [],
               "kerple": ["r1", "r2"], "fire": ["b1", "c", "threshold", "w1", "w2"],
-              "cope": ["embedding"]}
+              "cope": ["embedding"], "deberta": ["embedding", "norm/bias", "norm/scale"]}
 # The rest of a 2-layer model, by hand: what is decayed (per layer, then once) and what is not.
 LAYER_DECAYED = ["mlp/wi/kernel", "mlp/wo/kernel", "self_attention/key/kernel", "self_attention/out/kernel",
                  "self_attention/query/kernel", "self_attention/value/kernel"]
