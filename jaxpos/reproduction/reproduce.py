@@ -55,14 +55,30 @@ def new_plan(profile: str, seeds: int | None = None, workers: int | None = None,
                           [c.id for c in selected])
 
 
-def _same_plan(old: dict, new: dict) -> None:
-    """Raises ValueError when the plan in the --out folder (`old`) is not `new`: profile, seeds or runs. Profiles
-    compare with their defaults filled in, so a plan saved before a profile field was added still resumes."""
-    for key in ("profile", "seeds", "runs"):
-        values = [dataclasses.asdict(matrix.profile_of(p)) if key == "profile" else p[key] for p in (old, new)]
-        if json.loads(json.dumps(values[0])) != json.loads(json.dumps(values[1])):
-            raise ValueError(f"{key} differ from the plan already in this --out folder: use a new --out, or the same "
-                             "--profile, --seeds, --mechanisms and --claims to resume")
+def _same(a, b) -> bool:
+    return json.loads(json.dumps(a)) == json.loads(json.dumps(b))
+
+
+def resumed_plan(old: dict, new: dict) -> dict:
+    """The plan to carry on with in an --out folder that holds `old`: `old` itself when `new` asks for the same,
+    or `old` grown by the runs of mechanisms `new` adds (its finished runs, tokenizer and timing kept; the same
+    recipe, seeds and claims). Raises ValueError otherwise. Profiles compare with their defaults filled in, so a
+    plan saved before a profile field was added still resumes."""
+    profiles = [dataclasses.asdict(matrix.profile_of(p)) for p in (old, new)]
+    if _same(profiles[0], profiles[1]) and old["seeds"] == new["seeds"] and _same(old["runs"], new["runs"]):
+        return old
+    grown = [dict(p, mechanisms=None, variants=None) for p in profiles]
+    kept = all(name in new["runs"] and _same(spec, new["runs"][name]) for name, spec in old["runs"].items())
+    kept = kept and all(_same(v, profiles[1]["variants"].get(k)) for k, v in profiles[0]["variants"].items())
+    if (not _same(grown[0], grown[1]) or old["seeds"] != new["seeds"] or not kept
+            or old.get("claims") != new.get("claims")):
+        raise ValueError("the recipe, seeds or runs differ from the plan already in this --out folder: use a new --out, "
+                         "or the same settings (more mechanisms may be added) to resume")
+    runs = dict(old["runs"], **{name: spec for name, spec in new["runs"].items() if name not in old["runs"]})
+    added = [m for m in new["mechanisms"] if m not in old["mechanisms"]]
+    status(f"adding {len(runs) - len(old['runs'])} run(s) of {', '.join(added)} to the plan")
+    return dict(old, profile=new["profile"], mechanisms=[*old["mechanisms"], *added], runs=runs,
+                **{key: new[key] for key in ("comparison",) if key in new})
 
 
 def _shared_tokenizer(out: str, plan: dict) -> tuple[str, dict]:
@@ -225,9 +241,9 @@ def run_plan(out: str, plan: dict, name: str, about: str, write_report, *, comma
     workers = plan["workers"]
     old = matrix.load_plan(out)
     if old is not None:
-        _same_plan(old, plan)
-        plan = old
         status(f"{name}: resuming the plan in {out}")
+        plan = resumed_plan(old, plan)
+        matrix.save_plan(out, plan)
     else:
         status(f"{about} -> {out}")
     if "tokenizer" not in plan:

@@ -493,16 +493,32 @@ def test_the_order_task_takes_its_own_data_and_steps():
 
 
 def test_a_plan_saved_before_a_profile_field_was_added_resumes():
-    from jaxpos.reproduction.reproduce import _same_plan
+    from jaxpos.reproduction.reproduce import resumed_plan
 
     plan = make_plan(PROFILES["smoke"], 2, {"tisa": ("order",)}, workers=1)
     older = json.loads(json.dumps(plan))
     del older["profile"]["order_data"]  # a field with a default, added later
-    _same_plan(older, plan)
+    assert resumed_plan(older, plan) is older
     changed = json.loads(json.dumps(plan))
     changed["profile"]["order_train"] = dict(num_steps=7)
-    with pytest.raises(ValueError, match="profile differ from the plan"):
-        _same_plan(changed, plan)
+    with pytest.raises(ValueError, match="differ from the plan"):
+        resumed_plan(changed, plan)
+
+
+def test_a_plan_grows_by_the_mechanisms_added_and_keeps_its_runs():
+    from jaxpos.reproduction.reproduce import resumed_plan
+
+    smoke = PROFILES["smoke"]
+    old = json.loads(json.dumps(make_plan(smoke, 2, {"none": (), "tisa": ("order",)}, workers=1)))
+    old["tokenizer"] = "tok.model"
+    more = dataclasses.replace(smoke, mechanisms=(*smoke.mechanisms, "alibi"))
+    new = make_plan(more, 2, {"none": (), "tisa": ("order",), "alibi": ("order",)}, workers=1)
+    grown = resumed_plan(old, new)
+    assert grown["tokenizer"] == "tok.model" and grown["mechanisms"] == ["none", "tisa", "alibi"]
+    assert list(grown["runs"])[:4] == list(old["runs"]) and {"alibi_s0", "alibi_s1"} <= set(grown["runs"])
+    for changed in (dict(seeds=3), dict(runs={**new["runs"], "tisa_s0": dict(mechanism="tisa", seed=0, stages=[])})):
+        with pytest.raises(ValueError, match="differ from the plan"):
+            resumed_plan(old, dict(new, **changed))
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
