@@ -105,6 +105,7 @@ def call_facts(q_BTHD, k_BSHD, bias: PositionalBias, q_pos, k_pos, mask: Attenti
                 switches=not (content and position),
                 per_example_positions=q_pos.ndim > 1 or k_pos.ndim > 1, linformer=bias.kv_projection is not None,
                 cached_causal=mask is not None and mask.causal and length != keys,
+                window=mask is not None and mask.window is not None,
                 odd_length=bool(length % 2 or keys % 2))
 
 

@@ -44,6 +44,7 @@ class Call:
     per_example_positions: bool = False  # positions per example (packed cross-attention)
     linformer: bool = False  # Linformer key projections
     cached_causal: bool = False  # causal with T != S (decoding with a cache)
+    window: bool = False  # a local layer's window of keys around each query (AttentionMask.window)
     odd_length: bool = False  # an odd T or S
     cpu_mesh_devices: int = 1  # CPU devices in the mesh the call runs under
 
@@ -69,6 +70,7 @@ class Implementation:
     per_example_positions: bool = False
     linformer: bool = False
     cached_causal: bool = False
+    window: bool = False
     hopper_only: bool = False  # on GPUs: wgmma and TMA
     low_precision_only: bool = False  # bf16 / f16 inputs only
     even_lengths: bool = False  # trains with a bias or mask at even lengths only (cuDNN): auto and the fallbacks
@@ -89,17 +91,17 @@ class Implementation:
 IMPLEMENTATIONS: dict[str, Implementation] = {i.name: i for i in (
     Implementation("xla", "jaxpos.attention.core:reference_attention",
                    "einsum and softmax: every term exact, the attention weights kept for the analyses",
-                   platforms=("cpu", "gpu", "tpu"), forms=BIAS_FORMS, dropout=True, shaw=True, contextual=True, disentangled=True,
-                   switches=True, per_example_positions=True, linformer=True, cached_causal=True,
-                   step_ms={("none", True): 45.6, ("table", True): 54.7, ("factors", True): 49.1}, tie_rank=1),
+                   platforms=("cpu", "gpu", "tpu"), forms=BIAS_FORMS, dropout=True, shaw=True, contextual=True,
+                   disentangled=True, switches=True, per_example_positions=True, linformer=True, cached_causal=True,
+                   window=True, step_ms={("none", True): 45.6, ("table", True): 54.7, ("factors", True): 49.1}, tie_rank=1),
     Implementation("jax", "jaxpos.attention.core:dot_product_attention",
                    "jax.nn.dot_product_attention, XLA's choice of kernel; position-only terms materialised once",
                    platforms=("cpu", "gpu", "tpu"), forms=BIAS_FORMS, per_example_positions=True, linformer=True,
-                   cached_causal=True, tie_rank=4),
+                   cached_causal=True, window=True, tie_rank=4),
     Implementation("cudnn", "jaxpos.attention.core:dot_product_attention",
                    "jax.nn.dot_product_attention on cuDNN's fused kernel; position-only terms materialised once",
                    platforms=("gpu",), forms=BIAS_FORMS, per_example_positions=True, linformer=True,
-                   cached_causal=True, low_precision_only=True, even_lengths=True,
+                   cached_causal=True, window=True, low_precision_only=True, even_lengths=True,
                    step_ms={("none", False): 35.5, ("table", False): 39.2, ("factors", False): 41.9}, tie_rank=0),
     Implementation("pallas", "jaxpos.attention.core:toeplitz_kernel_attention",
                    "the Toeplitz kernel in Pallas (Triton on GPUs, Mosaic on TPUs), the table read inside it",
@@ -137,7 +139,8 @@ def lacks(impl: Implementation, call: Call) -> str | None:
             (call.dropout, impl.dropout, "attention dropout"),
             (call.per_example_positions, impl.per_example_positions, "per-example positions (packed cross-attention)"),
             (call.linformer, impl.linformer, "Linformer key projections"),
-            (call.cached_causal, impl.cached_causal, "causal attention with T != S (decoding with a cache)")):
+            (call.cached_causal, impl.cached_causal, "causal attention with T != S (decoding with a cache)"),
+            (call.window, impl.window, "a local attention window")):
         if needed and not present:
             return what
     if call.form not in impl.forms:
