@@ -23,7 +23,7 @@ import argparse
 import os
 
 from jaxpos.cli.common import add_command
-from jaxpos.cli.reproduce import _command_line, _names
+from jaxpos.cli.reproduce import _command_line, _names, print_dry_run
 
 
 def add_compare_parser(subparsers) -> None:
@@ -46,6 +46,8 @@ def add_compare_parser(subparsers) -> None:
     parser.add_argument("--finetune", help="comma-separated fine-tuning tasks: paraphrase, order")
     parser.add_argument("--workers", type=int, help="runs at a time (default: 8 per GPU, else one per CPU core)")
     mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true",
+                      help="print the variants, one a line, with their seeds and stages; run and write nothing")
     mode.add_argument("--plan-only", action="store_true", help="plan, train the shared tokenizer, write OUT/runs.txt "
                                                                 "and stop (array tasks run the variants)")
     mode.add_argument("--run", dest="run_name", metavar="NAME", help="execute a variant of OUT/plan.json (its seeds "
@@ -70,6 +72,9 @@ def _compare(args, overrides):
     plan = comp.new_plan(args.config, overrides, _names(args.mechanisms), args.seeds, args.workers,
                          [int(x) for x in _names(args.lengths) or ()], _names(args.finetune) or (), args.baseline,
                          args.all_pairs, args.length_tokens)
+    if args.dry_run:
+        print_dry_run(plan, f"of {args.config}")
+        return plan
     about = (f"jaxpos compare: {len(plan['mechanisms'])} variants x {plan['seeds']} seeds of {args.config} "
              f"({len(plan['runs'])} runs)")
     done = repro.run_plan(out, plan, "jaxpos compare", about, comp.write_report,

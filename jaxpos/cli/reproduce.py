@@ -62,6 +62,18 @@ def _command_line(otherwise: str = "jaxpos reproduce") -> str:
     return otherwise
 
 
+def print_dry_run(plan: dict, about: str) -> None:
+    """A plan's mechanisms, one a line (an array task each), with their seeds and stages; `about`: the header's end."""
+    from jaxpos.reproduction.matrix import pretraining_groups  # lazy: with the plan, for a dry run only
+
+    print(f"# {len(plan['runs'])} runs ({len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s)) {about}, "
+          f"{plan['workers']} at a time")
+    for mechanism, names in pretraining_groups(plan).items():  # an array task a mechanism
+        seeds = ", ".join(str(plan["runs"][n]["seed"]) for n in names)
+        stages = plan["runs"][names[0]]["stages"]
+        print(f"{mechanism}  # seeds {seeds} pretrained at once; each then: {', '.join(['learning curve', *stages])}")
+
+
 def _names(text: str | None) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
@@ -83,15 +95,7 @@ def _reproduce(args, overrides):
                     mechanisms=_names(args.mechanisms), claims=_names(args.claims))
     if args.dry_run:
         plan = repro.new_plan(**settings)
-        print(f"# {len(plan['runs'])} runs ({len(plan['mechanisms'])} mechanisms x {plan['seeds']} seed(s)) for "
-              f"{len(plan['claims'])} claim(s), profile {args.profile}, {plan['workers']} at a time")
-        from jaxpos.reproduction.matrix import pretraining_groups  # lazy: with the plan, for a dry run only
-
-        for mechanism, names in pretraining_groups(plan).items():  # an array task a mechanism
-            seeds = ", ".join(str(plan["runs"][n]["seed"]) for n in names)
-            stages = plan["runs"][names[0]]["stages"]
-            print(f"{mechanism}  # seeds {seeds} pretrained at once; each then: "
-                  f"{', '.join(['learning curve', *stages])}")
+        print_dry_run(plan, f"for {len(plan['claims'])} claim(s), profile {args.profile}")
         return plan
     done = repro.reproduce(out, **settings, command=_command_line(), plan_only=args.plan_only)
     if args.plan_only:

@@ -817,3 +817,11 @@ def test_the_slurm_array_script_dry_run(tmp_path):
     assert report.startswith("+ sbatch --job-name=jaxpos-reproduce-report") and "afterany:ARRAY_JOB_ID" in report
     assert report.endswith(f"'--wrap={jaxpos} reproduce --out {out / 'new'} --report-only'")
     assert not (out / "new").exists()
+    # the same script for `jaxpos compare` (COMMAND=compare): its dry run counts the variants
+    assert lines(str(out), SLURM_ARRAY_TASK_ID="2", COMMAND="compare") == [
+        f"+ {jaxpos} compare --out {out} --run diet_rel"]
+    plan, submit, report = lines(str(out / "cmp"), "--config", "configs/mlm/tiny.py", "--mechanisms", "rope,alibi",
+                                 COMMAND="compare")[1:]
+    assert plan.endswith("--mechanisms rope,alibi --plan-only") and f"compare --out {out / 'cmp'}" in plan
+    assert submit == f"+ sbatch --parsable --array=0-2%32 {script} {out / 'cmp'}"  # none, rope, alibi
+    assert report.endswith(f"'--wrap={jaxpos} compare --out {out / 'cmp'} --report-only'")
