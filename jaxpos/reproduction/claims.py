@@ -96,6 +96,15 @@ class Claim:
     caveat: str | None = None
     gated: bool = True  # has a comparison judged only once its mechanisms use positions (read off the curves)
     timed_alone: bool = False  # reads step times of its mechanisms timed alone after the matrix (STEP_TIMES_FILE)
+    # the mechanisms without which a timed claim compares nothing (its mechanisms are timed only when all are run)
+    timing_needs: tuple[str, ...] = ()
+
+    def timed(self, mechanisms: Sequence[str]) -> list[str]:
+        """The mechanisms of `mechanisms` this claim has timed alone: none unless it reads step times and the
+        plan runs every one of `timing_needs` beside at least one other of its mechanisms."""
+        chosen = list(self.runs_needed(mechanisms)) if self.timed_alone else []
+        needed = all(m in chosen for m in self.timing_needs) and len(chosen) > len(self.timing_needs)
+        return chosen if needed else []
 
     def runs_needed(self, mechanisms: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """{mechanism: stages} this claim reads of the available `mechanisms`."""
@@ -160,7 +169,7 @@ CLAIMS = (
           "Step times come from a timing pass after the matrix, each mechanism alone on the device (one seed's "
           "recipe on random rows, compiled first, then a window of steps per seed of the plan, the mechanisms "
           "taking their windows in turn; window k paired with seed k), not from the runs, which shared the device. "
-          "They rank costs at this size only.", gated=False, timed_alone=True),
+          "They rank costs at this size only.", gated=False, timed_alone=True, timing_needs=("shaw",)),
     Claim("chen_rise", "Chen et al.", "Fig. 2",
           "The locality and symmetry of learned positional encodings rise during pretraining.", "learned",
           ("over_training",), chen_rise,

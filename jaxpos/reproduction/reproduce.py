@@ -197,8 +197,7 @@ def time_alone(out: str, plan: dict, pool: Pool) -> dict | None:
     path = os.path.join(out, STEP_TIMES_FILE)
     if not plan["claims"]:  # a comparison: no claim reads step times
         return None
-    wanted = list(dict.fromkeys(m for claim in select_claims(plan["claims"]) if claim.timed_alone
-                                for m in claim.runs_needed(plan["mechanisms"])))
+    wanted = list(dict.fromkeys(m for claim in select_claims(plan["claims"]) for m in claim.timed(plan["mechanisms"])))
     if not wanted or os.path.isfile(path):
         return None
     status(f"timing {', '.join(wanted)} alone on the device (the step-time claims)")

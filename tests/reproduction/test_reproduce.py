@@ -825,3 +825,12 @@ def test_the_slurm_array_script_dry_run(tmp_path):
     assert plan.endswith("--mechanisms rope,alibi --plan-only") and f"compare --out {out / 'cmp'}" in plan
     assert submit == f"+ sbatch --parsable --array=0-2%32 {script} {out / 'cmp'}"  # none, rope, alibi
     assert report.endswith(f"'--wrap={jaxpos} compare --out {out / 'cmp'} --report-only'")
+
+
+def test_step_times_are_timed_only_where_a_claim_can_compare_them():
+    """The step-time claim compares Shaw's step with DIET's: without Shaw in the plan nothing is timed for it."""
+    claim = C.CLAIMS_BY_ID["diet_step_time"]
+    assert claim.timed(["none", "tisa", "diet_rel"]) == []
+    assert claim.timed(["shaw"]) == []
+    assert claim.timed(["none", "shaw", "diet_rel"]) == ["shaw", "diet_rel"]
+    assert C.CLAIMS_BY_ID["tisa_local"].timed(["tisa"]) == []  # reads no step time
