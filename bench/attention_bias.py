@@ -47,16 +47,19 @@ import subprocess
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxpos.attention import PositionalBias, attend
-from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors
-from jaxpos.attention.core import fold_factors
-from jaxpos.attention.kernels import toeplitz_attention
-from jaxpos.attention.mask import AttentionMask
-from jaxpos.compilation_cache import enable_compilation_cache
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.peers.flex_attention import add_shape_arguments  # noqa: E402
+from jaxpos.attention import PositionalBias, attend  # noqa: E402
+from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors  # noqa: E402
+from jaxpos.attention.core import fold_factors  # noqa: E402
+from jaxpos.attention.kernels import toeplitz_attention  # noqa: E402
+from jaxpos.attention.mask import AttentionMask  # noqa: E402
+from jaxpos.compilation_cache import enable_compilation_cache  # noqa: E402
 
 
 def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: bool = False):
@@ -219,12 +222,7 @@ def time_path(loss, positional, q, k, v, g, warmup, runs):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="512,2048,8192")
-    parser.add_argument("--tokens", type=int, default=16384, help="B * T")
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    add_shape_arguments(parser)
     parser.add_argument("--block-q", type=int, default=None, help="default: the kernel's (64 GPU, 128 TPU)")
     parser.add_argument("--block-k", type=int, default=None, help="default: the kernel's (64 GPU, 128 TPU)")
     parser.add_argument("--block-dq", type=int, default=None, help="default: the kernel's (32 GPU, 128 TPU)")

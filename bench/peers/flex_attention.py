@@ -107,14 +107,19 @@ def measure(length: int, tokens: int, heads: int, head_dim: int, runs: int, warm
     return statistics.median(times), options
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The attention benchmarks' shared arguments: lengths, B * T, heads, head width, runs and warm-up runs."""
     parser.add_argument("--lengths", default="512,2048,8192")
     parser.add_argument("--tokens", type=int, default=16384, help="B * T")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shape_arguments(parser)
     args = parser.parse_args(argv)
     import torch
     from torch.nn.attention.flex_attention import flex_attention

@@ -23,7 +23,7 @@ import argparse
 import os
 
 from jaxpos.cli.common import add_command
-from jaxpos.cli.reproduce import _command_line, _names, print_dry_run
+from jaxpos.cli.reproduce import _command_line, _names, print_dry_run, run_named
 
 
 def add_compare_parser(subparsers) -> None:
@@ -61,8 +61,7 @@ def _compare(args, overrides):
 
     out = args.out
     if args.run_name:
-        print(f"{args.run_name}: {repro.run_one(out, args.run_name)}")
-        return None
+        return run_named(out, args.run_name)
     if args.report_only:
         numbers = repro.report_only(out, _command_line("jaxpos compare"), comp.write_report)
         print(f"wrote {os.path.join(out, comp.REPORT_FILE)}")

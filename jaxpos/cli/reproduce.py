@@ -74,6 +74,13 @@ def print_dry_run(plan: dict, about: str) -> None:
         print(f"{mechanism}  # seeds {seeds} pretrained at once; each then: {', '.join(['learning curve', *stages])}")
 
 
+def run_named(out: str, name: str) -> None:
+    """`--run NAME`: a mechanism or one run of OUT/plan.json in this process (an array task); prints its outcome."""
+    from jaxpos.reproduction.reproduce import run_one  # lazy: loads jax
+
+    print(f"{name}: {run_one(out, name)}")
+
+
 def _names(text: str | None) -> list[str] | None:
     return [n.strip() for n in text.split(",") if n.strip()] if text else None
 
@@ -83,8 +90,7 @@ def _reproduce(args, overrides):
 
     out = args.out
     if args.run_name:
-        print(f"{args.run_name}: {repro.run_one(out, args.run_name)}")
-        return None
+        return run_named(out, args.run_name)
     from jaxpos.reproduction.report import REPORT_FILE, summary_table  # lazy: matplotlib, for a report only
 
     if args.report_only:
