@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxpos.models.layout import LAYER, SCANNED
+from jaxpos.models.layout import GROUPS, LAYER, SCANNED
 
 
 def learning_rate_schedule(tcfg) -> optax.Schedule:
@@ -61,9 +61,11 @@ def decay_mask(decay_positional: bool):
 
 
 def stacked_layers(path) -> bool:
-    """Whether the parameter at `path` is a scanned stack's (a leading layer axis: `layers/layer/...`)."""
+    """Whether the parameter at `path` is a scanned stack's (a leading layer axis: `layers/layer/...` or
+    `groups/layer_k/...`)."""
     keys = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
-    return any(a == SCANNED and b == LAYER for a, b in zip(keys, keys[1:]))
+    return any((a, b) == (SCANNED, LAYER) or (a == GROUPS and str(b).startswith("layer_"))
+               for a, b in zip(keys, keys[1:]))
 
 
 def scale_by_layer_trust_ratio() -> optax.GradientTransformation:
