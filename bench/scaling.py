@@ -6,9 +6,11 @@ the state and batch are abstract, so a model larger than the host's memory is me
     python bench/scaling.py --depths 12,24,48 --compile-size 256x4 --memory-size bert_base --batch 8 --length 512
 
 Both tables run the shipped recipes (configs/mlm/bert_base.py and bert_large.py: bf16 compute, AdamW) with TISA
-and no dropout. Compile table: bert_base's recipe at d x heads (`--compile-size`, e.g. 256x4) and each depth,
-unrolled and scanned: seconds to lower and compile the jitted train step. Memory table: `--memory-size`
-(bert_base, bert_large, or DxHxL on bert_base's recipe) at batch x length, per remat policy: XLA's temporary bytes
+and no dropout; the memory table also takes configs/mlm/modern_base.py (`--memory-size modern_base`: its own RoPE,
+local and global layers scanned in groups of three, GeGLU). Compile table: bert_base's recipe at d x heads
+(`--compile-size`, e.g. 256x4) and each depth, unrolled and scanned: seconds to lower and compile the jitted train
+step. Memory table: `--memory-size` (bert_base, bert_large, modern_base, or DxHxL on bert_base's recipe) at batch x
+length, per remat policy: XLA's temporary bytes
 (the activations a step keeps for its backward pass, and workspace) beside the arguments' (parameters, optimiser
 state, batch).
 """
@@ -27,12 +29,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIPPED = ("bert_base", "bert_large")  # configs/mlm/NAME.py
+SHIPPED = ("bert_base", "bert_large", "modern_base")  # configs/mlm/NAME.py
+OWN_POSITIONS = ("modern_base",)  # recipes measured with their own positional mechanism rather than TISA
 
 
 def run_config(size: str, batch: int, length: int, **model):
-    """The masked-LM recipe of configs/mlm/SIZE.py (bert_base or bert_large), or of bert_base at "DxHxL" (d_model x
-    heads x layers, mlp 4d), at batch x length tokens with TISA and no dropout; `model`: further model fields."""
+    """The masked-LM recipe of configs/mlm/SIZE.py (bert_base, bert_large or modern_base), or of bert_base at "DxHxL"
+    (d_model x heads x layers, mlp 4d), at batch x length tokens with TISA (modern_base: its RoPE) and no dropout,
+    the recipe's share of predicted tokens; `model`: further model fields."""
     from jaxpos.config.files import load_config
     from jaxpos.config.validate import check_run_config
 
@@ -41,9 +45,10 @@ def run_config(size: str, batch: int, length: int, **model):
         d_model, heads, layers = (int(x) for x in size.split("x"))
         config.model.update(d_model=d_model, num_heads=heads, num_layers=layers, mlp_dim=4 * d_model)
     config.model.update(max_length=length, dropout=0.0, attention_dropout=0.0, **model)
-    config.model.position.kind = "tisa"
+    if size not in OWN_POSITIONS:
+        config.model.position.kind = "tisa"
     config.data.update(seq_len=length)
-    config.train.update(batch_size=batch, max_predictions=max(1, length * 15 // 100), num_steps=10)
+    config.train.update(batch_size=batch, max_predictions=max(1, int(length * config.data.mask_prob)), num_steps=10)
     return check_run_config(config, task="mlm")
 
 
@@ -77,7 +82,7 @@ def main(argv=None) -> None:
     parser.add_argument("--depths", default="12,24,48", help="comma-separated depths of the compile table")
     parser.add_argument("--compile-size", default="256x4", help="d_model x heads of the compile table")
     parser.add_argument("--compile-shape", default="8x128", help="batch x length of the compile table")
-    parser.add_argument("--memory-size", default="bert_base", help="bert_base, bert_large or DxHxL")
+    parser.add_argument("--memory-size", default="bert_base", help="bert_base, bert_large, modern_base or DxHxL")
     parser.add_argument("--batch", type=int, default=8, help="rows a step of the memory table")
     parser.add_argument("--length", type=int, default=512, help="tokens a row of the memory table")
     parser.add_argument("--policies", default="none,save_projections,save_dots,full")

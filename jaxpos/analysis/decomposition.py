@@ -63,7 +63,7 @@ def _layer_norm_parts(x, p, eps):
     mean = x.mean(-1, keepdims=True)
     inv = 1.0 / np.sqrt(x.var(-1, keepdims=True) + eps)
     scale = p["scale"] * inv
-    return scale, p["bias"] - scale * mean
+    return scale, p.get("bias", 0.0) - scale * mean  # no shift without model.norm_bias
 
 
 def _gelu(x, approximate):
@@ -85,6 +85,8 @@ def decompose(cfg: ModelConfig, params, input_ids, *, piece_ids=None, token_type
     the MLM wrapper's) for input_ids [B, T]. Computation in `dtype` (float64 by default)."""
     if cfg.layer_norm != "post":
         raise ValueError("the additive decomposition is defined for post-LN encoders (model.layer_norm='post')")
+    if cfg.mlp != "plain":
+        raise ValueError(f"the additive decomposition reads a plain MLP, not model.mlp={cfg.mlp!r}")
     problem = value_path_problem(cfg)
     if problem is not None:
         raise ValueError(f"the additive decomposition does not apply to this model: {problem}")
@@ -109,7 +111,7 @@ def decompose(cfg: ModelConfig, params, input_ids, *, piece_ids=None, token_type
     if cfg.embedding_dim:
         proj = enc["embed_projection"]
         terms = [t @ proj["kernel"] for t in terms]
-        terms[3] = terms[3] + proj["bias"]
+        terms[3] = terms[3] + proj.get("bias", 0.0)
     history = [np.stack(terms)]
     feedforward_io = []
     act = _activation(cfg.activation)
@@ -120,7 +122,8 @@ def decompose(cfg: ModelConfig, params, input_ids, *, piece_ids=None, token_type
         values = np.einsum("btd,dhk->bthk", e, att["value"]["kernel"])  # value biases excluded from h
         mixed = np.einsum("bhts,bshk->bthk", weights[layer].astype(dtype), values)
         attention = np.einsum("bthk,hkd->btd", mixed, att["out"]["kernel"])
-        attention_bias = np.einsum("hk,hkd->d", att["value"]["bias"], att["out"]["kernel"]) + att["out"]["bias"]
+        value_bias = att["value"].get("bias", np.zeros(att["value"]["kernel"].shape[1:], dtype))
+        attention_bias = np.einsum("hk,hkd->d", value_bias, att["out"]["kernel"]) + att["out"].get("bias", 0.0)
         i, h, f, c = terms
         residual = [i, h + attention, f, c + attention_bias]
         scale, shift = _layer_norm_parts(sum(residual), lp["self_attention_norm"], cfg.layer_norm_eps)
@@ -128,10 +131,11 @@ def decompose(cfg: ModelConfig, params, input_ids, *, piece_ids=None, token_type
         terms[3] = terms[3] + shift
         z = sum(terms)
         mlp = lp["mlp"]
-        ff = act(z @ mlp["wi"]["kernel"] + mlp["wi"]["bias"]) @ mlp["wo"]["kernel"]  # b2 excluded from f
+        ff = act(z @ mlp["wi"]["kernel"] + mlp["wi"].get("bias", 0.0)) @ mlp["wo"]["kernel"]  # b2 excluded from f
         i, h, f, c = terms
-        feedforward_io.append((z, ff + mlp["wo"]["bias"]))
-        residual = [i, h, f + ff, c + mlp["wo"]["bias"]]
+        out_bias = mlp["wo"].get("bias", 0.0)
+        feedforward_io.append((z, ff + out_bias))
+        residual = [i, h, f + ff, c + out_bias]
         scale, shift = _layer_norm_parts(sum(residual), lp["mlp_norm"], cfg.layer_norm_eps)
         terms = [scale * t for t in residual]
         terms[3] = terms[3] + shift

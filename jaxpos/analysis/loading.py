@@ -75,8 +75,9 @@ _OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "model.safetensors.index.
 
 
 def load_hf(path: str) -> AnalyzedModel:
-    """A local Hugging Face BERT or ALBERT folder (config.json + model.safetensors or pytorch_model.bin), with
-    its vocabulary and tokenizer from vocab.txt (WordPiece) or spiece.model (SentencePiece) when present."""
+    """A local Hugging Face BERT, ALBERT, DeBERTa-v2 or ModernBERT folder (config.json + model.safetensors or
+    pytorch_model.bin), with its vocabulary and tokenizer from vocab.txt (WordPiece) or spiece.model (SentencePiece)
+    when present."""
     if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in _WEIGHT_FILES):
         other = [f for f in _OTHER_WEIGHTS if os.path.exists(os.path.join(path, f))]
         if other:

@@ -90,9 +90,11 @@ def _logits_fn(cfg: ModelConfig):
             bias = bias.replace(segment_table=encoder["segments"]["__call__"][0])
         types = jnp.zeros_like(ids) if token_types is None else token_types
         positions = jnp.arange(ids.shape[1], dtype=jnp.int32)
-        mask = AttentionMask.within_pieces(piece_ids, causal=cfg.causal).dense(positions, positions)
+        mask = AttentionMask.within_pieces(piece_ids, causal=cfg.causal)
         logits = []
         for layer in range(cfg.num_layers):
+            window = cfg.local_window if cfg.is_local(layer) else None
+            layer_mask = mask.replace(window=window).dense(positions, positions)
             attention = encoder["layer_shared" if cfg.share_layers else f"layer_{layer}"]["self_attention"]
             call = layer if cfg.share_layers else 0  # a shared layer records one output per application
             # DeBERTa's layers also project the relative embeddings [R, H, D] (3-d) beside the tokens (4-d)
@@ -100,7 +102,7 @@ def _logits_fn(cfg: ModelConfig):
             layer_bias = bias.for_layer(layer)
             if layer_bias.rel_embeddings is not None:
                 layer_bias = layer_bias.replace(rel_embeddings=None, rel_projections=(rel_q, rel_k))
-            logits.append(_layer_logits(cfg, q, k, layer_bias, positions, mask, types))
+            logits.append(_layer_logits(cfg, q, k, layer_bias, positions, layer_mask, types))
         return jnp.stack(logits)
 
     return jax.jit(run)
@@ -166,7 +168,7 @@ def _attention_inputs(cfg: ModelConfig, params, states) -> jax.Array:
     inputs = []
     for layer in range(cfg.num_layers):
         x = jnp.asarray(states[layer])
-        if cfg.layer_norm == "pre":
+        if cfg.layer_norm == "pre" and (layer > 0 or cfg.first_layer_attention_norm):
             norm = layer_params(cfg, params, layer)["self_attention_norm"]
             x = layer_norm(cfg, "self_attention_norm").apply({"params": norm}, x)
         inputs.append(x)

@@ -140,8 +140,9 @@ class PositionalBias:
     rel_projections: tuple[jax.Array, jax.Array] | None = None
     rel_index: jax.Array | None = None
     segment_table: jax.Array | None = None  # [L', H, G, G] per-head segment attention E_S[h, g_i, g_j]
-    rotary: tuple[jax.Array, jax.Array] | None = None  # cos, sin [L'=1, T, D/2] at the query positions
-    rotary_keys: tuple[jax.Array, jax.Array] | None = None  # cos, sin [1, S, D/2] at the key positions
+    # cos, sin [L', T, D/2] at the query positions (L' = L where local and global layers turn at different bases)
+    rotary: tuple[jax.Array, jax.Array] | None = None
+    rotary_keys: tuple[jax.Array, jax.Array] | None = None  # cos, sin [L', S, D/2] at the key positions
     kv_projection: jax.Array | None = None  # [L', k, S] Linformer E: keys/values projected to k positions
     # [L', R, D, P] CoPE's position embeddings e, shared by the heads, per direction (R = 1: keys at or before the
     # query; 2: and keys after it) over contextual positions 0..P-1; read inside the logits (`contextual_logits`)

@@ -16,10 +16,12 @@ from jaxpos.initializers import normal_init
 from jaxpos.sharding import HEADS, HIDDEN, constrain
 
 
-def dense(cfg: ModelConfig, features, axis, kernel_axes, bias_axes, name: str) -> nn.DenseGeneral:
-    """A DenseGeneral whose kernel and bias carry logical axis names."""
+def dense(cfg: ModelConfig, features, axis, kernel_axes, bias_axes, name: str, use_bias: bool = True
+          ) -> nn.DenseGeneral:
+    """A DenseGeneral whose kernel and bias (without one where not `use_bias`) carry logical axis names."""
     return nn.DenseGeneral(
-        features=features, axis=axis, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+        features=features, axis=axis, name=name, use_bias=use_bias, dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype),
         kernel_init=nn.with_logical_partitioning(normal_init(cfg.init_std), kernel_axes),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, bias_axes))
 
@@ -42,10 +44,11 @@ class MultiHeadAttention(nn.Module):
         passes positions within each pair, [B, T] and [B, S]."""
         cfg = self.cfg
         heads, head_dim = cfg.num_heads, cfg.head_dim
-        query = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "query")
-        key = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "key")
-        q, k = query(inputs_q), key(inputs_kv)
-        v = dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), "value")(inputs_kv)
+        def projection(name):
+            return dense(cfg, (heads, head_dim), -1, ("embed", "heads", "kv"), ("heads", "kv"), name, cfg.use_bias)
+
+        query, key = projection("query"), projection("key")
+        q, k, v = query(inputs_q), key(inputs_kv), projection("value")(inputs_kv)
         # Batch over data x fsdp, heads over tensor (the fsdp-sharded kernels are gathered, not the activations);
         # named for model.remat="save_projections" (a no-op without it).
         q, k, v = (checkpoint_name(constrain(t, HEADS), name) for t, name in ((q, "query"), (k, "key"),
@@ -81,7 +84,8 @@ class MultiHeadAttention(nn.Module):
             self.sow("intermediates", "attention_weights", weights)
         out = constrain(out, HEADS)
         return constrain(
-            dense(cfg, cfg.d_model, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out")(out), HIDDEN)
+            dense(cfg, cfg.d_model, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out", cfg.use_bias)(out),
+            HIDDEN)
 
     def _update_cache(self, k, v, q_pos):
         """First call (initialisation) sizes the cache from a full-length input; later calls write step q_pos."""

@@ -1,5 +1,5 @@
-"""Checkpoint import (Hugging Face BERT/ALBERT/DeBERTa-v2: `huggingface`) and export (`export`: parameters only, as an
-orbax checkpoint that `load_export` restores onto any mesh, or as a Hugging Face folder).
+"""Checkpoint import (Hugging Face BERT/ALBERT/DeBERTa-v2/ModernBERT: `huggingface`) and export (`export`: parameters
+only, as an orbax checkpoint that `load_export` restores onto any mesh, or as a Hugging Face folder).
 
 The names below come from `jaxpos.checkpoints.export` on first use, so that importing the package does not load
 jax.

@@ -87,7 +87,7 @@ def export_run(workdir: str, out: str, *, format: str = "orbax", dtype: str | No
     if format == "huggingface":
         if task != "mlm":
             raise ValueError(f"{workdir} is a {task!r} run; the Hugging Face format holds masked-LM runs "
-                             "(BertForMaskedLM / AlbertForMaskedLM); use --format orbax")
+                             "(BertForMaskedLM, AlbertForMaskedLM, ModernBertForMaskedLM); use --format orbax")
         hf_config(cfg)  # refuse what transformers cannot express before reading any checkpoint
     folder = _check_new(out)
     step, params = run.params(step)
@@ -163,12 +163,66 @@ def load_export(path: str, mesh: jax.sharding.Mesh | jax.sharding.Sharding | Non
 # --- Hugging Face ----------------------------------------------------------------------------------------------------
 
 def _family(cfg: ModelConfig) -> str:
+    """modernbert for the modern block (a gated MLP, which BERT and ALBERT lack), albert for shared layers, else
+    bert."""
+    if cfg.mlp != "plain":
+        return "modernbert"
     return "albert" if cfg.share_layers else "bert"
 
 
+def _refuse(refusals) -> None:
+    for refused, what in refusals:
+        if refused:
+            raise ValueError(f"the Hugging Face format cannot express {what}; export with --format orbax")
+
+
+# jaxpos's masked-LM special tokens ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), as ModernBERT's config names them
+_MODERNBERT_TOKENS = dict(pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_token_id=3, sep_token_id=3)
+
+
+def modernbert_config(cfg: ModelConfig) -> dict:
+    """The config.json of the `transformers.ModernBertForMaskedLM` that computes what `cfg`'s BertForMaskedLM
+    computes. Raises ValueError naming the field ModernBERT cannot express."""
+    pos, rope = cfg.position, cfg.position.rope
+    _refuse([
+        (cfg.num_decoder_layers, f"model.num_decoder_layers={cfg.num_decoder_layers}: an encoder-decoder"),
+        (pos.kind != "rope", f"model.position.kind={pos.kind!r} with model.mlp={cfg.mlp!r}: ModernBERT has RoPE "
+                             "(BERT and ALBERT have no gated MLP)"),
+        (rope.scaling != "none" or rope.fraction != 1.0, "a RoPE length rule or p-RoPE in ModernBERT's config"),
+        (pos.segment != "none", f"model.position.segment={pos.segment!r}: ModernBERT has no token types"),
+        (pos.content_only or pos.position_only, "an analysis switch (content_only, position_only)"),
+        (pos.randomized_max_length is not None, "randomized positions"),
+        (cfg.layer_norm != "pre", "model.layer_norm='post': ModernBERT is pre-LN"),
+        (cfg.first_layer_attention_norm, "model.first_layer_attention_norm=True: ModernBERT's first layer reads "
+                                         "the normalised embeddings"),
+        (not cfg.embed_layer_norm, "model.embed_layer_norm=False: ModernBERT normalises the embeddings"),
+        (cfg.scale_embeddings, "model.scale_embeddings=True"),
+        (cfg.embedding_dim is not None, f"model.embedding_dim={cfg.embedding_dim}: factorised embeddings"),
+        (cfg.share_layers, "model.share_layers=True"),
+        (cfg.causal, "model.causal=True: ModernBERT is bidirectional"),
+        (cfg.mlp == "geglu" and cfg.activation == "relu", "a ReLU-gated MLP")])
+    layer_types = ["sliding_attention" if cfg.is_local(i) else "full_attention" for i in range(cfg.num_layers)]
+    act = _HF_ACTIVATION[cfg.activation]
+    return dict(
+        model_type="modernbert", architectures=["ModernBertForMaskedLM"], vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model, intermediate_size=cfg.mlp_dim, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, max_position_embeddings=cfg.max_length,
+        hidden_activation="silu" if cfg.mlp == "swiglu" else act, classifier_activation=act,
+        norm_eps=cfg.layer_norm_eps, norm_bias=cfg.norm_bias, attention_bias=cfg.use_bias, mlp_bias=cfg.use_bias,
+        classifier_bias=cfg.use_bias, decoder_bias=True, local_attention=cfg.local_window or 2 * cfg.max_length,
+        global_attn_every_n_layers=cfg.global_every, layer_types=layer_types,
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=rope.base),
+                         "sliding_attention": dict(rope_type="default", rope_theta=rope.local_base or rope.base)},
+        tie_word_embeddings=cfg.tie_embeddings, initializer_range=cfg.init_std, embedding_dropout=cfg.dropout,
+        mlp_dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, **_MODERNBERT_TOKENS)
+
+
 def hf_config(cfg: ModelConfig) -> dict:
-    """The config.json of the transformers model that computes what `cfg`'s BertForMaskedLM computes (BERT, or
-    ALBERT for shared layers). Raises ValueError naming the field whose value transformers cannot express."""
+    """The config.json of the transformers model that computes what `cfg`'s BertForMaskedLM computes (BERT,
+    ALBERT for shared layers, ModernBERT for the modern block). Raises ValueError naming the field whose value
+    transformers cannot express."""
+    if _family(cfg) == "modernbert":
+        return modernbert_config(cfg)
     pos = cfg.position
     refusals = [
         (cfg.num_decoder_layers, f"model.num_decoder_layers={cfg.num_decoder_layers}: an encoder-decoder"),
@@ -184,10 +238,13 @@ def hf_config(cfg: ModelConfig) -> dict:
          f"model.embedding_dim={cfg.embedding_dim} without share_layers: BERT has no factorised embeddings "
          "(ALBERT has them, with shared layers)"),
         (cfg.causal and cfg.share_layers, "model.causal=True with share_layers: ALBERT is always bidirectional"),
+        (not (cfg.use_bias and cfg.norm_bias), "model.use_bias=False or norm_bias=False: BERT and ALBERT have "
+                                               "biases"),
+        (not cfg.first_layer_attention_norm, "model.first_layer_attention_norm=False"),
+        (cfg.local_window is not None, f"model.local_window={cfg.local_window}: BERT and ALBERT have no local "
+                                       "layers"),
     ]
-    for refused, what in refusals:
-        if refused:
-            raise ValueError(f"the Hugging Face format cannot express {what}; export with --format orbax")
+    _refuse(refusals)
     family = _family(cfg)
     hf = {key: getattr(cfg, field) for key, (field, _) in CONFIG_FIELDS.items()}
     hf.update(model_type=family, architectures=["AlbertForMaskedLM" if family == "albert" else "BertForMaskedLM"],
@@ -220,7 +277,7 @@ def hf_state_dict(params: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
     params = jax.tree.map(np.asarray, params)
     encoder = dict(params["bert"], encoder=dict(params["bert"]["encoder"]))
     dtype = params["bert"]["token_embed"]["embedding"].dtype
-    if not _has_type_embeddings(cfg):  # token types contribute nothing, as in jaxpos
+    if not _has_type_embeddings(cfg) and family != "modernbert":  # token types contribute nothing, as in jaxpos
         encoder["type_embed"] = {"embedding": np.zeros((max(cfg.type_vocab_size, 1), cfg.embed_width), dtype)}
     if family == "albert" and "embed_projection" not in encoder["encoder"]:  # E = d: ALBERT projects anyway
         encoder["encoder"]["embed_projection"] = {"kernel": np.eye(cfg.d_model, dtype=dtype),
@@ -240,7 +297,8 @@ def hf_state_dict(params: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 def save_huggingface(out, cfg: ModelConfig, params: dict) -> None:
     """Writes OUT/config.json and OUT/model.safetensors (tensors in the parameters' dtype) for
-    `transformers.BertForMaskedLM` (or `AlbertForMaskedLM` for shared layers) `.from_pretrained(OUT)`."""
+    `transformers.BertForMaskedLM` (`AlbertForMaskedLM` for shared layers, `ModernBertForMaskedLM` for the modern
+    block) `.from_pretrained(OUT)`."""
     folder = checkpoint_path(out)
     hf = hf_config(cfg)
     tensors = hf_state_dict(params, cfg)

@@ -1,5 +1,5 @@
-"""Import Hugging Face BERT, ALBERT and DeBERTa-v2/v3 checkpoints (PyTorch state dicts or local folders) into
-jaxpos encoders.
+"""Import Hugging Face BERT, ALBERT, DeBERTa-v2/v3 and ModernBERT checkpoints (PyTorch state dicts or local
+folders) into jaxpos encoders.
 
 Maps `BertModel` / `BertForMaskedLM` and `AlbertModel` / `AlbertForMaskedLM` weights onto `BertEncoder` /
 `BertForMaskedLM` (absolute learned positions, post-LN; ALBERT's factorised embeddings and shared layers; a tied
@@ -8,6 +8,10 @@ or untied output layer; BERT's `is_decoder` as a causal encoder) and the pooler 
 the encoder, its shared relative embeddings and their LayerNorm, and the MLM head in either layout (`cls.predictions`
 with legacy=true, `lm_predictions.lm_head` otherwise); DeBERTa-v3's replaced-token-detection head
 (`mask_predictions`) and the sequence classifier's ContextPooler are not read.
+`ModernBertModel` / `ModernBertForMaskedLM` (model_type modernbert) map onto the modern block: pre-LN, GeGLU (or
+SwiGLU), no biases where the config has none, the first layer's attention norm an identity, a final norm, RoPE with
+the global and local bases, local layers every layer but each global_attn_every_n_layers-th, and the MLM head (dense,
+activation, norm, decoder with its bias); the fused Wqkv and Wi are split into jaxpos's projections.
 A config.json field that would make transformers build a model jaxpos cannot represent is refused by name.
 Needs no torch for safetensors folders; `pytorch_model.bin` needs torch.
 """
@@ -86,29 +90,48 @@ _IRRELEVANT = frozenset({
     "num_memory_blocks", "pooler_dropout", "pooler_hidden_act", "pooler_hidden_size"})
 
 
-def _check_fields(hf: Mapping[str, Any]) -> None:
+# ModernBERT's config.json fields that config_from_hf reads (`_modernbert_values`), and those that leave its encoder
+# and MLM forward pass unchanged (initialisation, the classifier's pooling, flash-attention and sparse-prediction
+# switches, special tokens; layer_norm_eps is BERT's name, which ModernBERT does not read: norm_eps).
+_MODERNBERT_MAPPED = frozenset({
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "hidden_activation", "classifier_activation", "norm_eps", "norm_bias",
+    "attention_bias", "mlp_bias", "classifier_bias", "decoder_bias", "local_attention", "global_attn_every_n_layers",
+    "layer_types", "rope_parameters", "rope_scaling", "global_rope_theta", "local_rope_theta", "initializer_range",
+    "tie_word_embeddings", "embedding_dropout", "mlp_dropout", "attention_dropout"})
+_MODERNBERT_IRRELEVANT = frozenset({
+    "initializer_cutoff_factor", "classifier_pooling", "deterministic_flash_attn", "sparse_prediction",
+    "sparse_pred_ignore_index", "cls_token_id", "reference_compile", "repad_logits_with_grad", "layer_norm_eps"})
+
+
+def _check_fields(hf: Mapping[str, Any], modernbert: bool = False) -> None:
     """Refuse a config.json field whose value jaxpos cannot represent; warn about fields it does not know."""
     for key, (default, supported) in _DEFAULT_ONLY.items():
         if key in hf and hf[key] != default:
             raise ValueError(f"config.json has {key}={hf[key]!r}; jaxpos imports only {key}={default!r} "
                              f"({supported})")
-    act = hf.get("hidden_act", "gelu")
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"config.json has hidden_act={act!r}; jaxpos imports only {sorted(_ACTIVATIONS)}")
-    unknown = sorted(set(hf) - _MAPPED - set(_DEFAULT_ONLY) - _IRRELEVANT)
+    for key in ("hidden_activation", "classifier_activation") if modernbert else ("hidden_act",):
+        act = hf.get(key, "gelu")
+        if act not in _ACTIVATIONS and not (key == "hidden_activation" and act in _GATE_SILU):
+            raise ValueError(f"config.json has {key}={act!r}; jaxpos imports only {sorted(_ACTIVATIONS)}"
+                             + (f" (or {' / '.join(_GATE_SILU)}: SwiGLU)" if key == "hidden_activation" else ""))
+    known = (_MODERNBERT_MAPPED | _MODERNBERT_IRRELEVANT) if modernbert else _MAPPED
+    unknown = sorted(set(hf) - known - set(_DEFAULT_ONLY) - _IRRELEVANT)
     # transformers' BERT/ALBERT ignore keys they do not define and hub configs carry odd extras: warn, don't refuse.
     if unknown:
         warnings.warn(f"config.json fields {unknown} are unknown to the jaxpos importer and ignored", stacklevel=3)
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides) -> ModelConfig:
-    """A jaxpos ModelConfig equivalent to a Hugging Face BertConfig, AlbertConfig or DebertaV2Config (a dict from
-    config.json). Raises ValueError naming a field whose value jaxpos cannot represent."""
+    """A jaxpos ModelConfig equivalent to a Hugging Face BertConfig, AlbertConfig, DebertaV2Config or
+    ModernBertConfig (a dict from config.json). Raises ValueError naming a field whose value jaxpos cannot represent."""
     model_type = hf.get("model_type", "bert")
-    if model_type not in ("bert", "albert", "deberta-v2"):
-        raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; jaxpos imports bert, albert and "
-                         "deberta-v2 (DeBERTa-v2 and v3)")
-    _check_fields(hf)
+    if model_type not in ("bert", "albert", "deberta-v2", "modernbert"):
+        raise ValueError(f"unsupported Hugging Face model_type {model_type!r}; jaxpos imports bert, albert, "
+                         "deberta-v2 (DeBERTa-v2 and v3) and modernbert")
+    _check_fields(hf, modernbert=model_type == "modernbert")
+    if model_type == "modernbert":
+        return model_config({**_modernbert_values(hf), **overrides})
     defaults = _DEBERTA_DEFAULTS if model_type == "deberta-v2" else {}
     values = {field: hf[key] if default is None else hf.get(key, defaults.get(key, default))
               for key, (field, default) in CONFIG_FIELDS.items()}
@@ -154,6 +177,70 @@ def _deberta_values(hf: Mapping[str, Any], values: Mapping[str, Any]) -> dict:
                 position=dict(kind="deberta", segment="input" if types else "none", deberta=deberta))
 
 
+# hidden_activation names that make ModernBERT's gated MLP a SwiGLU
+_GATE_SILU = ("silu", "swish")
+
+
+def modernbert_global_every(hf: Mapping[str, Any]) -> int | None:
+    """ModernBERT's global_attn_every_n_layers G from config.json (layer l global when l % G == 0), from its
+    layer_types where it lists them; None when every layer is global. A pattern of another form is refused."""
+    layers = hf["num_hidden_layers"]
+    every = hf.get("global_attn_every_n_layers", 3)
+    if "layer_types" not in hf or hf["layer_types"] is None:
+        return every if every > 1 and layers > 1 else None
+    types = list(hf["layer_types"])
+    if all(t == "full_attention" for t in types):
+        return None
+    for candidate in [every] + list(range(2, layers + 1)):
+        if types == ["full_attention" if i % candidate == 0 else "sliding_attention" for i in range(layers)]:
+            return candidate
+    raise ValueError(f"config.json has layer_types={types!r}; jaxpos imports layer l global when "
+                     "l % global_attn_every_n_layers == 0, every other layer local (sliding_attention)")
+
+
+def _modernbert_theta(hf: Mapping[str, Any], kind: str, old_key: str, default: float) -> float:
+    """A ModernBERT RoPE base: rope_parameters[kind] (transformers 5), else the older global/local_rope_theta."""
+    params = (hf.get("rope_parameters") or {}).get(kind) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"config.json has rope_parameters.{kind}.rope_type={rope_type!r}; jaxpos imports "
+                         "ModernBERT with rope_type='default' (no length rule)")
+    return float(params.get("rope_theta", hf.get(old_key, default)))
+
+
+def _modernbert_values(hf: Mapping[str, Any]) -> dict:
+    """The ModelConfig values of a ModernBERT config.json; refuses what jaxpos cannot represent. Dropout rates map
+    onto jaxpos's two (the hidden states', from mlp_dropout, and the attention weights'), training settings only."""
+    if hf.get("rope_scaling") is not None:
+        raise ValueError(f"config.json has rope_scaling={hf['rope_scaling']!r}; jaxpos imports ModernBERT without "
+                         "a RoPE length rule")
+    biases = {key: bool(hf.get(key, False)) for key in ("attention_bias", "mlp_bias", "classifier_bias")}
+    if len(set(biases.values())) > 1:
+        raise ValueError(f"config.json has {', '.join(f'{k}={v}' for k, v in biases.items())}; jaxpos imports "
+                         "ModernBERT with all three the same (model.use_bias)")
+    hidden, head = hf.get("hidden_activation", "gelu"), hf.get("classifier_activation", "gelu")
+    mlp = "swiglu" if hidden in _GATE_SILU else "geglu"
+    if mlp == "geglu" and _ACTIVATIONS[hidden] != _ACTIVATIONS[head]:
+        raise ValueError(f"config.json has hidden_activation={hidden!r} and classifier_activation={head!r}; jaxpos "
+                         "imports ModernBERT with one GELU for both (model.activation)")
+    if mlp == "geglu" and _ACTIVATIONS[hidden] == "relu":
+        raise ValueError("config.json has hidden_activation='relu'; jaxpos's gated MLPs are GeGLU and SwiGLU")
+    every = modernbert_global_every(hf)
+    rope = dict(base=_modernbert_theta(hf, "full_attention", "global_rope_theta", 160_000.0),
+                local_base=_modernbert_theta(hf, "sliding_attention", "local_rope_theta", 10_000.0))
+    return dict(
+        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], mlp_dim=hf["intermediate_size"],
+        max_length=hf.get("max_position_embeddings", 8192), type_vocab_size=1,
+        dropout=hf.get("mlp_dropout", 0.0), attention_dropout=hf.get("attention_dropout", 0.0),
+        activation=_ACTIVATIONS[head], mlp=mlp, layer_norm="pre", layer_norm_eps=hf.get("norm_eps", 1e-5),
+        use_bias=biases["attention_bias"], norm_bias=bool(hf.get("norm_bias", False)),
+        first_layer_attention_norm=False, embed_layer_norm=True,
+        local_window=hf.get("local_attention", 128) if every else None, global_every=every or 3,
+        init_std=hf.get("initializer_range", 0.02), tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        position=dict(kind="rope", segment="none", rope=rope))
+
+
 class _Weights:
     """A state dict with its prefix resolved and a clear error for a missing key."""
 
@@ -195,15 +282,20 @@ _LAYER_NAMES = {
                 "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense", "output.dense",
                 "output.LayerNorm"),
 }
-ENCODER_PREFIX = {"bert": "bert.", "albert": "albert.", "deberta": "deberta."}  # of the encoder inside *ForMaskedLM
-# DeBERTa's MLM head is `cls.predictions.` (BERT's layout) with legacy=true, else `DEBERTA_HEAD_PREFIX`.
-MLM_HEAD_PREFIX = {"bert": "cls.predictions.", "albert": "predictions.", "deberta": "cls.predictions."}
+# of the encoder inside *ForMaskedLM
+ENCODER_PREFIX = {"bert": "bert.", "albert": "albert.", "deberta": "deberta.", "modernbert": "model."}
+# DeBERTa's MLM head is `cls.predictions.` (BERT's layout) with legacy=true, else `DEBERTA_HEAD_PREFIX`; ModernBERT's
+# `head.` and `decoder` sit at the top of ModernBertForMaskedLM.
+MLM_HEAD_PREFIX = {"bert": "cls.predictions.", "albert": "predictions.", "deberta": "cls.predictions.",
+                   "modernbert": ""}
 DEBERTA_HEAD_PREFIX = "lm_predictions.lm_head."
 
 
 def encoder_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, ...], str]]:
     """(Hugging Face module name, path in the `BertEncoder` parameters, kind) of every encoder weight; kinds are
     those of `from_hf` / `to_hf`. Names are relative to the encoder (no `bert.` / `albert.` prefix)."""
+    if family == "modernbert":
+        return modernbert_layout(cfg)
     layout = [("embeddings.word_embeddings", ("token_embed",), "embedding"),
               ("embeddings.token_type_embeddings", ("type_embed",), "embedding"),
               ("embeddings.position_embeddings", ("encoder", "position"), "embedding"),
@@ -231,10 +323,32 @@ def encoder_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, 
     return layout
 
 
+def modernbert_layout(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
+    """`encoder_layout` of ModernBERT: token embeddings and their norm, each layer's attention norm (none in layer
+    0), fused Wqkv (kind "qkv": the whole self_attention subtree but `out`), Wo, MLP norm, fused Wi (kind "gated":
+    [2 m, d] -> [d, 2, m], input half first, gate half second), Wo, and the final norm."""
+    layout = [("embeddings.tok_embeddings", ("token_embed",), "embedding"),
+              ("embeddings.norm", ("encoder", "embed_norm"), "norm")]
+    for i in range(cfg.num_layers):
+        prefix, path = f"layers.{i}.", ("encoder", f"layer_{i}")
+        if i > 0:
+            layout.append((prefix + "attn_norm", path + ("self_attention_norm",), "norm"))
+        layout += [(prefix + "attn.Wqkv", path + ("self_attention",), "qkv"),
+                   (prefix + "attn.Wo", path + ("self_attention", "out"), "heads_out"),
+                   (prefix + "mlp_norm", path + ("mlp_norm",), "norm"),
+                   (prefix + "mlp.Wi", path + ("mlp", "wi"), "gated"),
+                   (prefix + "mlp.Wo", path + ("mlp", "wo"), "linear")]
+    return layout + [("final_norm", ("encoder", "final_norm"), "norm")]
+
+
 def mlm_head_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str, ...], str]]:
     """(name under MLM_HEAD_PREFIX, path in the `BertForMaskedLM` parameters, kind) of the MLM head's weights.
     `decoder` exists only with tie_embeddings off (tie_word_embeddings=false). Family "deberta_lm_head": DeBERTa's
     head under DEBERTA_HEAD_PREFIX (legacy=false), tied to the input embeddings."""
+    if family == "modernbert":  # the decoder's bias is jaxpos's output bias (zeros where decoder_bias is off)
+        layout = [("head.dense", ("head_dense",), "linear"), ("head.norm", ("head_norm",), "norm"),
+                  ("decoder.bias", ("output_bias",), "output_bias")]
+        return layout + ([] if cfg.tie_embeddings else [("decoder", ("decoder",), "decoder")])
     flat = family in ("albert", "deberta_lm_head")
     dense, norm = ("dense", "LayerNorm") if flat else ("transform.dense", "transform.LayerNorm")
     layout = [(dense, ("head_dense",), "linear"), (norm, ("head_norm",), "norm"),
@@ -244,23 +358,50 @@ def mlm_head_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str,
     return layout
 
 
+def _optional(get, key: str, *fallbacks: str, default=None):
+    """`get(key, *fallbacks)`, or `default` where the checkpoint has none of them (a module without a bias)."""
+    try:
+        return get(key, *fallbacks)
+    except KeyError:
+        return default
+
+
 def from_hf(get, name: str, kind: str, cfg: ModelConfig | None):
-    """The jaxpos parameters of one Hugging Face module. `get(key, *fallbacks)` returns a tensor as numpy."""
+    """The jaxpos parameters of one Hugging Face module. `get(key, *fallbacks)` returns a tensor as numpy. Biases
+    are read where `cfg` has them (model.use_bias for dense layers, model.norm_bias for LayerNorms; every one
+    without a cfg)."""
+    dense_bias = cfg is None or cfg.use_bias
     if kind == "embedding":  # [N, E] both sides
         return {"embedding": get(f"{name}.weight")}
     if kind == "norm":
-        return {"scale": get(f"{name}.weight"), "bias": get(f"{name}.bias")}
+        scale = {"scale": get(f"{name}.weight")}
+        return {**scale, "bias": get(f"{name}.bias")} if cfg is None or cfg.norm_bias else scale
     if kind == "vector":
         return get(name)
+    if kind == "output_bias":  # ModernBERT's decoder bias; with decoder_bias off the output has none: zeros
+        return _optional(get, name, default=np.zeros(cfg.vocab_size, np.float32))
     weight = get(f"{name}.weight")  # torch Linear [out, in]
-    # transformers < 5 shares decoder.bias with the head's `bias` and may save only the latter.
-    bias = get(f"{name}.bias", "bias") if kind == "decoder" else get(f"{name}.bias")
+    if kind == "decoder":  # transformers < 5 shares decoder.bias with the head's `bias` and may save only the latter
+        bias = _optional(get, f"{name}.bias", "bias", default=np.zeros(weight.shape[0], np.float32))
+        return {"kernel": weight.T, "bias": bias}
+    bias = get(f"{name}.bias") if dense_bias else None
+    if kind == "qkv":  # ModernBERT's Wqkv [3 H Dh, d] -> query, key, value [d, H, Dh] (of the self_attention subtree)
+        kernels = weight.T.reshape(cfg.d_model, 3, cfg.num_heads, cfg.head_dim)
+        biases = bias.reshape(3, cfg.num_heads, cfg.head_dim) if dense_bias else None
+        return {part: _dense(kernels[:, i], None if biases is None else biases[i])
+                for i, part in enumerate(("query", "key", "value"))}
+    if kind == "gated":  # Wi [2 m, d] -> [d, 2, m]: the activated half [:, 0], the gate [:, 1]
+        return _dense(weight.T.reshape(weight.shape[1], 2, -1), None if bias is None else bias.reshape(2, -1))
     if kind == "heads_in":  # query/key/value DenseGeneral: [d, H, Dh]
-        return {"kernel": weight.T.reshape(cfg.d_model, cfg.num_heads, cfg.head_dim),
-                "bias": bias.reshape(cfg.num_heads, cfg.head_dim)}
+        return _dense(weight.T.reshape(cfg.d_model, cfg.num_heads, cfg.head_dim),
+                      None if bias is None else bias.reshape(cfg.num_heads, cfg.head_dim))
     if kind == "heads_out":  # [H, Dh, d]
-        return {"kernel": weight.T.reshape(cfg.num_heads, cfg.head_dim, cfg.d_model), "bias": bias}
-    return {"kernel": weight.T, "bias": bias}  # linear, decoder: [in, out]
+        return _dense(weight.T.reshape(cfg.num_heads, cfg.head_dim, cfg.d_model), bias)
+    return _dense(weight.T, bias)  # linear: [in, out]
+
+
+def _dense(kernel: np.ndarray, bias: np.ndarray | None) -> dict:
+    return {"kernel": kernel} if bias is None else {"kernel": kernel, "bias": bias}
 
 
 def to_hf(value, name: str, kind: str) -> dict[str, np.ndarray]:
@@ -268,15 +409,23 @@ def to_hf(value, name: str, kind: str) -> dict[str, np.ndarray]:
     if kind == "embedding":
         return {f"{name}.weight": value["embedding"]}
     if kind == "norm":
-        return {f"{name}.weight": value["scale"], f"{name}.bias": value["bias"]}
-    if kind == "vector":
+        return {f"{name}.weight": value["scale"], **({f"{name}.bias": value["bias"]} if "bias" in value else {})}
+    if kind in ("vector", "output_bias"):
         return {name: value}
-    kernel, bias = value["kernel"], value["bias"]
-    if kind == "heads_in":  # [d, H, Dh] -> [H*Dh, d]
-        return {f"{name}.weight": kernel.reshape(kernel.shape[0], -1).T, f"{name}.bias": bias.reshape(-1)}
-    if kind == "heads_out":  # [H, Dh, d] -> [d, H*Dh]
-        return {f"{name}.weight": kernel.reshape(-1, kernel.shape[-1]).T, f"{name}.bias": bias}
-    return {f"{name}.weight": kernel.T, f"{name}.bias": bias}
+    if kind == "qkv":  # [d, H, Dh] x 3 -> [3 H Dh, d]
+        parts = [value[part] for part in ("query", "key", "value")]
+        out = {f"{name}.weight": np.concatenate([p["kernel"].reshape(p["kernel"].shape[0], -1) for p in parts], 1).T}
+        if "bias" in parts[0]:
+            out[f"{name}.bias"] = np.concatenate([p["bias"].reshape(-1) for p in parts])
+        return out
+    kernel, bias = value["kernel"], value.get("bias")
+    if kind == "gated":  # [d, 2, m] -> [2 m, d]
+        kernel, bias = kernel.reshape(kernel.shape[0], -1), None if bias is None else bias.reshape(-1)
+    elif kind == "heads_in":  # [d, H, Dh] -> [H*Dh, d]
+        kernel, bias = kernel.reshape(kernel.shape[0], -1), None if bias is None else bias.reshape(-1)
+    elif kind == "heads_out":  # [H, Dh, d] -> [d, H*Dh]
+        kernel = kernel.reshape(-1, kernel.shape[-1])
+    return {f"{name}.weight": kernel.T, **({} if bias is None else {f"{name}.bias": bias})}
 
 
 def _nested(entries) -> dict:
@@ -293,6 +442,8 @@ def _nested(entries) -> dict:
 def _family(state) -> str:
     if any("albert_layer_groups" in k for k in state):
         return "albert"
+    if any(".attn.Wqkv." in k for k in state):
+        return "modernbert"
     return "deberta" if any(k.endswith("encoder.rel_embeddings.weight") for k in state) else "bert"
 
 
@@ -304,15 +455,17 @@ def _encoder_weights(state: Mapping[str, Any]) -> tuple[str, _Weights]:
 
 
 def bert_encoder_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
-    """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT, ALBERT or DeBERTa-v2/v3 state dict
-    (`BertModel`, `BertForMaskedLM`, `AlbertModel`, `AlbertForMaskedLM`, `DebertaV2Model`, ...)."""
+    """Parameters of a jaxpos `BertEncoder` from a Hugging Face BERT, ALBERT, DeBERTa-v2/v3 or ModernBERT state
+    dict (`BertModel`, `BertForMaskedLM`, `AlbertModel`, `AlbertForMaskedLM`, `DebertaV2Model`, `ModernBertModel`,
+    ...)."""
     family, w = _encoder_weights(state)
     return _nested((path, from_hf(w, name, kind, cfg)) for name, path, kind in encoder_layout(cfg, family))
 
 
 def bert_mlm_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
     """Parameters of a jaxpos `BertForMaskedLM` from a Hugging Face `BertForMaskedLM`/`BertForPreTraining`,
-    `AlbertForMaskedLM` or `DebertaV2ForMaskedLM` (either head layout); with `cfg.tie_embeddings` off
+    `AlbertForMaskedLM`, `DebertaV2ForMaskedLM` (either head layout) or `ModernBertForMaskedLM`; with
+    `cfg.tie_embeddings` off
     (tie_word_embeddings=false) the checkpoint's own decoder [V, E] becomes `decoder` {"kernel": [E, V],
     "bias": [V]}."""
     family = _family(state)
@@ -327,9 +480,10 @@ def bert_mlm_params(state: Mapping[str, Any], cfg: ModelConfig) -> dict:
 def bert_pooler_params(state: Mapping[str, Any]) -> dict | None:
     """The pooler of a BERT or ALBERT state dict as a flax Dense {"kernel": [d, d], "bias": [d]}
     (pooled = tanh(hidden[:, 0] @ kernel + bias)), or None when the checkpoint has none (e.g. *ForMaskedLM) or it
-    is DeBERTa's ContextPooler (its activation is pooler_hidden_act, not tanh: a classifier starts a new one)."""
+    is DeBERTa's ContextPooler (its activation is pooler_hidden_act, not tanh: a classifier starts a new one) or
+    ModernBERT's classifier head (dense, activation, norm)."""
     family, w = _encoder_weights(state)
-    if family == "deberta":
+    if family in ("deberta", "modernbert"):
         return None
     key = "pooler" if family == "albert" else "pooler.dense"
     return from_hf(w, key, "linear", None) if f"{key}.weight" in w else None

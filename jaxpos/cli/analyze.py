@@ -14,7 +14,8 @@ def add_analyze_parser(subparsers) -> None:
                         "Muppet decomposition, effective attention, identifiability, attribution)", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", help="a `jaxpos train` masked-LM workdir (config.json, checkpoints/, tokenizer)")
-    source.add_argument("--hf", metavar="PATH", help="a local Hugging Face BERT/ALBERT folder (config.json, "
+    source.add_argument("--hf", metavar="PATH", help="a local Hugging Face BERT, ALBERT, DeBERTa or "
+                                                     "ModernBERT folder (config.json, "
                                                      "model.safetensors or pytorch_model.bin, vocab.txt)")
     parser.add_argument("--out", help="output folder (default: WORKDIR/analysis, or ./analysis_<name> for --hf)")
     parser.add_argument("--text", help="a UTF-8 text file to take sentences from (default: the embedded corpus, "

@@ -17,12 +17,12 @@ def add_finetune_parser(subparsers) -> None:
                           "e.g. --config.model.position.rope.scaling=yarn --config.model.position.rope.factor=4 "
                           "(docs/mechanisms.md)")
     parser = add_command(
-        subparsers, "finetune", "fine-tune a jaxpos run or a Hugging Face BERT/ALBERT folder on a classification or "
+        subparsers, "finetune", "fine-tune a jaxpos run or a Hugging Face BERT-family folder on a classification or "
         "regression task; resumes from the workdir's latest checkpoint", overrides=overrides,
         notes=RUN_NOTES)
     parser.add_argument("--config", required=True, help="config file, e.g. configs/finetune/glue.py")
     parser.add_argument("--init", required=True, help="a `jaxpos train` masked-LM workdir or a local Hugging Face "
-                                                      "BERT/ALBERT folder")
+                                                      "BERT, ALBERT, DeBERTa or ModernBERT folder")
     parser.add_argument("--workdir", required=True, help="checkpoints, TensorBoard events, evals.json, report.json")
     parser.set_defaults(run=_finetune)
 

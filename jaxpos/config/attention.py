@@ -189,7 +189,8 @@ def model_call(cfg, *, training: bool, **platform) -> Call:
                 contextual=pcfg.kind == "cope" and not pcfg.content_only,
                 disentangled=pcfg.kind == "deberta",
                 switches=bool(pcfg.content_only or pcfg.position_only),
-                linformer=pcfg.kind == "diet_abs" and bool(pcfg.diet_abs.linformer_k))
+                linformer=pcfg.kind == "diet_abs" and bool(pcfg.diet_abs.linformer_k),
+                window=cfg.local_window is not None)  # the local layers' calls
 
 
 def names(wanted: list[str]) -> str:

@@ -20,6 +20,20 @@ def model_block(**overrides) -> ml_collections.ConfigDict:
     return block
 
 
+def modern_block(model: ml_collections.ConfigDict, **overrides) -> ml_collections.ConfigDict:
+    """`model` (a `config.model`) set to ModernBERT's block (Warner et al., 2024): pre-LN with a final norm,
+    LayerNorms without a shift (eps 1e-5), no biases in the dense layers, a GeGLU MLP, the first layer's attention
+    norm an identity (the embeddings are normalised once), no token types, local layers (128 tokens, every layer
+    but each third global) and RoPE at 160,000 in global and 10,000 in local layers; then `overrides`."""
+    model.update(layer_norm="pre", layer_norm_eps=1e-5, norm_bias=False, use_bias=False, mlp="geglu",
+                 activation="gelu", first_layer_attention_norm=False, embed_layer_norm=True, local_window=128,
+                 global_every=3, dropout=0.0, attention_dropout=0.0)
+    model.position.update(kind="rope", segment="none")
+    model.position.rope.update(base=160_000.0, local_base=10_000.0)
+    model.update(overrides)
+    return model
+
+
 def train_block(**overrides) -> ml_collections.ConfigDict:
     """`config.train`: optimisation, logging, evaluation and checkpoints (`TrainConfig`'s fields and defaults)."""
     block = ml_collections.ConfigDict(dataclasses.asdict(TrainConfig()))

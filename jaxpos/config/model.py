@@ -93,12 +93,16 @@ class RopeConfig:
     # p-RoPE: the share of each head's channel pairs rotated, the highest frequencies; the pairs of the lowest
     # frequencies stay unrotated (1.0: every pair, plain RoPE)
     fraction: float = 1.0
+    # The base of local layers (model.local_window), ModernBERT's 10,000 beside a global 160,000; None: `base`
+    local_base: float | None = None
 
     def check(self) -> None:
         """Raises a one-line ValueError for an unknown rule or an option out of range."""
         if self.scaling not in ROPE_SCALINGS:
             raise ValueError(f"position.rope.scaling={self.scaling!r}; choose one of {', '.join(ROPE_SCALINGS)}")
         check_number("position.rope.base", self.base, 0.0, open_low=True)
+        if self.local_base is not None:
+            check_number("position.rope.local_base", self.local_base, 0.0, open_low=True)
         check_number("position.rope.factor", self.factor, 1.0)
         check_count("position.rope.original_max_length", self.original_max_length, 1, optional=True)
         check_number("position.rope.fraction", self.fraction, 0.0, 1.0, open_low=True, open_high=False)
@@ -276,6 +280,9 @@ SAVED_NAMES = ("query", "key", "value", "mlp_input")  # the names save_projectio
 
 
 POOLINGS = ("cls", "mean", "max")
+# model.mlp: plain: W2 act(W1 x) (BERT); geglu: W2 (act(x W1) * x W1'), act a GELU (model.activation gelu or
+# gelu_tanh); swiglu: the same with SiLU. The gated ones project once to 2 x mlp_dim (act half, then gate half).
+MLP_KINDS = ("plain", "geglu", "swiglu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,9 +296,19 @@ class ModelConfig:
     max_length: int = 512  # n: the longest sequence that learned position tables support
     dropout: float = 0.1
     attention_dropout: float = 0.1
-    activation: str = "gelu"  # gelu (exact, as BERT) | gelu_tanh | relu
+    activation: str = "gelu"  # gelu (exact, as BERT) | gelu_tanh | relu: the plain MLP's, geglu's, the MLM head's
+    mlp: str = "plain"  # the feed-forward sublayer (MLP_KINDS): plain | geglu | swiglu
     layer_norm: str = "post"  # post (BERT, Vaswani) | pre
     layer_norm_eps: float = 1e-12
+    use_bias: bool = True  # biases of the attention projections, the MLP and the MLM head's dense layer
+    norm_bias: bool = True  # LayerNorm's shift; False: g * (x - mean) / sqrt(var + eps) (ModernBERT)
+    # False: layer 0's self-attention reads its input as it comes, without its own LayerNorm (pre-LN stacks whose
+    # embeddings are normalised once already, ModernBERT)
+    first_layer_attention_norm: bool = True
+    # Local attention: the local layers' queries see keys |j - i| <= local_window // 2 (ModernBERT's
+    # local_attention: 128 gives 129 keys); None: every layer global
+    local_window: int | None = None
+    global_every: int = 3  # with local_window: layer l is global when l % global_every == 0 (ModernBERT: 3)
     type_vocab_size: int = 2
     embedding_dim: int | None = None  # ALBERT's factorised embeddings: E-wide embeddings projected to d_model
     share_layers: bool = False  # ALBERT: one set of layer parameters applied num_layers times
@@ -327,6 +344,18 @@ class ModelConfig:
         are drawn from [0, N)), else max_length."""
         return self.position.randomized_max_length or self.max_length
 
+    def is_local(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) of a stack attends within `local_window` (else to every key)."""
+        return self.local_window is not None and layer % self.global_every != 0
+
+    @property
+    def scan_group(self) -> tuple[int, int]:
+        """(start, size) of a scanned stack: layers 0..start-1 run before the scan (a first layer without its
+        attention LayerNorm), then the scan steps over groups of `size` consecutive layers (global_every with
+        local layers, so that each group repeats one static pattern of local and global layers), and the layers
+        left over after the last whole group run after it."""
+        return (0 if self.first_layer_attention_norm else 1), (self.global_every if self.local_window else 1)
+
     @property
     def embed_width(self) -> int:
         """Width of token and input-position embeddings (E for factorised embeddings, else d_model)."""
@@ -357,6 +386,7 @@ class ModelConfig:
             check_number(name, getattr(self, name), 0.0, 1.0)
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
+        self._check_block()
         if self.pooling not in POOLINGS:
             raise ValueError(f"model.pooling={self.pooling!r}; choose {', '.join(POOLINGS)}")
         randomized = self.position.randomized_max_length
@@ -370,6 +400,45 @@ class ModelConfig:
         check = MECHANISMS[self.position.kind].check
         if check is not None:
             check(self)
+
+
+    def _check_block(self) -> None:
+        """The modern block's options: the MLP kind, the first layer's norm, local and global layers."""
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"model.mlp={self.mlp!r}; choose {', '.join(MLP_KINDS)}")
+        if self.mlp == "geglu" and self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"model.mlp='geglu' gates with a GELU: set model.activation to gelu or gelu_tanh, not "
+                             f"{self.activation!r} (or model.mlp='plain')")
+        for name in ("use_bias", "norm_bias", "first_layer_attention_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be true or false")
+        if not self.first_layer_attention_norm and self.layer_norm != "pre":
+            raise ValueError("model.first_layer_attention_norm=False drops the LayerNorm before layer 0's attention, "
+                             "which only pre-LN layers have: set model.layer_norm='pre'")
+        check_count("model.local_window", self.local_window, 2, optional=True)
+        check_count("model.global_every", self.global_every, 1)
+        modern = [name for name, on in (("local_window", self.local_window is not None),
+                                        ("first_layer_attention_norm=False", not self.first_layer_attention_norm))
+                  if on]
+        if modern and self.num_decoder_layers:
+            raise ValueError(f"model.{modern[0]} applies to encoder stacks; an encoder-decoder "
+                             f"(num_decoder_layers={self.num_decoder_layers}) takes neither")
+        if modern and self.share_layers:
+            raise ValueError(f"model.{modern[0]} makes layers differ, and share_layers applies one layer to every "
+                             "depth: set share_layers=False")
+        if self.local_window is None:
+            return
+        if self.global_every < 2:
+            raise ValueError(f"model.global_every={self.global_every} makes every layer global (layer l is global "
+                             "when l % global_every == 0): set it >= 2, or model.local_window=None")
+        pcfg = self.position
+        if pcfg.randomized_max_length is not None:
+            raise ValueError("model.local_window counts keys by their distance in the row; randomized positions "
+                             "scatter a row over a wider range: set position.randomized_max_length=None")
+        if pcfg.kind == "diet_abs" and pcfg.diet_abs.linformer_k:
+            raise ValueError("model.local_window masks keys around each query; Linformer "
+                             "(position.diet_abs.linformer_k) projects them along the whole row first, so no key "
+                             "keeps its place: set one or the other")
 
 
 def model_config(cfg: Mapping[str, Any] | ModelConfig) -> ModelConfig:

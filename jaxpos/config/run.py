@@ -21,6 +21,9 @@ from jaxpos.config.decode import DecodeConfig
 from jaxpos.config.model import ModelConfig, PositionConfig, model_config
 
 TASKS = ("mlm", "translation", "finetune")
+# train.schedule after the linear warmup: linear decay to 0 | inverse_sqrt | constant | wsd (warmup-stable-decay:
+# constant, then linear decay to 0 over the last train.decay_fraction of the steps)
+SCHEDULES = ("linear", "inverse_sqrt", "constant", "wsd")
 MLM_SOURCES = ("embedded", "text", "tfds", "bible")  # config.data.source of masked-LM pretraining
 TRANSLATION_SOURCES = ("bible", "tfds", "files")  # config.data.source of translation
 # Fine-tuning's train fields whose 0 means a value resolved from the data (`resolved_for_epochs`).
@@ -168,7 +171,8 @@ class TrainConfig:
     learning_rate: float = 1e-4  # peak
     warmup_fraction: float = 0.01  # warmup steps as a fraction of num_steps ...
     warmup_steps: int | None = None  # ... unless given as a number
-    schedule: str = "linear"  # linear decay to 0 | inverse_sqrt | constant after warmup
+    schedule: str = "linear"  # after warmup (SCHEDULES): linear decay to 0 | inverse_sqrt | constant | wsd
+    decay_fraction: float = 0.1  # schedule=wsd: the share of num_steps at the end over which it decays to 0
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-6
@@ -201,8 +205,8 @@ class TrainConfig:
         check_train_block(self, zero_means_default)
         if self.optimizer not in ("adamw", "lamb", "adam"):
             raise ValueError(f"train.optimizer={self.optimizer!r}; choose adamw, lamb or adam")
-        if self.schedule not in ("linear", "inverse_sqrt", "constant"):
-            raise ValueError(f"train.schedule={self.schedule!r}; choose linear, inverse_sqrt or constant")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule={self.schedule!r}; choose {', '.join(SCHEDULES)}")
 
     def steps_per_epoch(self, examples: int) -> int:
         """Steps of batch_size that pass once over `examples` (the last batch may be partly filled)."""
@@ -237,7 +241,8 @@ def check_train_block(train, zero_means_default: tuple[str, ...] = ()) -> None:
     for name, low, high, open_low, open_high in (
             ("learning_rate", 0.0, None, True, True), ("eps", 0.0, None, True, True),
             ("weight_decay", 0.0, None, False, True), ("clip_norm", 0.0, None, False, True),
-            ("warmup_fraction", 0.0, 1.0, False, False), ("b1", 0.0, 1.0, False, True),
+            ("warmup_fraction", 0.0, 1.0, False, False), ("decay_fraction", 0.0, 1.0, False, False),
+            ("b1", 0.0, 1.0, False, True),
             ("b2", 0.0, 1.0, False, True), ("label_smoothing", 0.0, 1.0, False, True)):
         if given(name):
             check_number(f"train.{name}", getattr(train, name), low, high, open_low=open_low, open_high=open_high)

@@ -47,7 +47,8 @@ class BertEncoder(nn.Module):
 
 
 class BertForMaskedLM(nn.Module):
-    """Encoder + MLM head (dense to the embedding width, activation, LayerNorm, tied decoder + bias).
+    """Encoder + MLM head (dense to the embedding width, activation, LayerNorm, tied decoder + bias; ModernBERT's
+    head has the same form).
     -> logits [B, T, V].
 
     `encode` gives the hidden states; `__call__` the vocabulary logits at every position (or at
@@ -60,7 +61,7 @@ class BertForMaskedLM(nn.Module):
     def setup(self):
         cfg = self.cfg
         self.encoder = BertEncoder(cfg, decode=self.decode, name="bert")
-        self.head_dense = dense(cfg, cfg.embed_width, -1, ("embed", None), (None,), "head_dense")
+        self.head_dense = dense(cfg, cfg.embed_width, -1, ("embed", None), (None,), "head_dense", cfg.use_bias)
         self.head_norm = layer_norm(cfg, "head_norm")
         self.output_bias = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                                       (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))

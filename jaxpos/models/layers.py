@@ -13,15 +13,17 @@ from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
 from jaxpos.config.model import SAVED_NAMES
 from jaxpos.config.rng import DROPOUT, POSITIONS
+from jaxpos.models.layout import GROUPS, LAYER, SCANNED
 from jaxpos.positions import SegmentAttention, make_position
 from jaxpos.positions.base import FIXED_POSITIONS_SEED, randomized_positions
 from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
 
 
 def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
-    """LayerNorm g*(x - m)/sqrt(var + eps) + b with logically named parameters."""
+    """LayerNorm g*(x - m)/sqrt(var + eps) + b (no b without `model.norm_bias`) with logically named parameters."""
     return nn.LayerNorm(
-        epsilon=cfg.layer_norm_eps, name=name, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+        epsilon=cfg.layer_norm_eps, use_bias=cfg.norm_bias, name=name, dtype=jnp.dtype(cfg.dtype),
+        param_dtype=jnp.dtype(cfg.param_dtype),
         scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
 
@@ -32,8 +34,15 @@ def activation(name: str):
             "gelu_tanh": lambda x: nn.gelu(x, approximate=True), "relu": nn.relu}[name]
 
 
+def gate_activation(cfg: ModelConfig):
+    """The nonlinearity of a gated MLP's first half: `activation` (a GELU) for geglu, SiLU for swiglu."""
+    return nn.silu if cfg.mlp == "swiglu" else activation(cfg.activation)
+
+
 class MlpBlock(nn.Module):
-    """The feed-forward sublayer W2 act(W1 x + b1) + b2 (params wi [d, mlp_dim], wo [mlp_dim, d]), no residual."""
+    """The feed-forward sublayer, no residual. plain (`model.mlp`): W2 act(W1 x + b1) + b2, params wi [d, mlp_dim],
+    wo [mlp_dim, d]; geglu / swiglu: one projection wi [d, 2, mlp_dim] to (u, g), then W2 (act(u) * g) + b2, as
+    transformers' ModernBERT splits its Wi (the first half activated, the second the gate)."""
 
     cfg: ModelConfig
 
@@ -41,20 +50,28 @@ class MlpBlock(nn.Module):
     def __call__(self, x):
         """x [..., d] -> [..., d]."""
         cfg = self.cfg
-        h = dense(cfg, cfg.mlp_dim, -1, ("embed", "mlp"), ("mlp",), "wi")(x)
-        h = constrain(activation(cfg.activation)(h), MLP_HIDDEN)
-        return dense(cfg, cfg.d_model, -1, ("mlp", "embed"), ("embed",), "wo")(h)
+        if cfg.mlp == "plain":
+            h = dense(cfg, cfg.mlp_dim, -1, ("embed", "mlp"), ("mlp",), "wi", cfg.use_bias)(x)
+            h = activation(cfg.activation)(h)
+        else:  # the (2,) axis unsharded, so each tensor shard holds both halves of its mlp columns
+            h = dense(cfg, (2, cfg.mlp_dim), -1, ("embed", None, "mlp"), (None, "mlp"), "wi", cfg.use_bias)(x)
+            h = gate_activation(cfg)(h[..., 0, :]) * h[..., 1, :]
+        h = constrain(h, MLP_HIDDEN)
+        return dense(cfg, cfg.d_model, -1, ("mlp", "embed"), ("embed",), "wo", cfg.use_bias)(h)
 
 
 class TransformerLayer(nn.Module):
     """Self-attention, optional cross-attention, MLP; each a residual sublayer, post-LN (BERT) or pre-LN.
     `deterministic` (no dropout) is an attribute, not an argument, so rematerialisation and scans see only
-    arrays in a call."""
+    arrays in a call. A `local` layer's self-attention sees the keys within `model.local_window` of each query;
+    without `attention_norm` (pre-LN) its self-attention reads x itself (ModernBERT's first layer)."""
 
     cfg: ModelConfig
     cross_attention: bool = False
     decode: bool = False
     deterministic: bool = True
+    local: bool = False
+    attention_norm: bool = True
 
     @nn.compact
     def __call__(self, x, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None, cross_pos=None,
@@ -65,17 +82,22 @@ class TransformerLayer(nn.Module):
         cross-attention."""
         cfg, deterministic = self.cfg, self.deterministic
 
-        def sublayer(x, fn, name):
-            norm = layer_norm(cfg, f"{name}_norm")
+        def sublayer(x, fn, name, normed=True):
             drop = nn.Dropout(cfg.dropout)
+            if not normed:
+                return x + drop(fn(x), deterministic=deterministic)
+            norm = layer_norm(cfg, f"{name}_norm")
             if cfg.layer_norm == "post":
                 return norm(x + drop(fn(x), deterministic=deterministic))
             return x + drop(fn(norm(x)), deterministic=deterministic)
 
+        if self.local:  # a static window, so that the kernels can skip the blocks outside it
+            mask = mask.replace(window=cfg.local_window)
         self_attention = MultiHeadAttention(cfg, self_attention=True, decode=self.decode, name="self_attention")
         x = sublayer(x, lambda h: self_attention(h, h, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask,
                                                  q_types=types, k_types=types,
-                                                 deterministic=deterministic), "self_attention")
+                                                 deterministic=deterministic), "self_attention",
+                     normed=self.attention_norm)
         if self.cross_attention:
             cross = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
             x = sublayer(x, lambda h: cross(h, encoded, bias=cross_bias, q_pos=cross_pos[0], k_pos=cross_pos[1],
@@ -94,23 +116,34 @@ def remat_layer(policy: str, scanned: bool) -> type[nn.Module]:
     return nn.remat(TransformerLayer, policy=saved, prevent_cse=not scanned)
 
 
-class ScannedLayer(nn.Module):
-    """One step of the stack's scan: layer `index` (a traced scalar) on the carried hidden states, its slice of
-    the stack's bias read inside (the bias, computed once per forward pass, enters the scan once, broadcast)."""
+class ScannedGroup(nn.Module):
+    """One step of the stack's scan: `size` consecutive layers, the first of them layer start + index * size
+    (`index` a traced scalar), on the carried hidden states; each reads its slice of the stack's bias inside (the
+    bias, computed once per forward pass, enters the scan once, broadcast). `local`: which of the group's layers
+    attend locally, the same in every group. Returns (x, the group's outputs [size, B, T, d])."""
 
     cfg: ModelConfig
+    start: int = 0
+    size: int = 1
+    local: tuple[bool, ...] = (False,)
     cross_attention: bool = False
     decode: bool = False
     deterministic: bool = True
 
     @nn.compact
     def __call__(self, x, index, bias, q_pos, k_pos, mask, types, encoded, cross_bias, cross_pos, cross_mask):
-        layer = remat_layer(self.cfg.remat, scanned=True)(self.cfg, self.cross_attention, self.decode,
-                                                           self.deterministic, name="layer")
-        x = layer(x, bias.for_layer(index), q_pos, k_pos, mask, types, encoded,
-                  cross_bias.for_layer(index) if cross_bias is not None else None, cross_pos, cross_mask)
-        x = constrain(x, HIDDEN)
-        return x, x
+        outputs = []
+        for j in range(self.size):
+            # one layer from 0 keeps the plain layout (layers/layer); groups name theirs by the first group's
+            name = LAYER if (self.start, self.size) == (0, 1) else f"layer_{self.start + j}"
+            layer = remat_layer(self.cfg.remat, scanned=True)(self.cfg, self.cross_attention, self.decode,
+                                                               self.deterministic, local=self.local[j], name=name)
+            depth = self.start + index * self.size + j
+            x = layer(x, bias.for_layer(depth), q_pos, k_pos, mask, types, encoded,
+                      cross_bias.for_layer(depth) if cross_bias is not None else None, cross_pos, cross_mask)
+            x = constrain(x, HIDDEN)
+            outputs.append(x)
+        return x, jnp.stack(outputs)
 
 
 class TransformerStack(nn.Module):
@@ -205,26 +238,51 @@ class TransformerStack(nn.Module):
             cross_mask = AttentionMask(q_piece_ids=None if self.decode else piece_ids, kv_piece_ids=encoded_piece_ids)
 
         self.sow("intermediates", "hidden_states", x)  # analysis taps: the input of layer 0, then each output
-        inputs = (q_pos, k_pos, mask, token_types, encoded)
-        if cfg.scan_layers:  # one layer's program, scanned over parameters stacked on the "layers" axis
-            scan = nn.scan(ScannedLayer, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
-                           split_rngs={"params": True, DROPOUT: True}, length=self.num_layers,
-                           in_axes=(0,) + (nn.broadcast,) * 9, metadata_params={nn.PARTITION_NAME: "layers"})
-            x, hidden = scan(cfg, self.cross_attention, self.decode, deterministic, name="layers")(
-                x, jnp.arange(self.num_layers), bias, *inputs, cross_bias, cross_pos, cross_mask)
-            for i in range(self.num_layers):
-                self.sow("intermediates", "hidden_states", hidden[i])
-        else:
-            layer_class = remat_layer(cfg.remat, scanned=False)
-            shared = layer_class(cfg, self.cross_attention, self.decode, deterministic, name="layer_shared") \
-                if cfg.share_layers else None
-            for i in range(self.num_layers):
-                layer = shared or layer_class(cfg, self.cross_attention, self.decode, deterministic,
-                                              name=f"layer_{i}")
-                x = layer(x, bias.for_layer(i), *inputs, cross_bias.for_layer(i) if cross_bias is not None else None,
-                          cross_pos, cross_mask)
-                x = constrain(x, HIDDEN)
-                self.sow("intermediates", "hidden_states", x)
+        args = (bias, (q_pos, k_pos, mask, token_types, encoded), cross_bias, cross_pos, cross_mask)
+        x = self.scanned_layers(x, *args, deterministic) if cfg.scan_layers else \
+            self.unscanned_layers(x, range(self.num_layers), *args, deterministic)
         if cfg.layer_norm == "pre":
             x = layer_norm(cfg, "final_norm")(x)
         return x
+
+    def unscanned_layers(self, x, depths, bias, inputs, cross_bias, cross_pos, cross_mask, deterministic):
+        """Layers `depths` one after the other, each with its own parameters (layer_i), or ALBERT's shared ones."""
+        cfg = self.cfg
+        layer_class = remat_layer(cfg.remat, scanned=False)
+        shared = layer_class(cfg, self.cross_attention, self.decode, deterministic, name="layer_shared") \
+            if cfg.share_layers else None  # config checks keep local windows and a norm-less first layer from it
+        for i in depths:
+            layer = shared or layer_class(cfg, self.cross_attention, self.decode, deterministic,
+                                          local=cfg.is_local(i), attention_norm=cfg.first_layer_attention_norm or i > 0,
+                                          name=f"layer_{i}")
+            x = layer(x, bias.for_layer(i), *inputs, cross_bias.for_layer(i) if cross_bias is not None else None,
+                      cross_pos, cross_mask)
+            x = constrain(x, HIDDEN)
+            self.sow("intermediates", "hidden_states", x)
+        return x
+
+    def scanned_layers(self, x, bias, inputs, cross_bias, cross_pos, cross_mask, deterministic):
+        """The layers as one scan over groups of `cfg.scan_group` layers, whose parameters are stacked on a
+        leading "layers" axis (compile time flat in depth); a first layer without its attention norm runs before
+        the scan, the layers after the last whole group after it.
+
+        Local and global layers differ in a static window (the kernels skip the blocks outside it), so the scan
+        steps over groups of global_every layers that repeat one static pattern, not over single layers with the
+        window as data."""
+        cfg = self.cfg
+        start, size = cfg.scan_group
+        count = (self.num_layers - start) // size
+        x = self.unscanned_layers(x, range(min(start, self.num_layers)), bias, inputs, cross_bias, cross_pos,
+                                  cross_mask, deterministic)
+        if count:
+            name = SCANNED if (start, size) == (0, 1) else GROUPS
+            scan = nn.scan(ScannedGroup, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                           split_rngs={"params": True, DROPOUT: True}, length=count,
+                           in_axes=(0,) + (nn.broadcast,) * 9, metadata_params={nn.PARTITION_NAME: "layers"})
+            local = tuple(cfg.is_local(start + j) for j in range(size))
+            x, hidden = scan(cfg, start, size, local, self.cross_attention, self.decode, deterministic,
+                             name=name)(x, jnp.arange(count), bias, *inputs, cross_bias, cross_pos, cross_mask)
+            for output in hidden.reshape(count * size, *hidden.shape[2:]):
+                self.sow("intermediates", "hidden_states", output)
+        return self.unscanned_layers(x, range(start + count * size, self.num_layers), bias, inputs, cross_bias,
+                                     cross_pos, cross_mask, deterministic)

@@ -1,7 +1,10 @@
-"""The two layouts of a stack's layer parameters: unscanned (`layer_0` ... `layer_{L-1}`, one subtree a layer) and
-scanned (`model.scan_layers`: `layers/layer`, every leaf stacked on a leading layer axis). Conversions both ways
-for any tree that holds them (parameters, gradients, optimiser moments), so a run trained in one layout reads as
-the other."""
+"""The layouts of a stack's layer parameters: unscanned (`layer_0` ... `layer_{L-1}`, one subtree a layer) and
+scanned (`model.scan_layers`). A scan over single layers stacks every leaf on a leading layer axis under
+`layers/layer`; a scan over groups of layers (`ModelConfig.scan_group`: local and global layers, a first layer
+without its attention norm) stacks group position j's leaves under `groups/layer_{s+j}`, named after the first
+group's layers (s: the layers before the scan, which stay `layer_i`, as do those after the last whole group).
+Conversions both ways for any tree that holds them (parameters, gradients, optimiser moments), so a run trained in
+one layout reads as the other."""
 
 from __future__ import annotations
 
@@ -10,12 +13,14 @@ import re
 import jax
 import jax.numpy as jnp
 
-SCANNED, LAYER = "layers", "layer"  # the scan's module name and its body's
+SCANNED, LAYER = "layers", "layer"  # the scan over single layers: its module name and its body's
+GROUPS = "groups"  # the scan over groups of layers
 _UNSCANNED = re.compile(r"layer_(\d+)$")
 
 
 def to_unscanned(tree):
-    """`tree` with every scanned stack ({"layers": {"layer": stacked}}) split into layer_0 ... layer_{L-1}."""
+    """`tree` with every scanned stack ({"layers": {"layer": stacked}} or {"groups": {layer_k: stacked}}) split
+    into layer_0 ... layer_{L-1}; the group size is the number of layers in a group."""
     if not isinstance(tree, dict):
         return tree
     out = {}
@@ -24,26 +29,49 @@ def to_unscanned(tree):
             stacked = to_unscanned(value[LAYER])
             count = jax.tree.leaves(stacked)[0].shape[0]
             out.update({f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(count)})
+        elif key == GROUPS and isinstance(value, dict) and value and all(map(_UNSCANNED.match, value)):
+            group = value
+            for name, stacked in group.items():
+                first = int(_UNSCANNED.match(name).group(1))
+                stacked = to_unscanned(stacked)
+                count = jax.tree.leaves(stacked)[0].shape[0]
+                out.update({f"layer_{first + i * len(group)}": jax.tree.map(lambda x, i=i: x[i], stacked)
+                            for i in range(count)})
         else:
             out[key] = to_unscanned(value)
     return out
 
 
-def to_scanned(tree):
-    """`tree` with every unscanned stack (layer_0 ... layer_{L-1}) stacked into {"layers": {"layer": ...}}."""
+def to_scanned(tree, group: tuple[int, int] = (0, 1)):
+    """`tree` with every unscanned stack (layer_0 ... layer_{L-1}) in the scanned layout of `group` = (start,
+    size) (`ModelConfig.scan_group`): (0, 1) stacks every layer into {"layers": {"layer": ...}}; otherwise layers
+    start + i * size + j of the whole groups go to {"groups": {"layer_{start+j}": stacked over i}}."""
     if not isinstance(tree, dict):
         return tree
     layers = sorted((int(m.group(1)), key) for key in tree if (m := _UNSCANNED.match(key)))
-    out = {key: to_scanned(value) for key, value in tree.items() if not _UNSCANNED.match(key)}
-    if layers:
-        if [i for i, _ in layers] != list(range(len(layers))):
-            raise ValueError(f"layers {[i for i, _ in layers]} are not 0 .. {len(layers) - 1}: no stack to scan")
-        out[SCANNED] = {LAYER: jax.tree.map(lambda *xs: jnp.stack(xs), *(to_scanned(tree[key]) for _, key in layers))}
+    out = {key: to_scanned(value, group) for key, value in tree.items() if not _UNSCANNED.match(key)}
+    if not layers:
+        return out
+    if [i for i, _ in layers] != list(range(len(layers))):
+        raise ValueError(f"layers {[i for i, _ in layers]} are not 0 .. {len(layers) - 1}: no stack to scan")
+    start, size = group
+    count = max(0, (len(layers) - start) // size)
+    stacked = {i for i in range(start, start + count * size)}
+    out.update({key: to_scanned(tree[key], group) for i, key in layers if i not in stacked})
+
+    def stack(depths):
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *(to_scanned(tree[f"layer_{i}"], group) for i in depths))
+
+    if (start, size) == (0, 1):
+        out[SCANNED] = {LAYER: stack(range(len(layers)))}
+    elif count:
+        out[GROUPS] = {f"layer_{start + j}": stack(range(start + j, start + count * size, size))
+                       for j in range(size)}
     return out
 
 
-def relayout(tree, scanned: bool):
+def relayout(tree, scanned: bool, group: tuple[int, int] = (0, 1)):
     """Every parameter-like subtree of `tree` (a training state: parameters, optimiser moments, gradients) in the
-    scanned (True) or unscanned layout; arrays outside them unchanged."""
-    convert = to_scanned if scanned else to_unscanned
+    scanned (True; `group` as `to_scanned` takes it) or unscanned layout; arrays outside them unchanged."""
+    convert = (lambda t: to_scanned(t, group)) if scanned else to_unscanned
     return jax.tree.map(convert, tree, is_leaf=lambda x: isinstance(x, dict))

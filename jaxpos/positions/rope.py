@@ -8,6 +8,7 @@ then pass unrotated. None of them has parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -90,12 +91,22 @@ def rotary_tables(positions: jax.Array, theta: np.ndarray, factor: float = 1.0) 
 
 class RopePosition(PositionMechanism):
     """Fixed rotations; inductive. The tables for the query and key positions are computed once per pass, with one
-    set of frequencies for both (dynamic NTK: at the pass's length, the longer of T and S)."""
+    set of frequencies for both (dynamic NTK: at the pass's length, the longer of T and S). With local layers
+    (model.local_window) and `rope.local_base`, the tables of both bases are computed once and each layer reads
+    its own kind's: tables [L, T, D/2] instead of [1, T, D/2]."""
+
+    def tables(self, rope: RopeConfig, q_pos, k_pos):
+        """(cos, sin at q_pos [T, D/2], cos, sin at k_pos [S, D/2]) of the frequencies of `rope`."""
+        theta, factor = rope_frequencies(rope, self.cfg.head_dim, rope.original_max_length or self.cfg.max_length,
+                                         self.span(q_pos, k_pos))
+        return (*rotary_tables(q_pos, theta, factor), *rotary_tables(k_pos, theta, factor))
 
     def __call__(self, q_pos, k_pos):
         rope = self.pcfg.rope
-        theta, factor = rope_frequencies(rope, self.cfg.head_dim, rope.original_max_length or self.cfg.max_length,
-                                         self.span(q_pos, k_pos))
-        cos_q, sin_q = rotary_tables(q_pos, theta, factor)
-        cos_k, sin_k = rotary_tables(k_pos, theta, factor)
-        return PositionalBias(rotary=(cos_q[None], sin_q[None]), rotary_keys=(cos_k[None], sin_k[None]))
+        tables = [t[None] for t in self.tables(rope, q_pos, k_pos)]
+        if self.cfg.local_window is not None and rope.local_base not in (None, rope.base):
+            local = self.tables(dataclasses.replace(rope, base=rope.local_base), q_pos, k_pos)
+            kinds = np.asarray([self.cfg.is_local(layer) for layer in range(self.num_layers)], np.int32)
+            tables = [jnp.concatenate([g, l[None]])[kinds] for g, l in zip(tables, local)]  # [L, T|S, D/2]
+        cos_q, sin_q, cos_k, sin_k = tables
+        return PositionalBias(rotary=(cos_q, sin_q), rotary_keys=(cos_k, sin_k))

@@ -8,6 +8,7 @@ run passes the same directory, and a checkpoint restores onto any mesh and proce
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -19,6 +20,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from jaxpos.config.model import ModelConfig
 from jaxpos.progress import status
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,10 @@ def error_line(err: BaseException) -> str:
 # scan_layers: the Trainer converts a checkpoint of the other layout as it restores it.
 RESUMABLE_MODEL_FIELDS = frozenset({"attention_impl", "dtype", "dropout", "attention_dropout", "remat",
                                     "scan_layers"})
+
+
+def _model_defaults() -> dict:
+    return _flatten(json.loads(json.dumps(dataclasses.asdict(ModelConfig()))))
 
 
 def checkpoint_path(directory) -> epath.Path:
@@ -146,6 +152,8 @@ class Checkpointer:
             return
         step, old = saved
         old, new = _flatten(json.loads(json.dumps(old))), _flatten(json.loads(json.dumps(model_config)))
+        # a field the checkpoint's config lacks came to jaxpos after it was saved: its default, as in config.json
+        old = {**{k: v for k, v in _MODEL_DEFAULTS.items() if k in new and k not in old}, **old}
         skipped = RESUMABLE_MODEL_FIELDS | set(pending)
         differ = [k for k in sorted(set(old) | set(new))
                   if k.split(".")[0] not in skipped and old.get(k, "<absent>") != new.get(k, "<absent>")]
@@ -350,3 +358,6 @@ def read_run_params(workdir: str, abstract_params, step: int | None = None):
                              f"{os.path.join(workdir, 'config.json')} ({type(err).__name__}: {first_line})") from err
     finally:
         checkpointer.close()
+
+
+_MODEL_DEFAULTS = _model_defaults()  # flattened ModelConfig defaults, for checkpoints saved before a field existed

@@ -125,7 +125,7 @@ class FinetuneTrainer(Trainer):
         if resumed is None:
             # Adam's moments start at zero whatever the parameters, so only the parameters are replaced; the
             # pretrained layers (read unscanned, jaxpos.run.Run) in this model's layout.
-            encoder = relayout(self.encoder, scanned=self.scanned)
+            encoder = relayout(self.encoder, scanned=self.scanned, group=self.scan_group)
             state = state.replace(params=merge_params(state.params, encoder, self.pooler,
                                                       self.state_shardings.params))
         return state, resumed

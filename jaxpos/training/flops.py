@@ -41,22 +41,32 @@ def peak_tflops(device_kind: str, dtype: str) -> float | None:
     return next((tflops for kind, tflops in PEAK_BF16_TFLOPS if kind in device_kind), None)
 
 
-def layer_flops(d_model: int, mlp_dim: int, queries: int, keys: int, kv_tokens: int | None = None) -> float:
+def layer_flops(d_model: int, mlp_dim: int, queries: int, keys: int, kv_tokens: int | None = None,
+                gated: bool = False) -> float:
     """Forward FLOPs of one attention + MLP layer over `queries` query tokens attending to `keys` keys each: the
     q, k, v and output projections (k, v over `kv_tokens`, default the queries), q.k and the weighted values, the
-    MLP."""
+    MLP (`gated`: its input projection to 2 x mlp_dim, GeGLU and SwiGLU)."""
     kv_tokens = queries if kv_tokens is None else kv_tokens
     projections = 2 * d_model * d_model * (2 * queries + 2 * kv_tokens)
     attention = 2 * 2 * queries * keys * d_model
-    mlp = 2 * 2 * queries * d_model * mlp_dim
+    mlp = 2 * (3 if gated else 2) * queries * d_model * mlp_dim
     return projections + attention + mlp
+
+
+def encoder_flops(cfg, batch_size: int, seq_len: int) -> float:
+    """Forward FLOPs of an encoder stack over `batch_size` rows of `seq_len` tokens: a local layer's queries
+    attend to the local_window // 2 keys on either side and their own (fewer at the rows' ends, not counted)."""
+    total = 0.0
+    for layer in range(cfg.num_layers):
+        keys = min(seq_len, cfg.local_window // 2 * 2 + 1) if cfg.is_local(layer) else seq_len
+        total += layer_flops(cfg.d_model, cfg.mlp_dim, batch_size * seq_len, keys, gated=cfg.mlp != "plain")
+    return total
 
 
 def mlm_step_flops(cfg, batch_size: int, seq_len: int, predicted: int) -> float:
     """Model FLOPs of a masked-LM training step: `batch_size` rows of `seq_len` tokens through the encoder, the head
     (a dense layer and the vocabulary product) at `predicted` positions a row."""
-    tokens = batch_size * seq_len
-    encoder = cfg.num_layers * layer_flops(cfg.d_model, cfg.mlp_dim, tokens, seq_len)
+    encoder = encoder_flops(cfg, batch_size, seq_len)
     head = 2 * batch_size * predicted * (cfg.d_model * cfg.embed_width + cfg.embed_width * cfg.vocab_size)
     return 3.0 * (encoder + head)
 
@@ -65,9 +75,10 @@ def translation_step_flops(cfg, batch_size: int, source_len: int, target_len: in
     """Model FLOPs of an encoder-decoder training step: the encoder over the sources, the decoder's self-attention,
     cross-attention and MLP over the targets, the output product at every target position."""
     sources, targets = batch_size * source_len, batch_size * target_len
-    encoder = cfg.num_layers * layer_flops(cfg.d_model, cfg.mlp_dim, sources, source_len)
+    gated = cfg.mlp != "plain"
+    encoder = cfg.num_layers * layer_flops(cfg.d_model, cfg.mlp_dim, sources, source_len, gated=gated)
     self_attention = layer_flops(cfg.d_model, 0, targets, target_len)
-    cross_attention = layer_flops(cfg.d_model, cfg.mlp_dim, targets, source_len, kv_tokens=sources)
+    cross_attention = layer_flops(cfg.d_model, cfg.mlp_dim, targets, source_len, kv_tokens=sources, gated=gated)
     decoder = cfg.num_decoder_layers * (self_attention + cross_attention)
     output = 2 * targets * cfg.d_model * cfg.vocab_size
     return 3.0 * (encoder + decoder + output)
@@ -75,7 +86,7 @@ def translation_step_flops(cfg, batch_size: int, source_len: int, target_len: in
 
 def classification_step_flops(cfg, batch_size: int, seq_len: int, num_labels: int) -> float:
     """Model FLOPs of a fine-tuning step: the encoder, the pooler and the classifier on one pooled vector a row."""
-    encoder = cfg.num_layers * layer_flops(cfg.d_model, cfg.mlp_dim, batch_size * seq_len, seq_len)
+    encoder = encoder_flops(cfg, batch_size, seq_len)
     head = 2 * batch_size * (cfg.d_model * cfg.d_model + cfg.d_model * num_labels)
     return 3.0 * (encoder + head)
 

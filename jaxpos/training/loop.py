@@ -274,9 +274,11 @@ class Trainer:
                                                    async_save=tcfg.async_checkpoints, read_only=True))
         # A checkpoint of the other layer layout (model.scan_layers changed on resume) is converted as restored.
         self.scanned = self.task.model.cfg.scan_layers
+        self.scan_group = self.task.model.cfg.scan_group  # what a scanned layout stacks (ModelConfig.scan_group)
         self.other_layout = None  # the state in the other layout, where there are checkpoints to compare with
         if any(checkpointer.steps() for checkpointer in self.checkpointers):
-            self.other_layout = jax.eval_shape(functools.partial(relayout, scanned=not self.scanned),
+            self.other_layout = jax.eval_shape(functools.partial(relayout, scanned=not self.scanned,
+                                                                 group=self.scan_group),
                                                self.abstract_state)
         layouts = set()
         for checkpointer in self.checkpointers:
@@ -336,7 +338,7 @@ class Trainer:
         """A restored seed's state in this model's layer layout, placed as training places it."""
         if not self.restore_other_layout:
             return state
-        return jax.device_put(relayout(state, scanned=self.scanned), self.seed_state_shardings)
+        return jax.device_put(relayout(state, scanned=self.scanned, group=self.scan_group), self.seed_state_shardings)
 
     def evaluate(self, params, batches: Iterable) -> list[dict]:
         """Each seed's held-out metrics (a list of one without a seed axis) over `batches` (as `global_batch` takes

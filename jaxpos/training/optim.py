@@ -6,15 +6,23 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxpos.models.layout import LAYER, SCANNED
+from jaxpos.config.run import SCHEDULES
+from jaxpos.models.layout import GROUPS, LAYER, SCANNED
 
 
 def learning_rate_schedule(tcfg) -> optax.Schedule:
-    """Linear warmup to `learning_rate`, then `linear` decay to 0, `inverse_sqrt` (Vaswani) or `constant`."""
+    """Linear warmup to `learning_rate`, then `linear` decay to 0, `inverse_sqrt` (Vaswani), `constant`, or `wsd`
+    (warmup-stable-decay: constant, then linear decay to 0 over the last `decay_fraction` of `num_steps`)."""
     peak, steps = tcfg.learning_rate, tcfg.num_steps
     warmup = max(1, int(round(tcfg.warmup_fraction * steps))) if tcfg.warmup_steps is None else tcfg.warmup_steps
     warmup = max(1, warmup)
     ramp = optax.linear_schedule(0.0, peak, warmup)
+    if tcfg.schedule == "wsd":
+        # the decay starts at the warmup's end at the latest, so a long decay shortens the plateau, not the ramp
+        decay_start = max(warmup, steps - int(round(tcfg.decay_fraction * steps)))
+        return optax.join_schedules([ramp, optax.constant_schedule(peak),
+                                     optax.linear_schedule(peak, 0.0, max(1, steps - decay_start))],
+                                    [warmup, decay_start])
     if tcfg.schedule == "linear":
         decay = optax.linear_schedule(peak, 0.0, max(1, steps - warmup))
     elif tcfg.schedule == "inverse_sqrt":
@@ -22,7 +30,7 @@ def learning_rate_schedule(tcfg) -> optax.Schedule:
     elif tcfg.schedule == "constant":
         decay = optax.constant_schedule(peak)
     else:
-        raise ValueError(f"unknown schedule {tcfg.schedule!r}; choose linear, inverse_sqrt or constant")
+        raise ValueError(f"unknown schedule {tcfg.schedule!r}; choose {', '.join(SCHEDULES)}")
     return optax.join_schedules([ramp, decay], [warmup])
 
 
@@ -61,9 +69,11 @@ def decay_mask(decay_positional: bool):
 
 
 def stacked_layers(path) -> bool:
-    """Whether the parameter at `path` is a scanned stack's (a leading layer axis: `layers/layer/...`)."""
+    """Whether the parameter at `path` is a scanned stack's (a leading layer axis: `layers/layer/...` or
+    `groups/layer_k/...`)."""
     keys = [key.key for key in path if isinstance(key, jax.tree_util.DictKey)]
-    return any(a == SCANNED and b == LAYER for a, b in zip(keys, keys[1:]))
+    return any((a, b) == (SCANNED, LAYER) or (a == GROUPS and str(b).startswith("layer_"))
+               for a, b in zip(keys, keys[1:]))
 
 
 def scale_by_layer_trust_ratio() -> optax.GradientTransformation:

@@ -49,7 +49,7 @@ class Pretrained:
 
 
 def init_kind(path: str) -> str:
-    """'jaxpos' for a `jaxpos train` masked-LM workdir (local or a URL), 'huggingface' for a BERT/ALBERT folder;
+    """'jaxpos' for a `jaxpos train` masked-LM workdir (local or a URL), 'huggingface' for a BERT-family folder;
     else a clear error."""
     if not epath.Path(path).is_dir():
         raise FileNotFoundError(f"--init {path!r} does not exist")
@@ -64,7 +64,8 @@ def init_kind(path: str) -> str:
             raise ValueError(f"--init {path!r} is a jaxpos {config.get('task')!r} run; fine-tuning starts from a "
                              "masked-LM run (jaxpos train --config configs/mlm/...)")
     raise ValueError(f"--init {path!r} is neither a jaxpos masked-LM run (config.json + checkpoints/) nor a Hugging "
-                     "Face BERT/ALBERT folder (config.json with model_type + model.safetensors/pytorch_model.bin)")
+                     "Face BERT, ALBERT, DeBERTa or ModernBERT folder (config.json with model_type + "
+                     "model.safetensors/pytorch_model.bin)")
 
 
 def load_pretrained(path: str, weights: bool = True) -> Pretrained:

@@ -52,4 +52,8 @@ def test_a_local_checkpoint_round_trips_with_its_model_config(tmp_path):
     with pytest.raises(ValueError, match=r"model.position.kind: 'tisa' in the checkpoint, 't5' in this run"):
         ckpt.check_model_config({"d_model": 8, "position": {"kind": "t5"}})
     ckpt.check_model_config({"d_model": 8, "position": {"kind": "tisa"}, "dropout": 0.3})  # may change
+    # fields newer than the checkpoint read as their defaults
+    ckpt.check_model_config({"d_model": 8, "position": {"kind": "tisa", "rope": {"local_base": None}}, "mlp": "plain"})
+    with pytest.raises(ValueError, match=r"model.mlp: 'plain' in the checkpoint, 'geglu' in this run"):
+        ckpt.check_model_config({"d_model": 8, "position": {"kind": "tisa"}, "mlp": "geglu"})
     ckpt.close()

@@ -137,3 +137,24 @@ def test_lamb_is_optax_lamb_on_unscanned_parameters():
             results[i] = optax.apply_updates(results[i], updates)
     for x, y in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("decay_fraction, want", [
+    # 100 steps, 10 of warmup to 1.0, the last 20 decaying linearly to 0 (by hand: 1 - (step - 80) / 20)
+    (0.2, {0: 0.0, 5: 0.5, 10: 1.0, 45: 1.0, 80: 1.0, 85: 0.75, 90: 0.5, 99: 0.05, 100: 0.0}),
+    # a decay longer than the steps after warmup starts at the warmup's end
+    (0.95, {0: 0.0, 5: 0.5, 10: 1.0, 55: 0.5, 100: 0.0}),
+])
+def test_warmup_stable_decay_schedule_by_hand(decay_fraction, want):
+    tcfg = TrainConfig(learning_rate=1.0, num_steps=100, warmup_steps=10, schedule="wsd",
+                       decay_fraction=decay_fraction)
+    schedule = learning_rate_schedule(tcfg)
+    got = {step: float(schedule(step)) for step in want}
+    assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_unknown_schedule_and_decay_fraction_are_refused():
+    with pytest.raises(ValueError, match="train.schedule='cosine'; choose linear, inverse_sqrt, constant, wsd"):
+        TrainConfig(schedule="cosine").check()
+    with pytest.raises(ValueError, match=r"train.decay_fraction=1.5 must be in \[0, 1\]"):
+        TrainConfig(schedule="wsd", decay_fraction=1.5).check()
