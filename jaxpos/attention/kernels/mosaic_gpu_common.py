@@ -47,13 +47,27 @@ class MosaicGpuSpec:
     interpret: bool
     dropout_rate: float = 0.0
     pair_rank: int = 0  # r of a pair term u_i . w_j (0: none)
-    causal_in_tiles: bool = False  # the causal limit is in the table's tiles (`diagonal_tiles`), not in iotas
+    half_window: int | None = None  # a local window: key j visible to query i when |j - i - q_offset| <= this
+    limits_in_tiles: bool = False  # the causal limit and the window are in the table's tiles (`diagonal_tiles`)
     pieces: int = 1  # pieces the dQ and dK/dV consumers take each streamed block in (`Piece`)
     table_splits: int = 1  # CTAs per (table head, block diagonal) of the table-gradient kernel
 
     @property
-    def causal_in_kernel(self) -> bool:
-        return self.causal and not self.causal_in_tiles
+    def upper(self) -> int | None:
+        """The largest visible j - i (None: no limit): the causal limit or the window's far side, the nearer."""
+        limits = ([self.q_offset] if self.causal else []) + (
+            [] if self.half_window is None else [self.q_offset + self.half_window])
+        return min(limits) if limits else None
+
+    @property
+    def lower(self) -> int | None:
+        """The smallest visible j - i (None: no limit): the window's near side."""
+        return None if self.half_window is None else self.q_offset - self.half_window
+
+    @property
+    def limits_in_kernel(self) -> bool:
+        """Whether the kernels compute the causal limit or the window from iotas (no table's tiles carry them)."""
+        return (self.causal or self.half_window is not None) and not self.limits_in_tiles
 
     @property
     def dropout(self) -> bool:
