@@ -23,8 +23,8 @@ from jaxpos.attention.kernels import mosaic_gpu as mgpu
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.attention.kernels.mosaic_gpu_common import (LOG2E, NEG, MosaicGpuSpec, check_interpreter_threads,
                                                         pipeline_stages)
-from jaxpos.attention.kernels.mosaic_gpu_tiles import (diagonal_tiles, diagonal_visits, live_tiles, table_gradient,
-                                                       visit_lists)
+from jaxpos.attention.kernels.mosaic_gpu_tiles import (diagonal_tiles, diagonal_visits, live_tiles,
+                                                       live_within_limits, table_gradient, visit_lists)
 from tests.attention.test_toeplitz_kernel import (DROPOUT_RNG, HEADS, check_against_reference, mechanism, random,
                                                   with_dropout)
 
@@ -244,6 +244,15 @@ def test_diagonal_tiles_and_their_gradient():
     for d in range(3):  # brute force: every tile entry back onto its offset
         np.add.at(d_ext, (slice(None), d * 128 + 127 + c - r), grads[:, d])
     np.testing.assert_allclose(table_gradient(jnp.asarray(grads, jnp.float32)), d_ext, rtol=1e-5, atol=1e-4)
+    # a band of block diagonals (a local layer's): its tiles alone, and its gradient placed at its offsets
+    band, band_bases = diagonal_tiles(ext, jnp.bfloat16, diagonals=(1, 2))
+    np.testing.assert_array_equal(band, tiles[:, 1:])
+    np.testing.assert_array_equal(band_bases[:, :2], bases[:, 1:3])
+    d_band = np.zeros((2, 512))
+    for d in (1, 2):
+        np.add.at(d_band, (slice(None), d * 128 + 127 + c - r), grads[:, d])
+    np.testing.assert_allclose(table_gradient(jnp.asarray(grads[:, 1:], jnp.float32), 1, 512), d_band, rtol=1e-5,
+                               atol=1e-4)
 
 
 @pytest.mark.parametrize("batch,length,heads,group,causal", [
@@ -314,11 +323,18 @@ def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset, half_window):
             row = np.asarray(lists[index])
             assert list(row[1:1 + row[0]]) == list(np.flatnonzero(live_rows[index]))
     diagonal = diagonal_visits(live, st)
-    for d in range(t // 128 + s // 128 - 1):
-        row = np.asarray(diagonal[d])
-        want_entries = [b * (t // 128) + qc for b in range(batch) for qc in range(t // 128)
-                        if 0 <= qc + d - (t // 128 - 1) < s // 128 and live_np[b, qc, qc + d - (t // 128 - 1)]]
-        assert list(row[1:1 + row[0]]) == want_entries
+    first, count = st.diagonals  # the block diagonals the limits leave a visible entry on: the first and last do
+    nq = t // 128
+    assert diagonal.shape[0] == count and all(np.trace(live_within_limits(st), offset=d - (nq - 1)) > 0
+                                              for d in (first, first + count - 1))
+    for d in range(nq + s // 128 - 1):
+        want_entries = [b * nq + qc for b in range(batch) for qc in range(nq)
+                        if 0 <= qc + d - (nq - 1) < s // 128 and live_np[b, qc, qc + d - (nq - 1)]]
+        if first <= d < first + count:
+            row = np.asarray(diagonal[d - first])
+            assert list(row[1:1 + row[0]]) == want_entries
+        else:  # outside the band: no tile of the table, and none to walk
+            assert not want_entries
 
 
 @pytest.mark.parametrize("length", [1024, 4096, 8192])
@@ -326,8 +342,8 @@ def test_a_local_layer_walks_blocks_linear_in_length(length):
     """The O(T * window) claim, from the visit lists the kernels walk: at window 128 (64 keys a side) every query
     block of 128 visits the key blocks before, at and after it (2 at the ends), 3T/128 - 2 tiles in all, for the
     forward and dQ (key blocks per query block) and for dK/dV (query blocks per key block), where a global layer
-    visits (T/128)^2 (at T = 8192: 190 against 4096); the table gradient walks 3 of the 2T/128 - 1 block
-    diagonals. Each list against a brute-force count over the [T, S] mask's tiles."""
+    visits (T/128)^2 (at T = 8192: 190 against 4096); the table's tiles and the table-gradient kernel's grid cover
+    3 of the 2T/128 - 1 block diagonals. Each list against a brute-force count over the [T, S] mask's tiles."""
     from tests.attention.test_toeplitz_kernel import brute_force_blocks
 
     nq = length // 128
@@ -340,9 +356,8 @@ def test_a_local_layer_walks_blocks_linear_in_length(length):
     np.testing.assert_array_equal(forward, want.sum(axis=1))
     np.testing.assert_array_equal(dkdv, want.sum(axis=0))
     assert int(forward.sum()) == int(dkdv.sum()) == 3 * nq - 2
-    diagonals = np.asarray(diagonal_visits(live, st)[:, 0])
-    np.testing.assert_array_equal(np.flatnonzero(diagonals), [nq - 2, nq - 1, nq])
-    np.testing.assert_array_equal(diagonals[nq - 2:nq + 1], [np.trace(want, offset=d) for d in (-1, 0, 1)])
+    assert st.diagonals == (nq - 2, 3)  # of the 2 nq - 1 block diagonals: the table's tiles and their gradient
+    np.testing.assert_array_equal(diagonal_visits(live, st)[:, 0], [np.trace(want, offset=d) for d in (-1, 0, 1)])
     whole = dataclasses.replace(st, half_window=None)
     assert int(visit_lists(live_tiles(ids, ids, whole))[0, :, 0].sum()) == nq * nq
 

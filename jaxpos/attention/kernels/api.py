@@ -62,12 +62,12 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     float32 (W = 2*span - 1 odd; column (k_pos - q_pos) + (W - 1)/2, offsets beyond the table clip to its ends,
     as `expand_toeplitz`) or None. Positions are q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be
     traced unless `causal` (key visible when k_pos <= q_pos) or `window` (key visible when |k_pos - q_pos| <=
-    window // 2; both may be given). Piece ids: 0 = padding (module docstring). Logits are scale*q.k + bias (scale None: 1/sqrt(D)), accumulated in float32 whatever the input dtype; the table
-    gradient is float32. Block sizes are powers of two (None: 64, 64 and 32 on Triton, 128 on Mosaic TPU, where
-    the three must be equal multiples of 128); T and S are padded to them (padded keys are masked). `dq_group`:
-    query blocks per program of the dq / table-gradient kernel (None: `pallas.default_dq_group`, 1 up to
-    T = S = 2048 at D = 64, which bounds the table-gradient rows by twice q's size; it must divide the padded
-    T / block_dq).
+    window // 2; both may be given). Piece ids: 0 = padding (module docstring). Logits are scale*q.k + bias
+    (scale None: 1/sqrt(D)), accumulated in float32 whatever the input dtype; the table gradient is float32.
+    Block sizes are powers of two (None: 64, 64 and 32 on Triton, 128 on Mosaic TPU, where the three must be
+    equal multiples of 128); T and S are padded to them (padded keys are masked). `dq_group`: query blocks per
+    program of the dq / table-gradient kernel (None: `pallas.default_dq_group`, 1 up to T = S = 2048 at D = 64,
+    which bounds the table-gradient rows by twice q's size; it must divide the padded T / block_dq).
     `table_grad` (Triton): "tiles", the dq kernel sums each tile's dS along its diagonals (a skew per tile, rows
     as above), or "diagonals", a kernel per (head, block diagonal) recomputes dS and sums it over the batch before
     one skew (H*(T + S)*(b + 2) floats; dS computed twice); Mosaic sums in the dq kernel. Attention dropout at

@@ -17,14 +17,17 @@ How the table enters. The kernels cannot gather, so the offset table `ext` [H'|1
 serves every tile on its diagonal, for every batch row (`diagonal_tiles`). A tile is stored as bf16 residuals
 around its own main-diagonal value (an f32 scalar per tile, read from shared memory): the entries that carry
 softmax weight sit near that value, so they keep f32-like precision even where the table grows with the offset
-(ALiBi, attenuated). H'*(T+S)*128 entries: linear in T. The dK/dV kernel reads the transposed tiles.
+(ALiBi, attenuated). H'*(T+S)*128 entries: linear in T; only the block diagonals a causal limit or a window
+leaves any visible entry on (`MosaicGpuSpec.diagonals`: a local layer's are about window / 128 + 2, whatever T).
+The dK/dV kernel reads the transposed tiles.
 
 How the table's gradient comes back. The gradient of tile d is dS summed over the tiles of block diagonal d and
 the batch (and the heads of a shared table); a fourth kernel walks exactly those tiles, recomputes P and dP (two
 products per tile) and adds dS up in registers, so no atomics and no [T, S] tensor. Its CTAs are (table head,
 block diagonal, split): a diagonal's walk is cut into as many pieces as keep the SMs evenly busy
-(`table_gradient_splits`). Each writes one f32 tile, splits*H'*(T+S)*128 floats; XLA adds the splits up and sums
-each tile along its diagonals into the window of offsets it covers (`table_gradient`). The result is deterministic.
+(`table_gradient_splits`). Each writes one f32 tile, splits*H'*(T+S)*128 floats (fewer diagonals under a causal
+limit or a window); XLA adds the splits up and sums each tile along its diagonals into the window of offsets it
+covers (`table_gradient`). The result is deterministic.
 
 Masks follow `toeplitz_attention`: key id 0 = padding, query ids (when given) must equal key ids, causal
 (k_pos <= q_pos), a local window (|k_pos - q_pos| <= window // 2). Tiles with no visible entry are skipped: a
@@ -113,7 +116,7 @@ def _prepare(ext, q_pieces, k_pieces, dtype, spec: MosaicGpuSpec) -> tuple[Table
     if spec.limits_in_tiles:
         upper = None if spec.upper is None else spec.upper + spec.t_pad - 1
         lower = None if spec.lower is None else spec.lower + spec.t_pad - 1
-    table = None if ext is None else diagonal_tiles(ext, dtype, upper, lower)
+    table = None if ext is None else diagonal_tiles(ext, dtype, upper, lower, spec.diagonals)
     return table, live_tiles(q_pieces, k_pieces, spec)
 
 
@@ -141,7 +144,8 @@ def _attention_bwd(spec, residuals, do):
     dk, dv = key_value_gradients(x, grads, table_t, visit_lists(jnp.swapaxes(live, 1, 2)), spec)
     d_ext = None
     if ext is not None:
-        d_ext = table_gradient(tile_gradients(x, grads, table, diagonal_visits(live, spec), spec)).astype(ext.dtype)
+        tile_grads = tile_gradients(x, grads, table, diagonal_visits(live, spec), spec)
+        d_ext = table_gradient(tile_grads, spec.diagonals[0], ext.shape[-1]).astype(ext.dtype)
     d_w = None if pair_w is None else jnp.zeros_like(pair_w)  # w: key features, not differentiated
     return dq, dk, dv, d_ext, None, None, None, du, d_w
 

@@ -152,7 +152,7 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
                 piece.wait(qid_bar.at[slot])
                 if has_table:
                     piece.wait(t_bar.at[slot])
-                    s = tile_logits(ops, s, t_s.at[slot], base_s[kc - qc + spec.nq - 1], (wg * HALF, HALF), spec,
+                    s = tile_logits(ops, s, t_s.at[slot], base_s[spec.table_diagonal(qc, kc)], (wg * HALF, HALF), spec,
                                     piece.span)
                 else:
                     s = tile_logits(ops, s, None, None, None, spec)
@@ -201,7 +201,7 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
                 plgpu.copy_gmem_to_smem(refs["q_pieces"].at[b, queries], qid_s.at[slot], qid_bar.at[slot])
                 plgpu.copy_gmem_to_smem(refs["lse"].at[b, h, queries], lse_s.at[slot], lse_bar.at[slot])
                 if has_table:
-                    plgpu.copy_gmem_to_smem(refs["tiles"].at[th, kc - qc + spec.nq - 1], t_s.at[slot],
+                    plgpu.copy_gmem_to_smem(refs["tiles"].at[th, spec.table_diagonal(qc, kc)], t_s.at[slot],
                                             t_bar.at[slot])
                 plgpu.copy_gmem_to_smem(refs["do"].at[b, queries, h], do_s.at[slot], do_bar.at[slot])
                 plgpu.copy_gmem_to_smem(refs["delta"].at[b, h, queries], delta_s.at[slot], delta_bar.at[slot])
@@ -238,8 +238,9 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
 
 def tile_gradients(x: Operands, grads: BackwardInputs, table: Table, visits: jax.Array, spec: MosaicGpuSpec):
     """dS summed over each block diagonal's tiles, batch rows and (shared table) heads -> [H', nd, 128, 128]
-    float32, w.r.t. natural-log logits; visits [nd, 1 + B*nq, padded] (`diagonal_visits`). Each diagonal's walk is
-    cut into `spec.table_splits` CTAs, whose partial tiles XLA adds up."""
+    float32, w.r.t. natural-log logits, for the nd block diagonals of `spec.diagonals`; visits [nd, 1 + B*nq,
+    padded] (`diagonal_visits`). Each diagonal's walk is cut into `spec.table_splits` CTAs, whose partial tiles
+    XLA adds up."""
     plgpu = plgpu_module()
     ops, sizes, inputs = kernel_preamble(x, grads, table, visits, spec)
     dim, dim_v, dtype, table_heads = sizes.dim, sizes.dim_v, sizes.dtype, sizes.table_heads
@@ -265,7 +266,7 @@ def tile_gradients(x: Operands, grads: BackwardInputs, table: Table, visits: jax
         chunk = lax.div(pairs + splits - 1, splits)
         first = jnp.minimum(split * chunk, pairs)  # this CTA's pairs: first, first + 1, ... (steps of them)
         steps = jnp.minimum(first + chunk, pairs) - first
-        shift = d - (spec.nq - 1)  # key block minus query block on this diagonal
+        shift = d + spec.diagonals[0] - (spec.nq - 1)  # key block minus query block on this diagonal
 
         def tile_of(i):
             """(batch row, query block, head) of step i."""

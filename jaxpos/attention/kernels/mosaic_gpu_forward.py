@@ -103,7 +103,7 @@ class KeyBlocks:
             if spec.pair_rank:
                 plgpu.copy_gmem_to_smem(refs["pair_w"].at[b, :, keys], self.w.at[slot], self.w_ready[0].at[slot])
             if self.sizes.has_table:
-                plgpu.copy_gmem_to_smem(refs["tiles"].at[cta.th, kc - cta.qc + spec.nq - 1], self.tile.at[slot],
+                plgpu.copy_gmem_to_smem(refs["tiles"].at[cta.th, spec.table_diagonal(cta.qc, kc)], self.tile.at[slot],
                                         self.tile_ready.at[slot])
             plgpu.copy_gmem_to_smem(refs["v"].at[b, keys, h], self.v.at[slot], self.v_ready.at[slot])
 
@@ -120,8 +120,8 @@ class KeyBlocks:
         piece.wait(self.ids_ready.at[slot])
         if self.sizes.has_table:
             piece.wait(self.tile_ready.at[slot])
-            s = tile_logits(ops, s, self.tile.at[slot], cta.bases[kc - cta.qc + spec.nq - 1], (cta.wg * HALF, HALF),
-                            spec, piece.span)
+            s = tile_logits(ops, s, self.tile.at[slot], cta.bases[spec.table_diagonal(cta.qc, kc)],
+                            (cta.wg * HALF, HALF), spec, piece.span)
         else:
             s = tile_logits(ops, s, None, None, None, spec)
         if spec.pair_rank:

@@ -22,33 +22,37 @@ _BIG_ID = 2**30
 
 # --- tiles and visit lists (XLA, once per call) ---------------------------------------------------------------
 
-def diagonal_tiles(ext: jax.Array, dtype, upper: int | None = None, lower: int | None = None) -> Table:
+def diagonal_tiles(ext: jax.Array, dtype, upper: int | None = None, lower: int | None = None,
+                   diagonals: tuple[int, int] | None = None) -> Table:
     """Offset table [H', T_pad + S_pad] -> (tiles [H', nd, 128, 128] `dtype`, bases [H', nd_pad] float32), in
     base-2 logits: tile d [r, c] + bases[d] = ext[d*128 + 127 + c - r] * log2(e), the tile's main diagonal
-    (c = r) being its base. nd = (T_pad + S_pad)/128 - 1 block diagonals; bases padded to 128-byte rows.
+    (c = r) being its base. nd = (T_pad + S_pad)/128 - 1 block diagonals, or `diagonals` = (first, count) of
+    them (`MosaicGpuSpec.diagonals`: tile n is block diagonal first + n); bases padded to 128-byte rows.
     `upper`, `lower`: the causal limit or a window's far side, and a window's near side, which depend on the
     offset alone, as NEG in the entries of ext index > upper or < lower (bf16; -inf in f16), so that the kernels
     need no mask arithmetic for them; bases stay the table's values."""
     heads, length = ext.shape
-    diagonals = length // BLOCK - 1
+    first, count = diagonals or (0, length // BLOCK - 1)
+    d = first + jnp.arange(count)
     r = jnp.arange(BLOCK)[:, None]
     c = jnp.arange(BLOCK)[None, :]
-    index = jnp.arange(diagonals)[:, None, None] * BLOCK + (BLOCK - 1) + c - r
+    index = d[:, None, None] * BLOCK + (BLOCK - 1) + c - r
     scaled = ext.astype(jnp.float32) * LOG2E
-    bases = scaled[:, jnp.arange(diagonals) * BLOCK + BLOCK - 1]
+    bases = scaled[:, d * BLOCK + BLOCK - 1]
     tiles = scaled[:, index] - bases[:, :, None, None]
     if upper is not None:
         tiles = jnp.where(index <= upper, tiles, NEG)
     if lower is not None:
         tiles = jnp.where(index >= lower, tiles, NEG)
     tiles = tiles.astype(dtype)
-    bases = jnp.pad(bases, ((0, 0), (0, -diagonals % LIST_ALIGN)))
+    bases = jnp.pad(bases, ((0, 0), (0, -count % LIST_ALIGN)))
     return Table(tiles, bases)
 
 
-def table_gradient(tile_grads: jax.Array) -> jax.Array:
-    """Gradients of the diagonal tiles [H', nd, 128, 128] (w.r.t. natural-log logits) -> offset-table gradient
-    [H', T_pad + S_pad]: each tile summed along its 255 diagonals (m = c - r + 127) into offsets d*128 + m."""
+def table_gradient(tile_grads: jax.Array, first: int = 0, length: int | None = None) -> jax.Array:
+    """Gradients of the diagonal tiles [H', nd, 128, 128] (w.r.t. natural-log logits) of block diagonals first,
+    first + 1, ... -> offset-table gradient [H', length] (None: (nd + 1) * 128 = T_pad + S_pad when they are all
+    of them): each tile summed along its 255 diagonals (m = c - r + 127) into offsets (first + d)*128 + m."""
     heads, diagonals, n, _ = tile_grads.shape
     flipped = tile_grads[:, :, ::-1, :]  # row n - 1 - r: a left skew by the row index sorts by c - r
     padded = jnp.pad(flipped, ((0, 0), (0, 0), (0, 0), (0, n)))
@@ -56,7 +60,9 @@ def table_gradient(tile_grads: jax.Array) -> jax.Array:
     windows = jnp.pad(jnp.sum(skewed, axis=2), ((0, 0), (0, 0), (0, 1)))  # [H', nd, 2n]: offsets d*n + m
     low, high = windows[..., :n], windows[..., n:]
     chunks = jnp.pad(low, ((0, 0), (0, 1), (0, 0))) + jnp.pad(high, ((0, 0), (1, 0), (0, 0)))
-    return chunks.reshape(heads, -1)
+    covered = chunks.reshape(heads, -1)  # offsets first*128 ... (first + nd + 1)*128 - 1; the others have no tile
+    length = covered.shape[-1] + first * n if length is None else length
+    return jnp.pad(covered, ((0, 0), (first * n, length - covered.shape[-1] - first * n)))
 
 
 def _block_ranges(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -99,12 +105,12 @@ def visit_lists(live: jax.Array) -> jax.Array:
 
 
 def diagonal_visits(live: jax.Array, spec: MosaicGpuSpec) -> jax.Array:
-    """Visit lists of the table-gradient kernel: per block diagonal d, the live tiles (b, query block) on it as
-    b * nq + qc -> [nd, 1 + B*nq, padded]."""
+    """Visit lists of the table-gradient kernel: per block diagonal d of `spec.diagonals` (the n-th from its
+    first), the live tiles (b, query block) on it as b * nq + qc -> [nd, 1 + B*nq, padded]."""
     batch = live.shape[0]
-    diagonals = spec.nq + spec.nk - 1
+    first, diagonals = spec.diagonals
     qc = jnp.arange(spec.nq)
-    kc = qc[None, :] + jnp.arange(diagonals)[:, None] - (spec.nq - 1)  # [nd, nq]
+    kc = qc[None, :] + first + jnp.arange(diagonals)[:, None] - (spec.nq - 1)  # [nd, nq]
     inside = (kc >= 0) & (kc < spec.nk)
     on_diagonal = live[:, qc[None, :], jnp.clip(kc, 0, spec.nk - 1)] & inside[None]  # [B, nd, nq]
     return visit_lists(jnp.swapaxes(on_diagonal, 0, 1).reshape(diagonals, batch * spec.nq))
