@@ -412,19 +412,24 @@ def triton_lowering_available():
 
 @pytest.mark.skipif(not triton_lowering_available(), reason="this jaxlib has no Pallas Triton lowering")
 @pytest.mark.parametrize("grad,kwargs,kernels", [(False, {}, 1), (True, {}, 3), (True, dict(dq_group=2), 3),
-                                                 (True, dict(table_grad="diagonals"), 4)],
-                         ids=["forward", "forward_backward", "forward_backward_grouped", "table_grad_diagonals"])
+                                                 (True, dict(table_grad="diagonals"), 4),
+                                                 (True, dict(window=100, dq_group=2, table_grad="diagonals"), 4)],
+                         ids=["forward", "forward_backward", "forward_backward_grouped", "table_grad_diagonals",
+                              "window"])
 def test_lowers_for_gpu_triton(grad, kwargs, kernels):
     """Lowering only (no GPU here): the kernels become Triton custom calls in the CUDA module (one or two query
-    blocks per dq program; the table gradient in the dq kernel or in a kernel of its own)."""
+    blocks per dq program; the table gradient in the dq kernel or in a kernel of its own; a local window beside
+    the causal mask: loop bounds from both sides)."""
     text = lowered_text("cuda", "triton", grad, **kwargs)
     assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
-def test_lowers_for_tpu():
-    """Lowering only (no TPU here): the three kernels become Mosaic custom calls. This checks the Pallas-to-Mosaic
-    lowering and the block shapes; Mosaic's own compilation (layouts, VMEM) runs on a TPU and is not checked."""
-    text = lowered_text("tpu", "mosaic_tpu", grad=True)
+@pytest.mark.parametrize("kwargs", [{}, dict(window=100)], ids=["causal", "causal_window"])
+def test_lowers_for_tpu(kwargs):
+    """Lowering only (no TPU here): the three kernels become Mosaic custom calls (with a local window too: loops
+    that start past the first block). This checks the Pallas-to-Mosaic lowering and the block shapes; Mosaic's own
+    compilation (layouts, VMEM) runs on a TPU and is not checked."""
+    text = lowered_text("tpu", "mosaic_tpu", grad=True, **kwargs)
     assert text.count("tpu_custom_call") == 3
 
 
