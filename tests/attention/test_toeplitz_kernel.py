@@ -1,9 +1,9 @@
 """The Pallas Toeplitz attention kernel (interpret mode on the CPU) against the XLA reference `attend`.
 
 Outputs and gradients of q, k, v and the table (and through it the mechanisms' parameters) with padding, packing,
-causal masks, odd lengths, T != S, head-shared tables, no table and bf16 inputs; the fallbacks of attend's
-"pallas" path; and what lowers for GPU (Triton) and TPU from this machine. Each kernel configuration compiles
-once (a few seconds in the interpreter), so each test packs several features into one call.
+causal masks, local windows, odd lengths, T != S, head-shared tables, no table and bf16 inputs; the fallbacks of
+attend's "pallas" path; and what lowers for GPU (Triton) and TPU from this machine. Each kernel configuration
+compiles once (a few seconds in the interpreter), so each test packs several features into one call.
 """
 
 import logging
