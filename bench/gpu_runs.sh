@@ -5,7 +5,8 @@
 #   bash bench/gpu_runs.sh verify          # in <= 8 min: compiled kernel tests, loop overhead, lone MLM steps,
 #                                          # table attention beside FlexAttention, scanned layers per remat policy
 #   bash bench/gpu_runs.sh recipes         # compiled Hopper-kernel tests, the recipes' MLM step per path, a profile
-#   bash bench/gpu_runs.sh attention       # attention fwd+bwd with and without a table, T 512/2048/8192
+#   bash bench/gpu_runs.sh attention       # attention fwd+bwd with and without a table, T 512/2048/8192; a local
+#                                          # layer (window 128) against a global one, T 1k/4k/8k
 #   bash bench/gpu_runs.sh variants        # causal, head width 128, DIET-Abs rank 16
 #   bash bench/gpu_runs.sh peers           # none beside its peers at both shapes; cached beam search
 #   bash bench/gpu_runs.sh reproduce       # `jaxpos reproduce --profile full` on the host's pool; results packed
@@ -140,6 +141,8 @@ recipes() {
 attention() {
   step 290 "attention fwd+bwd, T 512/2048/8192" "$PY" bench/attention_bias.py --paths \
     cudnn,jax-fa3,cudnn+bias,pallas,pallas+table,mgpu,mgpu+table,mgpu+dropout,mgpu+segments,mgpu+folded
+  step 240 "local attention (window 128) against global, T 1k/4k/8k" "$PY" bench/local_attention.py --paths \
+    xla+table,cudnn+table,cudnn-window,mgpu,mgpu+table
 }
 
 variants() {

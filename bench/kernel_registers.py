@@ -2,7 +2,7 @@
 
     python bench/kernel_registers.py                       # attention_bias.py's mgpu paths and jax-fa3, T = 512
     python bench/kernel_registers.py --lengths 512,8192 --head-dim 128 --paths mgpu+table,mgpu+dropout
-    python bench/kernel_registers.py --paths mgpu+table --masks causal,padded   # masked variants
+    python bench/kernel_registers.py --paths mgpu+table --masks causal,padded   # masked variants (or window)
 
 Each path of `bench/attention_bias.py` is lowered for CUDA (forward and backward, the same jitted gradient that
 the benchmark times), and each Mosaic GPU kernel in it is compiled by the CUDA plugin's own compiler
@@ -132,7 +132,8 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--paths", default="mgpu,mgpu+table,mgpu+dropout,mgpu+segments,mgpu+folded,jax-fa3")
-    parser.add_argument("--masks", default="", help="the mgpu paths with these masks: causal, padded (piece ids)")
+    parser.add_argument("--masks", default="", help="the mgpu paths with these masks: causal, padded (piece ids), "
+                                                    "window (a local window of 128)")
     parser.add_argument("--plugin", default=None, help="xla_cuda_plugin.so (default: the installed CUDA plugin's)")
     parser.add_argument("--cuda-root", default=None, help="a CUDA tree with bin/ptxas (default: nvidia-cuda-nvcc's)")
     parser.add_argument("--compile-module", default=None, help=argparse.SUPPRESS)
@@ -165,9 +166,11 @@ def main(argv=None):
     print("| T (B) | path | kernel | registers | stack B | spill stores B | spill loads B |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     masks = set(filter(None, args.masks.split(",")))
-    if masks - {"causal", "padded"}:
-        raise SystemExit(f"kernel_registers: error: unknown masks {sorted(masks - {'causal', 'padded'})}")
-    chosen = paths(False, {}, dict(interpret=False, padded="padded" in masks), causal="causal" in masks)
+    known = {"causal", "padded", "window"}
+    if masks - known:
+        raise SystemExit(f"kernel_registers: error: unknown masks {sorted(masks - known)}")
+    options = dict(interpret=False, padded="padded" in masks, window=128 if "window" in masks else None)
+    chosen = paths(False, {}, options, causal="causal" in masks)
     for length in map(int, args.lengths.split(",")):
         batch = max(1, args.tokens // length)
         act = jax.ShapeDtypeStruct((batch, length, args.heads, args.head_dim), jnp.bfloat16)

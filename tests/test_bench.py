@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench import attention_bias
+from bench import attention_bias, local_attention
 from jaxpos.cli import build_parser
 from jaxpos.config.model import ATTENTION_IMPLS
 from jaxpos.positions import MECHANISMS
@@ -38,6 +38,8 @@ def test_gpu_runbook_names_what_exists_and_fits_ten_minutes(stage):
             assert files and all(os.path.exists(os.path.join(ROOT, f)) for f in files)
         elif "bench/attention_bias.py" in command:
             assert set(opts["--paths"].split(",")) <= known_paths
+        elif "bench/local_attention.py" in command:
+            assert set(opts["--paths"].split(",")) <= set(local_attention.PATHS)
         elif "bench/train_throughput.py" in command:
             assert set(opts["--kinds"].split(",")) <= set(MECHANISMS)
             paths = opts["--paths"].split(",") if "--paths" in opts else opts["--impl"].split(",")
@@ -82,6 +84,20 @@ def test_attention_benchmark_on_the_cpu(capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [row[2] for row in rows] == ["cudnn", "cudnn+bias", "pallas+table"]
     assert rows[0][4] == "1.00" and all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)
+
+
+def test_local_attention_benchmark_on_the_cpu(capsys):
+    """--cpu at a tiny shape: per path the tiles of the global and the local call, the predicted ratio, the CPU
+    times of the XLA path and the Pallas interpreter (printed, not compared: one run each), and the Hopper kernels
+    lowered for CUDA (3 custom calls without a table, 4 with)."""
+    local_attention.main(["--cpu", "--lengths", "512", "--tokens", "512", "--heads", "2", "--head-dim", "16",
+                          "--runs", "1", "--paths", "xla+table,pallas+table,mgpu,mgpu+table"])
+    rows = {line.split()[2]: line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("512")}
+    assert list(rows) == ["xla+table", "pallas+table", "mgpu", "mgpu+table"]
+    assert " dense " in rows["xla+table"] and " 1.000 " in rows["xla+table"]  # the mask saves no product
+    assert " 16 / 10 " in rows["mgpu"]  # 4 x 4 tiles of 128; 3 per query block, 2 at the ends
+    assert "3 calls" in rows["mgpu"] and "4 calls" in rows["mgpu+table"]
+    assert " 64 / 22 " in rows["pallas+table"] and float(rows["pallas+table"].split()[-1]) > 0  # blocks of 64
 
 
 def test_attention_benchmark_refuses_an_unknown_path(capsys):

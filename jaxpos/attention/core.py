@@ -7,7 +7,8 @@ and chooses how to apply them:
   and low-rank factors and per-head segment tables (as u_i . w_j) folded into q and k, whose width is padded to
   a multiple of 8 (cuDNN's rule). Query-dependent Shaw terms and the analysis switches need "xla";
 - "pallas": `kernels.toeplitz_attention`, the Toeplitz table read inside the kernel, low-rank factors
-  folded into q and k, per-head segment tables as a rank G - 1 term, masks as piece ids, attention dropout;
+  folded into q and k, per-head segment tables as a rank G - 1 term, masks as piece ids (a local window's
+  blocks outside it skipped), attention dropout;
   per device on a mesh (`sharding.per_shard`); other terms fall back to "cudnn" or "xla";
 - "mosaic_gpu": the same path on the Hopper kernels of `kernels.mosaic_gpu` (wgmma, TMA; bf16/f16, attention
   dropout and per-head segment tables included);
@@ -237,21 +238,24 @@ def toeplitz_kernel_attention(q, k, v, *, bias, q_pos, k_pos, mask, q_types, k_t
                               dropout_rng, dropout_rate, implementation="pallas"):
     """attend's "pallas" / "mosaic_gpu" path: the Toeplitz kernel (Pallas, or the Hopper kernels) on each device's
     shard of the batch and heads (`per_shard`), masks as piece ids; low-rank factors folded into q and k; a
-    per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`)."""
+    per-head segment table enters as a rank G - 1 pair term (`segment_pair_factors`); a local window's blocks
+    outside it are skipped."""
     del content, position  # refused by the registry: the kernels compute every term
     scale = bias.content_scale * q.shape[-1] ** -0.5
     if bias.factors is not None:  # low-rank P_Q P_K^T (DIET-Abs, TUPE) folded into q.k: v keeps its width
         q, k = fold_factors(q, k, at_pieces(bias).factors, scale)
     rate = dropout_rate if dropout_rng is not None else 0.0
     mask = mask if mask is not None else AttentionMask()
-    causal = mask.causal
+    causal, window = mask.causal, mask.window
     batch, length, heads, _ = q.shape
     pair_u, pair_w = _segment_pairs(bias, q_types, k_types) or (None, None)
     # the Hopper kernels, or the Pallas kernel of the default backend (Triton on GPUs, Mosaic on TPUs)
     backend = "mosaic_gpu" if implementation == "mosaic_gpu" else None
     args = dict(q=q, k=k, v=v, table=bias.table, q_piece_ids=mask.q_piece_ids, kv_piece_ids=mask.kv_piece_ids,
                 pair_u=pair_u, pair_w=pair_w,
-                q_offset=None if causal else q_pos[0] - k_pos[0],  # static 0 when causal
+                # static 0 when causal or windowed: self-attention over one set of positions (a cache's T != S
+                # goes to the fallbacks: `cached_causal`)
+                q_offset=None if causal or window is not None else q_pos[0] - k_pos[0],
                 # the global rows' keys, so that devices holding different rows drop different weights
                 dropout_row_keys=dropout.row_keys(dropout.seed_from_key(dropout_rng), batch, heads, length)
                 if rate else None)
@@ -263,7 +267,7 @@ def toeplitz_kernel_attention(q, k, v, *, bias, q_pos, k_pos, mask, q_types, k_t
     def kernel(q, k, v, table=None, q_piece_ids=None, kv_piece_ids=None, q_offset=0, dropout_row_keys=None,
                pair_u=None, pair_w=None):
         return toeplitz_attention(q, k, v, table, scale=scale, q_piece_ids=q_piece_ids,
-                                  kv_piece_ids=kv_piece_ids, causal=causal, q_offset=q_offset,
+                                  kv_piece_ids=kv_piece_ids, causal=causal, window=window, q_offset=q_offset,
                                   dropout_rate=rate, dropout_row_keys=dropout_row_keys,
                                   pair_bias=None if pair_u is None else (pair_u, pair_w), backend=backend)
 

@@ -106,6 +106,24 @@ def test_attend_reads_the_facts_of_its_call(monkeypatch, bias, dtype, dropout, e
     assert impl == expected
 
 
+@pytest.mark.parametrize("dropout,expected", [(True, "mosaic_gpu"), (False, "cudnn")])
+def test_a_local_layer_is_chosen_by_its_bias_form(monkeypatch, dropout, expected):
+    """A windowed call (a local layer) keeps its bias form: on a Hopper GPU the kernels, which skip the blocks
+    outside the window, take it with attention dropout as they take a global layer's, and cuDNN without."""
+    from jaxpos.attention.mask import AttentionMask
+
+    monkeypatch.setattr(core.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(core.jax, "devices", lambda: [types.SimpleNamespace(compute_capability="9.0")])
+    q, k, _ = qkv()
+    positions = jnp.arange(16)
+    call = core.call_facts(q, k, PositionalBias(table=jnp.zeros((2, 31))), positions, positions,
+                           AttentionMask(window=8), True, True, jax.random.PRNGKey(0) if dropout else None,
+                           0.1 if dropout else 0.0)
+    assert call.window and call.form == "table"
+    assert core.resolve("auto", call) == expected
+    assert {"pallas", "mosaic_gpu"} <= set(core.can_take(call))
+
+
 def test_on_the_cpu_auto_is_the_xla_reference_and_says_so(caplog):
     q, k, v = qkv(jnp.float32)
     positions = jnp.arange(16)

@@ -1,9 +1,9 @@
 """The Pallas Toeplitz attention kernel (interpret mode on the CPU) against the XLA reference `attend`.
 
 Outputs and gradients of q, k, v and the table (and through it the mechanisms' parameters) with padding, packing,
-causal masks, odd lengths, T != S, head-shared tables, no table and bf16 inputs; the fallbacks of attend's
-"pallas" path; and what lowers for GPU (Triton) and TPU from this machine. Each kernel configuration compiles
-once (a few seconds in the interpreter), so each test packs several features into one call.
+causal masks, local windows, odd lengths, T != S, head-shared tables, no table and bf16 inputs; the fallbacks of
+attend's "pallas" path; and what lowers for GPU (Triton) and TPU from this machine. Each kernel configuration
+compiles once (a few seconds in the interpreter), so each test packs several features into one call.
 """
 
 import logging
@@ -47,13 +47,13 @@ def random(shape, seed, dtype=jnp.float32):
     return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
 
 
-def reference(q, k, v, table, *, q_piece_ids=None, kv_piece_ids=None, causal=False, q_offset=0, dropout_rate=0.0,
-              segment=None):
+def reference(q, k, v, table, *, q_piece_ids=None, kv_piece_ids=None, causal=False, window=None, q_offset=0,
+              dropout_rate=0.0, segment=None):
     """attend(implementation="xla") with the same mask (and the dropout mask of DROPOUT_RNG's seed; segment:
     (per-head segment table, query types, key types)); -> (out, rows [B, T] that see at least one key)."""
     q_pos = q_offset + jnp.arange(q.shape[1])
     k_pos = jnp.arange(k.shape[1])
-    mask = AttentionMask(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=causal)
+    mask = AttentionMask(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=causal, window=window)
     seg_table, q_types, k_types = segment or (None, None, None)
     out, _ = attend(q, k, v, bias=PositionalBias(table=table, segment_table=seg_table), q_pos=q_pos, k_pos=k_pos,
                     mask=mask, q_types=q_types, k_types=k_types, dropout_rng=DROPOUT_RNG, dropout_rate=dropout_rate)
@@ -187,6 +187,92 @@ def test_grouped_query_blocks_give_the_same_gradients(group, packed, rate):
         dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=True, q_offset=offset)), types=types)
 
 
+@pytest.mark.parametrize("table_grad,window,causal,group,rate", [
+    ("tiles", 40, False, 1, 0.0), ("tiles", 40, False, 2, 0.0), ("diagonals", 9, True, 1, 0.2),
+    ("tiles", 3, False, 1, 0.0)], ids=["tiles", "grouped", "diagonals_causal_dropout_segments", "three_keys"])
+def test_local_window_against_the_masked_reference(table_grad, window, causal, group, rate):
+    """A local window (keys |k_pos - q_pos| <= window // 2) against the XLA path with the same dense mask: T = 64
+    queries at positions 13..76 over S = 90 keys (T != S), packed pieces and padding, a per-head table with
+    clipped ends, blocks of 16: key blocks wholly outside the window skipped on both sides (the near side too,
+    whose rows of diagonal sums the dq kernel then clears), partially covered tiles masked. Window 40 (20 keys a
+    side: up to four blocks of six), with one or two query blocks per dq program; window 9 with a causal mask
+    (keys 0..4 behind the query: smaller than a block), the table gradient per block diagonal (diagonals outside
+    the band have no tiles), attention dropout and a per-head segment table; window 3 (one key a side)."""
+    batch, t, s, offset = 2, 64, 90, 13
+    q = random((batch, t, HEADS, D), 40)
+    k, v = random((batch, s, HEADS, D), 41), random((batch, s, HEADS, D), 42)
+    table = random((HEADS, 61), 43)
+    q_piece_ids = jnp.asarray([[1] * 30 + [2] * 34, [1] * 50 + [0] * 14])
+    kv_piece_ids = jnp.asarray([[1] * 43 + [2] * 47, [1] * 80 + [0] * 10])
+    params, types = with_segments(table, 2 if rate else 0, (batch, t, s), 44)
+    masks = dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=causal, window=window, q_offset=offset)
+    check_against_reference((q, k, v, params), lambda p: p["table"], *with_dropout(
+        rate, dict(masks, block_q=16, block_k=16, block_dq=16, dq_group=group, table_grad=table_grad), masks),
+        types=types)
+
+
+def test_window_limits_and_refusals():
+    """A window that covers every offset of the call is the global layer (the same numbers, no mask arithmetic);
+    window 1 or 0 sees the query's own key only (out = v there); negative windows and traced offsets are
+    refused."""
+    q, k, v = (random((1, 20, HEADS, D), seed) for seed in (45, 46, 47))
+    table = random((HEADS, 39), 48)
+    call = dict(block_q=16, block_k=16, block_dq=16)
+    whole = toeplitz_attention(q, k, v, table, **call)
+    for window in (38, 39, 1000):  # 19 keys a side: every offset from -19 to 19
+        np.testing.assert_array_equal(toeplitz_attention(q, k, v, table, window=window, **call), whole)
+    narrower = toeplitz_attention(q, k, v, table, window=36, **call)
+    assert np.abs(np.asarray(narrower - whole)).max() > 1e-3
+    for window in (0, 1):
+        assert_close(toeplitz_attention(q, k, v, table, window=window, **call), v, 1e-6)
+    with pytest.raises(ValueError, match="window=-2 must be a non-negative int"):
+        toeplitz_attention(q, k, v, table, window=-2)
+    with pytest.raises(ValueError, match="a causal mask or a window needs a static"):
+        jax.jit(lambda offset: toeplitz_attention(q, k, v, table, window=8, q_offset=offset))(3)
+
+
+def brute_force_blocks(t, s, b, q_offset, half_window, causal):
+    """[T/b, S/b] bool: which (query block, key block) tiles hold an entry inside the window and causal limit."""
+    offsets = np.arange(s)[None, :] - np.arange(t)[:, None] - q_offset
+    visible = np.abs(offsets) <= half_window
+    if causal:
+        visible &= offsets <= 0
+    return visible.reshape(t // b, b, s // b, b).any(axis=(1, 3))
+
+
+@pytest.mark.parametrize("t,s,q_offset,window,causal", [(8192, 8192, 0, 128, False), (1024, 1024, 0, 128, True),
+                                                         (512, 768, 100, 90, False), (256, 256, -40, 30, True)])
+def test_a_local_layer_visits_blocks_linear_in_length(t, s, q_offset, window, causal):
+    """The loop bounds of every Pallas kernel (`key_blocks`: forward and dq, per query block and per group of
+    four; `query_blocks`: dK/dV) hold exactly the tiles with an entry inside the window (brute force over the
+    [T, S] mask), so a local layer's work is O(T * window): at T = S = 8192, window 128 and blocks of 64, three
+    key blocks of 64 per query block (2 at the ends), against 128 for a global layer."""
+    from jaxpos.attention.kernels.pallas_common import PallasSpec
+    from jaxpos.attention.kernels.pallas_tiles import key_blocks, query_blocks
+
+    b = 64
+    st = PallasSpec(scale=1.0, causal=causal, q_offset=q_offset, half_window=window // 2, block_q=b, block_k=b,
+                    block_dq=b, dq_group=4, table_grad="tiles", t_pad=t, s_pad=s, use_q_pieces=False, masked=True,
+                    skip_tiles=False, dropout_rate=0.0, interpret=True, backend="triton", num_warps=4, num_stages=3)
+    want = brute_force_blocks(t, s, b, q_offset, window // 2, causal)
+    nq, nk = t // b, s // b
+    for qb in range(nq):
+        first, end = (int(x) for x in key_blocks(qb * b, b, b, st, nk))
+        live = np.flatnonzero(want[qb])
+        assert (first, end) == ((live[0], live[-1] + 1) if live.size else (first, first))
+    for kb in range(nk):
+        first, end = (int(x) for x in query_blocks(kb * b, b, b, st, nq))
+        live = np.flatnonzero(want[:, kb])
+        assert (first, end) == ((live[0], live[-1] + 1) if live.size else (first, first))
+    for g in range(0, nq, 4):  # a dq group's loop: the first block's first key block to the last block's end
+        live = np.flatnonzero(want[g:g + 4].any(axis=0))
+        assert (int(key_blocks(g * b, b, b, st, nk)[0]), int(key_blocks((g + 3) * b, b, b, st, nk)[1])) == (
+            live[0], live[-1] + 1)
+    if (t, s, window, causal) == (8192, 8192, 128, False):
+        visited = sum(int(end) - int(first) for first, end in (key_blocks(qb * b, b, b, st, nk) for qb in range(nq)))
+        assert visited == 3 * nq - 2 and nq * nk == 128 * 128
+
+
 def test_table_gradient_rows_grow_linearly():
     """The automatic group keeps the table-gradient rows within twice q's size (2*T*D floats per batch and head),
     with one query block per program up to T = S = 2048 (the measured configurations); a group must divide."""
@@ -248,6 +334,35 @@ def test_attend_pallas_path_and_fallbacks(caplog):
     assert len(notes) == 1 and "dense" in notes[0]
 
 
+@pytest.mark.parametrize("implementation,dtype", [("pallas", jnp.float32), ("mosaic_gpu", jnp.bfloat16)])
+def test_attend_passes_a_local_window_to_the_kernels(monkeypatch, caplog, implementation, dtype):
+    """attend with a local layer's mask (window 6: 3 keys a side) over packed causal pieces and a table, through
+    each kernel's path: the window reaches the kernel (no hand-off to a fallback) and the outputs equal the XLA
+    path's at real positions."""
+    from jaxpos.attention import core
+
+    monkeypatch.setattr(core, "_NOTED", set())
+    batch, length = 1, 40
+    q, k, v = (random((batch, length, HEADS, D), seed, dtype) for seed in (70, 71, 72))
+    pos = jnp.arange(length)
+    piece_ids = jnp.asarray([[1] * 17 + [2] * 20 + [0] * 3])
+    bias = PositionalBias(table=random((HEADS, 2 * length - 1), 73))
+    valid = np.asarray(piece_ids != 0)
+    for causal in (False, True):
+        mask = AttentionMask.within_pieces(piece_ids, causal=causal, window=6)
+        call = core.call_facts(q, k, bias, pos, pos, mask, True, True)
+        assert call.window and core.resolve(implementation, call) == implementation
+        with caplog.at_level(logging.INFO, logger="jaxpos.attention.core"):
+            got, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask, implementation=implementation)
+        want, _ = attend(*(x.astype(jnp.float32) for x in (q, k, v)), bias=bias, q_pos=pos, k_pos=pos, mask=mask)
+        assert_close(np.asarray(got, np.float32)[valid], np.asarray(want)[valid], 1e-4 if dtype == jnp.float32
+                     else 2e-2)
+        narrow, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, implementation=implementation,
+                           mask=AttentionMask.within_pieces(piece_ids, causal=causal, window=4))
+        assert np.abs(np.asarray(narrow, np.float32) - np.asarray(got, np.float32))[valid].max() > 0.05
+    assert "falls back" not in caplog.text and "hands this call" not in caplog.text
+
+
 def test_fallback_takes_cudnn_only_where_it_can_train(monkeypatch):
     """On a GPU, calls the kernel cannot take go to cuDNN only with half-precision inputs, no Shaw terms, no
     dropout and even lengths (cuDNN trains with a bias only then); else to the XLA reference."""
@@ -297,19 +412,24 @@ def triton_lowering_available():
 
 @pytest.mark.skipif(not triton_lowering_available(), reason="this jaxlib has no Pallas Triton lowering")
 @pytest.mark.parametrize("grad,kwargs,kernels", [(False, {}, 1), (True, {}, 3), (True, dict(dq_group=2), 3),
-                                                 (True, dict(table_grad="diagonals"), 4)],
-                         ids=["forward", "forward_backward", "forward_backward_grouped", "table_grad_diagonals"])
+                                                 (True, dict(table_grad="diagonals"), 4),
+                                                 (True, dict(window=100, dq_group=2, table_grad="diagonals"), 4)],
+                         ids=["forward", "forward_backward", "forward_backward_grouped", "table_grad_diagonals",
+                              "window"])
 def test_lowers_for_gpu_triton(grad, kwargs, kernels):
     """Lowering only (no GPU here): the kernels become Triton custom calls in the CUDA module (one or two query
-    blocks per dq program; the table gradient in the dq kernel or in a kernel of its own)."""
+    blocks per dq program; the table gradient in the dq kernel or in a kernel of its own; a local window beside
+    the causal mask: loop bounds from both sides)."""
     text = lowered_text("cuda", "triton", grad, **kwargs)
     assert text.count("__gpu$xla.gpu.triton") == kernels
 
 
-def test_lowers_for_tpu():
-    """Lowering only (no TPU here): the three kernels become Mosaic custom calls. This checks the Pallas-to-Mosaic
-    lowering and the block shapes; Mosaic's own compilation (layouts, VMEM) runs on a TPU and is not checked."""
-    text = lowered_text("tpu", "mosaic_tpu", grad=True)
+@pytest.mark.parametrize("kwargs", [{}, dict(window=100)], ids=["causal", "causal_window"])
+def test_lowers_for_tpu(kwargs):
+    """Lowering only (no TPU here): the three kernels become Mosaic custom calls (with a local window too: loops
+    that start past the first block). This checks the Pallas-to-Mosaic lowering and the block shapes; Mosaic's own
+    compilation (layouts, VMEM) runs on a TPU and is not checked."""
+    text = lowered_text("tpu", "mosaic_tpu", grad=True, **kwargs)
     assert text.count("tpu_custom_call") == 3
 
 
@@ -335,3 +455,19 @@ def test_mosaic_tpu_kernels_in_the_tpu_interpreter():
         toeplitz_attention(q, k, v, table, backend="mosaic_tpu", block_q=64)
     with pytest.raises(ValueError, match="table_grad='diagonals'; choose tiles or"):
         toeplitz_attention(q, k, v, table, backend="mosaic_tpu", table_grad="diagonals")
+
+
+def test_mosaic_tpu_local_window_in_the_tpu_interpreter():
+    """The Mosaic variant with a local window: T = 512 queries at positions 60..571 over S = 400 keys, window 200
+    (100 keys a side: each query block of 128 sees two or three of the four key blocks, the near side skipped
+    too), packed pieces and padding (id ranges from SMEM), a per-head table, two query blocks per dq program whose
+    rows of diagonal sums go into the head's resident gradient block."""
+    batch, t, s, offset = 1, 512, 400, 60
+    q = random((batch, t, HEADS, D), 35)
+    k, v = random((batch, s, HEADS, D), 36), random((batch, s, HEADS, D), 37)
+    table = random((HEADS, 401), 38)
+    q_piece_ids = jnp.asarray([[1] * 300 + [2] * 212])
+    kv_piece_ids = jnp.asarray([[1] * 250 + [2] * 130 + [0] * 20])
+    masks = dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, window=200, q_offset=offset)
+    check_against_reference((q, k, v, dict(table=table)), lambda p: p["table"],
+                            dict(masks, backend="mosaic_tpu", dq_group=2, interpret=True), masks)

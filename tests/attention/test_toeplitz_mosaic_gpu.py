@@ -11,6 +11,7 @@ compiling each warpgroup's program anew), so the shapes are the smallest that st
 pipeline slot refilled) where it matters.
 """
 
+import dataclasses
 import logging
 
 import jax
@@ -22,8 +23,8 @@ from jaxpos.attention.kernels import mosaic_gpu as mgpu
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.attention.kernels.mosaic_gpu_common import (LOG2E, NEG, MosaicGpuSpec, check_interpreter_threads,
                                                         pipeline_stages)
-from jaxpos.attention.kernels.mosaic_gpu_tiles import (diagonal_tiles, diagonal_visits, live_tiles, table_gradient,
-                                                       visit_lists)
+from jaxpos.attention.kernels.mosaic_gpu_tiles import (diagonal_tiles, diagonal_visits, live_tiles,
+                                                       live_within_limits, table_gradient, visit_lists)
 from tests.attention.test_toeplitz_kernel import (DROPOUT_RNG, HEADS, check_against_reference, mechanism, random,
                                                   with_dropout)
 
@@ -126,6 +127,54 @@ def test_no_table_causal_wide_qk_f16(monkeypatch, pieces):
         assert np.linalg.norm(got - want) <= RTOL * np.linalg.norm(want)
 
 
+def test_local_window_in_the_tiles_packed_padded_with_segments(monkeypatch):
+    """A local window with a table, where it rides in the tiles like the causal limit (NEG outside it): T = 300
+    queries at positions 40..339 over S = 384 keys (T != S), window 150 (75 keys a side: of the 3 x 3 tiles the
+    two corners hold no visible key and are skipped in every kernel, and the table gradient has no tiles on
+    their block diagonals), two packed pieces and trailing padding, a per-head table, a per-head segment table
+    over 2 types: out, dq, dk, dv and the gradients of the table and the segment table against the XLA path with
+    the same dense mask. Backward blocks taken in two pieces, as at head width 128."""
+    monkeypatch.setattr(mgpu, "block_pieces", lambda *args: 2)
+    t, s, offset = 300, 384, 40
+    q = bf16(random((1, t, HEADS, 16), 50))[0]
+    k, v = bf16(random((1, s, HEADS, 16), 51), random((1, s, HEADS, 16), 52))
+    q_piece_ids = jnp.asarray([[1] * 180 + [2] * 120])
+    kv_piece_ids = jnp.asarray([[1] * 210 + [2] * 150 + [0] * 24])
+    types = tuple(jnp.asarray(np.random.default_rng(53 + i).integers(0, 2, (1, n))) for i, n in enumerate((t, s)))
+    masks = dict(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, window=150, q_offset=offset)
+    params = dict(table=random((HEADS, 2 * s - 1), 54), segment=random((HEADS, 2, 2), 55))
+    check_against_reference((q, k, v, params), lambda p: p["table"], dict(masks, backend="mosaic_gpu"), masks,
+                            rtol=RTOL, types=types)
+
+
+def test_causal_local_window_shared_table_key_padding_dropout(monkeypatch):
+    """Causal and windowed at once (ModernBERT's local layers in a decoder: keys 0..60 behind the query), T = S =
+    384, a head-shared table, key padding, attention dropout 0.2, the table gradient's diagonals cut over 2 CTAs:
+    the causal limit and the window's near side both in the tiles."""
+    monkeypatch.setattr(mgpu, "table_gradient_splits", lambda *args: 2)
+    length = 384
+    q, k, v = bf16(*(random((1, length, HEADS, 16), seed) for seed in (56, 57, 58)))
+    kv_piece_ids = jnp.asarray([[1] * 350 + [0] * 34])
+    masks = dict(kv_piece_ids=kv_piece_ids, causal=True, window=121)
+    check_against_reference((q, k, v, dict(table=random((1, 2 * length - 1), 59))), lambda p: p["table"],
+                            *with_dropout(0.2, dict(masks, backend="mosaic_gpu"), masks), rtol=RTOL)
+
+
+@pytest.mark.parametrize("causal,window,pieces", [(False, 400, 1), (True, 500, 2)],
+                         ids=["window", "causal_window_pieces"])
+def test_no_table_local_window_computed_in_the_kernels(monkeypatch, causal, window, pieces):
+    """No table, so the window (and the causal limit) are computed in the kernels from iotas: T = S = 512 in
+    f16. Each consumer's visit list holds tiles across the window's near side, then tiles wholly inside (no mask
+    arithmetic), then tiles across the far side or the causal limit, in that order along key blocks (forward,
+    dQ) and the reverse along query blocks (dK/dV), and some consumers walk all three runs (`walk`); window 400
+    (200 keys a side), or causal with window 500 (250 keys behind), streamed blocks whole or in two pieces."""
+    monkeypatch.setattr(mgpu, "block_pieces", lambda *args: pieces)
+    length = 512
+    q, k, v = (random((1, length, HEADS, 16), seed).astype(jnp.float16) for seed in (60, 61, 62))
+    masks = dict(causal=causal, window=window)
+    check_against_reference((q, k, v, {}), lambda p: None, dict(masks, backend="mosaic_gpu"), masks, rtol=RTOL)
+
+
 def test_model_through_mosaic_gpu_matches_xla(caplog):
     """A one-layer bf16 TISA model with per-head segment attention (DIET's recipe) and attention_impl="mosaic_gpu"
     against "xla", training with attention dropout: the model hands the kernel its piece ids (two packed pieces,
@@ -186,11 +235,24 @@ def test_diagonal_tiles_and_their_gradient():
     np.testing.assert_array_equal(np.asarray(causal_tiles, np.float32),
                                   np.where(index <= limit, np.asarray(tiles, np.float32), np.float32(
                                       jnp.asarray(NEG, jnp.bfloat16))))
+    window_tiles, _ = diagonal_tiles(ext, jnp.bfloat16, 300, 200)  # a window: entries of index < 200 NEG too
+    np.testing.assert_array_equal(np.asarray(window_tiles, np.float32),
+                                  np.where(index >= 200, np.asarray(causal_tiles, np.float32), np.float32(
+                                      jnp.asarray(NEG, jnp.bfloat16))))
     grads = rng.normal(size=(2, 3, 128, 128))
     d_ext = np.zeros((2, 512))
     for d in range(3):  # brute force: every tile entry back onto its offset
         np.add.at(d_ext, (slice(None), d * 128 + 127 + c - r), grads[:, d])
     np.testing.assert_allclose(table_gradient(jnp.asarray(grads, jnp.float32)), d_ext, rtol=1e-5, atol=1e-4)
+    # a band of block diagonals (a local layer's): its tiles alone, and its gradient placed at its offsets
+    band, band_bases = diagonal_tiles(ext, jnp.bfloat16, diagonals=(1, 2))
+    np.testing.assert_array_equal(band, tiles[:, 1:])
+    np.testing.assert_array_equal(band_bases[:, :2], bases[:, 1:3])
+    d_band = np.zeros((2, 512))
+    for d in (1, 2):
+        np.add.at(d_band, (slice(None), d * 128 + 127 + c - r), grads[:, d])
+    np.testing.assert_allclose(table_gradient(jnp.asarray(grads[:, 1:], jnp.float32), 1, 512), d_band, rtol=1e-5,
+                               atol=1e-4)
 
 
 @pytest.mark.parametrize("batch,length,heads,group,causal", [
@@ -215,33 +277,45 @@ def test_table_gradient_grid_keeps_every_sm_busy(batch, length, heads, group, ca
     assert fits(splits) and (splits == 1 or not fits(splits - 1))
 
 
-def interpreted_spec(t, s, use_q_ids, causal, q_offset=0):
+def interpreted_spec(t, s, use_q_ids, causal, q_offset=0, half_window=None):
     return MosaicGpuSpec(scale=1.0, causal=causal, q_offset=q_offset, t_pad=t, s_pad=s, use_q_ids=use_q_ids,
-                         masked=True, interpret=True)
+                         masked=True, interpret=True, half_window=half_window)
 
 
-@pytest.mark.parametrize("use_q_ids,causal,q_offset", [(True, False, 0), (False, True, 40), (True, True, -130)])
-def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
+@pytest.mark.parametrize("use_q_ids,causal,q_offset,half_window", [
+    (True, False, 0, None), (False, True, 40, None), (True, True, -130, None), (False, False, 70, 100),
+    (False, True, -30, 200), (True, False, -100, 0)])
+def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset, half_window):
     """A tile is visited exactly when some entry of it is visible (brute force over the [T, S] mask), in order,
     by the per-CTA lists of the forward/dQ (key blocks) and dK/dV (query blocks) kernels and by the per-diagonal
-    lists of the table-gradient kernel."""
+    lists of the table-gradient kernel: with causal limits, windows (100 and 200 keys a side, and the query's
+    own key only) and both."""
     rng = np.random.default_rng(1)
     t, s, batch = 384, 512, 3
     q_pieces = np.sort(rng.integers(0, 4, (batch, t)), axis=1)  # packed pieces 1..3 after some padding (0)
     k_pieces = np.sort(rng.integers(0, 4, (batch, s)), axis=1)
     k_pieces[2] = 0  # a row of padding only: no tile visited
-    st = interpreted_spec(t, s, use_q_ids, causal, q_offset)
+    st = interpreted_spec(t, s, use_q_ids, causal, q_offset, half_window)
     visible = k_pieces[:, None, :] != 0
     if use_q_ids:
         visible = visible & (q_pieces[:, :, None] == k_pieces[:, None, :])
+    offsets = np.arange(s)[None, None, :] - np.arange(t)[None, :, None] - q_offset  # k_pos - q_pos
     if causal:
-        visible = visible & (np.arange(s)[None, None, :] - np.arange(t)[None, :, None] <= q_offset)
+        visible = visible & (offsets <= 0)
+    if half_window is not None:
+        visible = visible & (np.abs(offsets) <= half_window)
     want = visible.reshape(batch, t // 128, 128, s // 128, 128).any(axis=(2, 4))
     live = live_tiles(jnp.asarray(q_pieces, jnp.int32), jnp.asarray(k_pieces, jnp.int32), st)
     live_np = np.asarray(live)
     assert np.all(live_np >= want)  # no tile with a visible entry is skipped
-    if not use_q_ids:  # key ids and the causal limit decide exactly; id ranges may only over-approximate
-        np.testing.assert_array_equal(live_np, want)
+    if not use_q_ids:  # padding and the limits each decide exactly; id ranges may only over-approximate
+        keys = (k_pieces != 0).reshape(batch, 1, s // 128, 128).any(axis=-1)
+        within = np.ones((t, s), bool)
+        if causal:
+            within &= offsets[0] <= 0
+        if half_window is not None:
+            within &= np.abs(offsets[0]) <= half_window
+        np.testing.assert_array_equal(live_np, keys & within.reshape(t // 128, 128, s // 128, 128).any(axis=(1, 3)))
     for lists, live_rows in ((visit_lists(live), np.asarray(live)),
                              (visit_lists(jnp.swapaxes(live, 1, 2)), np.asarray(live).swapaxes(1, 2))):
         assert lists.shape[-1] % 32 == 0
@@ -249,27 +323,63 @@ def test_live_tiles_and_visit_lists(use_q_ids, causal, q_offset):
             row = np.asarray(lists[index])
             assert list(row[1:1 + row[0]]) == list(np.flatnonzero(live_rows[index]))
     diagonal = diagonal_visits(live, st)
-    for d in range(t // 128 + s // 128 - 1):
-        row = np.asarray(diagonal[d])
-        want_entries = [b * (t // 128) + qc for b in range(batch) for qc in range(t // 128)
-                        if 0 <= qc + d - (t // 128 - 1) < s // 128 and live_np[b, qc, qc + d - (t // 128 - 1)]]
-        assert list(row[1:1 + row[0]]) == want_entries
+    first, count = st.diagonals  # the block diagonals the limits leave a visible entry on: the first and last do
+    nq = t // 128
+    assert diagonal.shape[0] == count and all(np.trace(live_within_limits(st), offset=d - (nq - 1)) > 0
+                                              for d in (first, first + count - 1))
+    for d in range(nq + s // 128 - 1):
+        want_entries = [b * nq + qc for b in range(batch) for qc in range(nq)
+                        if 0 <= qc + d - (nq - 1) < s // 128 and live_np[b, qc, qc + d - (nq - 1)]]
+        if first <= d < first + count:
+            row = np.asarray(diagonal[d - first])
+            assert list(row[1:1 + row[0]]) == want_entries
+        else:  # outside the band: no tile of the table, and none to walk
+            assert not want_entries
+
+
+@pytest.mark.parametrize("length", [1024, 4096, 8192])
+def test_a_local_layer_walks_blocks_linear_in_length(length):
+    """The O(T * window) claim, from the visit lists the kernels walk: at window 128 (64 keys a side) every query
+    block of 128 visits the key blocks before, at and after it (2 at the ends), 3T/128 - 2 tiles in all, for the
+    forward and dQ (key blocks per query block) and for dK/dV (query blocks per key block), where a global layer
+    visits (T/128)^2 (at T = 8192: 190 against 4096); the table's tiles and the table-gradient kernel's grid cover
+    3 of the 2T/128 - 1 block diagonals. Each list against a brute-force count over the [T, S] mask's tiles."""
+    from tests.attention.test_toeplitz_kernel import brute_force_blocks
+
+    nq = length // 128
+    st = MosaicGpuSpec(scale=1.0, causal=False, q_offset=0, t_pad=length, s_pad=length, use_q_ids=False,
+                       masked=False, interpret=False, half_window=64)
+    ids = jnp.ones((1, length), jnp.int32)
+    live = live_tiles(ids, ids, st)
+    want = brute_force_blocks(length, length, 128, 0, 64, False)
+    forward, dkdv = visit_lists(live)[0, :, 0], visit_lists(jnp.swapaxes(live, 1, 2))[0, :, 0]
+    np.testing.assert_array_equal(forward, want.sum(axis=1))
+    np.testing.assert_array_equal(dkdv, want.sum(axis=0))
+    assert int(forward.sum()) == int(dkdv.sum()) == 3 * nq - 2
+    assert st.diagonals == (nq - 2, 3)  # of the 2 nq - 1 block diagonals: the table's tiles and their gradient
+    np.testing.assert_array_equal(diagonal_visits(live, st)[:, 0], [np.trace(want, offset=d) for d in (-1, 0, 1)])
+    whole = dataclasses.replace(st, half_window=None)
+    assert int(visit_lists(live_tiles(ids, ids, whole))[0, :, 0].sum()) == nq * nq
 
 
 # --- what the compiled path is checked by on the CPU: its CUDA lowering --------------------------------------------
 
-@pytest.mark.parametrize("table,width,width_v,rate,rank,kernels", [
-    (True, 64, 64, 0.0, 0, 4), (False, 128, 64, 0.0, 0, 3), (True, 128, 128, 0.0, 0, 4), (True, 64, 64, 0.1, 1, 4),
-    (True, 128, 128, 0.1, 1, 4)],
-    ids=["table", "no_table_wide", "table_wide", "table_dropout_pair", "wide_dropout_pair"])
-def test_lowers_for_cuda(table, width, width_v, rate, rank, kernels):
+@pytest.mark.parametrize("table,width,width_v,rate,rank,window,kernels", [
+    (True, 64, 64, 0.0, 0, None, 4), (False, 128, 64, 0.0, 0, None, 3), (True, 128, 128, 0.0, 0, None, 4),
+    (True, 64, 64, 0.1, 1, None, 4), (True, 128, 128, 0.1, 1, None, 4), (True, 64, 64, 0.0, 0, 128, 4),
+    (False, 64, 64, 0.0, 0, 300, 3)],
+    ids=["table", "no_table_wide", "table_wide", "table_dropout_pair", "wide_dropout_pair", "table_window",
+         "no_table_window"])
+def test_lowers_for_cuda(table, width, width_v, rate, rank, window, kernels):
     """Lowering for CUDA from this host runs Mosaic GPU's layout inference and shared-memory accounting on every
     kernel (forward, dQ, dK/dV, and with a table the table gradient): they become mosaic_gpu custom calls. With
     dropout, the keep-mask hash (int32 multiply, xor, shifts) runs on the wgmma register layout; with a pair term
     (rank 1), its vectors are broadcast into the tiles and du is a row sum. Head width 128 with a table is where
     the forward's two stages would exceed shared memory by Mosaic's own count (SMEM_HEADROOM). At head width 128
     the dQ and dK/dV kernels take their streamed blocks in [64, 64] pieces (column slices of the tiles, and of the
-    ids, dropout keys and pair vectors, in the wgmma layouts)."""
+    ids, dropout keys and pair vectors, in the wgmma layouts). A local window beside the causal mask rides in the
+    table's tiles, or without a table is computed in the kernels (visit lists walked in three runs: across the
+    window's near side, wholly inside, across the causal limit)."""
     shape = jax.ShapeDtypeStruct((2, 384, 4, width), jnp.bfloat16)
     v_shape = jax.ShapeDtypeStruct((2, 384, 4, width_v), jnp.bfloat16)
     piece_ids = jax.ShapeDtypeStruct((2, 384), jnp.int32)
@@ -278,7 +388,7 @@ def test_lowers_for_cuda(table, width, width_v, rate, rank, kernels):
     def loss(q, k, v, table, piece_ids):
         pair = (jnp.ones(q.shape[:3] + (rank,)), jnp.ones(k.shape[:2] + (rank,))) if rank else None
         out = toeplitz_attention(q, k, v, table, q_piece_ids=piece_ids, kv_piece_ids=piece_ids, causal=True,
-                                 backend="mosaic_gpu", interpret=False, dropout_rate=rate,
+                                 window=window, backend="mosaic_gpu", interpret=False, dropout_rate=rate,
                                  dropout_seed=jnp.int32(5) if rate else None, pair_bias=pair)
         return jnp.sum(out.astype(jnp.float32))
 

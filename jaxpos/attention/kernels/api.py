@@ -6,11 +6,12 @@ tables) builds its table [H'|1, 2*span - 1] once per step, and autodiff through 
 gradient returned here into parameter gradients.
 
 Masks: `kv_piece_ids` [B, S] with 0 = padding (never attended), `q_piece_ids` [B, T] (queries attend only to
-keys of the same non-zero id), `causal` (key position <= query position): `mask.AttentionMask`'s convention.
-A tile whose query and key id ranges do not overlap, or that lies above the causal diagonal, is skipped (Mosaic
-reads the blocks' id ranges from SMEM, `pallas_common.call_kernel`). Fully masked rows (padding queries) give
-out = 0 and zero gradients; the XLA reference gives the mean of v there (softmax of equal logits), a value no loss
-should read.
+keys of the same non-zero id), `causal` (key position <= query position), `window` (a local layer's keys,
+|key position - query position| <= window // 2): `mask.AttentionMask`'s convention. A tile whose query and key id
+ranges do not overlap, or that lies wholly past the causal limit or outside the window, is skipped (Mosaic reads
+the blocks' id ranges from SMEM, `pallas_common.call_kernel`): a local layer costs O(T * window), not O(T * S).
+Fully masked rows (padding queries) give out = 0 and zero gradients; the XLA reference gives the mean of v there
+(softmax of equal logits), a value no loss should read.
 
 Backends, a module each: `pallas` (Pallas Triton on GPUs and Pallas Mosaic on TPUs: one set of kernels with
 per-backend switches) and `mosaic_gpu` (the Hopper kernels). Here: the argument checks, the choice of backend,
@@ -48,8 +49,9 @@ def _offset_table(table, q_offset, t_pad: int, s_pad: int):
 
 def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Array | None = None, *,
                        q_piece_ids: jax.Array | None = None, kv_piece_ids: jax.Array | None = None,
-                       causal: bool = False, q_offset: int | jax.Array = 0, block_q: int | None = None,
-                       block_k: int | None = None, block_dq: int | None = None, dq_group: int | None = None,
+                       causal: bool = False, window: int | None = None, q_offset: int | jax.Array = 0,
+                       block_q: int | None = None, block_k: int | None = None, block_dq: int | None = None,
+                       dq_group: int | None = None,
                        table_grad: str = "tiles", scale: float | None = None, dropout_rate: float = 0.0,
                        dropout_seed: jax.Array | None = None, dropout_row_keys: jax.Array | None = None,
                        pair_bias: tuple[jax.Array, jax.Array] | None = None, interpret: bool | None = None,
@@ -59,13 +61,13 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     q [B, T, H, D], k [B, S, H, D] and v [B, S, H, Dv] (D > Dv for folded low-rank factors); table [H|1, W]
     float32 (W = 2*span - 1 odd; column (k_pos - q_pos) + (W - 1)/2, offsets beyond the table clip to its ends,
     as `expand_toeplitz`) or None. Positions are q_pos = q_offset + arange(T), k_pos = arange(S); q_offset may be
-    traced unless `causal` (key visible when k_pos <= q_pos). Piece ids: 0 = padding (module docstring). Logits
-    are scale*q.k + bias (scale None: 1/sqrt(D)), accumulated in float32 whatever the input dtype; the table
-    gradient is float32. Block sizes are powers of two (None: 64, 64 and 32 on Triton, 128 on Mosaic TPU, where
-    the three must be equal multiples of 128); T and S are padded to them (padded keys are masked). `dq_group`:
-    query blocks per program of the dq / table-gradient kernel (None: `pallas.default_dq_group`, 1 up to
-    T = S = 2048 at D = 64, which bounds the table-gradient rows by twice q's size; it must divide the padded
-    T / block_dq).
+    traced unless `causal` (key visible when k_pos <= q_pos) or `window` (key visible when |k_pos - q_pos| <=
+    window // 2; both may be given). Piece ids: 0 = padding (module docstring). Logits are scale*q.k + bias
+    (scale None: 1/sqrt(D)), accumulated in float32 whatever the input dtype; the table gradient is float32.
+    Block sizes are powers of two (None: 64, 64 and 32 on Triton, 128 on Mosaic TPU, where the three must be
+    equal multiples of 128); T and S are padded to them (padded keys are masked). `dq_group`: query blocks per
+    program of the dq / table-gradient kernel (None: `pallas.default_dq_group`, 1 up to T = S = 2048 at D = 64,
+    which bounds the table-gradient rows by twice q's size; it must divide the padded T / block_dq).
     `table_grad` (Triton): "tiles", the dq kernel sums each tile's dS along its diagonals (a skew per tile, rows
     as above), or "diagonals", a kernel per (head, block diagonal) recomputes dS and sums it over the batch before
     one skew (H*(T + S)*(b + 2) floats; dS computed twice); Mosaic sums in the dq kernel. Attention dropout at
@@ -85,8 +87,9 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
                          "head dim, k and v their length")
     if table is not None and (table.ndim != 2 or table.shape[0] not in (1, heads)):
         raise ValueError(f"table must be [H|1, W] with H = {heads}, got {table.shape}")
-    if causal and not isinstance(q_offset, int):
-        raise ValueError("a causal mask needs a static (Python int) q_offset")
+    if (causal or window is not None) and not isinstance(q_offset, int):
+        raise ValueError("a causal mask or a window needs a static (Python int) q_offset")
+    half_window = _half_window(window, q_offset, t, s)
     dropout.keep_threshold(dropout_rate)  # validates the rate
     if dropout_rate and (dropout_seed is None) == (dropout_row_keys is None):
         raise ValueError("attention dropout needs exactly one of dropout_seed and dropout_row_keys")
@@ -102,8 +105,8 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
             raise ValueError(f"pair_bias must be u [B, T, H, r] = {(batch, t, heads)} + (r,) and w [B, S, r] with "
                              f"S = {s}, got {u.shape} and {w.shape}")
     if backend == "mosaic_gpu":
-        return _mosaic_gpu(q, k, v, table, q_piece_ids, kv_piece_ids, causal, q_offset, scale, dropout_rate,
-                           dropout_seed, dropout_row_keys, pair_bias, interpret,
+        return _mosaic_gpu(q, k, v, table, q_piece_ids, kv_piece_ids, causal, half_window, q_offset, scale,
+                           dropout_rate, dropout_seed, dropout_row_keys, pair_bias, interpret,
                            dict(block_q=block_q, block_k=block_k, block_dq=block_dq, dq_group=dq_group,
                                 table_grad=table_grad))
     if table_grad not in ("tiles", "diagonals") or (table_grad == "diagonals" and backend == "mosaic_tpu"):
@@ -147,10 +150,11 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
         dq_group = default_dq_group(t_pad, s_pad, block_dq, width(dim)) if rows_of_sums else 1
     elif dq_group < 1 or (t_pad // block_dq) % dq_group:
         raise ValueError(f"dq_group={dq_group} must divide the {t_pad // block_dq} query blocks of {block_dq} rows")
+    limited = causal or half_window is not None
     st = PallasSpec(scale=dim**-0.5 if scale is None else float(scale), causal=causal,
-                    q_offset=q_offset if causal else 0, block_q=block_q, block_k=block_k, block_dq=block_dq,
-                    dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad, use_q_pieces=use_q,
-                    masked=use_q or kv_piece_ids is not None or causal or s_pad != s,
+                    q_offset=q_offset if limited else 0, half_window=half_window, block_q=block_q, block_k=block_k,
+                    block_dq=block_dq, dq_group=dq_group, table_grad=table_grad, t_pad=t_pad, s_pad=s_pad,
+                    use_q_pieces=use_q, masked=use_q or kv_piece_ids is not None or limited or s_pad != s,
                     skip_tiles=use_q or kv_piece_ids is not None, dropout_rate=float(dropout_rate),
                     interpret=bool(interpret), backend=backend,
                     num_warps=num_warps, num_stages=num_stages)
@@ -158,6 +162,17 @@ def toeplitz_attention(q: jax.Array, k: jax.Array, v: jax.Array, table: jax.Arra
     if tpu:
         out = out.transpose(0, 2, 1, 3)
     return out[:, :t, :, :dim_v]
+
+
+def _half_window(window: int | None, q_offset, t: int, s: int) -> int | None:
+    """The keys a side of a query, window // 2; None without a window or where it covers every offset k_pos -
+    q_pos of the call (a global layer: no mask arithmetic)."""
+    if window is None:
+        return None
+    if not isinstance(window, int) or window < 0:
+        raise ValueError(f"window={window!r} must be a non-negative int (keys |k_pos - q_pos| <= window // 2)")
+    half = window // 2
+    return None if half >= max(abs(q_offset + t - 1), abs(s - 1 - q_offset)) else half
 
 
 def _padded_piece_ids(q_piece_ids, kv_piece_ids, sizes, t_pad, s_pad) -> tuple[jax.Array, jax.Array]:
@@ -178,8 +193,8 @@ def _padded_row_keys(rate, seed, row_keys, rows_shape, t_pad) -> jax.Array | Non
     return jnp.pad(keys.astype(jnp.int32), ((0, 0), (0, 0), (0, t_pad - rows_shape[-1])))
 
 
-def _mosaic_gpu(q, k, v, table, q_piece_ids, kv_piece_ids, causal, q_offset, scale, dropout_rate, dropout_seed,
-                dropout_row_keys, pair_bias, interpret, options):
+def _mosaic_gpu(q, k, v, table, q_piece_ids, kv_piece_ids, causal, half_window, q_offset, scale, dropout_rate,
+                dropout_seed, dropout_row_keys, pair_bias, interpret, options):
     """toeplitz_attention on the Mosaic GPU backend: inputs padded to its blocks and head widths."""
     reason = mgpu.unsupported(q.dtype)
     if reason is not None:
@@ -205,7 +220,8 @@ def _mosaic_gpu(q, k, v, table, q_piece_ids, kv_piece_ids, causal, q_offset, sca
     out = mgpu.mosaic_gpu_attention(
         pad(q, t_pad), pad(k.astype(q.dtype), s_pad), pad(v.astype(q.dtype), s_pad), ext,
         *_padded_piece_ids(q_piece_ids, kv_piece_ids, (batch, t, s), t_pad, s_pad),
-        scale=dim**-0.5 if scale is None else float(scale), causal=causal, q_offset=q_offset if causal else 0,
+        scale=dim**-0.5 if scale is None else float(scale), causal=causal, half_window=half_window,
+        q_offset=q_offset if causal or half_window is not None else 0,
         use_q_ids=use_q, masked=use_q or kv_piece_ids is not None or s_pad != s, interpret=interpret,
         dropout_rate=float(dropout_rate),
         row_keys=_padded_row_keys(dropout_rate, dropout_seed, dropout_row_keys, (batch, heads, t), t_pad),

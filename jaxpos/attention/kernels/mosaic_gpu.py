@@ -17,20 +17,25 @@ How the table enters. The kernels cannot gather, so the offset table `ext` [H'|1
 serves every tile on its diagonal, for every batch row (`diagonal_tiles`). A tile is stored as bf16 residuals
 around its own main-diagonal value (an f32 scalar per tile, read from shared memory): the entries that carry
 softmax weight sit near that value, so they keep f32-like precision even where the table grows with the offset
-(ALiBi, attenuated). H'*(T+S)*128 entries: linear in T. The dK/dV kernel reads the transposed tiles.
+(ALiBi, attenuated). H'*(T+S)*128 entries: linear in T; only the block diagonals a causal limit or a window
+leaves any visible entry on (`MosaicGpuSpec.diagonals`: a local layer's are about window / 128 + 2, whatever T).
+The dK/dV kernel reads the transposed tiles.
 
 How the table's gradient comes back. The gradient of tile d is dS summed over the tiles of block diagonal d and
 the batch (and the heads of a shared table); a fourth kernel walks exactly those tiles, recomputes P and dP (two
 products per tile) and adds dS up in registers, so no atomics and no [T, S] tensor. Its CTAs are (table head,
 block diagonal, split): a diagonal's walk is cut into as many pieces as keep the SMs evenly busy
-(`table_gradient_splits`). Each writes one f32 tile, splits*H'*(T+S)*128 floats; XLA adds the splits up and sums
-each tile along its diagonals into the window of offsets it covers (`table_gradient`). The result is deterministic.
+(`table_gradient_splits`). Each writes one f32 tile, splits*H'*(T+S)*128 floats (fewer diagonals under a causal
+limit or a window); XLA adds the splits up and sums each tile along its diagonals into the window of offsets it
+covers (`table_gradient`). The result is deterministic.
 
 Masks follow `toeplitz_attention`: key id 0 = padding, query ids (when given) must equal key ids, causal
-(k_pos <= q_pos). Tiles with no visible entry are skipped: a visit list per CTA (`visit_lists`), computed in
-XLA from the blocks' id ranges and the causal limit, tells both the producer and the consumers which blocks to
-walk. Rows that see no key give out = 0, logsumexp +inf and zero gradients. With a table, the causal limit rides
-in the tiles (it depends on the offset alone: NEG past it, `diagonal_tiles`), so no tile computes it from iotas.
+(k_pos <= q_pos), a local window (|k_pos - q_pos| <= window // 2). Tiles with no visible entry are skipped: a
+visit list per CTA (`visit_lists`), computed in XLA from the blocks' id ranges, the causal limit and the window's
+two sides, tells both the producer and the consumers which blocks to walk, so a local layer walks about
+window / 128 + 2 blocks per CTA (and its table gradient as many block diagonals). Rows that see no key give
+out = 0, logsumexp +inf and zero gradients. With a table, the causal limit and the window ride in the tiles (they
+depend on the offset alone: NEG past them, `diagonal_tiles`), so no tile computes them from iotas.
 
 Inputs are bf16 or f16 (f32 accumulation); head widths are padded with zero channels to a multiple of 64 (q and k
 may be wider than v: folded low-rank factors). Wide heads leave no registers for a [64, 128] S and dP beside the
@@ -62,8 +67,8 @@ from jaxpos.attention.kernels.mosaic_gpu_backward import key_value_gradients, qu
 from jaxpos.attention.kernels.mosaic_gpu_common import (BLOCK, LOG2E, NEG, BackwardInputs, MosaicGpuSpec,
                                                         Operands, Table, unsupported)
 from jaxpos.attention.kernels.mosaic_gpu_forward import forward
-from jaxpos.attention.kernels.mosaic_gpu_tiles import (causally_live, diagonal_tiles, diagonal_visits, live_tiles,
-                                                       table_gradient, visit_lists)
+from jaxpos.attention.kernels.mosaic_gpu_tiles import (diagonal_tiles, diagonal_visits, live_tiles,
+                                                       live_within_limits, table_gradient, visit_lists)
 
 __all__ = ["BLOCK", "LOG2E", "NEG", "MosaicGpuSpec", "block_pieces", "mosaic_gpu_attention", "table_gradient_splits",
            "unsupported"]
@@ -94,8 +99,9 @@ def table_gradient_splits(batch: int, heads: int, group: int, spec: MosaicGpuSpe
     """CTAs per (table head, block diagonal) of the table-gradient kernel. A CTA walks its share of a diagonal's
     tiles one after another, and the main diagonal holds B*min(nq, nk)*group of them (at B = 32, T = 512: 128,
     where 132 SMs share 6144 tiles, 47 each): each diagonal is cut into as many pieces as make the longest at
-    most half an SM's share, so that no CTA outlasts the others' work. Tiles past a causal limit don't count."""
-    live = causally_live(spec)  # tiles before any id skipping
+    most half an SM's share, so that no CTA outlasts the others' work. Tiles past a causal limit or outside a
+    window don't count."""
+    live = live_within_limits(spec)  # tiles before any id skipping
     longest = max(int(np.trace(live, offset=d)) for d in range(1 - spec.nq, spec.nk)) * batch * group
     total = int(np.sum(live)) * batch * heads
     piece = max(1, math.floor(total / _streaming_multiprocessors(spec) / 2))  # tiles: half an SM's share
@@ -106,8 +112,11 @@ def table_gradient_splits(batch: int, heads: int, group: int, spec: MosaicGpuSpe
 
 def _prepare(ext, q_pieces, k_pieces, dtype, spec: MosaicGpuSpec) -> tuple[Table | None, jax.Array]:
     """The table's tiles (None without a table) and the live tiles [B, nq, nk] of one call (XLA)."""
-    limit = spec.q_offset + spec.t_pad - 1 if spec.causal_in_tiles else None  # ext index of key - query = q_offset
-    table = None if ext is None else diagonal_tiles(ext, dtype, limit)
+    upper = lower = None  # ext index of key - query = limit: the limit + T_pad - 1
+    if spec.limits_in_tiles:
+        upper = None if spec.upper is None else spec.upper + spec.t_pad - 1
+        lower = None if spec.lower is None else spec.lower + spec.t_pad - 1
+    table = None if ext is None else diagonal_tiles(ext, dtype, upper, lower, spec.diagonals)
     return table, live_tiles(q_pieces, k_pieces, spec)
 
 
@@ -135,7 +144,8 @@ def _attention_bwd(spec, residuals, do):
     dk, dv = key_value_gradients(x, grads, table_t, visit_lists(jnp.swapaxes(live, 1, 2)), spec)
     d_ext = None
     if ext is not None:
-        d_ext = table_gradient(tile_gradients(x, grads, table, diagonal_visits(live, spec), spec)).astype(ext.dtype)
+        tile_grads = tile_gradients(x, grads, table, diagonal_visits(live, spec), spec)
+        d_ext = table_gradient(tile_grads, spec.diagonals[0], ext.shape[-1]).astype(ext.dtype)
     d_w = None if pair_w is None else jnp.zeros_like(pair_w)  # w: key features, not differentiated
     return dq, dk, dv, d_ext, None, None, None, du, d_w
 
@@ -144,7 +154,8 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def mosaic_gpu_attention(q, k, v, ext, q_pieces, k_pieces, *, scale: float, causal: bool, q_offset: int,
-                         use_q_ids: bool, masked: bool, interpret: bool, dropout_rate: float = 0.0,
+                         use_q_ids: bool, masked: bool, interpret: bool, half_window: int | None = None,
+                         dropout_rate: float = 0.0,
                          row_keys: jax.Array | None = None, pair_u: jax.Array | None = None,
                          pair_w: jax.Array | None = None) -> jax.Array:
     """The Mosaic GPU kernels on padded inputs -> out [B, T_pad, H, Dv_pad].
@@ -152,7 +163,8 @@ def mosaic_gpu_attention(q, k, v, ext, q_pieces, k_pieces, *, scale: float, caus
     q [B, T_pad, H, D], k [B, S_pad, H, D], v [B, S_pad, H, Dv] in bf16/f16 with T_pad, S_pad multiples of 128
     and D, Dv multiples of 64; ext [H'|1, T_pad + S_pad] float32 (`api._offset_table`) or None;
     q_pieces [B, T_pad], k_pieces [B, S_pad] int32 (0: padding; query ids only compared when `use_q_ids`; `masked`: the
-    ids can hide a key, else they are not read); with `dropout_rate`, row_keys [B, H, T_pad] int32, the queries'
+    ids can hide a key, else they are not read); `half_window`: keys with |j - i - q_offset| <= half_window only
+    (a local layer; its tiles outside skipped); with `dropout_rate`, row_keys [B, H, T_pad] int32, the queries'
     `dropout.row_keys`; a pair term u_i . w_j (per-head segment tables) as pair_u [B, H, r, T_pad] and pair_w
     [B, r, S_pad] float32, differentiable in u only.
     """
@@ -161,10 +173,12 @@ def mosaic_gpu_attention(q, k, v, ext, q_pieces, k_pieces, *, scale: float, caus
     if t_pad % BLOCK or s_pad % BLOCK or dim % 64 or dim_v % 64:
         raise ValueError(f"padded shapes expected (lengths multiples of {BLOCK}, head widths of 64): q {q.shape}, "
                          f"v {v.shape}")
-    spec = MosaicGpuSpec(scale=float(scale), causal=causal, q_offset=int(q_offset) if causal else 0, t_pad=t_pad,
+    limited = causal or half_window is not None
+    spec = MosaicGpuSpec(scale=float(scale), causal=causal, q_offset=int(q_offset) if limited else 0, t_pad=t_pad,
                          s_pad=s_pad, use_q_ids=use_q_ids, masked=masked, interpret=interpret,
                          dropout_rate=float(dropout_rate), pair_rank=0 if pair_u is None else pair_u.shape[2],
-                         causal_in_tiles=causal and ext is not None, pieces=block_pieces(dim, dim_v))
+                         half_window=half_window, limits_in_tiles=limited and ext is not None,
+                         pieces=block_pieces(dim, dim_v))
     if ext is not None:
         splits = table_gradient_splits(batch, heads, heads // ext.shape[0], spec)
         spec = dataclasses.replace(spec, table_splits=splits)

@@ -17,9 +17,9 @@ from jaxpos.attention.kernels.mosaic_gpu_common import (BLOCK, CONSUMER_REGISTER
                                                         swizzled_smem)
 from jaxpos.attention.kernels.mosaic_gpu_forward import KeyBlockKernel, key_block_kernel, load_query_extras
 from jaxpos.attention.kernels.mosaic_gpu_tiles import (apply_mask, in_pieces, inverse_keep, keep_mask, keep_sign,
-                                                       kept_weights, keys_wholly_visible, minus_delta,
-                                                       queries_wholly_visible, score_gradient, tile_logits,
-                                                       tile_mask, walk, with_pair)
+                                                       kept_weights, key_block_offsets, minus_delta,
+                                                       query_block_offsets, score_gradient, tile_logits, tile_mask,
+                                                       walk, with_pair)
 
 # --- dQ --------------------------------------------------------------------------------------------------------
 
@@ -43,7 +43,7 @@ def query_gradients(x: Operands, grads: BackwardInputs, table: Table | None, vis
         q_ids, lse, delta = (ops.load(ref.at[wg], "rows") for ref in (qid_s, lse_s, delta_s))
         row_keys, u_rows = load_query_extras(ops, extras, wg, spec)
 
-        def step(i, carry, causal, piece):
+        def step(i, carry, crossing, piece):
             dq, du = carry
             slot = lax.rem(i, stream.stages)
             kc = cta.visits[1 + i]
@@ -57,7 +57,7 @@ def query_gradients(x: Operands, grads: BackwardInputs, table: Table | None, vis
                     issue(1, do_s.at[wg], piece.of(stream.v.at[slot]), transpose_b=True)
                     return read(0, 1)
 
-                s = stream.logits(product, slot, kc, cta, q_ids, row0, u_rows, causal, piece)
+                s = stream.logits(product, slot, kc, cta, q_ids, row0, u_rows, crossing, piece)
                 return jnp.exp2(s - lax.broadcast_in_dim(lse, s.shape, [0]))
 
             (_, dp), p = ops.products([(HALF, piece.width), minus_delta(lambda: delta, 0, spec, piece.width)],
@@ -75,8 +75,8 @@ def query_gradients(x: Operands, grads: BackwardInputs, table: Table | None, vis
 
         du0 = tuple(ops.full((HALF,), 0.0, "rows") for _ in range(spec.pair_rank))
         dq, du = walk(cta.visits, cta.count, in_pieces(step, spec.pieces),
-                      (ops.full((HALF, dim), 0.0, "wgmma"), du0), functools.partial(keys_wholly_visible, row0, spec),
-                      True, spec)
+                      (ops.full((HALF, dim), 0.0, "wgmma"), du0), functools.partial(key_block_offsets, row0), True,
+                      spec)
         q_s[wg] = (dq * spec.scale).astype(dtype)
         u_s = extras[1]
         for g, d in enumerate(du):  # u's buffer is free: du goes out through it
@@ -139,7 +139,7 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
             k_ids = ops.load(kid_s.at[wg], "rows")
             w_rows = [ops.load(w_s.at[wg, g], "rows") for g in range(spec.pair_rank)]
 
-            def step(i, carry, causal, piece):
+            def step(i, carry, crossing, piece):
                 dk, dv = carry
                 slot = lax.rem(i, stages)
                 qc = vis_s[1 + i]
@@ -152,7 +152,7 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
                 piece.wait(qid_bar.at[slot])
                 if has_table:
                     piece.wait(t_bar.at[slot])
-                    s = tile_logits(ops, s, t_s.at[slot], base_s[kc - qc + spec.nq - 1], (wg * HALF, HALF), spec,
+                    s = tile_logits(ops, s, t_s.at[slot], base_s[spec.table_diagonal(qc, kc)], (wg * HALF, HALF), spec,
                                     piece.span)
                 else:
                     s = tile_logits(ops, s, None, None, None, spec)
@@ -161,7 +161,7 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
                     s = with_pair(s, [ops.load(u_s.at[slot, g], "cols", rows=piece.span)
                                       for g in range(spec.pair_rank)], w_rows, True)
                 mask = tile_mask(ops, k_ids, ops.load(qid_s.at[slot], "cols", rows=piece.span), key0,
-                                 qc * BLOCK + piece.start, spec, True, causal)
+                                 qc * BLOCK + piece.start, spec, True, crossing)
                 p = jnp.exp2(apply_mask(s, mask))
                 if spec.dropout:
                     piece.wait(rk_bar.at[slot])
@@ -182,7 +182,7 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
 
             carry = (ops.full((HALF, dim), 0.0, "wgmma"), ops.full((HALF, dim_v), 0.0, "wgmma"))
             dk, dv = walk(vis_s, count, in_pieces(step, spec.pieces), carry,
-                          functools.partial(queries_wholly_visible, key0, spec), False, spec)
+                          functools.partial(query_block_offsets, key0), False, spec)
             k_s[wg] = (dk * spec.scale).astype(dtype)
             v_s[wg] = (dv * inverse_keep(spec)).astype(dtype)
             plgpu.commit_smem()
@@ -201,7 +201,7 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
                 plgpu.copy_gmem_to_smem(refs["q_pieces"].at[b, queries], qid_s.at[slot], qid_bar.at[slot])
                 plgpu.copy_gmem_to_smem(refs["lse"].at[b, h, queries], lse_s.at[slot], lse_bar.at[slot])
                 if has_table:
-                    plgpu.copy_gmem_to_smem(refs["tiles"].at[th, kc - qc + spec.nq - 1], t_s.at[slot],
+                    plgpu.copy_gmem_to_smem(refs["tiles"].at[th, spec.table_diagonal(qc, kc)], t_s.at[slot],
                                             t_bar.at[slot])
                 plgpu.copy_gmem_to_smem(refs["do"].at[b, queries, h], do_s.at[slot], do_bar.at[slot])
                 plgpu.copy_gmem_to_smem(refs["delta"].at[b, h, queries], delta_s.at[slot], delta_bar.at[slot])
@@ -238,8 +238,9 @@ def key_value_gradients(x: Operands, grads: BackwardInputs, table_t: Table | Non
 
 def tile_gradients(x: Operands, grads: BackwardInputs, table: Table, visits: jax.Array, spec: MosaicGpuSpec):
     """dS summed over each block diagonal's tiles, batch rows and (shared table) heads -> [H', nd, 128, 128]
-    float32, w.r.t. natural-log logits; visits [nd, 1 + B*nq, padded] (`diagonal_visits`). Each diagonal's walk is
-    cut into `spec.table_splits` CTAs, whose partial tiles XLA adds up."""
+    float32, w.r.t. natural-log logits, for the nd block diagonals of `spec.diagonals`; visits [nd, 1 + B*nq,
+    padded] (`diagonal_visits`). Each diagonal's walk is cut into `spec.table_splits` CTAs, whose partial tiles
+    XLA adds up."""
     plgpu = plgpu_module()
     ops, sizes, inputs = kernel_preamble(x, grads, table, visits, spec)
     dim, dim_v, dtype, table_heads = sizes.dim, sizes.dim_v, sizes.dtype, sizes.table_heads
@@ -265,7 +266,7 @@ def tile_gradients(x: Operands, grads: BackwardInputs, table: Table, visits: jax
         chunk = lax.div(pairs + splits - 1, splits)
         first = jnp.minimum(split * chunk, pairs)  # this CTA's pairs: first, first + 1, ... (steps of them)
         steps = jnp.minimum(first + chunk, pairs) - first
-        shift = d - (spec.nq - 1)  # key block minus query block on this diagonal
+        shift = d + spec.diagonals[0] - (spec.nq - 1)  # key block minus query block on this diagonal
 
         def tile_of(i):
             """(batch row, query block, head) of step i."""

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams, force_gpu_interpret_mode
 from jax.experimental import pallas as pl
@@ -47,13 +48,45 @@ class MosaicGpuSpec:
     interpret: bool
     dropout_rate: float = 0.0
     pair_rank: int = 0  # r of a pair term u_i . w_j (0: none)
-    causal_in_tiles: bool = False  # the causal limit is in the table's tiles (`diagonal_tiles`), not in iotas
+    half_window: int | None = None  # a local window: key j visible to query i when |j - i - q_offset| <= this
+    limits_in_tiles: bool = False  # the causal limit and the window are in the table's tiles (`diagonal_tiles`)
     pieces: int = 1  # pieces the dQ and dK/dV consumers take each streamed block in (`Piece`)
     table_splits: int = 1  # CTAs per (table head, block diagonal) of the table-gradient kernel
 
     @property
-    def causal_in_kernel(self) -> bool:
-        return self.causal and not self.causal_in_tiles
+    def upper(self) -> int | None:
+        """The largest visible j - i (None: no limit): the causal limit or the window's far side, the nearer."""
+        limits = ([self.q_offset] if self.causal else []) + (
+            [] if self.half_window is None else [self.q_offset + self.half_window])
+        return min(limits) if limits else None
+
+    @property
+    def lower(self) -> int | None:
+        """The smallest visible j - i (None: no limit): the window's near side."""
+        return None if self.half_window is None else self.q_offset - self.half_window
+
+    @property
+    def diagonals(self) -> tuple[int, int]:
+        """(first, count): the block diagonals d = key block - query block + nq - 1 whose tiles can hold an entry
+        inside the causal limit and the window, a run (all nq + nk - 1 without them; at least one). The table's
+        tiles and the table-gradient kernel's grid cover these only: a local layer's about window / 128 + 2."""
+        shifts = (np.arange(self.nq + self.nk - 1) - (self.nq - 1)) * BLOCK  # key minus query at the tile corner
+        live = np.ones(shifts.shape, bool)
+        if self.upper is not None:
+            live &= shifts - (BLOCK - 1) <= self.upper
+        if self.lower is not None:
+            live &= shifts + (BLOCK - 1) >= self.lower
+        found = np.flatnonzero(live)
+        return (int(found[0]), int(found[-1] - found[0] + 1)) if found.size else (0, 1)
+
+    def table_diagonal(self, qc, kc):
+        """The index in the table's tiles (`diagonals`) of the tile of query block qc and key block kc."""
+        return kc - qc + self.nq - 1 - self.diagonals[0]
+
+    @property
+    def limits_in_kernel(self) -> bool:
+        """Whether the kernels compute the causal limit or the window from iotas (no table's tiles carry them)."""
+        return (self.causal or self.half_window is not None) and not self.limits_in_tiles
 
     @property
     def dropout(self) -> bool:

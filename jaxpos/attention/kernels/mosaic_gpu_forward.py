@@ -18,7 +18,7 @@ from jaxpos.attention.kernels.mosaic_gpu_common import (BLOCK, CONSUMER_REGISTER
                                                         bases_bytes, cta_inputs, kernel_preamble, nbytes, own_rows,
                                                         pipeline_stages, plgpu_module, producer_loop, run_kernel,
                                                         swizzled_smem)
-from jaxpos.attention.kernels.mosaic_gpu_tiles import (Piece, apply_mask, dropped, keep_mask, keys_wholly_visible,
+from jaxpos.attention.kernels.mosaic_gpu_tiles import (Piece, apply_mask, dropped, keep_mask, key_block_offsets,
                                                        tile_logits, tile_mask, walk, with_pair)
 
 
@@ -103,13 +103,13 @@ class KeyBlocks:
             if spec.pair_rank:
                 plgpu.copy_gmem_to_smem(refs["pair_w"].at[b, :, keys], self.w.at[slot], self.w_ready[0].at[slot])
             if self.sizes.has_table:
-                plgpu.copy_gmem_to_smem(refs["tiles"].at[cta.th, kc - cta.qc + spec.nq - 1], self.tile.at[slot],
+                plgpu.copy_gmem_to_smem(refs["tiles"].at[cta.th, spec.table_diagonal(cta.qc, kc)], self.tile.at[slot],
                                         self.tile_ready.at[slot])
             plgpu.copy_gmem_to_smem(refs["v"].at[b, keys, h], self.v.at[slot], self.v_ready.at[slot])
 
         producer_loop(cta.count, self.stages, (self.k_free, self.tile_free, self.v_free), fetch)
 
-    def logits(self, product, slot, kc, cta: Cta, q_ids, row0, u_rows=(), causal=False, piece=Piece()):
+    def logits(self, product, slot, kc, cta: Cta, q_ids, row0, u_rows=(), crossing=False, piece=Piece()):
         """A consumer's base-2 logits [64, 128] of key block kc (or [64, width] of its keys `piece`; masked entries
         NEG; q_ids, u_rows: its rows' ids and pair vectors u, from row row0) from product(k_ref), the float32
         Q K^T of the slot's K (or its piece). The caller frees the slot (`k_free`, `tile_free` with the ids and w,
@@ -120,15 +120,15 @@ class KeyBlocks:
         piece.wait(self.ids_ready.at[slot])
         if self.sizes.has_table:
             piece.wait(self.tile_ready.at[slot])
-            s = tile_logits(ops, s, self.tile.at[slot], cta.bases[kc - cta.qc + spec.nq - 1], (cta.wg * HALF, HALF),
-                            spec, piece.span)
+            s = tile_logits(ops, s, self.tile.at[slot], cta.bases[spec.table_diagonal(cta.qc, kc)],
+                            (cta.wg * HALF, HALF), spec, piece.span)
         else:
             s = tile_logits(ops, s, None, None, None, spec)
         if spec.pair_rank:
             piece.wait(self.w_ready[0].at[slot])
             s = with_pair(s, u_rows, self.pair_keys(slot, piece), False)
         mask = tile_mask(ops, q_ids, ops.load(self.ids.at[slot], "cols", rows=piece.span), row0,
-                         kc * BLOCK + piece.start, spec, False, causal)
+                         kc * BLOCK + piece.start, spec, False, crossing)
         return apply_mask(s, mask)
 
     def pair_keys(self, slot, piece: Piece):
@@ -219,7 +219,7 @@ def forward(x: Operands, table: Table | None, visits: jax.Array, spec: MosaicGpu
         q_ids = ops.load(qid_s.at[wg], "rows")
         row_keys, u_rows = load_query_extras(ops, extras, wg, spec)
 
-        def step(i, carry, causal):
+        def step(i, carry, crossing):
             acc, m, l = carry
             slot = lax.rem(i, stream.stages)
             kc = cta.visits[1 + i]
@@ -227,12 +227,13 @@ def forward(x: Operands, table: Table | None, visits: jax.Array, spec: MosaicGpu
             def product(k_ref):
                 return ops.mma(q_s.at[wg], k_ref, (HALF, BLOCK), transpose_b=True, issued=take_turns)
 
-            s = stream.logits(product, slot, kc, cta, q_ids, row0, u_rows, causal)
+            s = stream.logits(product, slot, kc, cta, q_ids, row0, u_rows, crossing)
             plgpu.barrier_arrive(stream.tile_free.at[slot])  # with the ids and w
             plgpu.barrier_arrive(stream.k_free.at[slot])
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             # a row whose keys so far are all masked has m_new = NEG: subtracting 0 keeps its weights exp2(NEG) = 0
-            m_sub = jnp.where(m_new > 0.5 * NEG, m_new, 0.0) if spec.masked or spec.causal else m_new
+            limited = spec.causal or spec.half_window is not None
+            m_sub = jnp.where(m_new > 0.5 * NEG, m_new, 0.0) if spec.masked or limited else m_new
             p = jnp.exp2(s - lax.broadcast_in_dim(m_sub, s.shape, [0]))
             alpha = jnp.exp2(m - m_new)
             l = l * alpha + jnp.sum(p, axis=1)  # the weights before dropout
@@ -249,8 +250,7 @@ def forward(x: Operands, table: Table | None, visits: jax.Array, spec: MosaicGpu
 
         carry = (ops.full((HALF, dim_v), 0.0, "wgmma"), ops.full((HALF,), NEG, "rows"), ops.full((HALF,), 0.0, "rows"))
         pl.when(wg == 1)(take_turns)
-        acc, m, l = walk(cta.visits, cta.count, step, carry, functools.partial(keys_wholly_visible, row0, spec), True,
-                         spec)
+        acc, m, l = walk(cta.visits, cta.count, step, carry, functools.partial(key_block_offsets, row0), True, spec)
         pl.when(wg == 0)(take_turns)
         seen = l > 0.0
         safe = jnp.where(seen, l, 1.0)

@@ -22,30 +22,37 @@ _BIG_ID = 2**30
 
 # --- tiles and visit lists (XLA, once per call) ---------------------------------------------------------------
 
-def diagonal_tiles(ext: jax.Array, dtype, limit: int | None = None) -> Table:
+def diagonal_tiles(ext: jax.Array, dtype, upper: int | None = None, lower: int | None = None,
+                   diagonals: tuple[int, int] | None = None) -> Table:
     """Offset table [H', T_pad + S_pad] -> (tiles [H', nd, 128, 128] `dtype`, bases [H', nd_pad] float32), in
     base-2 logits: tile d [r, c] + bases[d] = ext[d*128 + 127 + c - r] * log2(e), the tile's main diagonal
-    (c = r) being its base. nd = (T_pad + S_pad)/128 - 1 block diagonals; bases padded to 128-byte rows.
-    `limit`: the causal mask, which depends on the offset alone, as NEG in the entries of ext index > limit (bf16;
-    -inf in f16), so that the kernels need no mask arithmetic for it; bases stay the table's values."""
+    (c = r) being its base. nd = (T_pad + S_pad)/128 - 1 block diagonals, or `diagonals` = (first, count) of
+    them (`MosaicGpuSpec.diagonals`: tile n is block diagonal first + n); bases padded to 128-byte rows.
+    `upper`, `lower`: the causal limit or a window's far side, and a window's near side, which depend on the
+    offset alone, as NEG in the entries of ext index > upper or < lower (bf16; -inf in f16), so that the kernels
+    need no mask arithmetic for them; bases stay the table's values."""
     heads, length = ext.shape
-    diagonals = length // BLOCK - 1
+    first, count = diagonals or (0, length // BLOCK - 1)
+    d = first + jnp.arange(count)
     r = jnp.arange(BLOCK)[:, None]
     c = jnp.arange(BLOCK)[None, :]
-    index = jnp.arange(diagonals)[:, None, None] * BLOCK + (BLOCK - 1) + c - r
+    index = d[:, None, None] * BLOCK + (BLOCK - 1) + c - r
     scaled = ext.astype(jnp.float32) * LOG2E
-    bases = scaled[:, jnp.arange(diagonals) * BLOCK + BLOCK - 1]
+    bases = scaled[:, d * BLOCK + BLOCK - 1]
     tiles = scaled[:, index] - bases[:, :, None, None]
-    if limit is not None:
-        tiles = jnp.where(index <= limit, tiles, NEG)
+    if upper is not None:
+        tiles = jnp.where(index <= upper, tiles, NEG)
+    if lower is not None:
+        tiles = jnp.where(index >= lower, tiles, NEG)
     tiles = tiles.astype(dtype)
-    bases = jnp.pad(bases, ((0, 0), (0, -diagonals % LIST_ALIGN)))
+    bases = jnp.pad(bases, ((0, 0), (0, -count % LIST_ALIGN)))
     return Table(tiles, bases)
 
 
-def table_gradient(tile_grads: jax.Array) -> jax.Array:
-    """Gradients of the diagonal tiles [H', nd, 128, 128] (w.r.t. natural-log logits) -> offset-table gradient
-    [H', T_pad + S_pad]: each tile summed along its 255 diagonals (m = c - r + 127) into offsets d*128 + m."""
+def table_gradient(tile_grads: jax.Array, first: int = 0, length: int | None = None) -> jax.Array:
+    """Gradients of the diagonal tiles [H', nd, 128, 128] (w.r.t. natural-log logits) of block diagonals first,
+    first + 1, ... -> offset-table gradient [H', length] (None: (nd + 1) * 128 = T_pad + S_pad when they are all
+    of them): each tile summed along its 255 diagonals (m = c - r + 127) into offsets (first + d)*128 + m."""
     heads, diagonals, n, _ = tile_grads.shape
     flipped = tile_grads[:, :, ::-1, :]  # row n - 1 - r: a left skew by the row index sorts by c - r
     padded = jnp.pad(flipped, ((0, 0), (0, 0), (0, 0), (0, n)))
@@ -53,7 +60,9 @@ def table_gradient(tile_grads: jax.Array) -> jax.Array:
     windows = jnp.pad(jnp.sum(skewed, axis=2), ((0, 0), (0, 0), (0, 1)))  # [H', nd, 2n]: offsets d*n + m
     low, high = windows[..., :n], windows[..., n:]
     chunks = jnp.pad(low, ((0, 0), (0, 1), (0, 0))) + jnp.pad(high, ((0, 0), (1, 0), (0, 0)))
-    return chunks.reshape(heads, -1)
+    covered = chunks.reshape(heads, -1)  # offsets first*128 ... (first + nd + 1)*128 - 1; the others have no tile
+    length = covered.shape[-1] + first * n if length is None else length
+    return jnp.pad(covered, ((0, 0), (first * n, length - covered.shape[-1] - first * n)))
 
 
 def _block_ranges(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -62,12 +71,17 @@ def _block_ranges(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.min(jnp.where(blocks != 0, blocks, _BIG_ID), axis=-1), jnp.max(blocks, axis=-1)
 
 
-def causally_live(spec: MosaicGpuSpec) -> np.ndarray:
-    """Bool [nq, nk] (static): whether the tile's nearest entry (last query row, first key column) is inside the
-    causal limit; every tile without a causal mask."""
-    first_key = np.arange(spec.nk)[None, :] * BLOCK
-    last_query = np.arange(spec.nq)[:, None] * BLOCK + BLOCK - 1
-    return (first_key - last_query <= spec.q_offset) | (not spec.causal)
+def live_within_limits(spec: MosaicGpuSpec) -> np.ndarray:
+    """Bool [nq, nk] (static): whether the tile holds an entry inside the causal limit and the window, decided by
+    its nearest entry to each (last query row and first key column; first query row and last key column); every
+    tile without them. A local layer's tiles lie in a band of about window / 128 + 2 block diagonals."""
+    offsets = (np.arange(spec.nk)[None, :] - np.arange(spec.nq)[:, None]) * BLOCK  # key minus query, tile corner
+    live = np.ones((spec.nq, spec.nk), bool)
+    if spec.upper is not None:
+        live &= offsets - (BLOCK - 1) <= spec.upper
+    if spec.lower is not None:
+        live &= offsets + (BLOCK - 1) >= spec.lower
+    return live
 
 
 def live_tiles(q_pieces: jax.Array, k_pieces: jax.Array, spec: MosaicGpuSpec) -> jax.Array:
@@ -78,7 +92,7 @@ def live_tiles(q_pieces: jax.Array, k_pieces: jax.Array, spec: MosaicGpuSpec) ->
     if spec.use_q_ids:
         q_lo, q_hi = _block_ranges(q_pieces)
         live = live & (k_lo[:, None, :] <= q_hi[:, :, None]) & (q_lo[:, :, None] <= k_hi[:, None, :])
-    return live & causally_live(spec)[None]
+    return live & live_within_limits(spec)[None]
 
 
 def visit_lists(live: jax.Array) -> jax.Array:
@@ -91,12 +105,12 @@ def visit_lists(live: jax.Array) -> jax.Array:
 
 
 def diagonal_visits(live: jax.Array, spec: MosaicGpuSpec) -> jax.Array:
-    """Visit lists of the table-gradient kernel: per block diagonal d, the live tiles (b, query block) on it as
-    b * nq + qc -> [nd, 1 + B*nq, padded]."""
+    """Visit lists of the table-gradient kernel: per block diagonal d of `spec.diagonals` (the n-th from its
+    first), the live tiles (b, query block) on it as b * nq + qc -> [nd, 1 + B*nq, padded]."""
     batch = live.shape[0]
-    diagonals = spec.nq + spec.nk - 1
+    first, diagonals = spec.diagonals
     qc = jnp.arange(spec.nq)
-    kc = qc[None, :] + jnp.arange(diagonals)[:, None] - (spec.nq - 1)  # [nd, nq]
+    kc = qc[None, :] + first + jnp.arange(diagonals)[:, None] - (spec.nq - 1)  # [nd, nq]
     inside = (kc >= 0) & (kc < spec.nk)
     on_diagonal = live[:, qc[None, :], jnp.clip(kc, 0, spec.nk - 1)] & inside[None]  # [B, nd, nq]
     return visit_lists(jnp.swapaxes(on_diagonal, 0, 1).reshape(diagonals, batch * spec.nq))
@@ -114,12 +128,12 @@ def tile_logits(ops: Ops, s, tile_ref, base, rows, spec: MosaicGpuSpec, cols=Non
 
 
 def tile_mask(ops: Ops, row_ids, col_ids, row_start, col_start, spec: MosaicGpuSpec, keys_are_rows: bool,
-              causal: bool = False):
+              crossing: bool = False):
     """Bool [64, W] of visible entries (None: no mask). row_ids [64] / col_ids [W] in the row / column layouts;
-    rows are queries (or keys, for the dK/dV kernel's transposed tiles). `causal`: the tile may cross the causal
-    limit, which the kernel computes (`walk`)."""
-    causal = causal and spec.causal_in_kernel
-    if not (spec.masked or causal):
+    rows are queries (or keys, for the dK/dV kernel's transposed tiles). `crossing`: the tile may cross the causal
+    limit or a side of the window, which the kernel computes (`walk`)."""
+    crossing = crossing and spec.limits_in_kernel
+    if not (spec.masked or crossing):
         return None
     shape = (HALF, col_ids.shape[0])
     rows = lax.broadcast_in_dim(row_ids, shape, [0])
@@ -130,11 +144,14 @@ def tile_mask(ops: Ops, row_ids, col_ids, row_start, col_start, spec: MosaicGpuS
     visible = k_ids != 0
     if spec.use_q_ids:
         visible = visible & (q_ids == k_ids)
-    if causal:
+    if crossing:
         r = ops.iota(shape, 0) + row_start
         c = ops.iota(shape, 1) + col_start
         offset = r - c if keys_are_rows else c - r  # key position minus query position
-        visible = visible & (offset <= spec.q_offset)
+        if spec.upper is not None:
+            visible = visible & (offset <= spec.upper)
+        if spec.lower is not None:
+            visible = visible & (offset >= spec.lower)
     return visible
 
 
@@ -143,28 +160,51 @@ def apply_mask(s, mask):
     return s if mask is None else jnp.where(mask, s, NEG)
 
 
-def keys_wholly_visible(row0, spec: MosaicGpuSpec, kc):
-    """Whether every key of block kc is inside the causal limit of the 64 query rows from row0."""
-    return kc * BLOCK + BLOCK - 1 - row0 <= spec.q_offset
+def key_block_offsets(row0, kc):
+    """(smallest, largest) key - query offset between the keys of block kc and the 64 query rows from row0."""
+    return kc * BLOCK - (row0 + HALF - 1), kc * BLOCK + BLOCK - 1 - row0
 
 
-def queries_wholly_visible(key0, spec: MosaicGpuSpec, qc):
-    """Whether the 64 keys from key0 are inside the causal limit of every query of block qc."""
-    return key0 + HALF - 1 - qc * BLOCK <= spec.q_offset
+def query_block_offsets(key0, qc):
+    """(smallest, largest) key - query offset between the 64 keys from key0 and the queries of block qc."""
+    return key0 - (qc * BLOCK + BLOCK - 1), key0 + HALF - 1 - qc * BLOCK
 
 
-def walk(vis_s, count, step, carry, wholly_visible, keys_listed: bool, spec: MosaicGpuSpec):
-    """A consumer's loop over its visit list: step(i, carry, causal) for i < count. Under a causal mask that the
-    kernel computes (no table to carry it), FlashAttention-3's split: the tiles wholly inside the causal limit
-    (`wholly_visible` of the listed block index) skip the mask's arithmetic, in a loop of their own. The list is
-    sorted, so they are a run: first in a list of key blocks (`keys_listed`), last in one of query blocks."""
-    if not spec.causal_in_kernel:
-        return lax.fori_loop(0, count, functools.partial(step, causal=False), carry)
-    plain = lax.fori_loop(0, count, lambda i, n: n + wholly_visible(vis_s[1 + i]).astype(jnp.int32), jnp.int32(0))
-    split = plain if keys_listed else count - plain
-    first_crosses = not keys_listed  # whether the entries before `split` are the ones across the limit
-    carry = lax.fori_loop(0, split, functools.partial(step, causal=first_crosses), carry)
-    return lax.fori_loop(split, count, functools.partial(step, causal=not first_crosses), carry)
+def walk(vis_s, count, step, carry, offsets, keys_listed: bool, spec: MosaicGpuSpec):
+    """A consumer's loop over its visit list: step(i, carry, crossing) for i < count. Under a causal limit or a
+    window that the kernel computes (no table to carry them), FlashAttention-3's split: the tiles wholly inside
+    the limits (`offsets` of the listed block index: the tile's smallest and largest key - query offset) skip the
+    mask's arithmetic, in a loop of their own. The list is sorted, so they are one run, after the tiles across
+    one limit and before those across the other: offsets grow along a list of key blocks (`keys_listed`: the
+    window's near side leads) and fall along one of query blocks (the causal limit or the far side leads)."""
+    if not spec.limits_in_kernel:
+        return lax.fori_loop(0, count, functools.partial(step, crossing=False), carry)
+    upper, lower = spec.upper, spec.lower
+
+    def inside(index):
+        low, high = offsets(index)
+        within = True if upper is None else high <= upper
+        return within if lower is None else jnp.logical_and(within, low >= lower)
+
+    def tally(predicate):
+        return lax.fori_loop(0, count, lambda i, n: n + predicate(vis_s[1 + i]).astype(jnp.int32), jnp.int32(0))
+
+    leading, trailing = (lower, upper) if keys_listed else (upper, lower)  # the limits crossed before and after
+    plain = tally(inside)
+    if leading is None:
+        first = 0
+    elif trailing is None:
+        first = count - plain
+    elif keys_listed:
+        first = tally(lambda index: offsets(index)[0] < lower)
+    else:
+        first = tally(lambda index: offsets(index)[1] > upper)
+    if leading is not None:
+        carry = lax.fori_loop(0, first, functools.partial(step, crossing=True), carry)
+    carry = lax.fori_loop(first, first + plain, functools.partial(step, crossing=False), carry)
+    if trailing is not None:
+        carry = lax.fori_loop(first + plain, count, functools.partial(step, crossing=True), carry)
+    return carry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,12 +237,12 @@ class Piece:
 
 
 def in_pieces(piece_step, count: int):
-    """A `walk` step that runs piece_step(i, carry, causal, piece) over `count` pieces of entry i's block, one
+    """A `walk` step that runs piece_step(i, carry, crossing, piece) over `count` pieces of entry i's block, one
     after another."""
 
-    def step(i, carry, causal):
+    def step(i, carry, crossing):
         for n in range(count):
-            carry = piece_step(i, carry, causal, Piece(n * BLOCK // count, BLOCK // count))
+            carry = piece_step(i, carry, crossing, Piece(n * BLOCK // count, BLOCK // count))
         return carry
 
     return step

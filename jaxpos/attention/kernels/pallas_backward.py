@@ -15,14 +15,15 @@ from jaxpos.attention.kernels.pallas_common import (BackwardInputs, Operands, Pa
                                                     column_spec, compiler_params, ids_specs, interpret_params,
                                                     kernel_dims, kernel_grid, kernel_table, keys_spec, piece_id_range,
                                                     seq_spec, table_spec, u_spec, w_spec)
-from jaxpos.attention.kernels.pallas_tiles import (KeyTile, QueryTile, causal_k_end, causal_q_begin, diagonal_sums,
-                                                   dot, loaded_id_range, overlaps, pair_columns, pair_rows,
-                                                   probabilities_and_ds)
+from jaxpos.attention.kernels.pallas_tiles import (KeyTile, QueryTile, diagonal_sums, diagonal_visible, dot,
+                                                   key_blocks, loaded_id_range, overlaps, pair_columns, pair_rows,
+                                                   probabilities_and_ds, query_blocks)
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, u_ref,
                  w_ref, dk_ref, dv_ref, *, st: PallasSpec, id_range=loaded_id_range):
-    """One key block of one (batch, head): dK and dV accumulated over the query blocks."""
+    """One key block of one (batch, head): dK and dV accumulated over the query blocks that see it
+    (`query_blocks`)."""
     bq, bk = st.block_q, st.block_k
     k_start = pl.program_id(2) * bk
     k, v = k_ref[...], v_ref[...]
@@ -53,7 +54,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_
         q_range = id_range("q", ib, q_ids) if st.use_q_pieces else None
         return lax.cond(overlaps(q_range, k_range, st), compute, lambda c: c, carry)
 
-    dk, dv = lax.fori_loop(causal_q_begin(k_start, bq, st), st.t_pad // bq, body, carry)
+    dk, dv = lax.fori_loop(*query_blocks(k_start, bq, bk, st, st.t_pad // bq), body, carry)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -137,9 +138,11 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
         return tuple(dqs), tuple(chunks[1:]) + (zeros_b,), tuple(dus)
 
     num_k = st.s_pad // b
-    k_end = causal_k_end((first + group - 1) * b, b, b, st, num_k)  # the group's last block sees the most
-    dqs, chunks, dus = lax.fori_loop(0, k_end, body, (tuple(jnp.zeros(x.shape, jnp.float32) for x in qs),
-                                                      (zeros_b,) * (group + 1), ((zeros_col,) * rank,) * group))
+    # the key blocks of the group: from the first block's first (a window's near side) to the last block's end
+    k_begin = key_blocks(first * b, b, b, st, num_k)[0]
+    k_end = key_blocks((first + group - 1) * b, b, b, st, num_k)[1]
+    dqs, chunks, dus = lax.fori_loop(k_begin, k_end, body, (tuple(jnp.zeros(x.shape, jnp.float32) for x in qs),
+                                                            (zeros_b,) * (group + 1), ((zeros_col,) * rank,) * group))
     for r, dq, du in zip(rows, dqs, dus):
         dq_ref[r, :] = dq.astype(dq_ref.dtype)
         for c, col in enumerate(du):
@@ -148,10 +151,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref, qseg_re
         for c in range(group):  # the last chunk is always zeros after the final shift
             store(k_end + c, chunks[c])
     if has_table and not accumulate:
-        def clear(jb, carry):  # chunks past the causal limit
+        def clear(jb, carry):  # chunks before a window or past the causal limit or the window
             drow_ref[pl.ds(jb, 1), :] = zeros_b
             return carry
 
+        if st.lower is not None:
+            lax.fori_loop(0, k_begin, clear, None)
         lax.fori_loop(k_end + group, num_k + group, clear, None)
 
 
@@ -245,8 +250,7 @@ def _table_grad_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, ext_ref,
     shift = d - (nq - 1)  # key block minus query block on this diagonal
     first_i = jnp.maximum(0, -shift)
     count = jnp.minimum(nq, nk - shift) - first_i
-    if st.causal:  # the whole diagonal lies above the causal limit when its nearest entry is invisible
-        count = jnp.where(shift * b - (b - 1) <= st.q_offset, count, 0)
+    count = jnp.where(diagonal_visible(shift, b, st), count, 0)  # a diagonal wholly past a limit has no tiles
 
     def body(step, acc):
         bb, i = lax.div(step, count), first_i + lax.rem(step, count)

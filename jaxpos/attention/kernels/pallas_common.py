@@ -21,6 +21,7 @@ class PallasSpec:
     scale: float
     causal: bool
     q_offset: int  # causal: key j is visible to query i when j - i <= q_offset (q_pos[i] - k_pos[j] >= 0)
+    half_window: int | None  # a local window: key j visible to query i when |j - i - q_offset| <= half_window
     block_q: int
     block_k: int
     block_dq: int  # square tiles of the dq / table-gradient kernel
@@ -29,13 +30,25 @@ class PallasSpec:
     t_pad: int
     s_pad: int
     use_q_pieces: bool
-    masked: bool  # any mask at all (key ids, query ids, causal or padded keys); else no mask arithmetic
+    masked: bool  # any mask at all (key ids, query ids, causal, a window or padded keys); else no mask arithmetic
     skip_tiles: bool  # ids given: test each tile for overlap (a branch in the loop, which stops Triton pipelining)
     dropout_rate: float  # attention dropout (0: none); the mask is `dropout.keep` of per-row keys
     interpret: bool
     backend: str  # "triton" | "mosaic_tpu": the tile and diagonal-sum code, layouts and compiler parameters
     num_warps: int
     num_stages: int
+
+    @property
+    def upper(self) -> int | None:
+        """The largest visible j - i (None: no limit): the causal limit or the window's far side, the nearer."""
+        limits = ([self.q_offset] if self.causal else []) + (
+            [] if self.half_window is None else [self.q_offset + self.half_window])
+        return min(limits) if limits else None
+
+    @property
+    def lower(self) -> int | None:
+        """The smallest visible j - i (None: no limit): the window's near side."""
+        return None if self.half_window is None else self.q_offset - self.half_window
 
     @property
     def heads_major(self) -> bool:

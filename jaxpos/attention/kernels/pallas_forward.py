@@ -13,7 +13,7 @@ from jax.experimental import pallas as pl
 from jaxpos.attention.kernels.pallas_common import (Operands, PallasSpec, call_kernel, column_spec, ids_specs,
                                                     kernel_dims, kernel_grid, kernel_table, keys_spec, seq_spec,
                                                     table_spec, u_spec, w_spec)
-from jaxpos.attention.kernels.pallas_tiles import (bias_tile, causal_k_end, dot, loaded_id_range, overlaps,
+from jaxpos.attention.kernels.pallas_tiles import (bias_tile, dot, key_blocks, loaded_id_range, overlaps,
                                                    pair_columns, pair_logits, pair_rows, tile_keep, tile_mask)
 
 NEG = -1e30  # finite logit for masked entries: exp(NEG - NEG) = 1 keeps the running max of an empty row NaN-free
@@ -21,7 +21,8 @@ NEG = -1e30  # finite logit for masked entries: exp(NEG - NEG) = 1 keeps the run
 
 def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, u_ref, w_ref, o_ref, lse_ref, *,
                     st: PallasSpec, id_range=loaded_id_range):
-    """One query block of one (batch, head): online softmax over the key blocks, writes out and logsumexp.
+    """One query block of one (batch, head): online softmax over the key blocks it can see (`key_blocks`),
+    writes out and logsumexp.
 
     With dropout the running sum (and so the logsumexp) is the undropped softmax's; the kept weights, scaled by
     1 / (1 - rate) at the end, multiply v.
@@ -69,8 +70,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, ext_ref, qseg_ref, kseg_ref, keys_ref, 
             return compute(carry)
         return lax.cond(overlaps(q_range, id_range("k", jb, k_ids), st), compute, lambda c: c, carry)
 
-    k_end = causal_k_end(q_start, bq, bk, st, st.s_pad // bk)
-    acc, m, l = lax.fori_loop(0, k_end, body, carry)
+    acc, m, l = lax.fori_loop(*key_blocks(q_start, bq, bk, st, st.s_pad // bk), body, carry)
     seen = l > 0.0
     safe_l = jnp.where(seen, l, 1.0)
     o_ref[...] = (acc / (safe_l * (1.0 - st.dropout_rate))).astype(o_ref.dtype)

@@ -1,6 +1,6 @@
 """A tile's arithmetic in the Pallas kernels of `pallas`: products, the table's bias tile and its diagonal sums
-(per backend), masks, dropout's keep mask, a pair term's logits, tile skipping by id ranges and causal limits,
-and the recomputed P and dS of the backward kernels."""
+(per backend), masks, dropout's keep mask, a pair term's logits, tile skipping by id ranges, causal limits and
+windows, and the recomputed P and dS of the backward kernels."""
 
 from __future__ import annotations
 
@@ -63,16 +63,20 @@ def bias_tile(ext_ref, q_start, k_start, bq, bk, st: PallasSpec):
 
 def tile_mask(q_ids, k_ids, q_start, k_start, bq, bk, st: PallasSpec):
     """Boolean [bq, bk] from query ids [bq, 1] and key ids [1, bk]: key not padding, same piece (when query
-    ids are given), causal; None: no mask."""
+    ids are given), inside the causal limit and the window (`PallasSpec.upper`, `lower`); None: no mask."""
     if not st.masked:
         return None
     valid = k_ids != 0
     if st.use_q_pieces:
         valid = jnp.logical_and(valid, q_ids == k_ids)
-    if st.causal:
+    if st.upper is not None or st.lower is not None:
         r = lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
         c = lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-        valid = jnp.logical_and(valid, (k_start + c) - (q_start + r) <= st.q_offset)
+        offset = (k_start + c) - (q_start + r)
+        if st.upper is not None:
+            valid = jnp.logical_and(valid, offset <= st.upper)
+        if st.lower is not None:
+            valid = jnp.logical_and(valid, offset >= st.lower)
     return jnp.broadcast_to(valid, (bq, bk))
 
 
@@ -121,19 +125,39 @@ def overlaps(q_range, k_range, st: PallasSpec):
     return jnp.logical_and(k_lo <= q_hi, q_lo <= k_hi)
 
 
-def causal_k_end(q_start, bq, bk, st: PallasSpec, num_k_blocks):
-    """Number of key blocks a query block starting at q_start can see."""
-    if not st.causal:
-        return num_k_blocks
-    last = q_start + bq - 1 + st.q_offset  # last visible key index
-    return jnp.clip(lax.div(last + bk, bk), 0, num_k_blocks)
+def key_blocks(q_start, bq, bk, st: PallasSpec, num_k_blocks):
+    """(first, end): the key blocks [first, end) that some query of the block from q_start can see, within the
+    causal limit and the window (every block without them). Traced or not: the loops' bounds, and their count
+    outside a kernel."""
+    end = num_k_blocks
+    if st.upper is not None:
+        last = q_start + bq - 1 + st.upper  # last visible key index
+        end = jnp.clip(lax.div(last + bk, bk), 0, num_k_blocks)
+    if st.lower is None:
+        return 0, end
+    first = q_start + st.lower  # first visible key index
+    return jnp.minimum(lax.div(jnp.maximum(first, 0), bk), end), end
 
 
-def causal_q_begin(k_start, bq, st: PallasSpec):
-    """First query block that can see a key block starting at k_start."""
-    if not st.causal:
-        return 0
-    return lax.div(jnp.maximum(k_start - st.q_offset, 0), bq)
+def query_blocks(k_start, bq, bk, st: PallasSpec, num_q_blocks):
+    """(first, end): the query blocks [first, end) that can see a key of the block from k_start."""
+    first = 0 if st.upper is None else lax.div(jnp.maximum(k_start - st.upper, 0), bq)
+    if st.lower is None:
+        return first, num_q_blocks
+    last = k_start + bk - 1 - st.lower  # the last query that sees a key of the block
+    end = jnp.clip(lax.div(last + bq, bq), 0, num_q_blocks)
+    return jnp.minimum(first, end), end
+
+
+def diagonal_visible(shift, b: int, st: PallasSpec):
+    """Whether block diagonal `shift` (key block minus query block, square tiles of b) holds an entry inside the
+    causal limit and the window: its nearest entry to each limit decides (True: no limits)."""
+    visible = True
+    if st.upper is not None:
+        visible = jnp.logical_and(visible, shift * b - (b - 1) <= st.upper)
+    if st.lower is not None:
+        visible = jnp.logical_and(visible, shift * b + (b - 1) >= st.lower)
+    return visible
 
 
 def probabilities_and_ds(rows: QueryTile, cols: KeyTile, pair, ext_ref, st: PallasSpec):
