@@ -34,7 +34,8 @@ def add_compare_parser(subparsers) -> None:
         overrides="the recipe in --config (every run's)")
     parser.add_argument("--out", required=True, help="output folder (plan.json, runs/, figures/, COMPARISON.md)")
     parser.add_argument("--config", help="the masked-LM recipe (a config file); needed to plan, not to resume")
-    parser.add_argument("--mechanisms", help="comma-separated mechanisms and variants (see above)")
+    parser.add_argument("--mechanisms", action="append",
+                        help="comma-separated mechanisms and variants (see above); may be repeated, the lists join")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per variant (default 3, at least 2)")
     parser.add_argument("--baseline", default="none", help="the variant every other is compared with (default "
                                                             "none: bag of words; always run)")
@@ -68,7 +69,7 @@ def _compare(args, overrides):
         return numbers
     if not args.config or not args.mechanisms:
         raise ValueError("jaxpos compare plans from --config FILE and --mechanisms a,b,...")
-    plan = comp.new_plan(args.config, overrides, _names(args.mechanisms), args.seeds, args.workers,
+    plan = comp.new_plan(args.config, overrides, _names(",".join(args.mechanisms)), args.seeds, args.workers,
                          [int(x) for x in _names(args.lengths) or ()], _names(args.finetune) or (), args.baseline,
                          args.all_pairs, args.length_tokens)
     if args.dry_run:

@@ -228,14 +228,28 @@ def measurements(out: str, plan: dict) -> dict:
 
 
 def comparisons(rows: dict, baseline: str, all_pairs: bool) -> list[dict]:
-    """Every paired comparison of the report (each against the baseline; every pair with all_pairs): of the
-    held-out loss and accuracy, the loss at each evaluated length and the fine-tuning scores, Holm-corrected
-    together. Each {"a", "b", "quantity", "test" (stats.PairedDifference fields), "adjusted_p", "decided"}."""
+    """Every paired comparison of the report, Holm-corrected together: each variant against the baseline (every
+    pair with all_pairs) on the held-out loss and accuracy, the loss at each evaluated length and the fine-tuning
+    scores; and each variant's loss at every longer length against its own at the training length (the same masked
+    tokens: what extending the rows costs it). Each {"a", "b", "quantity", "test" (stats.PairedDifference), "adjusted_p",
+    "decided"}; a comparison of a variant with itself has b == a."""
     pairs = [(a, baseline) for a in rows if a != baseline]
     if all_pairs:
         names = list(rows)
         pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     found = []
+    for name, row in rows.items():
+        lengths = sorted(row["lengths"])
+        train = row["train_length"]
+        if train not in lengths:
+            continue
+        base = {s: e.get("loss") for s, e in row["lengths"][train].items()}
+        for length in (n for n in lengths if n > train):
+            longer = {s: e.get("loss") for s, e in row["lengths"][length].items()}
+            seeds = sorted(s for s in set(base) & set(longer) if base[s] is not None and longer[s] is not None)
+            if len(seeds) >= 2:
+                test = stats.paired_difference([longer[s] for s in seeds], [base[s] for s in seeds], alpha=ALPHA)
+                found.append(dict(a=name, b=name, quantity=f"loss at {length} − at {train} tokens", test=test))
     for a, b in pairs:
         quantities = [("held-out loss", rows[a]["loss"], rows[b]["loss"], None),
                       ("held-out accuracy", rows[a]["accuracy"], rows[b]["accuracy"], SHARE_DIFFERENCE)]
@@ -345,10 +359,12 @@ def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str
             lines += ["", f"## {title}", "", "| variant | accuracy |", "| --- | --- |"]
             lines += [f"| {r['label']} | {interval_text(r[task])} |" for r in numbers["rows"].values()]
     if found:
-        lines += ["", "## Paired comparisons", "", "| variant | against | quantity | difference, test |",
+        lines += ["", "## Paired comparisons", "", "Each variant's loss at a longer length against its own at the "
+                  "training length (what extending the rows costs it), then each variant against "
+                  f"{rows[numbers['baseline']]['label']}.", "", "| variant | against | quantity | difference, test |",
                   "| --- | --- | --- | --- |"]
-        lines += [f"| {rows[c['a']]['label']} | {rows[c['b']]['label']} | {c['quantity']} | {comparison_text(c)} |"
-                  for c in found]
+        lines += [f"| {rows[c['a']]['label']} | {'itself' if c['a'] == c['b'] else rows[c['b']]['label']} | "
+                  f"{c['quantity']} | {comparison_text(c)} |" for c in found]
     lines += ["", "![learning curves](figures/learning_curves.png)"]
     if "lengths" in numbers["figures"]:
         lines += ["", "![lengths](figures/lengths.png)"]
@@ -360,17 +376,17 @@ def curves_figure(rows: dict, path: str) -> str:
     variant (rows of evaluation rules share their training variant's curve and are left out)."""
     from jaxpos.analysis.plots import line_style, plt, save_figure  # matplotlib: only for a report
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     shown = [r for r in rows.values() if r["rule"] is None and r["curve"]]
     for index, r in enumerate(shown):
         steps = [s for s, _ in next(iter(r["curve"].values()))]
         losses = np.array([[loss for _, loss in curve] for curve in r["curve"].values()])
         style = line_style(index)
         ax.plot(steps, losses.mean(0), label=f"{r['label']} ({len(losses)} seeds)", **style)
-        ax.fill_between(steps, losses.min(0), losses.max(0), color=style["color"], alpha=0.15, lw=0)
+        ax.fill_between(steps, losses.min(0), losses.max(0), color=style["color"], alpha=0.08, lw=0)
     ax.set_xlabel("step")
     ax.set_ylabel("held-out masked-LM loss")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)
 
 
@@ -379,7 +395,7 @@ def lengths_figure(rows: dict, path: str) -> str:
     interval over seeds; lengths a variant cannot run are left out."""
     from jaxpos.analysis.plots import line_style, plt, save_figure  # matplotlib: only for a report
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     for index, r in enumerate(rows.values()):
         points = [(n, mean_interval([e.get("loss") for e in entries.values()])) for n, entries in
                   sorted(r["lengths"].items()) if not any("skipped" in e for e in entries.values())]
@@ -392,9 +408,9 @@ def lengths_figure(rows: dict, path: str) -> str:
         high = [s["high"] if s["high"] is not None else s["mean"] for _, s in points]
         style = line_style(index)
         ax.plot(x, mean, marker="o", label=r["label"], **style)
-        ax.fill_between(x, low, high, color=style["color"], alpha=0.15, lw=0)
+        ax.fill_between(x, low, high, color=style["color"], alpha=0.06, lw=0)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluated length / training length")
-    ax.set_ylabel("held-out masked-LM loss")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("held-out masked-LM loss (mean over seeds; shaded: 95% interval)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)

@@ -50,7 +50,7 @@ def test_intervals_and_paired_comparisons_against_numbers_worked_by_hand():
     # three variants against a baseline on one quantity each: the p-values as scipy gives them, Holm by hand
     base = {0: 5.0, 1: 5.2, 2: 4.9}
     sides = {"a": {0: 4.5, 1: 4.8, 2: 4.4}, "b": {0: 5.01, 1: 5.19, 2: 4.93}, "c": {0: 5.5, 1: 5.6, 2: 5.45}}
-    rows = {name: dict(loss=loss, accuracy={}, lengths={}, finetune={}, order={})
+    rows = {name: dict(loss=loss, accuracy={}, lengths={}, train_length=128, finetune={}, order={})
             for name, loss in dict(none=base, **sides).items()}
     found = comp.comparisons(rows, "none", all_pairs=False)
     assert [(c["a"], c["quantity"]) for c in found] == [("a", "held-out loss"), ("b", "held-out loss"),
@@ -66,6 +66,23 @@ def test_intervals_and_paired_comparisons_against_numbers_worked_by_hand():
     assert [c["adjusted_p"] for c in found] == pytest.approx(holm, rel=1e-9)
     assert [c["decided"] for c in found] == [h <= 0.05 for h in holm]
     assert "could detect" in comp.comparison_text(found[1])  # b is within the noise: the detectable difference
+    # a variant past its training length against itself at it: the same seeds' losses, paired
+    at_128, at_512 = [4.0, 4.2, 4.1], [4.6, 4.5, 4.9]
+    rows = {"none": dict(rows["none"]), "a": dict(rows["a"], lengths={
+        128: {s: {"loss": v} for s, v in enumerate(at_128)}, 512: {s: {"loss": v} for s, v in enumerate(at_512)}})}
+    itself = [c for c in comp.comparisons(rows, "none", all_pairs=False) if c["b"] == "a"]
+    assert [(c["a"], c["quantity"]) for c in itself] == [("a", "loss at 512 − at 128 tokens")]
+    assert itself[0]["test"].p == pytest.approx(scipy_stats.ttest_rel(at_512, at_128).pvalue, rel=1e-9)
+    assert itself[0]["test"].mean == pytest.approx(np.mean(at_512) - np.mean(at_128))
+
+
+def test_repeated_mechanisms_flags_join(tmp_path, capsys):
+    argv = small(str(tmp_path / "cmp"))
+    at = argv.index("--mechanisms")
+    argv[at:at + 2] = ["--mechanisms", "alibi", "--mechanisms", "rope+yarn@eval,t5"]
+    assert cli.main([*argv, "--dry-run"]) == 0
+    planned = [line.split()[0] for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert sorted(planned) == ["alibi", "none", "rope", "t5"]  # with the baseline; the rule's runs are plain RoPE's
 
 
 def small(out: str) -> list[str]:
@@ -94,7 +111,10 @@ def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
     rope = numbers["rows"]["rope+yarn@eval"]
     assert set(rope["lengths"]) == {"32", "64"} and rope["loss"]["n"] == 0  # a rule at evaluation: lengths only
     assert numbers["rows"]["alibi"]["loss"]["n"] == 2 and numbers["rows"]["alibi"]["lengths"]["64"]["n"] == 2
-    assert all(c["b"] == "none" for c in numbers["comparisons"]) and len(numbers["comparisons"]) == 4 + 4 + 2  # alibi, rope: 4; the rule: 2 lengths
+    against = [c for c in numbers["comparisons"] if c["b"] != c["a"]]
+    assert all(c["b"] == "none" for c in against) and len(against) == 4 + 4 + 2  # alibi, rope: 4; the rule: 2 lengths
+    itself = {(c["a"], c["quantity"]) for c in numbers["comparisons"] if c["b"] == c["a"]}
+    assert itself == {(name, "loss at 64 − at 32 tokens") for name in ("none", "alibi", "rope", "rope+yarn@eval")}
     report = (out / "COMPARISON.md").read_text()
     assert "| ALiBi |" in report and "runs/" not in report.split("## Held-out")[1]  # labelled by mechanism
     assert (out / "figures" / "learning_curves.png").stat().st_size > 1000
