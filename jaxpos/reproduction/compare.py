@@ -274,11 +274,14 @@ def comparisons(rows: dict, baseline: str, all_pairs: bool) -> list[dict]:
 def comparison_text(c: dict) -> str:
     t = c["test"]
     interval = f"{t.mean:+.3g} [{t.ci_low:+.3g}, {t.ci_high:+.3g}]"
+    said = "higher" if t.mean > 0 else "lower"
+    tested = f"{interval}, p = {t.p:.2g}, Holm {c['adjusted_p']:.2g}"
     if c["decided"]:
-        said = "higher" if t.mean > 0 else "lower"
-        return f"{interval}, p = {t.p:.2g}, Holm {c['adjusted_p']:.2g}: {said}"
-    return (f"{interval}, p = {t.p:.2g}, Holm {c['adjusted_p']:.2g}: no difference resolved (these {t.n} seeds "
-            f"could detect {t.mdd:.3g})")
+        return f"{tested}: {said}"
+    if t.p < ALPHA:  # the detectable difference below is the uncorrected one: it would mislead here
+        return f"{tested}: not resolved after Holm's correction (alone it would read {said})"
+    return (f"{tested}: no difference resolved (these {t.n} seeds could detect {t.mdd:.3g} at α = {ALPHA} before "
+            "the correction)")
 
 
 def write_report(out: str, wall_s: float | None = None, command: str = "jaxpos compare") -> dict:
@@ -321,6 +324,12 @@ def length_cell(entries: dict) -> dict:
     return mean_interval([e.get("loss") for e in entries.values()])
 
 
+def shown_path(path: str) -> str:
+    """A path as a reader can use it: relative to the working folder when inside it (the plan keeps it absolute)."""
+    inside = path.startswith(os.path.join(os.getcwd(), ""))
+    return os.path.relpath(path) if inside else path
+
+
 def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str:
     """COMPARISON.md: the recipe, then a table per quantity, then the comparisons."""
     profile = matrix.profile_of(plan)
@@ -328,10 +337,11 @@ def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str
     device = ", ".join(machine.get("gpus") or [f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"])
     lines = [f"# Comparison: {len(rows)} variants × {plan['seeds']} seeds", "",
              f"`{numbers['command']}`", "",
-             f"Recipe: `{profile.config}` with {' '.join(profile.overrides) or 'no overrides'}; "
+             f"Recipe: `{shown_path(profile.config)}` with {' '.join(profile.overrides) or 'no overrides'}; "
              f"{profile.steps} steps of {profile.train['batch_size']} × {profile.data['seq_len']} tokens. "
              f"Machine: {device}, jax {machine.get('jax', '?')}; written {numbers['written']}"
-             + (f", wall time {numbers['wall_s'] / 60:.1f} min." if numbers.get("wall_s") else "."), "",
+             + (f", wall time {numbers['wall_s'] / 60:.1f} min." if numbers.get("wall_s") else "."),
+             *matrix.resumed_line(plan), "",
              "Cells: the mean over seeds and its 95% t interval; comparisons: the mean paired difference (variant − "
              f"{numbers['baseline']}) with its 95% interval, the paired t test's p and Holm's adjusted p over all "
              f"{len(found)} comparisons of this report (α = {ALPHA}); * an interval clipped to the quantity's "

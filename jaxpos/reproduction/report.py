@@ -15,7 +15,8 @@ from jaxpos.reproduction import claims as C, judging as J, readings as R
 from jaxpos.reproduction.stats import INCONCLUSIVE
 from jaxpos.reproduction import stats as S
 from jaxpos.reproduction import verdicts as V
-from jaxpos.reproduction.matrix import BAG_OF_WORDS, RUN_MECHANISMS, profile_of, require_plan, read_result
+from jaxpos.reproduction.matrix import (BAG_OF_WORDS, RUN_MECHANISMS, profile_of, require_plan, read_result,
+                                        resumed_line)
 
 REPORT_FILE, NUMBERS_FILE, FIGURES = "REPRODUCTION.md", "numbers.json", "figures"
 # Per-mechanism numbers of the mechanisms table: (key, column title, getter).
@@ -400,17 +401,6 @@ def stages_line(table: dict) -> str:
     if together and parts and parts[0].startswith(STAGE_LABELS["pretrain_s"]):  # a group's wall time, not a run's
         parts[0] += f" (a mechanism's {' or '.join(map(str, together))} seeds at once)"
     return "- a run's time by stage (mean over the runs that have the stage): " + ", ".join(parts)
-
-
-def resumed_line(plan: dict) -> list[str]:
-    """A line saying that the wall time is the last command's alone when the plan was resumed (one estimate is
-    kept per command that ran runs), with the time since the plan was made."""
-    commands = len(plan.get("estimates") or [])
-    if commands < 2:
-        return []
-    since = (time.time() - plan["started_unix"]) / 60
-    return [f"- resumed: the times above are the last of {commands} commands (a run's time counts only what that "
-            f"command ran); the plan was made at {plan['created']}, {since:.0f} min before this report"]
 
 
 def write_report(out: str, wall_s: float | None = None, command: str = "") -> dict:

@@ -55,8 +55,8 @@ def training_status(table: dict, alpha: float = ALPHA) -> dict[str, dict]:
                 break
             parted_at = steps[k]
         last = tests[steps[-1]]
-        said = "" if last is None else (f" (held-out loss {last.mean:+.3g} below it, 95% CI {last.ci_low:+.3g} to "
-                                        f"{last.ci_high:+.3g})")
+        said = "" if last is None else (f" (bag of words' held-out loss minus its: {last.mean:+.3g}, 95% CI "
+                                        f"{last.ci_low:+.3g} to {last.ci_high:+.3g})")
         if below[-1]:
             reason = f"parts from bag of words at step {parted_at}{said}"
         else:

@@ -66,6 +66,10 @@ def test_intervals_and_paired_comparisons_against_numbers_worked_by_hand():
     assert [c["adjusted_p"] for c in found] == pytest.approx(holm, rel=1e-9)
     assert [c["decided"] for c in found] == [h <= 0.05 for h in holm]
     assert "could detect" in comp.comparison_text(found[1])  # b is within the noise: the detectable difference
+    assert comp.comparison_text(found[0]).endswith(": lower")
+    # p = 0.005 alone but not after a correction over more comparisons: no uncorrected detectable difference
+    assert comp.comparison_text(dict(found[0], decided=False)).endswith(
+        "not resolved after Holm's correction (alone it would read lower)")
     # a variant past its training length against itself at it: the same seeds' losses, paired
     at_128, at_512 = [4.0, 4.2, 4.1], [4.6, 4.5, 4.9]
     rows = {"none": dict(rows["none"]), "a": dict(rows["a"], lengths={
