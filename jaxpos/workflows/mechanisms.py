@@ -34,10 +34,12 @@ def order_sensitivity(logits: jax.Array, shuffled_logits: jax.Array, order: jax.
 
 def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
     """The table, one row per registered mechanism: rows of `seq_len` random tokens, `batch` of them; its `order`
-    column is `order_sensitivity` of the logits when each row's tokens are shuffled by `shuffled_positions`."""
+    column is `order_sensitivity` of the logits when each row's tokens are shuffled by `shuffled_positions`, marked
+    * where the mechanism's positional parameters all start at zero (then it starts blind to order)."""
     rows = [f"{'mechanism':<12} {'params':>9} {'loss':>8} {'grad norm':>10} {'order':>8} {'compile s':>9} "
             f"{'step ms':>8}"]
     order = shuffled_positions(seq_len)
+    zero_start = []  # mechanisms whose positional parameters are all zero at initialisation
     for kind in MECHANISMS:
         cfg = model_config(dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, mlp_dim=128,
                                 max_length=seq_len, position=dict(kind=kind)))
@@ -63,6 +65,13 @@ def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
         count = sum(x.size for x in jax.tree.leaves(params))
         norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
         moved = order_sensitivity(logits, shuffled, order)
-        rows.append(f"{kind:<12} {count:>9} {float(value):>8.4f} {norm:>10.4f} {moved:>8.1e} {compiled:>9.2f} "
+        positional = jax.tree.leaves(params["bert"]["encoder"].get("position", {}))
+        starts_at_zero = bool(positional) and not any(bool(jnp.any(x)) for x in positional)
+        mark = "*" if starts_at_zero else " "
+        rows.append(f"{kind:<12} {count:>9} {float(value):>8.4f} {norm:>10.4f} {moved:>7.1e}{mark} {compiled:>9.2f} "
                     f"{ms:>8.2f}")
+        zero_start.extend([kind] if starts_at_zero else [])
+    if zero_start:
+        rows.append(f"* {', '.join(zero_start)}: its positional parameters start at zero (as its authors' code), "
+                    "so at initialisation it is blind to order; it acts once training moves them")
     return "\n".join(rows)

@@ -24,8 +24,13 @@ def test_the_order_column_shows_each_mechanism_acting(capsys):
     cli.main(["mechanisms", "--seq-len", "16"])
     header, *lines = capsys.readouterr().out.strip().splitlines()
     column = header.split().index("order") - 1  # "grad norm" is two words
-    order = {line.split()[0]: float(line.split()[column]) for line in lines}
+    rows = [line.split() for line in lines if line.split()[0] in MECHANISMS]
+    order = {row[0]: float(row[column].rstrip("*")) for row in rows}
+    marked = {row[0] for row in rows if row[column].endswith("*")}
     assert list(order) == list(MECHANISMS)
     assert order.pop("none") < 1e-6  # float error: a bag of words moves its outputs with its tokens
-    # The smallest at initialisation (DIET-Abs, 1.3e-5) is 80 times the bag of words' float error.
+    # CoPE's e starts at zero, as its authors' code: at initialisation it is blind to order, and the table says so.
+    assert marked == {"cope"} and lines[-1].startswith("* cope: its positional parameters start at zero")
+    assert order.pop("cope") < 1e-6
+    # The smallest of the others at initialisation (DIET-Abs, 1.3e-5) is 80 times the bag of words' float error.
     assert {kind: value for kind, value in order.items() if value < 5e-6} == {}
