@@ -1,6 +1,6 @@
-"""Fine-tuning the tiny demo model (`make demo`, configs/mlm/tiny.py) on the offline word-order task: no download,
-40 s on 2 CPU cores (2026-11-27). Chance (0.333) is printed beside the dev accuracy; the TISA demo model reaches
-0.53 (best 0.54). The labels depend on word order, so `jaxpos probe-word-order` (which needs a task whose labels do
+"""Fine-tuning the tiny demo model (`make demo`, configs/mlm/tiny.py) on the offline word-order task: no download
+(the README gives its measured duration). Chance (0.333) is printed beside the dev accuracy; the TISA demo model
+reaches 0.54. The labels depend on word order, so `jaxpos probe-word-order` (which needs a task whose labels do
 not) refuses this task: give it an MRPC or RTE run (docs/finetuning.md).
 
     make demo                                                      # runs/demo

@@ -1,4 +1,4 @@
-"""Tiny BERT with TISA on the embedded corpus: the README demo, 900 steps in about 90 s on 2 CPU cores (2026-11-27).
+"""Tiny BERT with TISA on the embedded corpus: the README demo, 900 steps (the README gives measured durations).
 
     jaxpos train --config configs/mlm/tiny.py --workdir runs/tiny
     jaxpos train --config configs/mlm/tiny.py --workdir runs/tiny_rel --config.model.position.kind=diet_rel

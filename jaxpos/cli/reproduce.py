@@ -35,7 +35,8 @@ def add_reproduce_parser(subparsers) -> None:
                                                      "numbers.json)")
     parser.add_argument("--profile", default="smoke", choices=PROFILE_CHOICES,
                         help="smoke: a first look, minutes on 2 CPU cores (default); full: the verdicts, every "
-                             "mechanism, 5 seeds, over half an hour on one GPU host; micro: tests")
+                             "mechanism, 5 seeds, about 1.5 hours of one H200 (docs/reproduction.md); micro: tests. "
+                             "Before the runs start, the command prints its estimate for this machine")
     parser.add_argument("--seeds", type=int, help="seeds per mechanism (default: the profile's)")
     parser.add_argument("--mechanisms", help="comma-separated mechanisms to run (default: the profile's; the "
                                              "bag-of-words model `none` is always run)")

@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 from jaxpos.checkpoints.huggingface import (bert_encoder_params, bert_mlm_params, bert_pooler_params,  # noqa: E402
                                             config_from_hf, load_hf_checkpoint)
 from jaxpos.models import BertEncoder, BertForMaskedLM  # noqa: E402
+from tests.models.hf_checks import assert_attention_weights_match, max_error_on_valid_rows  # noqa: E402
 
 # DeBERTa-v3's attention at a small size: 8 log buckets reaching offset 11, so 17-token rows see exact, log-spaced
 # and clamped offsets.
@@ -50,11 +51,6 @@ def hf_outputs(hf, ids, attention, types):
                   token_type_ids=torch.tensor(types), output_attentions=True)
 
 
-def max_error_on_valid_rows(got, want, attention):
-    valid = attention.astype(bool)
-    return float(np.max(np.abs(np.asarray(got)[valid] - want[valid])))
-
-
 @pytest.mark.parametrize("hf_config", [DEBERTA_CONFIG, UNBUCKETED, dict(DEBERTA_CONFIG, type_vocab_size=2)],
                          ids=["buckets", "clamped", "token_types"])
 def test_hidden_states_and_attention_weights_match_deberta_v2(hf_config, tmp_path):
@@ -73,12 +69,7 @@ def test_hidden_states_and_attention_weights_match_deberta_v2(hf_config, tmp_pat
                                               mutable=["intermediates"])
     # Padded query rows are not meaningful (transformers zeroes their embeddings and lets them attend everywhere).
     assert max_error_on_valid_rows(hidden, want.last_hidden_state.numpy(), attention) < 1e-5
-    encoder = captured["intermediates"]["encoder"]
-    got = np.stack([encoder[f"layer_{i}"]["self_attention"]["attention_weights"][0] for i in range(3)])
-    weights = np.stack([a.numpy() for a in want.attentions])  # [L, B, H, T, S]
-    rows = attention.astype(bool)
-    for b in range(ids.shape[0]):
-        np.testing.assert_allclose(got[:, b, :, rows[b]], weights[:, b, :, rows[b]], rtol=1e-5, atol=1e-6)
+    assert_attention_weights_match(captured, want.attentions, attention, 3)
 
 
 @pytest.mark.parametrize("legacy", [True, False], ids=["cls_predictions", "lm_predictions"])

@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 from jaxpos.checkpoints.huggingface import (bert_encoder_params, bert_mlm_params, bert_pooler_params,  # noqa: E402
                                             config_from_hf, load_hf_checkpoint)
 from jaxpos.models import BertEncoder, BertForMaskedLM  # noqa: E402
+from tests.models.hf_checks import assert_attention_weights_match, max_error_on_valid_rows  # noqa: E402
 
 # 4 layers, global every 3 (layers 0 and 3), local_attention 8 (4 keys a side): rows of 24 reach past the window.
 MODERNBERT = dict(vocab_size=97, hidden_size=32, intermediate_size=40, num_hidden_layers=4, num_attention_heads=4,
@@ -50,11 +51,6 @@ def saved(model_class, tmp_path, **config):
     randomise(hf)
     hf.save_pretrained(tmp_path)
     return hf, *load_hf_checkpoint(str(tmp_path))
-
-
-def max_error_on_valid_rows(got, want, attention):
-    valid = attention.astype(bool)
-    return float(np.max(np.abs(np.asarray(got)[valid] - want[valid])))
 
 
 @pytest.mark.parametrize("config", [{}, BIASES, dict(tie_word_embeddings=False), dict(hidden_activation="silu"),
@@ -92,12 +88,7 @@ def test_hidden_states_and_attention_weights_match_modernbert_model(tmp_path):
     hidden, captured = BertEncoder(cfg).apply({"params": bert_encoder_params(state, cfg)}, jnp.asarray(ids),
                                               piece_ids=jnp.asarray(attention), mutable=["intermediates"])
     assert max_error_on_valid_rows(hidden, want.last_hidden_state.numpy(), attention) < 1e-5
-    encoder = captured["intermediates"]["encoder"]
-    got = np.stack([encoder[f"layer_{i}"]["self_attention"]["attention_weights"][0] for i in range(4)])
-    weights = np.stack([a.numpy() for a in want.attentions])  # [L, B, H, T, S]
-    rows = attention.astype(bool)
-    for b in range(ids.shape[0]):
-        np.testing.assert_allclose(got[:, b, :, rows[b]], weights[:, b, :, rows[b]], rtol=1e-5, atol=1e-6)
+    assert_attention_weights_match(captured, want.attentions, attention, 4)
     assert bert_pooler_params(state) is None  # ModernBERT's classifier head is not BERT's tanh pooler
 
 

@@ -15,9 +15,8 @@ from scipy.special import erf
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.models import BertEncoder, BertForMaskedLM
 from jaxpos.models.layers import MlpBlock
-from jaxpos.models.layout import to_scanned, to_unscanned
 from tests.helpers import tiny_config
-from tests.models.test_scan_remat import assert_trees_close, loss_and_grads
+from tests.models.test_scan_remat import assert_scanned_equals_unscanned
 
 MODERN = dict(layer_norm="pre", layer_norm_eps=1e-5, mlp="geglu", use_bias=False, norm_bias=False,
               first_layer_attention_norm=False, local_window=4, global_every=3)
@@ -156,19 +155,7 @@ def test_a_causal_modern_stack_decodes_like_its_full_pass(scan):
 ])
 def test_scanned_groups_equal_the_unscanned_stack(layers, every, first_norm, remat):
     cfg = modern_config(num_layers=layers, global_every=every, first_layer_attention_norm=first_norm)
-    from tests.models.test_scan_remat import batch
-
-    ids, inputs = batch()
-    params = meta.unbox(BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), ids, **inputs)["params"])
-    scanned_cfg = dataclasses.replace(cfg, scan_layers=True, remat=remat)
-    scanned = to_scanned(params, cfg.scan_group)
-    init = meta.unbox(BertForMaskedLM(scanned_cfg).init(jax.random.PRNGKey(0), ids, **inputs)["params"])
-    assert jax.tree.map(jnp.shape, init) == jax.tree.map(jnp.shape, scanned)
-    loss, grads = loss_and_grads(cfg, params)
-    scanned_loss, scanned_grads = loss_and_grads(scanned_cfg, scanned)
-    assert float(scanned_loss) == pytest.approx(float(loss), rel=1e-6)
-    assert_trees_close(to_unscanned(scanned_grads), grads)
-    assert_trees_close(to_unscanned(scanned), params, rtol=0, atol=0)
+    assert_scanned_equals_unscanned(cfg, dataclasses.replace(cfg, scan_layers=True, remat=remat))
 
 
 def test_grouped_layout_names_and_the_layer_trust_ratio():

@@ -42,13 +42,12 @@ def assert_trees_close(a, b, rtol=2e-5, atol=2e-6):
                                    err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("name,position", VARIANTS, ids=[name for name, _ in VARIANTS])
-def test_scanned_and_rematerialised_equal_unscanned(name, position):
-    cfg = tiny_config(position, num_layers=3)
+def assert_scanned_equals_unscanned(cfg, scanned_cfg):
+    """`scanned_cfg`'s scanned stack against `cfg`'s unscanned one from the same initialisation: the layout of its
+    own initialisation, the loss and the gradients. Returns (scanned parameters, loss, gradients)."""
     ids, inputs = batch()
     params = meta.unbox(BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), ids, **inputs)["params"])
-    scanned_cfg = dataclasses.replace(cfg, scan_layers=True)
-    scanned = to_scanned(params)
+    scanned = to_scanned(params, cfg.scan_group)
     # the scanned model builds the same tree: its own initialisation has the converted layout
     init = meta.unbox(BertForMaskedLM(scanned_cfg).init(jax.random.PRNGKey(0), ids, **inputs)["params"])
     assert jax.tree.map(jnp.shape, init) == jax.tree.map(jnp.shape, scanned)
@@ -57,6 +56,14 @@ def test_scanned_and_rematerialised_equal_unscanned(name, position):
     assert float(scanned_loss) == pytest.approx(float(loss), rel=1e-6)
     assert_trees_close(to_unscanned(scanned_grads), grads)
     assert_trees_close(to_unscanned(scanned), params, rtol=0, atol=0)  # the conversion round-trips exactly
+    return scanned, loss, grads
+
+
+@pytest.mark.parametrize("name,position", VARIANTS, ids=[name for name, _ in VARIANTS])
+def test_scanned_and_rematerialised_equal_unscanned(name, position):
+    cfg = tiny_config(position, num_layers=3)
+    scanned_cfg = dataclasses.replace(cfg, scan_layers=True)
+    scanned, loss, grads = assert_scanned_equals_unscanned(cfg, scanned_cfg)
     # and rematerialised (every policy for one mechanism below): the same gradients
     remat_loss, remat_grads = loss_and_grads(dataclasses.replace(scanned_cfg, remat="full"), scanned)
     assert float(remat_loss) == pytest.approx(float(loss), rel=1e-6)

@@ -18,6 +18,7 @@ from jax import lax
 from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams, force_gpu_interpret_mode
 from jax.experimental import pallas as pl
 
+from jaxpos.attention.kernels.limits import VisibleOffsets
 from jaxpos.config.attention import IMPLEMENTATIONS, Call, lacks, platform_facts
 
 BLOCK = 128  # rows of a CTA's own block (two consumers of HALF) and of each streamed block
@@ -34,7 +35,7 @@ LIST_ALIGN = 32  # visit lists padded to 128 bytes: TMA copies split evenly over
 
 
 @dataclasses.dataclass(frozen=True)
-class MosaicGpuSpec:
+class MosaicGpuSpec(VisibleOffsets):
     """What one call's kernels are built for: padded lengths, masks, dropout, the pair term and the block choices
     (hashable: the nondiff argument of the custom VJP)."""
 
@@ -52,18 +53,6 @@ class MosaicGpuSpec:
     limits_in_tiles: bool = False  # the causal limit and the window are in the table's tiles (`diagonal_tiles`)
     pieces: int = 1  # pieces the dQ and dK/dV consumers take each streamed block in (`Piece`)
     table_splits: int = 1  # CTAs per (table head, block diagonal) of the table-gradient kernel
-
-    @property
-    def upper(self) -> int | None:
-        """The largest visible j - i (None: no limit): the causal limit or the window's far side, the nearer."""
-        limits = ([self.q_offset] if self.causal else []) + (
-            [] if self.half_window is None else [self.q_offset + self.half_window])
-        return min(limits) if limits else None
-
-    @property
-    def lower(self) -> int | None:
-        """The smallest visible j - i (None: no limit): the window's near side."""
-        return None if self.half_window is None else self.q_offset - self.half_window
 
     @property
     def diagonals(self) -> tuple[int, int]:

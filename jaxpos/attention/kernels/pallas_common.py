@@ -11,11 +11,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from jaxpos.attention.kernels.limits import VisibleOffsets
+
 _BIG_ID = 2**30  # above every piece id: the smallest id of a block that is all padding
 
 
 @dataclasses.dataclass(frozen=True)
-class PallasSpec:
+class PallasSpec(VisibleOffsets):
     """Static settings of one call (hashable: a nondiff argument of the custom VJP)."""
 
     scale: float
@@ -37,18 +39,6 @@ class PallasSpec:
     backend: str  # "triton" | "mosaic_tpu": the tile and diagonal-sum code, layouts and compiler parameters
     num_warps: int
     num_stages: int
-
-    @property
-    def upper(self) -> int | None:
-        """The largest visible j - i (None: no limit): the causal limit or the window's far side, the nearer."""
-        limits = ([self.q_offset] if self.causal else []) + (
-            [] if self.half_window is None else [self.q_offset + self.half_window])
-        return min(limits) if limits else None
-
-    @property
-    def lower(self) -> int | None:
-        """The smallest visible j - i (None: no limit): the window's near side."""
-        return None if self.half_window is None else self.q_offset - self.half_window
 
     @property
     def heads_major(self) -> bool:
