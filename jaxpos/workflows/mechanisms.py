@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.config import MECHANISMS, model_config
-from jaxpos.models import BertForMaskedLM
+from jaxpos.models import BertForMaskedLM, position_params
 
 # Full float32 matmuls wherever it runs: TF32 on a GPU would add noise of the size of the order column's smallest
 # values (a random model at initialisation barely uses its attention).
@@ -30,6 +30,16 @@ def order_sensitivity(logits: jax.Array, shuffled_logits: jax.Array, order: jax.
     move with their tokens), above it wherever positions act."""
     moved = logits[:, order]
     return float(jnp.linalg.norm(shuffled_logits - moved) / jnp.linalg.norm(logits))
+
+
+def starts_blind(params) -> bool:
+    """Whether a model's positional mechanism has parameters and all of them are zero (then it starts blind to
+    order, as CoPE does)."""
+    try:
+        positional = jax.tree.leaves(position_params(params))
+    except KeyError:  # a mechanism without parameters (RoPE, ALiBi, sinusoidal, none)
+        return False
+    return bool(positional) and not any(bool(jnp.any(x)) for x in positional)
 
 
 def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
@@ -65,8 +75,7 @@ def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
         count = sum(x.size for x in jax.tree.leaves(params))
         norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
         moved = order_sensitivity(logits, shuffled, order)
-        positional = jax.tree.leaves(params["bert"]["encoder"].get("position", {}))
-        starts_at_zero = bool(positional) and not any(bool(jnp.any(x)) for x in positional)
+        starts_at_zero = starts_blind(params)
         mark = "*" if starts_at_zero else " "
         rows.append(f"{kind:<12} {count:>9} {float(value):>8.4f} {norm:>10.4f} {moved:>7.1e}{mark} {compiled:>9.2f} "
                     f"{ms:>8.2f}")
