@@ -28,16 +28,20 @@ import argparse
 import functools
 import os
 import statistics
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxpos.attention import PositionalBias, attend
-from jaxpos.attention.kernels import toeplitz_attention
-from jaxpos.attention.mask import AttentionMask
-from jaxpos.compilation_cache import enable_compilation_cache
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.peers.flex_attention import add_shape_arguments  # noqa: E402
+from jaxpos.attention import PositionalBias, attend  # noqa: E402
+from jaxpos.attention.kernels import toeplitz_attention  # noqa: E402
+from jaxpos.attention.mask import AttentionMask  # noqa: E402
+from jaxpos.compilation_cache import enable_compilation_cache  # noqa: E402
 
 PATHS = ("xla+table", "cudnn+table", "cudnn-window", "pallas+table", "mgpu", "mgpu+table")
 KERNELS = ("pallas+table", "mgpu", "mgpu+table")
@@ -155,13 +159,9 @@ def print_row(length, batch, path, global_ms, local_ms, predicted, extra=""):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="1024,4096,8192")
+    add_shape_arguments(parser)
+    parser.set_defaults(lengths="1024,4096,8192")
     parser.add_argument("--window", type=int, default=128)
-    parser.add_argument("--tokens", type=int, default=16384, help="B * T")
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--cpu", action="store_true", help="no GPU: tiles, FLOPs, CPU times at B = H = 1, lowering")
     parser.add_argument("--cpu-paths", default="xla+table,pallas+table", help="--cpu: the paths timed on the CPU")

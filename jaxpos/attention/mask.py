@@ -6,6 +6,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from jaxpos.attention.bias import relative_offsets
+
 
 @flax.struct.dataclass
 class AttentionMask:
@@ -45,7 +47,7 @@ class AttentionMask:
         if self.causal or self.window is not None:
             if q_pos is None or k_pos is None:
                 raise ValueError("a causal or windowed mask needs q_pos and k_pos")
-            offsets = k_pos[..., None, :].astype(jnp.int32) - q_pos[..., :, None].astype(jnp.int32)  # [T, S] / [B,T,S]
+            offsets = relative_offsets(q_pos, k_pos)  # [T, S] / [B, T, S]
             offsets = offsets[None, None] if offsets.ndim == 2 else offsets[:, None]
             if self.causal:
                 mask = both(offsets <= 0)

@@ -419,9 +419,7 @@ def to_hf(value, name: str, kind: str) -> dict[str, np.ndarray]:
             out[f"{name}.bias"] = np.concatenate([p["bias"].reshape(-1) for p in parts])
         return out
     kernel, bias = value["kernel"], value.get("bias")
-    if kind == "gated":  # [d, 2, m] -> [2 m, d]
-        kernel, bias = kernel.reshape(kernel.shape[0], -1), None if bias is None else bias.reshape(-1)
-    elif kind == "heads_in":  # [d, H, Dh] -> [H*Dh, d]
+    if kind in ("gated", "heads_in"):  # [d, 2, m] -> [2 m, d]; [d, H, Dh] -> [H*Dh, d]
         kernel, bias = kernel.reshape(kernel.shape[0], -1), None if bias is None else bias.reshape(-1)
     elif kind == "heads_out":  # [H, Dh, d] -> [d, H*Dh]
         kernel = kernel.reshape(-1, kernel.shape[-1])

@@ -148,7 +148,7 @@ def new_plan(config_file: str, overrides: Sequence[str], mechanisms: Sequence[st
 
 
 def comparison_profile(path: str, overrides: Sequence[str], config, variants: dict, seeds: int,
-                       factors: Sequence[int], length_tokens: int = 32768) -> Profile:
+                       factors: Sequence[int], length_tokens: int) -> Profile:
     """The comparison's recipe as a profile: the user's config and overrides as they stand, the curve at up to 8
     evenly spaced checkpoints, fine-tuning as configs/finetune/*.py give it (rows of the training length)."""
     steps = int(config.train.num_steps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -85,7 +86,9 @@ RESUMABLE_MODEL_FIELDS = frozenset({"attention_impl", "dtype", "dropout", "atten
                                     "scan_layers"})
 
 
+@functools.cache
 def _model_defaults() -> dict:
+    """Flattened ModelConfig defaults, for checkpoints saved before a field existed (built on the first resume)."""
     return _flatten(json.loads(json.dumps(dataclasses.asdict(ModelConfig()))))
 
 
@@ -153,7 +156,7 @@ class Checkpointer:
         step, old = saved
         old, new = _flatten(json.loads(json.dumps(old))), _flatten(json.loads(json.dumps(model_config)))
         # a field the checkpoint's config lacks came to jaxpos after it was saved: its default, as in config.json
-        old = {**{k: v for k, v in _MODEL_DEFAULTS.items() if k in new and k not in old}, **old}
+        old = {**{k: v for k, v in _model_defaults().items() if k in new and k not in old}, **old}
         skipped = RESUMABLE_MODEL_FIELDS | set(pending)
         differ = [k for k in sorted(set(old) | set(new))
                   if k.split(".")[0] not in skipped and old.get(k, "<absent>") != new.get(k, "<absent>")]
@@ -359,5 +362,3 @@ def read_run_params(workdir: str, abstract_params, step: int | None = None):
     finally:
         checkpointer.close()
 
-
-_MODEL_DEFAULTS = _model_defaults()  # flattened ModelConfig defaults, for checkpoints saved before a field existed

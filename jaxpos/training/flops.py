@@ -75,10 +75,10 @@ def translation_step_flops(cfg, batch_size: int, source_len: int, target_len: in
     """Model FLOPs of an encoder-decoder training step: the encoder over the sources, the decoder's self-attention,
     cross-attention and MLP over the targets, the output product at every target position."""
     sources, targets = batch_size * source_len, batch_size * target_len
-    gated = cfg.mlp != "plain"
-    encoder = cfg.num_layers * layer_flops(cfg.d_model, cfg.mlp_dim, sources, source_len, gated=gated)
+    encoder = encoder_flops(cfg, batch_size, source_len)
     self_attention = layer_flops(cfg.d_model, 0, targets, target_len)
-    cross_attention = layer_flops(cfg.d_model, cfg.mlp_dim, targets, source_len, kv_tokens=sources, gated=gated)
+    cross_attention = layer_flops(cfg.d_model, cfg.mlp_dim, targets, source_len, kv_tokens=sources,
+                                  gated=cfg.mlp != "plain")
     decoder = cfg.num_decoder_layers * (self_attention + cross_attention)
     output = 2 * targets * cfg.d_model * cfg.vocab_size
     return 3.0 * (encoder + decoder + output)

@@ -76,10 +76,11 @@ def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
         norm = float(jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))))
         moved = order_sensitivity(logits, shuffled, order)
         starts_at_zero = starts_blind(params)
+        if starts_at_zero:
+            zero_start.append(kind)
         mark = "*" if starts_at_zero else " "
         rows.append(f"{kind:<12} {count:>9} {float(value):>8.4f} {norm:>10.4f} {moved:>7.1e}{mark} {compiled:>9.2f} "
                     f"{ms:>8.2f}")
-        zero_start.extend([kind] if starts_at_zero else [])
     if zero_start:
         rows.append(f"* {', '.join(zero_start)}: its positional parameters start at zero (as its authors' code), "
                     "so at initialisation it is blind to order; it acts once training moves them")

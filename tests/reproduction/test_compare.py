@@ -4,6 +4,7 @@ never folders, and a killed command resumed without training its finished runs a
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,9 +34,12 @@ def test_a_variant_is_a_mechanism_with_options():
     name, variant, _ = comp.parse_variant("absolute+random", (1, 8), 128, 256)
     assert name == "absolute+random" and variant["position"]["randomized_max_length"] == 1024
     assert comp.parse_variant("alibi+local64", (1,), 128, 256)[1]["model"] == {"local_window": 64}
+    name, variant, _ = comp.parse_variant("diet_rel+clip16", (1,), 128, 256)
+    assert variant["position"]["diet_rel"]["max_distance"] == 16 and variant["label"].endswith("clipped at ±16")
     for bad, message in (("ropee", "unknown mechanism"), ("rope+yarm", "unknown option"),
                          ("alibi+yarn@eval", "needs RoPE runs"), ("rope@train", "only '@eval'"),
-                         ("alibi+local", "give the window")):
+                         ("alibi+local", "give the window"), ("alibi+clip16", "clipN clips"),
+                         ("diet_rel+clip", "clipN clips")):
         with pytest.raises(ValueError, match=message):
             comp.parse_variant(bad, (1, 2), 128, 256)
 
@@ -115,6 +119,9 @@ def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
     rope = numbers["rows"]["rope+yarn@eval"]
     assert set(rope["lengths"]) == {"32", "64"} and rope["loss"]["n"] == 0  # a rule at evaluation: lengths only
     assert numbers["rows"]["alibi"]["loss"]["n"] == 2 and numbers["rows"]["alibi"]["lengths"]["64"]["n"] == 2
+    for name in ("alibi", "rope"):  # when each parts from bag of words, tested on its curve by seed
+        assert re.match(r"(parts from bag of words at step \d+|has not parted from bag of words by step \d+) \(bag "
+                        r"of words' held-out loss minus its: [-+]", numbers["rows"][name]["parting"])
     against = [c for c in numbers["comparisons"] if c["b"] != c["a"]]
     assert all(c["b"] == "none" for c in against) and len(against) == 4 + 4 + 2  # alibi, rope: 4; the rule: 2 lengths
     itself = {(c["a"], c["quantity"]) for c in numbers["comparisons"] if c["b"] == c["a"]}
