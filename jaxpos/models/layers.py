@@ -13,7 +13,7 @@ from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
 from jaxpos.config.model import SAVED_NAMES
 from jaxpos.config.rng import DROPOUT, POSITIONS
-from jaxpos.models.layout import GROUPS, LAYER, SCANNED
+from jaxpos.models.layout import scan_names
 from jaxpos.positions import SegmentAttention, make_position
 from jaxpos.positions.base import FIXED_POSITIONS_SEED, randomized_positions
 from jaxpos.sharding import HIDDEN, MLP_HIDDEN, constrain
@@ -119,13 +119,12 @@ def remat_layer(policy: str, scanned: bool) -> type[nn.Module]:
 class ScannedGroup(nn.Module):
     """One step of the stack's scan: `size` consecutive layers, the first of them layer start + index * size
     (`index` a traced scalar), on the carried hidden states; each reads its slice of the stack's bias inside (the
-    bias, computed once per forward pass, enters the scan once, broadcast). `local`: which of the group's layers
-    attend locally, the same in every group. Returns (x, the group's outputs [size, B, T, d])."""
+    bias, computed once per forward pass, enters the scan once, broadcast); which of the group's layers attend
+    locally is the same in every group (size = global_every). Returns (x, the group's outputs [size, B, T, d])."""
 
     cfg: ModelConfig
     start: int = 0
     size: int = 1
-    local: tuple[bool, ...] = (False,)
     cross_attention: bool = False
     decode: bool = False
     deterministic: bool = True
@@ -133,11 +132,10 @@ class ScannedGroup(nn.Module):
     @nn.compact
     def __call__(self, x, index, bias, q_pos, k_pos, mask, types, encoded, cross_bias, cross_pos, cross_mask):
         outputs = []
-        for j in range(self.size):
-            # one layer from 0 keeps the plain layout (layers/layer); groups name theirs by the first group's
-            name = LAYER if (self.start, self.size) == (0, 1) else f"layer_{self.start + j}"
+        for j, name in enumerate(scan_names((self.start, self.size))[1]):
+            local = self.cfg.is_local(self.start + j)  # the same in every group: groups of global_every layers
             layer = remat_layer(self.cfg.remat, scanned=True)(self.cfg, self.cross_attention, self.decode,
-                                                               self.deterministic, local=self.local[j], name=name)
+                                                               self.deterministic, local=local, name=name)
             depth = self.start + index * self.size + j
             x = layer(x, bias.for_layer(depth), q_pos, k_pos, mask, types, encoded,
                       cross_bias.for_layer(depth) if cross_bias is not None else None, cross_pos, cross_mask)
@@ -275,13 +273,12 @@ class TransformerStack(nn.Module):
         x = self.unscanned_layers(x, range(min(start, self.num_layers)), bias, inputs, cross_bias, cross_pos,
                                   cross_mask, deterministic)
         if count:
-            name = SCANNED if (start, size) == (0, 1) else GROUPS
             scan = nn.scan(ScannedGroup, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
                            split_rngs={"params": True, DROPOUT: True}, length=count,
                            in_axes=(0,) + (nn.broadcast,) * 9, metadata_params={nn.PARTITION_NAME: "layers"})
-            local = tuple(cfg.is_local(start + j) for j in range(size))
-            x, hidden = scan(cfg, start, size, local, self.cross_attention, self.decode, deterministic,
-                             name=name)(x, jnp.arange(count), bias, *inputs, cross_bias, cross_pos, cross_mask)
+            x, hidden = scan(cfg, start, size, self.cross_attention, self.decode, deterministic,
+                             name=scan_names((start, size))[0])(x, jnp.arange(count), bias, *inputs, cross_bias,
+                                                                  cross_pos, cross_mask)
             for output in hidden.reshape(count * size, *hidden.shape[2:]):
                 self.sow("intermediates", "hidden_states", output)
         return self.unscanned_layers(x, range(start + count * size, self.num_layers), bias, inputs, cross_bias,

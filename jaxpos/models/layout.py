@@ -18,6 +18,15 @@ GROUPS = "groups"  # the scan over groups of layers
 _UNSCANNED = re.compile(r"layer_(\d+)$")
 
 
+def scan_names(group: tuple[int, int]) -> tuple[str, list[str]]:
+    """(the scan's module name, its body's layer names) for `group` = (start, size) (`ModelConfig.scan_group`):
+    layers/layer for single layers from layer 0, the plain layout; otherwise groups/layer_{start+j}."""
+    start, size = group
+    if (start, size) == (0, 1):
+        return SCANNED, [LAYER]
+    return GROUPS, [f"layer_{start + j}" for j in range(size)]
+
+
 def to_unscanned(tree):
     """`tree` with every scanned stack ({"layers": {"layer": stacked}} or {"groups": {layer_k: stacked}}) split
     into layer_0 ... layer_{L-1}; the group size is the number of layers in a group."""
@@ -26,16 +35,13 @@ def to_unscanned(tree):
     out = {}
     for key, value in tree.items():
         if key == SCANNED and isinstance(value, dict) and set(value) == {LAYER}:
-            stacked = to_unscanned(value[LAYER])
-            count = jax.tree.leaves(stacked)[0].shape[0]
-            out.update({f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(count)})
-        elif key == GROUPS and isinstance(value, dict) and value and all(map(_UNSCANNED.match, value)):
-            group = value
-            for name, stacked in group.items():
+            key, value = GROUPS, {"layer_0": value[LAYER]}  # single layers from 0: groups of one
+        if key == GROUPS and isinstance(value, dict) and value and all(map(_UNSCANNED.match, value)):
+            for name, stacked in value.items():
                 first = int(_UNSCANNED.match(name).group(1))
                 stacked = to_unscanned(stacked)
                 count = jax.tree.leaves(stacked)[0].shape[0]
-                out.update({f"layer_{first + i * len(group)}": jax.tree.map(lambda x, i=i: x[i], stacked)
+                out.update({f"layer_{first + i * len(value)}": jax.tree.map(lambda x, i=i: x[i], stacked)
                             for i in range(count)})
         else:
             out[key] = to_unscanned(value)
@@ -56,17 +62,15 @@ def to_scanned(tree, group: tuple[int, int] = (0, 1)):
         raise ValueError(f"layers {[i for i, _ in layers]} are not 0 .. {len(layers) - 1}: no stack to scan")
     start, size = group
     count = max(0, (len(layers) - start) // size)
-    stacked = {i for i in range(start, start + count * size)}
+    stacked = range(start, start + count * size)
     out.update({key: to_scanned(tree[key], group) for i, key in layers if i not in stacked})
 
     def stack(depths):
         return jax.tree.map(lambda *xs: jnp.stack(xs), *(to_scanned(tree[f"layer_{i}"], group) for i in depths))
 
-    if (start, size) == (0, 1):
-        out[SCANNED] = {LAYER: stack(range(len(layers)))}
-    elif count:
-        out[GROUPS] = {f"layer_{start + j}": stack(range(start + j, start + count * size, size))
-                       for j in range(size)}
+    if count:
+        outer, inner = scan_names(group)
+        out[outer] = {name: stack(range(start + j, start + count * size, size)) for j, name in enumerate(inner)}
     return out
 
 
