@@ -168,7 +168,7 @@ def _attention_inputs(cfg: ModelConfig, params, states) -> jax.Array:
     inputs = []
     for layer in range(cfg.num_layers):
         x = jnp.asarray(states[layer])
-        if cfg.layer_norm == "pre" and (layer > 0 or cfg.first_layer_attention_norm):
+        if cfg.layer_norm == "pre" and cfg.has_attention_norm(layer):
             norm = layer_params(cfg, params, layer)["self_attention_norm"]
             x = layer_norm(cfg, "self_attention_norm").apply({"params": norm}, x)
         inputs.append(x)

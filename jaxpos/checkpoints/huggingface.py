@@ -331,7 +331,7 @@ def modernbert_layout(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...], str]
               ("embeddings.norm", ("encoder", "embed_norm"), "norm")]
     for i in range(cfg.num_layers):
         prefix, path = f"layers.{i}.", ("encoder", f"layer_{i}")
-        if i > 0:
+        if cfg.has_attention_norm(i):
             layout.append((prefix + "attn_norm", path + ("self_attention_norm",), "norm"))
         layout += [(prefix + "attn.Wqkv", path + ("self_attention",), "qkv"),
                    (prefix + "attn.Wo", path + ("self_attention", "out"), "heads_out"),

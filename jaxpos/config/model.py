@@ -344,6 +344,10 @@ class ModelConfig:
         are drawn from [0, N)), else max_length."""
         return self.position.randomized_max_length or self.max_length
 
+    def has_attention_norm(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) normalises its attention input (ModernBERT's first layer does not)."""
+        return self.first_layer_attention_norm or layer > 0
+
     def is_local(self, layer: int) -> bool:
         """Whether layer `layer` (0-based) of a stack attends within `local_window` (else to every key)."""
         return self.local_window is not None and layer % self.global_every != 0

@@ -251,7 +251,7 @@ class TransformerStack(nn.Module):
             if cfg.share_layers else None  # config checks keep local windows and a norm-less first layer from it
         for i in depths:
             layer = shared or layer_class(cfg, self.cross_attention, self.decode, deterministic,
-                                          local=cfg.is_local(i), attention_norm=cfg.first_layer_attention_norm or i > 0,
+                                          local=cfg.is_local(i), attention_norm=cfg.has_attention_norm(i),
                                           name=f"layer_{i}")
             x = layer(x, bias.for_layer(i), *inputs, cross_bias.for_layer(i) if cross_bias is not None else None,
                       cross_pos, cross_mask)
