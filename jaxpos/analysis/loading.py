@@ -1,4 +1,5 @@
-"""Models to analyse: a jaxpos masked-LM run's workdir, or a local Hugging Face BERT/ALBERT folder.
+"""Models to analyse: a jaxpos masked-LM run's workdir, or a local Hugging Face BERT, ALBERT, DeBERTa-v2/v3 or
+ModernBERT folder.
 
 Both give an `AnalyzedModel`: the typed config, the `BertEncoder` parameters on the CPU, and (where the folder has
 one) the vocabulary with a text -> ids function, so that every analysis sees one kind of object.
@@ -12,12 +13,11 @@ from typing import Callable
 
 import jax
 import numpy as np
-import sentencepiece as spm
 
 from jaxpos.checkpoints.huggingface import bert_encoder_params, bert_pooler_params, config_from_hf, load_hf_checkpoint
 from jaxpos.config import ModelConfig
+from jaxpos.data.hf_tokenizer import folder_tokenizer
 from jaxpos.data.tokenizer import CLS_ID, SEP_ID
-from jaxpos.data.wordpiece import WordPiece, lower_case_setting, read_vocab
 from jaxpos.run import Run
 
 
@@ -76,8 +76,8 @@ _OTHER_WEIGHTS = ("tf_model.h5", "flax_model.msgpack", "model.safetensors.index.
 
 def load_hf(path: str) -> AnalyzedModel:
     """A local Hugging Face BERT, ALBERT, DeBERTa-v2 or ModernBERT folder (config.json + model.safetensors or
-    pytorch_model.bin), with its vocabulary and tokenizer from vocab.txt (WordPiece) or spiece.model (SentencePiece)
-    when present."""
+    pytorch_model.bin), with its vocabulary and tokenizer from tokenizer.json, vocab.txt or spiece.model when present
+    (`jaxpos.data.hf_tokenizer`)."""
     if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in _WEIGHT_FILES):
         other = [f for f in _OTHER_WEIGHTS if os.path.exists(os.path.join(path, f))]
         if other:
@@ -96,22 +96,16 @@ def load_hf(path: str) -> AnalyzedModel:
     except KeyError as err:
         raise ValueError(f"{weights} does not fit {config_path}: {err.args[0]}") from err
 
-    vocabulary = tokenize = None
     info = dict(kind="huggingface", model_type=hf_config.get("model_type", "bert"), weights=weights)
-    lower = lower_case_setting(path, hf_config.get("model_type", "bert"))
-    if os.path.isfile(os.path.join(path, "vocab.txt")):
-        vocabulary = read_vocab(os.path.join(path, "vocab.txt"))
-        tokenize = WordPiece(vocabulary, lower)
-        info["vocabulary"] = os.path.join(path, "vocab.txt")
-    elif os.path.isfile(os.path.join(path, "spiece.model")):
-        processor = spm.SentencePieceProcessor(model_file=os.path.join(path, "spiece.model"))
-        vocabulary = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-        tokenize = (lambda text: processor.encode(text.lower())) if lower else processor.encode
-        info["vocabulary"] = os.path.join(path, "spiece.model")
-    if vocabulary is not None and len(vocabulary) != cfg.vocab_size:
-        raise ValueError(f"{info['vocabulary']} has {len(vocabulary)} entries but {config_path} says "
-                         f"vocab_size={cfg.vocab_size}")
-    special = {piece: i for i, piece in enumerate(vocabulary or []) if piece in ("[CLS]", "[SEP]")}
+    tokenizer = folder_tokenizer(path, hf_config.get("model_type", "bert"))
+    vocabulary = tokenize = cls_id = sep_id = None
+    if tokenizer is not None:
+        vocabulary, tokenize, cls_id, sep_id = tokenizer.vocabulary, tokenizer.encode, tokenizer.cls_id, \
+            tokenizer.sep_id
+        info["vocabulary"] = tokenizer.source
+        if tokenizer.vocab_size > cfg.vocab_size:  # a model may pad its embedding table beyond the vocabulary
+            raise ValueError(f"{tokenizer.source} has {tokenizer.vocab_size} entries but {config_path} says "
+                             f"vocab_size={cfg.vocab_size}")
     name = os.path.basename(os.path.normpath(os.path.abspath(path)))
-    return AnalyzedModel(name, path, _for_analysis(cfg), params, vocabulary, tokenize, special.get("[CLS]"),
-                         special.get("[SEP]"), info, bert_pooler_params(state))
+    return AnalyzedModel(name, path, _for_analysis(cfg), params, vocabulary, tokenize, cls_id, sep_id, info,
+                         bert_pooler_params(state))

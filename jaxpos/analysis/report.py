@@ -151,6 +151,9 @@ def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[
             report[name].pop("figure", None)
         report["seconds"][name] = round(time.perf_counter() - start, 3)
     bar.close()
+    if report["skipped"] and len(report["skipped"]) == len(names):  # nothing was read: an error, not a report
+        reasons = "; ".join(f"{name}: {why}" for name, why in report["skipped"].items())
+        raise ValueError(f"nothing to analyse in {model.source}: every diagnostic asked for was skipped ({reasons})")
     if ctx.arrays:
         np.savez_compressed(os.path.join(out_dir, "arrays.npz"), **ctx.arrays)
     report = jsonable(report)

@@ -288,6 +288,9 @@ def hf_state_dict(params: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
         for name, path, kind in layout:
             tensors.update(to_hf(_at(tree, path), prefix + name, kind))
             used.add(root + path)
+    head = MLM_HEAD_PREFIX[family]
+    if family != "modernbert" and not cfg.tie_embeddings:  # BERT's head bias is the decoder's bias, saved under both
+        tensors[head + "bias"] = tensors[head + "decoder.bias"]
     for leaf_path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
         keys = tuple(k.key for k in leaf_path)
         if not any(keys[:len(p)] == p for p in used):

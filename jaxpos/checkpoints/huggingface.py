@@ -101,7 +101,8 @@ _MODERNBERT_MAPPED = frozenset({
     "tie_word_embeddings", "embedding_dropout", "mlp_dropout", "attention_dropout"})
 _MODERNBERT_IRRELEVANT = frozenset({
     "initializer_cutoff_factor", "classifier_pooling", "deterministic_flash_attn", "sparse_prediction",
-    "sparse_pred_ignore_index", "cls_token_id", "reference_compile", "repad_logits_with_grad", "layer_norm_eps"})
+    "sparse_pred_ignore_index", "cls_token_id", "sep_token_id", "pad_token_id", "bos_token_id", "eos_token_id",
+    "mask_token_id", "unk_token_id", "reference_compile", "repad_logits_with_grad", "layer_norm_eps"})
 
 
 def _check_fields(hf: Mapping[str, Any], modernbert: bool = False) -> None:
@@ -345,17 +346,16 @@ def mlm_head_layout(cfg: ModelConfig, family: str) -> list[tuple[str, tuple[str,
     """(name under MLM_HEAD_PREFIX, path in the `BertForMaskedLM` parameters, kind) of the MLM head's weights.
     `decoder` exists only with tie_embeddings off (tie_word_embeddings=false). Family "deberta_lm_head": DeBERTa's
     head under DEBERTA_HEAD_PREFIX (legacy=false), tied to the input embeddings."""
-    if family == "modernbert":  # the decoder's bias is jaxpos's output bias (zeros where decoder_bias is off)
-        layout = [("head.dense", ("head_dense",), "linear"), ("head.norm", ("head_norm",), "norm"),
-                  ("decoder.bias", ("output_bias",), "output_bias")]
-        return layout + ([] if cfg.tie_embeddings else [("decoder", ("decoder",), "decoder")])
+    if family == "modernbert":  # a tied decoder's bias is jaxpos's output bias (zeros where decoder_bias is off)
+        layout = [("head.dense", ("head_dense",), "linear"), ("head.norm", ("head_norm",), "norm")]
+        return layout + ([("decoder.bias", ("output_bias",), "output_bias")] if cfg.tie_embeddings else
+                         [("decoder", ("decoder",), "decoder")])
     flat = family in ("albert", "deberta_lm_head")
     dense, norm = ("dense", "LayerNorm") if flat else ("transform.dense", "transform.LayerNorm")
-    layout = [(dense, ("head_dense",), "linear"), (norm, ("head_norm",), "norm"),
-              ("bias", ("output_bias",), "vector")]
-    if not cfg.tie_embeddings:
-        layout.append(("decoder", ("decoder",), "decoder"))
-    return layout
+    layout = [(dense, ("head_dense",), "linear"), (norm, ("head_norm",), "norm")]
+    # An untied decoder holds its bias (BERT's `bias` is the same tensor as decoder.bias)
+    return layout + ([("bias", ("output_bias",), "vector")] if cfg.tie_embeddings else
+                     [("decoder", ("decoder",), "decoder")])
 
 
 def _optional(get, key: str, *fallbacks: str, default=None):
@@ -507,9 +507,26 @@ def load_hf_checkpoint(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     if os.path.exists(safetensors_path):
         state = safetensors.numpy.load_file(safetensors_path)
     elif os.path.exists(torch_path):
-        import torch  # lazy: torch costs ~2.3 s at import; only pytorch_model.bin needs it
-        state = {k: _to_numpy(v) for k, v in torch.load(torch_path, map_location="cpu").items()}
+        state = {k: _to_numpy(v) for k, v in _load_torch_tensors(torch_path).items()}
     else:
         raise FileNotFoundError(f"{path!r} has neither model.safetensors nor pytorch_model.bin; "
                                 f"found: {sorted(os.listdir(path))}")
     return hf_config, {k: np.asarray(v, np.float32) for k, v in state.items()}
+
+
+def _load_torch_tensors(path: str) -> dict:
+    """The tensors of a `pytorch_model.bin`, unpickled with `weights_only=True` (as transformers loads them): a file
+    holding anything but tensors and plain containers (a callable that would run on load) is refused in one line."""
+    import pickle
+
+    import torch  # lazy: torch costs ~2.3 s at import; only pytorch_model.bin needs it
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = (str(error).splitlines() or [""])[0][:160]
+        raise ValueError(f"{path} holds more than tensors ({first}); jaxpos loads only tensors from a pickle, "
+                         "never code: convert the checkpoint to model.safetensors") from None
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict of tensors")
+    return state

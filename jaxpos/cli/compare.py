@@ -26,6 +26,18 @@ from jaxpos.cli.common import add_command
 from jaxpos.cli.reproduce import _command_line, _names, print_dry_run, run_named
 
 
+def length_factors(text: str | None) -> list[int]:
+    """--lengths as whole multiples of the training length ("1,2,4" -> [1, 2, 4]); anything else is a one-line
+    error that says what the flag takes."""
+    factors = []
+    for item in _names(text) or ():
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"--lengths {text}: give whole multiples of the training length, such as 1,2,4,8 (got "
+                             f"{item!r}; a row is scored at 1x, 2x, ... its training length)")
+        factors.append(int(item))
+    return factors
+
+
 def add_compare_parser(subparsers) -> None:
     """Registers the `compare` subcommand on an argparse subparsers object."""
     parser = add_command(
@@ -70,7 +82,7 @@ def _compare(args, overrides):
     if not args.config or not args.mechanisms:
         raise ValueError("jaxpos compare plans from --config FILE and --mechanisms a,b,...")
     plan = comp.new_plan(args.config, overrides, _names(",".join(args.mechanisms)), args.seeds, args.workers,
-                         [int(x) for x in _names(args.lengths) or ()], _names(args.finetune) or (), args.baseline,
+                         length_factors(args.lengths), _names(args.finetune) or (), args.baseline,
                          args.all_pairs, args.length_tokens)
     if args.dry_run:
         print_dry_run(plan, f"of {args.config}")

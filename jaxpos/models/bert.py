@@ -63,9 +63,11 @@ class BertForMaskedLM(nn.Module):
         self.encoder = BertEncoder(cfg, decode=self.decode, name="bert")
         self.head_dense = dense(cfg, cfg.embed_width, -1, ("embed", None), (None,), "head_dense", cfg.use_bias)
         self.head_norm = layer_norm(cfg, "head_norm")
-        self.output_bias = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                                      (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
-        if not cfg.tie_embeddings:
+        if cfg.tie_embeddings:  # the tied decoder's bias; an untied decoder has its own
+            self.output_bias = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                                       ("vocab",)),
+                                          (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
+        else:
             self.decoder = dense(cfg, cfg.vocab_size, -1, ("embed", "vocab"), ("vocab",), "decoder")
 
     def encode(self, input_ids, *, piece_ids=None, token_types=None, input_positions=None,

@@ -44,7 +44,7 @@ def tisa_local(table, trained):
 
 def tisa_parameters(table, trained):
     params = {m: by_seed(table, m, field("params.positional")) for m in ("tisa", "tisa_input", "absolute")}
-    ratios = [t / a for s, t in params["tisa"].items() if (a := params["absolute"].get(s)) and t is not None]
+    ratios = [t / a for s, t in params["tisa"].items() if counts(a := params["absolute"].get(s)) and a and counts(t)]
     parts = [comparison("word-order task dev accuracy, TISA + input positions − input positions alone",
                         by_seed(table, "tisa_input", accuracy), by_seed(table, "absolute", accuracy), 1,
                         ["tisa_input", "absolute"], task="order", bounds=SHARE_DIFFERENCE),
@@ -71,7 +71,7 @@ def tisa_inductive(table, trained):
     for m in losses:
         base = by_seed(table, m, loss_at(1))
         change[m] = {f"{f}x": describe({s: v - base[s] for s, v in by_seed(table, m, loss_at(f)).items()
-                                        if v is not None and base.get(s) is not None}) for f in longer}
+                                        if counts(v) and counts(base.get(s))}) for f in longer}
     cannot = sorted({m for m in losses for r in table[m] for e in r.get("lengths") or [] if "skipped" in e})
     return parts, dict(loss=losses, change=change, cannot_run=cannot)
 
@@ -199,8 +199,7 @@ def chen_swaps(table, trained):
 # --- Muppet ------------------------------------------------------------------------------------------------------
 
 def muppet_exact(table, trained):
-    errors = [v for runs in table.values() for v in (value_at(r, "last.decomposition.max_reconstruction_error")
-                                                      for r in runs) if v is not None]
+    errors = [value_at(r, "last.decomposition.max_reconstruction_error") for runs in table.values() for r in runs]
     parts = [bound(errors, lambda x: x <= EXACT_TOLERANCE, "largest |i + h + f + c − e|", f"<= {EXACT_TOLERANCE:g}")]
     return parts, dict(max_error=describe(errors))
 
@@ -233,8 +232,8 @@ def identifiability_effective(table, trained):
         corr = value_at(r, "final.effective_attention.correlation")
         if not lengths:
             return None
-        below = [c for n, c in zip(lengths, corr) if n <= r["head_dim"] and c is not None]
-        above = [c for n, c in zip(lengths, corr) if n > r["head_dim"] and c is not None]
+        below = [c for n, c in zip(lengths, corr) if n <= r["head_dim"] and counts(c)]
+        above = [c for n, c in zip(lengths, corr) if n > r["head_dim"] and counts(c)]
         return above[-1] - below[-1] if below and above else None
 
     diffs = by_seed(table, "absolute", change)

@@ -20,7 +20,7 @@ import statistics
 from typing import Callable, Mapping, Sequence
 
 from jaxpos.evaluation.metrics import wilson_interval
-from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE
+from jaxpos.reproduction.stats import CONTRADICTED, HOLDS, INCONCLUSIVE, counted
 
 VERDICTS = (HOLDS, CONTRADICTED, INCONCLUSIVE)
 ALPHA = 0.05  # family-wise error rate of the report's comparisons (Holm), and the level of the training check
@@ -57,8 +57,9 @@ def learned_task(score: dict) -> bool | None:
 
 
 def bound(values: Sequence[float | None], check: Callable[[float], bool], what: str, rule: str) -> dict:
-    """A bound part, decided here: every run satisfies `check` (`rule` says it in words, e.g. '<= D = 32')."""
-    xs = [v for v in values if v is not None]
+    """A bound part, decided here: every run satisfies `check` (`rule` says it in words, e.g. '<= D = 32'). Runs
+    whose value is None, NaN or infinite did not measure it and are left out (the NaN policy, `stats.counts`)."""
+    xs = counted(values)
     part = dict(kind="bound", what=f"{what} {rule}")
     if not xs:
         return dict(part, verdict=INCONCLUSIVE, reason=f"not measured: no run gives {what}")

@@ -165,12 +165,13 @@ def pretrain_group_logged(out: str, mechanism: str) -> str:
 
 def _logged(log: str, function, *args) -> str:
     """function(*args) with this process's output appended to LOG: "done", or "failed: why" with the traceback in
-    the log. A stage stopped by SIGTERM (checkpointed) ends this worker: the pool is being stopped."""
+    the log. A stage stopped by a signal (checkpointed) raises RunStopped: a pool worker then ends
+    (`pool._call_in_worker`), a command run in this process (`--run NAME`) says so and exits."""
     try:
         with _output_to(log):
             function(*args)
     except RunStopped:
-        os._exit(3)  # the pool is being stopped: this worker takes no further task
+        raise
     except Exception as error:  # noqa: BLE001 - recorded; the other runs go on
         with open(log, "a") as f:
             traceback.print_exc(file=f)

@@ -14,6 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from jaxpos.progress import status
 from jaxpos.reproduction import host
+from jaxpos.training.interrupt import RunStopped
 from jaxpos.reproduction.matrix import LOG_FILE, group_log, run_dir, unfinished_groups
 
 
@@ -50,10 +51,14 @@ def _start_worker(out: str, slots, barrier, gpu_count: int, pin: bool, xla_flags
 
 
 def _call_in_worker(function: str, out: str, name: str):
-    """pipeline.`function`(out, name) in a worker."""
+    """pipeline.`function`(out, name) in a worker. A stage stopped by SIGTERM (checkpointed) ends the worker: the
+    pool is being stopped."""
     from jaxpos.reproduction import pipeline  # imported in the worker, after its environment: jax reads it there
 
-    return getattr(pipeline, function)(out, name)
+    try:
+        return getattr(pipeline, function)(out, name)
+    except RunStopped:
+        os._exit(3)  # this worker takes no further task
 
 
 class Pool:
@@ -76,7 +81,7 @@ class Pool:
 
     def __enter__(self):
         def interrupted(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum}")
+            raise RunStopped(signum)  # the workers checkpoint on SIGTERM as the pool stops them (`__exit__`)
 
         self.previous = signal.signal(signal.SIGTERM, interrupted)
         return self

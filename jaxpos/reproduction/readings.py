@@ -8,7 +8,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from jaxpos.reproduction.matrix import RUN_MECHANISMS
-from jaxpos.reproduction.stats import counts
+from jaxpos.reproduction.stats import counted, counts
 
 
 def value_at(result: dict, path: str):
@@ -48,11 +48,11 @@ def pooled(table: dict, mechanisms: Sequence[str], value: Callable[[dict], float
 
 
 def mean_by_seed(values: Sequence[Mapping[int, float | None]]) -> dict[int, float]:
-    """Per seed, the mean of the given values ({seed: value} each, None left out)."""
+    """Per seed, the mean of the given values ({seed: value} each; None, NaN and inf left out: `stats.counts`)."""
     by_seed_values: dict[int, list[float]] = {}
     for one in values:
         for seed, v in one.items():
-            if v is not None:
+            if counts(v):
                 by_seed_values.setdefault(seed, []).append(v)
     return {seed: float(np.mean(v)) for seed, v in sorted(by_seed_values.items())}
 
@@ -60,7 +60,7 @@ def mean_by_seed(values: Sequence[Mapping[int, float | None]]) -> dict[int, floa
 def describe(values) -> dict:
     """{"mean", "sd" (ddof=1; None for one value), "n", "values"} of the finite values of a list or {seed: value}."""
     values = values.values() if isinstance(values, Mapping) else values
-    xs = [float(v) for v in values if counts(v)]
+    xs = counted(values)
     if not xs:
         return dict(mean=None, sd=None, n=0, values=[])
     return dict(mean=float(np.mean(xs)), sd=float(np.std(xs, ddof=1)) if len(xs) > 1 else None, n=len(xs),

@@ -195,7 +195,7 @@ def mechanism_style(mechanism: str) -> dict:
 def _learning_curves_figure(path: str, curve: dict, entropy: float | None) -> str:
     fig, ax = plt.subplots(figsize=(10.5, 4.5))
     for m in (m for m in RUN_MECHANISMS if m in curve and curve[m]["steps"]):
-        loss = [[v for v in seeds if v is not None] for seeds in curve[m]["loss"]]
+        loss = [S.counted(seeds) for seeds in curve[m]["loss"]]
         mean = np.array([np.mean(v) if v else np.nan for v in loss])
         sd = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in loss])
         line, = ax.plot(curve[m]["steps"], mean, marker=".", **mechanism_style(m))

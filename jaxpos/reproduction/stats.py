@@ -94,6 +94,11 @@ def counts(value) -> bool:
     return value is not None and bool(np.isfinite(value))
 
 
+def counted(values) -> list[float]:
+    """The values of a sequence that count under the NaN policy (`counts`), in order, as floats."""
+    return [float(v) for v in values if counts(v)]
+
+
 def _check_alternative(alternative: str):
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative={alternative!r}; choose from {ALTERNATIVES}")

@@ -1,19 +1,25 @@
 """Orbax checkpoints of the training state, the data iterator position and the model config, saved together.
 
 The latest checkpoint is restored automatically; a corrupt or partial one is reported and the previous one is
-used instead, so a crashed run loses at most the steps since its last good checkpoint. Directories are local
+used instead, so a crashed run loses at most the steps since its last good checkpoint. Whether a step that does
+not restore is corrupt is read off the disk: each finished step records its files and their sizes
+(`FILES_MANIFEST`), and a step whose files are no longer all there, at their sizes, is corrupt. Directories are local
 paths or URLs that etils.epath and orbax handle (`gs://bucket/run/checkpoints`); every process of a multi-host
 run passes the same directory, and a checkpoint restores onto any mesh and process count.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
+import gc
+import inspect
 import json
 import logging
 import os
+import sys
 import time
 
 import jax
@@ -39,10 +45,12 @@ TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.EAGAIN, errno.EBUSY, errno.EINTR,
                               errno.ENETUNREACH, errno.EHOSTUNREACH})
 TRANSIENT_WORDS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED:", "Input/output error", "Connection reset",
                    "timed out")
-# What a missing or partial file, metadata that does not parse, or a structure unlike the saved one reads as
-# (tensorstore's status codes, orbax's and the JSON reader's messages).
+# For steps saved before jaxpos recorded their files: what a missing or partial file, metadata that does not parse,
+# or a structure unlike the saved one reads as (tensorstore's status codes, orbax's and the JSON reader's messages).
 CORRUPT_WORDS = ("OUT_OF_RANGE", "DATA_LOSS", "NOT_FOUND", "not valid for value of size", "pytree structure error",
-                 "was not found in the checkpoint", "Unexpected end")
+                 "was not found in the checkpoint", "Unexpected end", "Truncated")
+# Each finished step's files {path relative to the step: size in bytes}, written once the save has finished.
+FILES_MANIFEST = "jaxpos_files.json"
 
 
 def error_chain(err: BaseException) -> list[BaseException]:
@@ -54,18 +62,55 @@ def error_chain(err: BaseException) -> list[BaseException]:
     return chain
 
 
-def read_failure(err: BaseException) -> str:
+def read_failure(err: BaseException, files: str | None = None) -> str:
     """"transient" (the storage failed to read: retry), "corrupt" (the step's files are missing, partial or do not
-    parse: set it aside) or "unknown" (stop and change nothing) for an error raised while restoring a step."""
+    parse: set it aside) or "unknown" (stop and change nothing) for an error raised while restoring a step.
+    `files`: what the disk says of the step's files (`step_files`): "missing: ..." makes it corrupt whatever the
+    error reads; "whole" leaves transient or unknown; None (a step saved without its list of files) falls back to
+    the error's words."""
+    if files is not None and files != "whole":
+        return "corrupt"
     chain = error_chain(err)
     for e in chain:
         if (isinstance(e, (TimeoutError, ConnectionError)) or
                 isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS or any(w in str(e) for w in TRANSIENT_WORDS)):
             return "transient"
+    if files == "whole":  # every file is there at its size: the storage, or something jaxpos cannot tell
+        return "unknown"
     for e in chain:
         if isinstance(e, (FileNotFoundError, json.JSONDecodeError)) or any(w in str(e) for w in CORRUPT_WORDS):
             return "corrupt"
     return "unknown"
+
+
+def listed_files(step_dir: epath.Path) -> dict[str, int]:
+    """{path relative to `step_dir`: size} of every file under a step's folder but the manifest itself."""
+    out = {}
+    for folder, _, names in step_dir.walk():  # a listing a folder (rglob would list a bucket's every object)
+        for name in names:
+            path = epath.Path(folder) / name
+            if path != step_dir / FILES_MANIFEST:
+                out[os.fspath(path.relative_to(step_dir))] = path.stat().length
+    return out
+
+
+def step_files(step_dir: epath.Path) -> str | None:
+    """What the disk says of a step's files against its manifest: "whole", a line naming the first file missing or
+    of another size than when saved, or None where the step has no manifest (saved by an older jaxpos)."""
+    manifest = step_dir / FILES_MANIFEST
+    try:
+        saved = json.loads(manifest.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return f"its list of files {manifest.name} does not read"
+    for name, size in sorted(saved.items()):
+        path = step_dir / name
+        if not path.exists():
+            return f"{name} is missing"
+        if path.stat().length != size:
+            return f"{name} is {path.stat().length} bytes, {size} when saved"
+    return "whole"
 
 
 def error_line(err: BaseException) -> str:
@@ -74,7 +119,7 @@ def error_line(err: BaseException) -> str:
     chain = error_chain(err)
     for e in chain:
         text = (str(e).splitlines() or [""])[0].strip("'\" ")
-        if text and "<bound method" not in text:
+        if text and "<bound method" not in text and "pybind11" not in text:
             return f"{type(e).__name__}: {text[:200]}"
     return type(chain[-1]).__name__
 
@@ -92,6 +137,37 @@ def _model_defaults() -> dict:
     return _flatten(json.loads(json.dumps(dataclasses.asdict(ModelConfig()))))
 
 
+def _orbax_noise(unraisable) -> bool:
+    """Whether an unraisable error is the echo of a failed orbax read: its coroutines collected unawaited, or
+    tensorstore answering the read after orbax closed its event loop ("Event loop is closed", dozens of tracebacks
+    for one unreadable step, some of them after the command has said what went wrong)."""
+    error = unraisable.exc_value
+    return inspect.iscoroutine(unraisable.object) or "coroutine" in repr(unraisable.object) or (
+        isinstance(error, RuntimeError) and str(error) == "Event loop is closed")
+
+
+@contextlib.contextmanager
+def quiet_orbax():
+    """A block whose failed checkpoint reads stay silent, then and for the rest of the process (`_orbax_noise`, and
+    asyncio's log of the futures they leave); other unraisable errors are reported as usual."""
+    if not getattr(sys.unraisablehook, "drops_orbax_noise", False):
+        previous = sys.unraisablehook
+
+        def hook(unraisable):
+            if not _orbax_noise(unraisable):
+                previous(unraisable)
+
+        hook.drops_orbax_noise = True
+        sys.unraisablehook = hook
+        # the reads orbax left running end in futures nobody awaits: asyncio logs each with its traceback
+        logging.getLogger("asyncio").addFilter(
+            lambda record: " exception was never retrieved" not in str(record.msg))
+    try:
+        yield
+    finally:
+        gc.collect()  # a failed read's coroutines go now
+
+
 def checkpoint_path(directory) -> epath.Path:
     """A local directory made absolute (as before); a URL (`gs://...`, `s3://...`) kept as it is."""
     text = os.fspath(directory)
@@ -99,11 +175,16 @@ def checkpoint_path(directory) -> epath.Path:
 
 
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True, read_only: bool = False):
-        """`read_only`: reads and restores only, leaving the directory exactly as it found it (analysis code; a
-        training run until every check passed: `writable` then makes the folder and clears unfinished saves)."""
+    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True, read_only: bool = False,
+                 set_aside: bool | None = None):
+        """`read_only`: reads and restores only, leaving the directory exactly as it found it (analysis, evaluation,
+        export; a training run until every check passed: `writable` then makes the folder and clears unfinished
+        saves). `set_aside`: a step known to be corrupt is moved to checkpoints_corrupt/ (default: not read_only;
+        a training run sets it while still read-only); otherwise it is skipped, said in one line, and left."""
         self.directory = checkpoint_path(directory)
         self.keep, self.async_save, self.read_only = keep, async_save, read_only
+        self.set_aside = not read_only if set_aside is None else set_aside
+        self.unrecorded: set[int] = set()  # steps this checkpointer saved whose files are not recorded yet
         self.manager = self._manager(read_only)
 
     def _manager(self, read_only: bool) -> ocp.CheckpointManager:
@@ -128,11 +209,14 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, step: int, state, data_state: dict, model_config: dict | None = None) -> None:
-        """Saves the state, the data position and (if given) the model config (a JSON-ready dict) as `step`."""
+        """Saves the state, the data position and (if given) the model config (a JSON-ready dict) as `step`; the
+        steps saved before it get their list of files (`record_files`), as orbax finishes them first anyway."""
+        self.wait()
         items = dict(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
         if model_config is not None:
             items["model"] = ocp.args.JsonSave(model_config)
         self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self.unrecorded.add(step)
 
     def saved_model_config(self) -> tuple[int, dict] | None:
         """(step, model config) of the newest checkpoint that saved one (older jaxpos did not), or None."""
@@ -167,7 +251,21 @@ class Checkpointer:
                              "resume with the checkpoint's model config or use a new workdir")
 
     def wait(self) -> None:
+        """Waits for the saves in progress, then records the files of every finished step (`record_files`)."""
         self.manager.wait_until_finished()
+        self.record_files()
+
+    def record_files(self) -> None:
+        """Writes FILES_MANIFEST into each finished step this checkpointer saved (process 0; steps found on disk are
+        never listed afterwards, when their files may already be damaged): what `step_files` compares the disk
+        with when a step does not restore."""
+        finished = self.unrecorded & set(self.steps())
+        self.unrecorded -= finished
+        if self.read_only or jax.process_index() != 0:
+            return
+        for step in sorted(finished):
+            step_dir = self.directory / str(step)
+            (step_dir / FILES_MANIFEST).write_text(json.dumps(listed_files(step_dir), indent=0, sort_keys=True))
 
     def restore_latest(self, abstract_state):
         """(step, state, data_state) of the newest checkpoint that restores, or None if there is none. A step
@@ -189,14 +287,17 @@ class Checkpointer:
 
     def restore_good(self, step: int, abstract_state):
         """(state, data_state) of `step`, read again after a transient error (RETRY_DELAYS_S); None when the step
-        is known to be corrupt, which is then moved aside with one warning line. Raises CheckpointError when the
-        step cannot be read for another reason (nothing moved), and ValueError when it holds another model's
-        state (`check_state`: left in place)."""
+        is known to be corrupt (`read_failure` with what the disk says of its files), which is then moved aside
+        (or, without `set_aside`, skipped and left in place) with one line. Raises CheckpointError when the step
+        cannot be read for another reason (nothing moved), and ValueError when it holds another model's state
+        (`check_state`: left in place)."""
         for delay in (*RETRY_DELAYS_S, None):
             try:
-                return self.restore(step, abstract_state)
+                with quiet_orbax():
+                    return self.restore(step, abstract_state)
             except Exception as err:  # noqa: BLE001 - classified below: retried, set aside or reported
-                kind = read_failure(err)
+                files = step_files(self.directory / str(step))
+                kind = read_failure(err, files)
                 if kind == "transient" and delay is not None:
                     log.info("reading checkpoint step %d failed (%s); trying again in %g s", step, error_line(err),
                              delay)
@@ -208,9 +309,16 @@ class Checkpointer:
                                           f"({error_line(err)}); nothing was moved or deleted: run the same command "
                                           "again once the storage reads") from err
                 self.check_state(abstract_state, step)  # whole, but not this run's: refused, and left in place
-                aside = self._move_aside(step)
-                status(f"WARNING: checkpoint step {step} in {self.directory} is corrupt or partial "
-                       f"({error_line(err)}); moved it to {aside} and falling back to the previous one")
+                why = files if files not in (None, "whole") else error_line(err)
+                older = [s for s in self.steps() if s < step]
+                then = f"trying step {older[-1]}" if older else "no older step is left"
+                if self.set_aside:
+                    aside = self._move_aside(step)
+                    status(f"WARNING: checkpoint step {step} in {self.directory} is corrupt or partial ({why}); "
+                           f"moved it to {aside}; {then}")
+                else:
+                    status(f"WARNING: checkpoint step {step} in {self.directory} is corrupt or partial ({why}); "
+                           f"skipped it and left it in place; {then}")
                 return None
 
     def restore(self, step: int, abstract_state):
@@ -260,13 +368,19 @@ class Checkpointer:
 
     def restore_latest_params(self, abstract_params):
         """(step, params) of the newest checkpoint whose parameters restore (`restore_params`), or None if there is
-        none. Unreadable checkpoints are skipped, not moved."""
-        for step in reversed(self.steps()):
+        none. A step that does not restore is skipped, one line each saying so, and never moved."""
+        steps = self.steps()
+        for index in range(len(steps) - 1, -1, -1):
+            step = steps[index]
             try:
-                return step, self.restore_params(step, abstract_params)
+                with quiet_orbax():
+                    return step, self.restore_params(step, abstract_params)
             except Exception as err:  # noqa: BLE001 - any failure means this checkpoint is unusable
-                log.warning("checkpoint step %d in %s does not restore (%s: %s); trying the previous one", step,
-                            self.directory, type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+                files = step_files(self.directory / str(step))
+                why = files if files not in (None, "whole") else error_line(err)
+                then = f"reading step {steps[index - 1]}" if index else "no older step is left"
+                status(f"WARNING: checkpoint step {step} in {self.directory} does not restore ({why}); skipped it "
+                       f"and left it in place; {then}")
         return None
 
     def _move_aside(self, step: int) -> epath.Path:
@@ -281,7 +395,7 @@ class Checkpointer:
         return aside
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        self.wait()
         self.manager.close()
 
 
@@ -347,18 +461,21 @@ def read_run_params(workdir: str, abstract_params, step: int | None = None):
         if step is None:
             restored = checkpointer.restore_latest_params(abstract_params)
             if restored is None:
-                raise ValueError(f"no checkpoint in {directory} restores (steps {checkpointer.steps()}) for the model "
-                                 f"in {os.path.join(workdir, 'config.json')}")
+                raise CheckpointError(f"no checkpoint in {directory} restores (steps {checkpointer.steps()}) for the "
+                                      f"model in {os.path.join(workdir, 'config.json')}; the folder was left as it is")
             return restored
         if step not in checkpointer.steps():
             raise ValueError(f"{directory} has no checkpoint of step {step} (it has "
                              f"{', '.join(map(str, checkpointer.steps()))})")
         try:
-            return step, checkpointer.restore_params(step, abstract_params)
+            with quiet_orbax():
+                return step, checkpointer.restore_params(step, abstract_params)
         except Exception as err:  # noqa: BLE001 - corrupt, partial, or saved for another model
-            first_line = (str(err).splitlines() or [""])[0][:200]
-            raise ValueError(f"checkpoint step {step} in {directory} does not restore for the model in "
-                             f"{os.path.join(workdir, 'config.json')} ({type(err).__name__}: {first_line})") from err
+            files = step_files(directory / str(step))
+            why = files if files not in (None, "whole") else error_line(err)
+            raise CheckpointError(f"checkpoint step {step} in {directory} does not restore for the model in "
+                                  f"{os.path.join(workdir, 'config.json')} ({why}); the folder was left as it "
+                                  "is") from err
     finally:
         checkpointer.close()
 

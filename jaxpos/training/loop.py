@@ -271,7 +271,8 @@ class Trainer:
         tcfg = self.train
         for run in self.seed_runs:
             self.checkpointers.append(Checkpointer(f"{run.workdir}/checkpoints", keep=tcfg.keep_checkpoints,
-                                                   async_save=tcfg.async_checkpoints, read_only=True))
+                                                   async_save=tcfg.async_checkpoints, read_only=True,
+                                                   set_aside=True))
         # A checkpoint of the other layer layout (model.scan_layers changed on resume) is converted as restored.
         self.scanned = self.task.model.cfg.scan_layers
         self.scan_group = self.task.model.cfg.scan_group  # what a scanned layout stacks (ModelConfig.scan_group)

@@ -65,7 +65,8 @@ def analyze_model(workdir: str | None = None, hf: str | None = None, out: str | 
     if model.tokenize is not None:
         sentences = corpus_sentences(model, analysis_texts(text), max_sentences)
     else:
-        status(f"{model.source} has no vocabulary file: the sentence-level diagnostics will be skipped")
+        status(f"{model.source} has no tokenizer (tokenizer.json, vocab.txt or spiece.model): the sentence-level "
+               "diagnostics will be skipped")
     status(f"jaxpos analyze: {model.name} ({model.cfg.position.kind}, L={model.cfg.num_layers}, "
            f"H={model.cfg.num_heads}, d={model.cfg.d_model}), {len(sentences)} sentences -> {out}")
     if checkpoints:

@@ -72,6 +72,35 @@ def test_checkpoint_folder_errors(tmp_path):
                             config_from_hf(HF_CONFIG))
 
 
+class _RunsOnLoad:
+    """An object whose unpickling calls a function: what a malicious pytorch_model.bin carries."""
+
+    def __reduce__(self):
+        return (_record_load, ("ran",))
+
+
+LOADS = []
+
+
+def _record_load(value):
+    LOADS.append(value)
+    return value
+
+
+def test_a_pickle_that_would_run_code_is_refused_in_one_line(tmp_path):
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig(**HF_CONFIG)).eval()
+    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    torch.save({**hf.state_dict(), "payload": _RunsOnLoad()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"holds more than tensors .*never code") as refused:
+        load_hf_checkpoint(str(tmp_path))
+    assert "\n" not in str(refused.value) and LOADS == []  # refused before anything ran
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")  # tensors alone load as before
+    _, state = load_hf_checkpoint(str(tmp_path))
+    np.testing.assert_array_equal(state["embeddings.word_embeddings.weight"],
+                                  hf.state_dict()["embeddings.word_embeddings.weight"].numpy())
+
+
 ALBERT_CONFIG = dict(vocab_size=97, embedding_size=16, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
                      intermediate_size=80, max_position_embeddings=40, attn_implementation="eager")
 

@@ -188,7 +188,10 @@ def test_a_modern_model_exports_to_modernbert_and_imports_back(overrides, tmp_pa
                       **{**block, **overrides})
     ids, attention = inputs()
     params = meta.unbox(BertForMaskedLM(cfg).init(jax.random.PRNGKey(0), jnp.asarray(ids))["params"])
-    params = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(1), x.shape), params)
+    leaves, treedef = jax.tree.flatten(params)  # each leaf its own noise: equal leaves would hide a swapped mapping
+    keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+    params = treedef.unflatten([x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    assert ("output_bias" in params) == cfg.tie_embeddings  # an untied decoder holds its own bias
     save_huggingface(str(tmp_path), cfg, params)
     hf = transformers.ModernBertForMaskedLM.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
     with torch.no_grad():
@@ -200,3 +203,50 @@ def test_a_modern_model_exports_to_modernbert_and_imports_back(overrides, tmp_pa
     back = config_from_hf(hf_config)
     assert back == cfg
     jax.tree.map(np.testing.assert_array_equal, bert_mlm_params(state, back), jax.tree.map(np.asarray, params))
+
+
+def test_jaxpos_own_modernbert_export_reads_back_in_jaxpos_and_in_transformers(tmp_path, glue_dir):
+    """A modern run exported to Hugging Face (model.safetensors, tokenizer.json, no vocab.txt): transformers'
+    fast tokenizer and jaxpos read the same ids from it, and analyze --hf and finetune --init take it."""
+    from jaxpos.cli import main
+    from jaxpos.config.defaults import mlm_config, modern_block
+    from jaxpos.data.hf_tokenizer import folder_tokenizer
+    from jaxpos.workflows.mlm import train_mlm
+    from tests.helpers import one_device_training
+    from tests.training.test_finetune import FT, SMALL, finetune_cli
+
+    config = mlm_config()
+    modern_block(config.model, d_model=32, num_layers=3, num_heads=4, mlp_dim=48, max_length=32, local_window=8)
+    config.data.update(seq_len=32, vocab_size=300, max_documents=20, tokenizer_max_sentences=2000)
+    config.train.update(num_steps=2, batch_size=8, log_every=1, eval_every=2, eval_batches=1, checkpoint_every=2)
+    with one_device_training():
+        train_mlm(config, str(tmp_path / "run"))
+    out = tmp_path / "hf"
+    assert main(["export", "--workdir", str(tmp_path / "run"), "--out", str(out), "--format", "huggingface"]) == 0
+    assert (out / "tokenizer.json").is_file() and not (out / "vocab.txt").exists()
+    text = "The quick brown fox jumps over the lazy dog, twice."
+    ours = folder_tokenizer(str(out), "modernbert")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert ours.encode(text) == theirs(text, add_special_tokens=False)["input_ids"] and ours.encode(text)
+    assert (ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id) == (2, 3, 0, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the standard special-token ids are known fields
+        config_from_hf(json.loads((out / "config.json").read_text()))
+    report_dir = tmp_path / "analysis"
+    assert main(["analyze", "--hf", str(out), "--out", str(report_dir), "--quick", "--max-sentences", "10",
+                 "--lengths", "8", "--only", "rank"]) == 0
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["sentences"]["count"] == 10 and "skipped" not in report["rank"]
+    finetuned = finetune_cli(["finetune", "--config", FT, "--init", str(out), "--workdir", str(tmp_path / "ft"),
+                              "--config.data.task=mrpc", f"--config.data.glue_dir={glue_dir}",
+                              "--config.train.num_steps=2", *SMALL])
+    assert finetuned["step"] == 2 and finetuned["init"]["kind"] == "huggingface"
+
+
+def test_analyze_refuses_a_folder_where_every_diagnostic_is_skipped(tmp_path):
+    from jaxpos.cli import main
+
+    folder = modernbert_folder(tmp_path / "modernbert", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"])
+    (folder / "vocab.txt").unlink()  # no tokenizer: nothing the chosen diagnostics could read
+    assert main(["analyze", "--hf", str(folder), "--out", str(tmp_path / "out"), "--quick", "--only",
+                 "rank,attribution"]) == 2

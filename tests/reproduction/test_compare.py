@@ -102,14 +102,18 @@ def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
     out = tmp_path / "cmp"
     env = dict(os.environ, JAXPOS_COMPILATION_CACHE=str(tmp_path / "cache"))
     proc = subprocess.Popen([sys.executable, "-m", "jaxpos.cli", *small(str(out))], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     first = out / "runs" / "none_s0" / "result.json"
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None and not first.exists():
         time.sleep(0.2)
     assert proc.poll() is None, "the command ended before it could be killed:\n" + proc.stdout.read()
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=120)
+    os.killpg(proc.pid, signal.SIGTERM)  # as a scheduler stops a job: the command's whole process group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    said = [line for line in err.splitlines() if line.startswith("jaxpos:")]
+    assert said == ["jaxpos: stopped by SIGTERM; what was saved before is kept; run the same command again to "
+                    "resume"], err
     kept = first.stat().st_mtime
     assert cli.main(small(str(out))) == 0  # the same command resumes
     assert first.stat().st_mtime == kept  # a finished run is not made again
@@ -129,3 +133,32 @@ def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
     report = (out / "COMPARISON.md").read_text()
     assert "| ALiBi |" in report and "runs/" not in report.split("## Held-out")[1]  # labelled by mechanism
     assert (out / "figures" / "learning_curves.png").stat().st_size > 1000
+
+
+def test_a_run_stopped_in_this_process_says_so_and_exits_with_the_signal(tmp_path, monkeypatch, capsys):
+    """`compare --run NAME` (an array task) trains in this process: Ctrl-C there is one line and 130, not a silent
+    exit."""
+    from jaxpos.reproduction import pipeline
+    from jaxpos.training.interrupt import RunStopped
+
+    out = tmp_path / "cmp"
+    assert cli.main([*small(str(out)), "--plan-only"]) == 0
+
+    def stopped(*args):
+        raise RunStopped(signal.SIGINT)
+
+    monkeypatch.setattr(pipeline, "pretrain_group", stopped)
+    monkeypatch.setattr(pipeline, "execute_run", stopped)
+    capsys.readouterr()
+    assert cli.main(["compare", "--out", str(out), "--run", "alibi"]) == 128 + signal.SIGINT
+    err = capsys.readouterr().err
+    assert err == "jaxpos: stopped by SIGINT; what was saved before is kept; run the same command again to resume\n"
+
+
+@pytest.mark.parametrize("lengths", ["0.5,2", "2,x", "0"])
+def test_lengths_that_are_not_whole_multiples_say_what_the_flag_takes(lengths, capsys):
+    assert cli.main(["compare", "--config", TINY_MLM_CONFIG, "--mechanisms", "alibi", "--lengths", lengths,
+                     "--out", "unused", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxpos: error: --lengths {lengths}: give whole multiples of the training length") and \
+        err.count("\n") == 1 and "invalid literal" not in err

@@ -1,6 +1,7 @@
 """The reproduction's paired tests against scipy, Holm against a brute-force Holm, the verdicts that must stay
 inconclusive, the degenerate and missing-value cases, and the minimum detectable difference against a simulation."""
 
+import math
 import itertools
 
 import numpy as np
@@ -259,3 +260,30 @@ def test_paired_difference_reports_the_minimum_detectable_difference_of_its_spre
     result = S.paired_difference(a, b, alternative="greater", alpha=0.1)
     assert result.mdd == pytest.approx(S.minimum_detectable_difference(result.sd, result.n, 0.1, "greater"))
     assert S.paired_difference(a, b).mdd > result.mdd  # two-sided at 0.05 needs a larger difference
+
+
+# --- the NaN policy, one rule wherever runs' numbers are read ---------------------------------------------------
+
+@pytest.mark.parametrize("values, verdict", [
+    ([1.0, float("nan")], "holds"),  # the NaN run did not measure it: the other one holds
+    ([1.0, float("inf")], "holds"),
+    ([1.0, None, float("-inf")], "holds"),
+    ([float("nan")], "inconclusive"),  # nothing measured
+    ([None, float("inf")], "inconclusive"),
+    ([9.0, float("nan")], "contradicted"),
+    ([1.0, 9.0, float("nan")], "inconclusive")])
+def test_a_bound_leaves_out_runs_that_did_not_measure_it(values, verdict):
+    from jaxpos.reproduction.judging import bound
+
+    part = bound(values, lambda x: x <= 4, "error", "<= 4")
+    assert part["verdict"] == verdict
+    if verdict == "inconclusive" and all(v is None or not math.isfinite(v) for v in values):
+        assert part["reason"].startswith("not measured")
+
+
+def test_a_nan_run_leaves_its_seed_in_a_pooled_mean():
+    from jaxpos.reproduction.readings import mean_by_seed
+
+    pooled = mean_by_seed([{0: 1.0, 1: 2.0}, {0: float("nan"), 1: 4.0}, {0: 3.0, 1: float("inf")}])
+    assert pooled == {0: 2.0, 1: 3.0}  # seed 0 keeps its two finite runs: (1 + 3) / 2; seed 1: (2 + 4) / 2
+    assert mean_by_seed([{0: float("nan")}]) == {}

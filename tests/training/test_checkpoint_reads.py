@@ -67,7 +67,9 @@ def test_a_truncated_step_is_set_aside_with_one_readable_line(tmp_path, capsys):
     assert resumed.resumed_from == 5 and listing(tmp_path)["checkpoints"] == ["10", "5"]  # step 10 saved anew
     assert len(listing(tmp_path)["checkpoints_corrupt"]) == 1
     warnings = [line for line in capsys.readouterr().out.splitlines() if "checkpoint step 10" in line]
-    assert len(warnings) == 1 and "OUT_OF_RANGE" in warnings[0] and "<bound method" not in warnings[0]
+    # the disk says why: the file cut short, named with both sizes
+    assert len(warnings) == 1 and os.path.basename(largest) in warnings[0] and "bytes, " in warnings[0]
+    assert "<bound method" not in warnings[0]
 
 
 def test_seeds_at_once_retry_a_transient_error_and_set_aside_a_corrupt_copy(tmp_path, monkeypatch):
@@ -101,3 +103,99 @@ def test_read_failures_are_classified_by_their_cause(error, kind):
     except Exception as outer:
         assert read_failure(outer) == kind
         assert checkpoint.error_line(outer).startswith(type(error).__name__)
+
+
+def delete_data_files(step_dir) -> None:
+    """Every array data file of a step's state gone (its parameters' included, wherever OCDBT put them)."""
+    for root, _, names in os.walk(step_dir / "state"):
+        if os.path.basename(root) == "d":
+            for name in names:
+                os.remove(os.path.join(root, name))
+
+
+def delete_largest_file(step_dir) -> str:
+    files = [os.path.join(root, name) for root, _, names in os.walk(step_dir / "state") for name in names]
+    largest = max(files, key=os.path.getsize)
+    os.remove(largest)
+    return largest
+
+
+def test_a_step_with_a_data_file_missing_is_set_aside_by_what_is_on_disk(tmp_path, capsys):
+    synthetic.run(str(tmp_path), 30, checkpoint_every=15)
+    assert os.path.isfile(tmp_path / "checkpoints" / "30" / checkpoint.FILES_MANIFEST)
+    removed = delete_largest_file(tmp_path / "checkpoints" / "30")
+    capsys.readouterr()
+    resumed = synthetic.run(str(tmp_path), 30, checkpoint_every=15)
+    assert resumed.resumed_from == 15 and len(listing(tmp_path)["checkpoints_corrupt"]) == 1
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "checkpoint step 30" in line]
+    assert len(warnings) == 1 and f"{os.path.relpath(removed, tmp_path / 'checkpoints' / '30')} is missing" in \
+        warnings[0] and "trying step 15" in warnings[0]
+
+
+def test_the_disk_decides_over_the_words_of_the_error(tmp_path):
+    synthetic.run(str(tmp_path), 10, checkpoint_every=5)
+    step_dir = checkpoint.checkpoint_path(tmp_path / "checkpoints") / "10"
+    assert checkpoint.step_files(step_dir) == "whole"
+    unexplained = RuntimeError("FAILED_PRECONDITION: something the words cannot tell")
+    assert read_failure(unexplained, checkpoint.step_files(step_dir)) == "unknown"  # every file there: not corrupt
+    assert read_failure(OSError(errno.EIO, "Input/output error"), "whole") == "transient"
+    delete_largest_file(tmp_path / "checkpoints" / "10")
+    assert checkpoint.step_files(step_dir).endswith("is missing")
+    assert read_failure(unexplained, checkpoint.step_files(step_dir)) == "corrupt"
+
+
+def test_a_read_only_checkpointer_skips_a_corrupt_step_and_changes_nothing(tmp_path, capsys):
+    from tests.helpers import folder_digest
+
+    synthetic.run(str(tmp_path), 30, checkpoint_every=15)
+    delete_largest_file(tmp_path / "checkpoints" / "30")
+    before = folder_digest(tmp_path)
+    trainer = synthetic_trainer(tmp_path)
+    try:
+        reader = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), read_only=True)
+        abstract = checkpoint.abstract_like(trainer.abstract_state, trainer.seed_state_shardings)
+        step, _, _ = reader.restore_latest(abstract)
+        reader.close()
+    finally:
+        trainer.close()
+    assert step == 15 and folder_digest(tmp_path) == before
+    lines = [line for line in capsys.readouterr().out.splitlines() if "checkpoint step 30" in line]
+    assert len(lines) == 1 and "skipped it and left it in place" in lines[0]
+
+
+def synthetic_trainer(workdir):
+    from jaxpos.config.run import run_config
+    from jaxpos.models import BertForMaskedLM
+    from jaxpos.training.loop import Trainer
+    from jaxpos.training.mlm import MaskedLMTask
+
+    run = run_config(synthetic.config(30, 15), task="mlm")
+    return Trainer(run.train, str(workdir), MaskedLMTask(BertForMaskedLM(run.model), synthetic.SEQ), log=False,
+                   mesh=synthetic.one_device())
+
+
+def test_export_and_evaluate_skip_a_step_that_does_not_restore_and_fail_in_one_line_when_none_does(tmp_path,
+                                                                                                  capsys):
+    from jaxpos.cli import main
+    from tests.helpers import folder_digest, one_device_training, train_tiny_mlm
+
+    workdir = train_tiny_mlm(str(tmp_path / "run"), checkpoint_every=1)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    delete_data_files(checkpoints / "2")
+    before = folder_digest(tmp_path / "run")
+    capsys.readouterr()
+    with one_device_training():
+        assert main(["export", "--workdir", workdir, "--out", str(tmp_path / "export")]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if "checkpoint step 2" in line][0].endswith(
+        "skipped it and left it in place; reading step 1")
+    delete_data_files(checkpoints / "1")
+    before = folder_digest(tmp_path / "run")
+    for command in (["export", "--workdir", workdir, "--out", str(tmp_path / "export2")],
+                    ["evaluate", "--workdir", workdir, "--lengths", "32"]):
+        with one_device_training():
+            assert main(command) == 1  # docs/training.md: a workdir where no checkpoint restores exits with 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("jaxpos: error: no checkpoint in "), err
+        assert "pybind11" not in err and "Exception ignored" not in err
+    assert folder_digest(tmp_path / "run") == before

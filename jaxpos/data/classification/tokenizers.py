@@ -1,5 +1,5 @@
-"""The tokenizers that fine-tuning encodes with: jaxpos's SentencePiece models and local Hugging Face BERT/ALBERT
-folders, each behind a `TokenizerAdapter`."""
+"""The tokenizers that fine-tuning encodes with: jaxpos's SentencePiece models and local Hugging Face folders
+(tokenizer.json, vocab.txt or spiece.model), each behind a `TokenizerAdapter`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import json
 import os
 from typing import Callable, Protocol
 
-import sentencepiece as spm
-
+from jaxpos.data.hf_tokenizer import require_folder_tokenizer
 from jaxpos.data.tokenizer import CLS_ID, MLM_SPECIAL_TOKENS, PAD_ID, SEP_ID, load_tokenizer
-from jaxpos.data.wordpiece import WordPiece, lower_case_setting, read_vocab
 
 
 class PairTokenizer(Protocol):
@@ -50,29 +48,16 @@ def jaxpos_tokenizer(tokenizer) -> TokenizerAdapter:
 
 
 def hf_tokenizer(folder: str) -> TokenizerAdapter:
-    """The tokenizer of a local Hugging Face BERT/ALBERT folder: WordPiece from vocab.txt (ids of [CLS], [SEP],
-    [PAD] from it), or ALBERT's spiece.model ([CLS], [SEP], <pad>); lower-casing as tokenizer_config.json says."""
+    """The tokenizer of a local Hugging Face folder (`jaxpos.data.hf_tokenizer`: tokenizer.json, vocab.txt or
+    spiece.model), which needs [CLS], [SEP] and [PAD] (or their RoBERTa names) to frame pairs."""
     model_type = "bert"
     if os.path.isfile(os.path.join(folder, "config.json")):
         with open(os.path.join(folder, "config.json")) as f:
             model_type = json.load(f).get("model_type", "bert")
-    lower = lower_case_setting(folder, model_type)
-    vocab_path, spiece_path = os.path.join(folder, "vocab.txt"), os.path.join(folder, "spiece.model")
-    if os.path.isfile(vocab_path):
-        vocabulary = read_vocab(vocab_path)
-        index = {piece: i for i, piece in enumerate(vocabulary)}
-        missing = [t for t in ("[CLS]", "[SEP]", "[PAD]") if t not in index]
-        if missing:
-            raise ValueError(f"{vocab_path} has no {', '.join(missing)}")
-        return TokenizerAdapter(WordPiece(vocabulary, lower), index["[CLS]"], index["[SEP]"], index["[PAD]"],
-                                len(vocabulary), vocab_path)
-    if os.path.isfile(spiece_path):
-        processor = spm.SentencePieceProcessor(model_file=spiece_path)
-        ids = {t: processor.piece_to_id(t) for t in ("[CLS]", "[SEP]", "<pad>")}
-        missing = [t for t, i in ids.items() if processor.id_to_piece(i) != t]  # unknown pieces map to <unk>
-        if missing:
-            raise ValueError(f"{spiece_path} has no {', '.join(missing)}")
-        encode = (lambda text: processor.encode(text.lower())) if lower else processor.encode
-        return TokenizerAdapter(encode, ids["[CLS]"], ids["[SEP]"], ids["<pad>"], processor.get_piece_size(),
-                                spiece_path)
-    raise FileNotFoundError(f"{folder} has no tokenizer: neither {vocab_path} nor {spiece_path}")
+    tokenizer = require_folder_tokenizer(folder, model_type)
+    missing = [role for role in ("cls", "sep", "pad") if getattr(tokenizer, f"{role}_id") is None]
+    if missing:
+        raise ValueError(f"{tokenizer.source} has no {', '.join(f'{role} token' for role in missing)} to frame the "
+                         "pairs of a fine-tuning task")
+    return TokenizerAdapter(tokenizer.encode, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
+                            tokenizer.vocab_size, tokenizer.source, tokenizer.encode_batch)
