@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def recipe(name: str, overrides: list[str]):
     """configs/mlm/tiny.py, or the reproduction's `full` profile model and recipe on the embedded corpus."""
     from jaxpos.config.files import apply_overrides, load_config
-    from jaxpos.config.validate import check_run_config
+    from jaxpos.training.validate import check_run_config
 
     config = load_config(os.path.join(ROOT, "configs", "mlm", "tiny.py"))
     if name == "full":

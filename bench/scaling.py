@@ -38,7 +38,7 @@ def run_config(size: str, batch: int, length: int, **model):
     (d_model x heads x layers, mlp 4d), at batch x length tokens with TISA (modern_base: its RoPE) and no dropout,
     the recipe's share of predicted tokens; `model`: further model fields."""
     from jaxpos.config.files import load_config
-    from jaxpos.config.validate import check_run_config
+    from jaxpos.training.validate import check_run_config
 
     config = load_config(os.path.join(ROOT, "configs", "mlm", f"{size if size in SHIPPED else 'bert_base'}.py"))
     if size not in SHIPPED:

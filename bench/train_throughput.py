@@ -408,14 +408,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
-    from jaxpos.config.model import ATTENTION_IMPLS, REMAT_POLICIES
+    from jaxpos.attention.registry import attention_impls
+    from jaxpos.config.model import REMAT_POLICIES
     from jaxpos.positions import MECHANISMS
     rows = requested_rows(args)
     if {kind for kind, *_ in rows} - set(MECHANISMS):
         parser.error(f"unknown mechanism in {sorted({r[0] for r in rows} - set(MECHANISMS))}")
-    unknown = {impl for _, impl, _, _ in rows} - set(ATTENTION_IMPLS)
+    unknown = {impl for _, impl, _, _ in rows} - set(attention_impls())
     if unknown:
-        parser.error(f"unknown attention_impl {sorted(unknown)}; choose from {', '.join(ATTENTION_IMPLS)}")
+        parser.error(f"unknown attention_impl {sorted(unknown)}; choose from {', '.join(attention_impls())}")
     layouts = {UNROLLED, *(SCANNED + policy for policy in REMAT_POLICIES)}
     if {layers for *_, layers in rows} - layouts:
         parser.error(f"unknown layer layout in {sorted({r[3] for r in rows} - layouts)}; choose from "

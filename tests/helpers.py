@@ -7,7 +7,8 @@ import hashlib
 import os
 from unittest import mock
 
-from jaxpos.config import MECHANISMS, model_config
+from jaxpos.config import model_config
+from jaxpos.positions import MECHANISMS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MLM_CONFIG = os.path.join(ROOT, "configs", "mlm", "tiny.py")
@@ -120,3 +121,35 @@ def fake_gcs(root):
             mock.patch.object(gcs_utils, "is_hierarchical_namespace_enabled", lambda path: False), \
             mock.patch.object(gcs_utils, "get_kvstore_for_gcs", lambda path: {"driver": "file", "path": local(path)}):
         yield
+
+
+def bias_terms(table=None, factors=None, dense=None, rel_keys=None, rel_values=None, segment_table=None,
+               rotary=None, rotary_keys=None, kv_projection=None, contextual=None, rel_embeddings=None,
+               rel_projections=None, rel_index=None, fold_factors=False, normalise_dense=False, content_scale=1.0,
+               piece_positions=None):
+    """A `PositionalBias` of the terms named by keyword (the tests' shorthand for building one by hand): each
+    keyword the array(s) of one term of jaxpos.attention.terms, in the order of the stack's own biases."""
+    from jaxpos.attention.bias import (Contextual, DenseBias, Disentangled, KeyProjection, LowRankFactors,
+                                       PositionalBias, Rotary, SegmentTable, ShawRelative, ToeplitzTable)
+
+    terms = []
+    if rotary is not None:
+        terms.append(Rotary(*rotary, *(rotary_keys if rotary_keys is not None else rotary)))
+    if kv_projection is not None:
+        terms.append(KeyProjection(kv_projection))
+    if rel_keys is not None or rel_values is not None:
+        terms.append(ShawRelative(rel_keys=rel_keys, rel_values=rel_values))
+    if rel_index is not None:
+        rel_q, rel_k = rel_projections or (None, None)
+        terms.append(Disentangled(rel_embeddings=rel_embeddings, rel_index=rel_index, rel_q=rel_q, rel_k=rel_k))
+    if contextual is not None:
+        terms.append(Contextual(contextual))
+    if table is not None:
+        terms.append(ToeplitzTable(table))
+    if factors is not None:
+        terms.append(LowRankFactors(*factors, fold=fold_factors, keyed=kv_projection is None))
+    if dense is not None:
+        terms.append(DenseBias(dense, normalise=normalise_dense))
+    if segment_table is not None:
+        terms.append(SegmentTable(segment_table))
+    return PositionalBias(terms=tuple(terms), piece_positions=piece_positions, content_scale=content_scale)

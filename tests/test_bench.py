@@ -10,9 +10,10 @@ import pytest
 
 from bench import attention_bias, local_attention
 from jaxpos.cli import build_parser
-from jaxpos.config.model import ATTENTION_IMPLS
+from jaxpos.attention.registry import attention_impls
 from jaxpos.positions import MECHANISMS
 from jaxpos.reproduction.matrix import PROFILES
+from tests.helpers import bias_terms
 from tests.test_launch import ROOT, dry_run
 from tests.xla_flags import quick_compile_flags
 
@@ -43,10 +44,10 @@ def test_gpu_runbook_names_what_exists_and_fits_ten_minutes(stage):
         elif "bench/train_throughput.py" in command:
             assert set(opts["--kinds"].split(",")) <= set(MECHANISMS)
             paths = opts["--paths"].split(",") if "--paths" in opts else opts["--impl"].split(",")
-            assert {path.partition("@")[0] for path in paths} <= set(ATTENTION_IMPLS)
+            assert {path.partition("@")[0] for path in paths} <= set(attention_impls())
             assert set(filter(None, opts["--peers"].split(","))) <= {"plain_jax", "huggingface"}
         elif "bench.profile_step" in command:
-            assert opts["--kind"] in MECHANISMS and opts["--impl"] in ATTENTION_IMPLS
+            assert opts["--kind"] in MECHANISMS and opts["--impl"] in attention_impls()
         elif "bench/decode_throughput.py" in command:
             assert set(opts["--kinds"].split(",")) <= set(MECHANISMS)
         elif command[1:4] == ["-m", "jaxpos.cli", "reproduce"]:
@@ -253,7 +254,7 @@ def test_flex_attention_peer_is_the_table_attention_of_jaxpos():
     q, k, v = (rng.normal(size=(2, 24, 3, 8)).astype(np.float32) for _ in range(3))
     table = rng.normal(size=(3, 47)).astype(np.float32) * 2
     pos = jnp.arange(24)
-    want, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos, mask=AttentionMask())
+    want, _ = attend(q, k, v, bias=bias_terms(table=table), q_pos=pos, k_pos=pos, mask=AttentionMask())
     heads_first = [torch.tensor(np.moveaxis(x, 1, 2)) for x in (q, k, v)]
     got = np.moveaxis(table_attention(*heads_first, torch.tensor(table)).numpy(), 1, 2)
     np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-5)

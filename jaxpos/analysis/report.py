@@ -345,7 +345,8 @@ def bias_logits(cfg, params, length: int) -> np.ndarray | None:
     bias = module.apply({"params": params["encoder"].get("position", {})}, positions, positions)
     out = []
     for layer in range(cfg.num_layers):
-        term = position_logits(bias.for_layer(layer), positions, positions)
+        term = position_logits(bias.for_layer(layer), positions, positions) if cfg.plan[layer].positions else \
+            np.zeros((1, length, length))  # a NoPE layer of the plan
         if term is None:
             return None
         out.append(np.broadcast_to(np.asarray(term, np.float64), (cfg.num_heads, length, length)))

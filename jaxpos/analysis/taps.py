@@ -4,20 +4,16 @@ value-output maps, and a layer's hidden states as a function of the input token 
 from __future__ import annotations
 
 import functools
-import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.attention.bias import at_pieces, over_attended_keys
-from jaxpos.attention.core import apply_rotary, pre_softmax_logits, project_keys
-from jaxpos.attention.mask import AttentionMask
+from jaxpos import positions
 from jaxpos.config import ModelConfig
 from jaxpos.models import BertEncoder
 from jaxpos.models.layers import layer_norm
-from jaxpos.positions.absolute import sinusoidal_table
 
 
 def attention_weights(intermediates, cfg: ModelConfig) -> jax.Array:
@@ -54,96 +50,61 @@ def run_encoder(cfg: ModelConfig, params, input_ids, piece_ids=None, token_types
     return _encoder_taps(cfg)(params, ids, piece_ids, None if token_types is None else jnp.asarray(token_types))
 
 
-_LOGIT_INPUTS = ("query", "key", "position", "segments")  # modules whose outputs the logits are formed from
-
-
-def _captures_logit_inputs(module: nn.Module, method_name: str) -> bool:
-    return method_name == "__call__" and module.name in _LOGIT_INPUTS
-
-
-def _layer_logits(cfg: ModelConfig, q, k, bias, positions, mask, types) -> jax.Array:
-    """Pre-softmax logits [B, H, T, S] of one layer from its projected q [B, T, H, D], k [B, T, H, D] and bias
-    slice: rotated and Linformer-projected as `MultiHeadAttention` does, then `pre_softmax_logits`; masked entries
-    are 0."""
-    pcfg = cfg.position
-    bias = at_pieces(bias)
-    if bias.rotary is not None and not pcfg.content_only:  # as the model: content-only logits carry no rotation
-        q, k = apply_rotary(q, *bias.rotary), apply_rotary(k, *bias.rotary)
-    if bias.kv_projection is not None:
-        k, mask = project_keys(bias.kv_projection, k, mask), None
-    logits = pre_softmax_logits(q, k, over_attended_keys(bias, mask), q_pos=positions, k_pos=positions,
-                                q_types=types, k_types=types, content=not pcfg.position_only,
-                                position=not pcfg.content_only, mask=mask)
-    return logits if mask is None else jnp.where(mask, logits, 0.0)
+def sown_logits(intermediates, cfg: ModelConfig) -> jax.Array:
+    """[L, B, H, T, S] pre-softmax logits the encoder's layers sowed (their own, masked entries 0; a shared layer
+    sows once per application)."""
+    encoder = intermediates["encoder"]
+    if cfg.share_layers:
+        return jnp.stack(encoder["layer_shared"]["self_attention"]["attention_logits"])
+    return jnp.stack([encoder[f"layer_{i}"]["self_attention"]["attention_logits"][0]
+                      for i in range(cfg.num_layers)])
 
 
 @functools.lru_cache(maxsize=32)
 def _logits_fn(cfg: ModelConfig):
-    """Jitted (params, ids, piece_ids, token_types) -> logits [L, B, H, T, S], from the model's own q, k and bias."""
+    """Jitted (params, ids, piece_ids, token_types) -> logits [L, B, H, T, S], as the model's layers computed
+    them."""
 
     def run(params, ids, piece_ids, token_types):
         _, state = BertEncoder(cfg).apply({"params": params}, ids, piece_ids=piece_ids, token_types=token_types,
-                                          capture_intermediates=_captures_logit_inputs, mutable=["intermediates"])
-        encoder = state["intermediates"]["encoder"]
-        bias = encoder["position"]["__call__"][0]
-        if "segments" in encoder:  # per-head segment attention, as the stack adds it
-            bias = bias.replace(segment_table=encoder["segments"]["__call__"][0])
-        types = jnp.zeros_like(ids) if token_types is None else token_types
-        positions = jnp.arange(ids.shape[1], dtype=jnp.int32)
-        mask = AttentionMask.within_pieces(piece_ids, causal=cfg.causal)
-        logits = []
-        for layer in range(cfg.num_layers):
-            window = cfg.local_window if cfg.is_local(layer) else None
-            layer_mask = mask.replace(window=window).dense(positions, positions)
-            attention = encoder["layer_shared" if cfg.share_layers else f"layer_{layer}"]["self_attention"]
-            call = layer if cfg.share_layers else 0  # a shared layer records one output per application
-            # DeBERTa's layers also project the relative embeddings [R, H, D] (3-d) beside the tokens (4-d)
-            (q, rel_q), (k, rel_k) = (_by_rank(attention[name]["__call__"], call) for name in ("query", "key"))
-            layer_bias = bias.for_layer(layer)
-            if layer_bias.rel_embeddings is not None:
-                layer_bias = layer_bias.replace(rel_embeddings=None, rel_projections=(rel_q, rel_k))
-            logits.append(_layer_logits(cfg, q, k, layer_bias, positions, layer_mask, types))
-        return jnp.stack(logits)
+                                          mutable=["intermediates"])
+        return sown_logits(state["intermediates"], cfg)
 
     return jax.jit(run)
 
 
-def _by_rank(outputs, call: int):
-    """(token projection [B, T, H, D], relative-embedding projection [R, H, D] or None) of application `call`
-    among a projection's captured outputs."""
-    relative = [x for x in outputs if x.ndim == 3]
-    return [x for x in outputs if x.ndim == 4][call], relative[call] if relative else None
-
-
 def attention_logits(cfg: ModelConfig, params, input_ids, piece_ids=None, token_types=None) -> jax.Array:
     """Pre-softmax self-attention logits [L, B, H, T, S] of a `BertEncoder` (S = T, or Linformer's k): content,
-    positional and segment terms, with each row's constant that softmax ignores; masked entries are 0.
-
-    q and k are the model's own projections (captured in its forward pass), the positional terms its own bias.
+    positional and segment terms, with each row's constant that softmax ignores; masked entries are 0. Each
+    layer's own (sown by its attention on the XLA path: `cfg.attention_impl` 'xla', as the analyses load models).
     """
     ids = jnp.asarray(input_ids)
     piece_ids = jnp.ones_like(ids) if piece_ids is None else jnp.asarray(piece_ids)
     return _logits_fn(cfg)(params, ids, piece_ids, None if token_types is None else jnp.asarray(token_types))
 
 
-def has_learned_input_positions(cfg: ModelConfig) -> bool:
-    """Does the model add a learned position table to its token embeddings (BERT; TISA with input positions)?"""
-    kind = cfg.position.kind
-    return kind == "absolute" or (kind == "tisa" and cfg.position.tisa.input_positions)
-
-
 def token_embedding_scale(cfg: ModelConfig) -> float:
-    """The factor `BertEncoder` multiplies token embeddings by: sqrt(d_model) with model.scale_embeddings, else 1."""
-    return math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+    """The factor `BertEncoder` multiplies token embeddings by (its mechanism's, or sqrt(d_model) with
+    model.scale_embeddings, else 1)."""
+    return positions.token_embedding_scale(cfg)[1]
 
 
 def input_position_embedding(cfg: ModelConfig, encoder_params, length: int) -> np.ndarray | None:
-    """What the mechanism adds to the token embeddings at the input ([T, E]: learned or sinusoidal), or None."""
-    if has_learned_input_positions(cfg):
-        return np.asarray(encoder_params["position"]["embedding"][:length])
-    if cfg.position.kind == "sinusoidal":
-        return np.asarray(sinusoidal_table(np.arange(length), cfg.embed_width))
-    return None
+    """What the mechanism adds to the token embeddings at the input ([T, E]: learned or sinusoidal), or None: its
+    module's own `embed`, with the run's parameters."""
+    module = positions.make_position(cfg, cfg.num_layers, cfg.causal)
+    variables = {"params": encoder_params["position"]} if "position" in encoder_params else {}
+    table = module.apply(variables, jnp.arange(length, dtype=jnp.int32), method=module.embed)
+    return None if table is None else np.asarray(table)
+
+
+def has_learned_input_positions(cfg: ModelConfig) -> bool:
+    """Does the model add a learned position table (its parameter `embedding`) to its token embeddings (BERT;
+    TISA with input positions)? Its module traced abstractly."""
+    module = positions.make_position(cfg, cfg.num_layers, cfg.causal)
+    params = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.arange(2), jnp.arange(2)))
+    embedded = jax.eval_shape(lambda p: module.apply(p, jnp.arange(2), method=module.embed), params)
+    return embedded is not None and "embedding" in params.get("params", {})
 
 
 def layer_params(cfg: ModelConfig, params, layer: int):
@@ -154,12 +115,20 @@ def layer_params(cfg: ModelConfig, params, layer: int):
 def value_path_problem(cfg: ModelConfig) -> str | None:
     """Why a head's output is not A (E W_V^h) W_O^h with E the tokens' states (None: it is). Effective attention
     and the additive decomposition rest on that form."""
-    pcfg = cfg.position
-    if pcfg.kind == "shaw" and pcfg.shaw.values:
+    terms = {t.kind: t for t in _layer_terms(cfg)}
+    shaw = terms.get("shaw")
+    if shaw is not None and shaw.rel_values is not None:
         return "Shaw relative value vectors (position.shaw.values) add a positional term to the values"
-    if pcfg.kind == "diet_abs" and pcfg.diet_abs.linformer_k:
+    if "kv_projection" in terms:
         return "Linformer (position.diet_abs.linformer_k) projects keys and values along the sequence"
     return None
+
+
+def _layer_terms(cfg: ModelConfig):
+    """The terms (abstract arrays) of the mechanism's bias of a whole stack."""
+    module = positions.make_position(cfg, cfg.num_layers, cfg.causal)
+    pos = jnp.arange(2, dtype=jnp.int32)
+    return jax.eval_shape(lambda: module.init_with_output(jax.random.PRNGKey(0), pos, pos)[0]).terms
 
 
 def _attention_inputs(cfg: ModelConfig, params, states) -> jax.Array:

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxpos.attention.bias import PositionalBias, at_pieces
-from jaxpos.attention.core import apply_rotary, attend, project_keys
+from jaxpos.attention.bias import LayerOps, PositionalBias, at_pieces
+from jaxpos.attention.core import attend
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.config import ModelConfig
 from jaxpos.config.rng import DROPOUT
@@ -29,8 +29,9 @@ def dense(cfg: ModelConfig, features, axis, kernel_axes, bias_axes, name: str, u
 class MultiHeadAttention(nn.Module):
     """Self- or cross-attention. With `decode`, self-attention keeps a key/value cache written at q_pos.
 
-    inputs_q [B, T, d], inputs_kv [B, S, d] -> [B, T, d]. Attention weights are sown as
-    intermediates/attention_weights (with the xla implementation) for analysis code to capture.
+    inputs_q [B, T, d], inputs_kv [B, S, d] -> [B, T, d]. On the xla implementation the attention weights are sown
+    as intermediates/attention_weights, and with the intermediates collection mutable (the analyses' taps) the
+    pre-softmax logits as intermediates/attention_logits (masked entries 0).
     """
 
     cfg: ModelConfig
@@ -53,39 +54,45 @@ class MultiHeadAttention(nn.Module):
         # named for model.remat="save_projections" (a no-op without it).
         q, k, v = (checkpoint_name(constrain(t, HEADS), name) for t, name in ((q, "query"), (k, "key"),
                                                                               (v, "value")))
-
-        if bias.rel_embeddings is not None:  # DeBERTa: this layer's own projections of the shared embeddings [R, d]
-            rel = nn.Dropout(cfg.dropout)(bias.rel_embeddings, deterministic=deterministic)  # as transformers
-            bias = bias.replace(rel_embeddings=None, rel_projections=(query(rel), key(rel)))  # [R, H, D] each
-
+        # Terms that act with this layer's own parameters (DeBERTa's projections of its relative embeddings)
+        hidden_dropout = nn.Dropout(cfg.dropout)
+        bias = bias.in_layer(LayerOps(query=query, key=key,
+                                      dropout=lambda x: hidden_dropout(x, deterministic=deterministic)))
         pcfg = cfg.position
-        bias = at_pieces(bias)  # packed rows: rotary tables, factors and dense terms at each token's piece position
-        if bias.rotary is not None and not pcfg.content_only:  # content-only logits q.k carry no position
-            q = apply_rotary(q, *bias.rotary)
-            # New self-attention keys sit at the query positions (also when decoding into a cache).
-            k = apply_rotary(k, *(bias.rotary if self.self_attention else bias.rotary_keys))
-
-        if self.decode and self.self_attention:
-            k, v = self._update_cache(k, v, q_pos)
-
-        if bias.kv_projection is not None:  # Linformer: padded keys are zeroed, then projected to k rows
-            dense_mask = None if mask is None else mask.dense(q_pos, k_pos)
-            k, v = (project_keys(bias.kv_projection, x, dense_mask) for x in (k, v))
-            mask = None
+        bias = at_pieces(bias)  # packed rows: each term read at its tokens' piece positions
+        q, k, v, mask = self._inputs_stage(bias, q, k, v, mask, q_pos, k_pos, pcfg.content_only)
 
         dropout_rng = None
         if not deterministic and cfg.attention_dropout > 0.0:  # runs refuse paths without it (check_training)
             dropout_rng = self.make_rng(DROPOUT)
-        out, weights = attend(
+        analysed = self.is_mutable_collection("intermediates")  # the analyses' taps: weights and logits
+        out, weights, logits = attend(
             q, k, v, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask, q_types=q_types, k_types=k_types,
             implementation=cfg.attention_impl, content=not pcfg.position_only, position=not pcfg.content_only,
-            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout)
+            dropout_rng=dropout_rng, dropout_rate=cfg.attention_dropout, with_logits=True)
         if weights is not None:
             self.sow("intermediates", "attention_weights", weights)
+        if analysed and logits is not None:
+            self.sow("intermediates", "attention_logits", logits)
         out = constrain(out, HEADS)
         return constrain(
             dense(cfg, cfg.d_model, (-2, -1), ("heads", "kv", "embed"), ("embed",), "out", cfg.use_bias)(out),
             HIDDEN)
+
+    def _inputs_stage(self, bias: PositionalBias, q, k, v, mask, q_pos, k_pos, content_only: bool):
+        """The terms of the inputs stage applied to q, k, v (RoPE's rotation before the cache, whose new keys sit
+        at the query positions; Linformer's projection, after which nothing is masked), and the cache."""
+        for term in bias.terms:
+            if term.stage == "inputs" and term.kind != "kv_projection":
+                q, k, v, mask = term.on_inputs(q, k, v, mask, q_pos=q_pos, k_pos=k_pos,
+                                               self_attention=self.self_attention, content_only=content_only)
+        if self.decode and self.self_attention:
+            k, v = self._update_cache(k, v, q_pos)
+        for term in bias.terms:
+            if term.stage == "inputs" and term.kind == "kv_projection":
+                q, k, v, mask = term.on_inputs(q, k, v, mask, q_pos=q_pos, k_pos=k_pos,
+                                               self_attention=self.self_attention, content_only=content_only)
+        return q, k, v, mask
 
     def _update_cache(self, k, v, q_pos):
         """First call (initialisation) sizes the cache from a full-length input; later calls write step q_pos."""

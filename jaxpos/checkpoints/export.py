@@ -183,12 +183,16 @@ _MODERNBERT_TOKENS = dict(pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_to
 def modernbert_config(cfg: ModelConfig) -> dict:
     """The config.json of the `transformers.ModernBertForMaskedLM` that computes what `cfg`'s BertForMaskedLM
     computes. Raises ValueError naming the field ModernBERT cannot express."""
-    pos, rope = cfg.position, cfg.position.rope
+    pos = cfg.position
+    _refuse([(pos.kind != "rope", f"model.position.kind={pos.kind!r} with model.mlp={cfg.mlp!r}: ModernBERT has "
+                                  "RoPE (BERT and ALBERT have no gated MLP)")])
+    rope = pos.options
+    windows = sorted({layer.window for layer in cfg.plan if layer.window is not None})
     _refuse([
         (cfg.num_decoder_layers, f"model.num_decoder_layers={cfg.num_decoder_layers}: an encoder-decoder"),
-        (pos.kind != "rope", f"model.position.kind={pos.kind!r} with model.mlp={cfg.mlp!r}: ModernBERT has RoPE "
-                             "(BERT and ALBERT have no gated MLP)"),
         (rope.scaling != "none" or rope.fraction != 1.0, "a RoPE length rule or p-RoPE in ModernBERT's config"),
+        (any(not layer.positions for layer in cfg.plan), "NoPE layers (ModernBERT rotates every layer)"),
+        (len(windows) > 1, f"local layers of several windows {windows} (ModernBERT has one local_attention)"),
         (pos.segment != "none", f"model.position.segment={pos.segment!r}: ModernBERT has no token types"),
         (pos.content_only or pos.position_only, "an analysis switch (content_only, position_only)"),
         (pos.randomized_max_length is not None, "randomized positions"),
@@ -209,7 +213,7 @@ def modernbert_config(cfg: ModelConfig) -> dict:
         num_attention_heads=cfg.num_heads, max_position_embeddings=cfg.max_length,
         hidden_activation="silu" if cfg.mlp == "swiglu" else act, classifier_activation=act,
         norm_eps=cfg.layer_norm_eps, norm_bias=cfg.norm_bias, attention_bias=cfg.use_bias, mlp_bias=cfg.use_bias,
-        classifier_bias=cfg.use_bias, decoder_bias=True, local_attention=cfg.local_window or 2 * cfg.max_length,
+        classifier_bias=cfg.use_bias, decoder_bias=True, local_attention=windows[0] if windows else 2 * cfg.max_length,
         global_attn_every_n_layers=cfg.global_every, layer_types=layer_types,
         rope_parameters={"full_attention": dict(rope_type="default", rope_theta=rope.base),
                          "sliding_attention": dict(rope_type="default", rope_theta=rope.local_base or rope.base)},

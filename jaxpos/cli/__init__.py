@@ -11,7 +11,7 @@ import sys
 
 import jaxpos
 from jaxpos.cli.analyze import add_analyze_parser
-from jaxpos.cli.common import DEBUG_HELP, Parser, add_command
+from jaxpos.cli.common import DEBUG_HELP, Parser, add_command, add_import_option
 from jaxpos.cli.export import add_export_parser
 from jaxpos.cli.finetune import add_finetune_parser
 from jaxpos.cli.compare import add_compare_parser
@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `jaxpos` argument parser with every subcommand; `--config.a.b=value` overrides pass through unparsed."""
     parser = Parser(prog="jaxpos", description=__doc__, epilog=ERRORS_EPILOG)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    add_import_option(parser)
     parser.add_argument("--version", action="version", version=f"jaxpos {jaxpos.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for register in (add_train_parser, add_tokenizer_parser, add_finetune_parser, add_analyze_parser,
@@ -147,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with stop_on_signals():
+            if args.imports:  # a researcher's mechanisms register before any config is read
+                from jaxpos.positions import import_mechanisms  # lazy: loads jax, which --help does not need
+
+                import_mechanisms(args.imports)
             args.run(args, overrides)
     except RunStopped as stopped:
         print(f"jaxpos: {stopped}", file=sys.stderr, flush=True)

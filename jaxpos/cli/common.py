@@ -7,6 +7,9 @@ import argparse
 import sys
 
 DEBUG_HELP = "show the traceback of every error, before or after the subcommand (or set JAXPOS_DEBUG=1)"
+IMPORT_HELP = ("import MODULE first (a dotted name on sys.path, the working folder first; repeatable): a positional "
+               "mechanism of your own registers as it loads (docs/extending.md); installed packages' mechanisms "
+               "register through the entry point group jaxpos.mechanisms without it")
 
 # What a training loop does when stopped and how its command ends: the epilog of `train` and `finetune`, stated by
 # jaxpos.training.interrupt, jaxpos.training.checkpoint and jaxpos.cli.main.
@@ -46,11 +49,19 @@ class ParagraphFormatter(argparse.HelpFormatter):
 
 
 def _debug_parent() -> argparse.ArgumentParser:
-    """A parent parser holding `--debug` for every subcommand, so that each one's help lists it. Its default is
-    suppressed: a subcommand without the flag keeps `jaxpos --debug`'s value rather than resetting it."""
+    """A parent parser holding `--debug` and `--import` for every subcommand, so that each one's help lists them.
+    Their defaults are suppressed: a subcommand without the flag keeps `jaxpos --debug`'s (`--import`'s) value
+    rather than resetting it."""
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    add_import_option(parent, default=argparse.SUPPRESS)
     return parent
+
+
+def add_import_option(parser: argparse.ArgumentParser, default=None) -> None:
+    """`--import MODULE` (repeatable) on `parser`, into args.imports."""
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=default,
+                        help=IMPORT_HELP)
 
 
 _DEBUG = _debug_parent()

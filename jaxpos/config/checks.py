@@ -20,11 +20,19 @@ def unknown_field(block: str, name: str, known: Iterable[str]) -> ValueError:
     return ValueError(f"unknown config field {prefix}{name}{hint}")
 
 
-def typed(cls, values, where: str):
+# {config class: {field: the block type of its items}} for fields that hold a tuple of blocks
+ITEM_TYPES: dict[type, dict[str, type]] = {}
+
+
+def typed(cls, values, where: str, saved: bool = False):
     """The config dataclass `cls` from a ConfigDict or dict (None: its defaults): the one conversion of a config
-    block to its typed form. Nested dataclass fields convert likewise; fields left out keep their defaults (older
+    block to its typed form. Nested dataclass fields convert likewise (a block with a `from_values` classmethod,
+    such as the position block's tagged union, converts itself); fields left out keep their defaults (older
     config.json files); a list becomes a tuple where the field's default is one; an unknown field is a one-line
-    ValueError naming the closest known ones. `where`: the block's dotted name ("model.position")."""
+    ValueError naming the closest known ones. `where`: the block's dotted name ("model.position"); `saved`: a
+    run's own saved config, read as leniently as its block allows."""
+    if hasattr(cls, "from_values") and not isinstance(values, cls):
+        return cls.from_values(values, where, saved=saved)
     if values is None:
         return cls()
     if isinstance(values, cls):
@@ -39,7 +47,10 @@ def typed(cls, values, where: str):
         if key not in fields:
             raise unknown_field(where, key, fields)
         if dataclasses.is_dataclass(hints[key]):
-            value = typed(hints[key], value, f"{where}.{key}" if where else key)
+            value = typed(hints[key], value, f"{where}.{key}" if where else key, saved)
+        elif key in ITEM_TYPES.get(cls, {}) and value is not None:  # a tuple of blocks (the plan of layers)
+            value = tuple(typed(ITEM_TYPES[cls][key], item, f"{where}.{key}[{i}]", saved)
+                          for i, item in enumerate(value))
         elif isinstance(fields[key].default, tuple) and isinstance(value, list):
             value = tuple(value)
         kwargs[key] = value

@@ -10,14 +10,29 @@ import ml_collections
 from jaxpos.config.data import default_data_config, default_finetune_data_config, default_translation_data_config
 from jaxpos.config.decode import DecodeConfig
 from jaxpos.config.model import ModelConfig
+from jaxpos.config.position import config_dict
 from jaxpos.config.run import MeshConfig, TrainConfig
 
 
 def model_block(**overrides) -> ml_collections.ConfigDict:
-    """`config.model`: every ModelConfig field (see jaxpos/config/model.py for each one's meaning)."""
-    block = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
+    """`config.model`: every ModelConfig field (see jaxpos/config/model.py for each one's meaning); the position
+    block holds its kind's options only (`--config.model.position.<kind>.<field>=...` makes another kind's block
+    when the kind changes)."""
+    block = ml_collections.ConfigDict(config_dict(ModelConfig()))
     block.update(overrides)
     return block
+
+
+def set_position(model: ml_collections.ConfigDict, kind: str, **options) -> ml_collections.ConfigDict:
+    """`model` (a `config.model`) with position.kind set to `kind` and the given options of it (the fields left out
+    keep their defaults); the blocks of other kinds are dropped. Returns `model`."""
+    position = model.position
+    for key in [k for k in position.keys() if isinstance(position[k], ml_collections.ConfigDict)]:
+        del position[key]
+    position.kind = kind
+    if options:
+        position[kind] = ml_collections.ConfigDict(options)
+    return model
 
 
 def modern_block(model: ml_collections.ConfigDict, **overrides) -> ml_collections.ConfigDict:
@@ -28,8 +43,8 @@ def modern_block(model: ml_collections.ConfigDict, **overrides) -> ml_collection
     model.update(layer_norm="pre", layer_norm_eps=1e-5, norm_bias=False, use_bias=False, mlp="geglu",
                  activation="gelu", first_layer_attention_norm=False, embed_layer_norm=True, local_window=128,
                  global_every=3, dropout=0.0, attention_dropout=0.0)
-    model.position.update(kind="rope", segment="none")
-    model.position.rope.update(base=160_000.0, local_base=10_000.0)
+    set_position(model, "rope", base=160_000.0, local_base=10_000.0)
+    model.position.segment = "none"
     model.update(overrides)
     return model
 

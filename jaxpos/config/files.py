@@ -12,6 +12,7 @@ import ml_collections
 from etils import epath
 
 from jaxpos.config.checks import unknown_field
+from jaxpos.config.position import catalog, config_dict
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:
@@ -47,28 +48,66 @@ def _parse(text: str, current):
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> ml_collections.ConfigDict:
-    """Applies `config.a.b=value` items (the leading `--` optional) in order; unknown fields are errors."""
-    for item in overrides:
-        key, sep, text = item.lstrip("-").partition("=")
-        if not sep or not key.startswith("config."):
-            raise ValueError(f"override {item!r} is not of the form --config.field=value")
-        *parents, leaf = key.split(".")[1:]
-        node = config
-        for depth, name in enumerate([*parents, leaf]):
-            block = ".".join(parents[:depth])
-            if not isinstance(node, ml_collections.ConfigDict):  # e.g. --config.model.dropout.x=1
-                raise ValueError(f"{item}: config field {block} is a value ({node!r}), not a block of fields")
-            if name not in node:
-                raise unknown_field(block, name, node.keys())
-            if depth < len(parents):
-                node = node[name]
+    """Applies `config.a.b=value` items (the leading `--` optional) in order; unknown fields are errors.
+
+    A position block is a tagged union (jaxpos/config/position.py): an override of its `kind` comes first and
+    drops the blocks of every other kind that the config file set (they are that kind's options, which the new
+    kind does not read), and `position.<kind>.<field>` of a registered kind makes the block from its defaults
+    where it is missing. Options of a kind other than the block's own are refused when the config is typed."""
+    items = [_split(item) for item in overrides]
+    for item, (parents, leaf, text) in sorted(enumerate(items), key=lambda e: not _is_kind(e[1])):
+        node = _node(config, parents, overrides[item], leaf)
         try:
             value = _parse(text, node[leaf])
         except ValueError as error:
-            raise ValueError(f"--{key}={text}: {error}") from None
+            raise ValueError(f"--config.{'.'.join([*parents, leaf])}={text}: {error}") from None
         with node.ignore_type():
             node[leaf] = value
+        if _is_kind((parents, leaf, text)) and _is_position_block(node):
+            for other in [k for k in node.keys() if k in _kinds() and k != value]:
+                del node[other]
     return config
+
+
+def _split(item: str) -> tuple[list[str], str, str]:
+    key, sep, text = item.lstrip("-").partition("=")
+    if not sep or not key.startswith("config."):
+        raise ValueError(f"override {item!r} is not of the form --config.field=value")
+    *parents, leaf = key.split(".")[1:]
+    return parents, leaf, text
+
+
+def _is_kind(split) -> bool:
+    parents, leaf, _ = split
+    return leaf == "kind" and bool(parents) and parents[-1] == "position"
+
+
+def _kinds() -> tuple[str, ...]:
+    return catalog().kinds()
+
+
+def _is_position_block(node) -> bool:
+    return isinstance(node, ml_collections.ConfigDict) and "kind" in node and "segment" in node
+
+
+def _node(config: ml_collections.ConfigDict, parents: list[str], item: str, leaf: str) -> ml_collections.ConfigDict:
+    """The block that holds `leaf`, following `parents` from `config`; a registered kind's options block is made
+    from its defaults where a position block lacks it."""
+    node = config
+    for depth, name in enumerate([*parents, leaf]):
+        block = ".".join(parents[:depth])
+        if not isinstance(node, ml_collections.ConfigDict):  # e.g. --config.model.dropout.x=1
+            raise ValueError(f"{item}: config field {block} is a value ({node!r}), not a block of fields")
+        if depth < len(parents) and _is_position_block(node) and name in _kinds():  # the block, complete
+            defaults = config_dict(catalog().options_class(name)())
+            with node.ignore_type():
+                node[name] = ml_collections.ConfigDict({**defaults, **(node[name].to_dict() if name in node and
+                                                                        node[name] is not None else {})})
+        if name not in node:
+            raise unknown_field(block, name, node.keys())
+        if depth < len(parents):
+            node = node[name]
+    return node
 
 
 def load_json_config(path: str) -> ml_collections.ConfigDict:

@@ -3,7 +3,7 @@
 
 ml_collections ConfigDicts stay the user's format: config files, `--config.a.b=value` overrides and the
 `config.json` a run writes. A workflow turns its ConfigDict into a RunConfig at its entry (`run_config`, through
-`jaxpos.config.validate.check_run_config`); below the workflows, code receives the typed block it needs. Values
+`jaxpos.training.validate.check_run_config`); below the workflows, code receives the typed block it needs. Values
 derived from the data (the vocabulary from the tokenizer, fine-tuning's steps from its epochs) are set with
 `dataclasses.replace` on a new RunConfig, never written back into the user's ConfigDict. `config.json` files of
 older runs load: fields they lack take the defaults here.
@@ -18,7 +18,8 @@ from typing import Any, Mapping
 
 from jaxpos.config.checks import check_count, check_number, typed
 from jaxpos.config.decode import DecodeConfig
-from jaxpos.config.model import ModelConfig, PositionConfig, model_config
+from jaxpos.config.model import ModelConfig, model_config
+from jaxpos.config.position import PositionConfig, config_dict
 
 TASKS = ("mlm", "translation", "finetune")
 # train.schedule after the linear warmup: linear decay to 0 | inverse_sqrt | constant | wsd (warmup-stable-decay:
@@ -288,7 +289,7 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         """The JSON-ready dict a run saves as config.json (read back by `run_config`)."""
-        out = json.loads(json.dumps(dataclasses.asdict(self)))
+        out = json.loads(json.dumps(config_dict({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})))
         if self.decode is None:
             del out["decode"]
         if self.init is None:
@@ -299,7 +300,7 @@ class RunConfig:
 def check_run(run: RunConfig) -> None:
     """The rules across blocks (each block checks its own fields): the task, packed rows and Linformer, lengths,
     the decoder, fine-tuning's epochs. What depends on this host (the attention implementation) is checked when a
-    run starts (`jaxpos.config.validate.check_run_config`), not when a saved config is read."""
+    run starts (`jaxpos.training.validate.check_run_config`), not when a saved config is read."""
     if run.task not in TASKS:
         raise ValueError(f"unknown task {run.task!r}; jaxpos runs are {', '.join(TASKS)} runs")
     if not isinstance(run.data, DATA_CONFIGS[run.task]):
@@ -326,17 +327,18 @@ def check_packing(position: PositionConfig, packed: bool) -> None:
 
     The model cannot tell packed rows from its inputs under jit (piece ids are traced), so the run refuses the
     combination from its config: masked-LM rows always pack, translation rows unless data.pack=False."""
-    if packed and position.kind == "diet_abs" and position.diet_abs.linformer_k:
+    if packed and position.kind == "diet_abs" and position.options.linformer_k:
         raise ValueError("Linformer (position.diet_abs.linformer_k) projects keys and values along the whole row, "
                          "so it mixes the sequences of packed rows; give it rows of one sequence each "
                          "(translation: data.pack=False; masked-LM rows always pack)")
 
 
-def run_config(config: Mapping[str, Any], *, task: str | None = None, model: ModelConfig | None = None
-               ) -> RunConfig:
-    """The RunConfig of a ConfigDict or dict (a config file's, or a saved config.json); `task` (default: the
-    config's own, "mlm" for runs that predate the field) must agree with it; `model`: the typed model where
-    config.model holds overrides only (fine-tuning: the pretrained model's config with them applied)."""
+def run_config(config: Mapping[str, Any], *, task: str | None = None, model: ModelConfig | None = None,
+               saved: bool = False) -> RunConfig:
+    """The RunConfig of a ConfigDict or dict (a config file's, or with `saved` a run's own config.json, read
+    leniently where older jaxpos saved more); `task` (default: the config's own, "mlm" for runs that predate the
+    field) must agree with it; `model`: the typed model where config.model holds overrides only (fine-tuning: the
+    pretrained model's config with them applied)."""
     config = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     own = config.get("task", "mlm")
     task = task or own
@@ -348,9 +350,9 @@ def run_config(config: Mapping[str, Any], *, task: str | None = None, model: Mod
         if "model" not in config:
             raise ValueError("the config has no model block")
         # A packed run hears of packing before the model's own rules (the position block alone, typed).
-        position = typed(PositionConfig, config["model"].get("position"), "model.position")
+        position = typed(PositionConfig, config["model"].get("position"), "model.position", saved)
         check_packing(position, task == "mlm" or (task == "translation" and config.get("data", {}).get("pack", True)))
-        model = model_config(config["model"])
+        model = model_config(config["model"], saved)
     decode = typed(DecodeConfig, config.get("decode"), "decode") if task == "translation" else None
     return RunConfig(task=task, model=model, data=typed(DATA_CONFIGS[task], config.get("data"), "data"),
                      train=typed(TrainConfig, config.get("train"), "train"),

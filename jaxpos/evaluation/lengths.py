@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 import jax
 import numpy as np
 
-from jaxpos.config.mechanisms import MECHANISMS
+from jaxpos.positions import mechanism
 from jaxpos.data.pipeline import contiguous_batches, contiguous_row_count, held_out_stream, masked_stream
 from jaxpos.data.tokenizer import Tokenizer
 from jaxpos.positions.base import LengthError
@@ -49,9 +49,9 @@ def cannot_run(run: Run, length: int) -> str | None:
     randomized = cfg.position.randomized_max_length
     if randomized and length > randomized:  # its positions are drawn from [0, N): no sample of more
         return f"randomized positions are drawn from [0, {randomized}) (position.randomized_max_length)"
-    if length <= cfg.position_range or MECHANISMS[kind].is_inductive(cfg.position):
+    if length <= cfg.position_range or mechanism(kind).is_inductive(cfg.position.options):
         return None
-    return f"no learned position past {cfg.position_range} ({MECHANISMS[kind].label} is not inductive)"
+    return f"no learned position past {cfg.position_range} ({mechanism(kind).label} is not inductive)"
 
 
 def length_batches(stream: np.ndarray, lengths: Sequence[int], tokenizer: Tokenizer, seed: int, mask_prob: float,

@@ -9,6 +9,7 @@ from jaxpos.attention.layer import dense
 from jaxpos.config import ModelConfig
 from jaxpos.models.embedding import embedding
 from jaxpos.models.layers import TransformerStack, activation, layer_norm
+from jaxpos.positions import token_embedding_scale
 
 
 class BertEncoder(nn.Module):
@@ -25,7 +26,8 @@ class BertEncoder(nn.Module):
 
     def setup(self):
         cfg = self.cfg
-        self.token_embed = embedding(cfg, cfg.vocab_size, ("vocab", "embed"), "token_embed")
+        std, self.token_scale = token_embedding_scale(cfg)  # the mechanism's (sinusoidal: its source's) or the model's
+        self.token_embed = embedding(cfg, cfg.vocab_size, ("vocab", "embed"), "token_embed", std=std)
         if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
             self.type_embed = embedding(cfg, cfg.type_vocab_size, (None, "embed"), "type_embed")
         self.stack = TransformerStack(cfg, cfg.num_layers, causal=cfg.causal, decode=self.decode, name="encoder")
@@ -34,8 +36,8 @@ class BertEncoder(nn.Module):
                  deterministic: bool = True):
         cfg = self.cfg
         x = self.token_embed(input_ids)
-        if cfg.scale_embeddings:
-            x = x * jnp.sqrt(cfg.d_model).astype(x.dtype)
+        if self.token_scale != 1.0:
+            x = x * jnp.asarray(self.token_scale, x.dtype)
         if cfg.position.segment == "input" and cfg.type_vocab_size > 0:
             types = token_types if token_types is not None else jnp.zeros_like(input_ids)
             x = x + self.type_embed(types)

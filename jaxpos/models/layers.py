@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxpos.attention.bias import PositionalBias, expand_toeplitz
+from jaxpos.attention.bias import PositionalBias, SegmentTable
 from jaxpos.attention.layer import MultiHeadAttention, dense
 from jaxpos.attention.mask import AttentionMask
-from jaxpos.config import ModelConfig
+from jaxpos.config import LayerPlan, ModelConfig
 from jaxpos.config.model import SAVED_NAMES
 from jaxpos.config.rng import DROPOUT, POSITIONS
 from jaxpos.models.layout import scan_names
@@ -63,15 +63,16 @@ class MlpBlock(nn.Module):
 class TransformerLayer(nn.Module):
     """Self-attention, optional cross-attention, MLP; each a residual sublayer, post-LN (BERT) or pre-LN.
     `deterministic` (no dropout) is an attribute, not an argument, so rematerialisation and scans see only
-    arrays in a call. A `local` layer's self-attention sees the keys within `model.local_window` of each query;
-    without `attention_norm` (pre-LN) its self-attention reads x itself (ModernBERT's first layer)."""
+    arrays in a call. Its entry of the plan of layers (`ModelConfig.plan`) says the rest: a layer with a `window`
+    attends to the keys within it; one without `positions` (NoPE) gets its bias without the mechanism's terms
+    (`layer_bias`); without `attention_norm` (pre-LN) its self-attention reads x itself (ModernBERT's first
+    layer)."""
 
     cfg: ModelConfig
     cross_attention: bool = False
     decode: bool = False
     deterministic: bool = True
-    local: bool = False
-    attention_norm: bool = True
+    plan: LayerPlan = LayerPlan()
 
     @nn.compact
     def __call__(self, x, bias, q_pos, k_pos, mask, types, encoded=None, cross_bias=None, cross_pos=None,
@@ -91,18 +92,55 @@ class TransformerLayer(nn.Module):
                 return norm(x + drop(fn(x), deterministic=deterministic))
             return x + drop(fn(norm(x)), deterministic=deterministic)
 
-        if self.local:  # a static window, so that the kernels can skip the blocks outside it
-            mask = mask.replace(window=cfg.local_window)
+        if self.plan.window is not None:  # a static window, so that the kernels can skip the blocks outside it
+            mask = mask.replace(window=self.plan.window)
         self_attention = MultiHeadAttention(cfg, self_attention=True, decode=self.decode, name="self_attention")
         x = sublayer(x, lambda h: self_attention(h, h, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask,
                                                  q_types=types, k_types=types,
                                                  deterministic=deterministic), "self_attention",
-                     normed=self.attention_norm)
+                     normed=self.plan.attention_norm)
         if self.cross_attention:
             cross = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
             x = sublayer(x, lambda h: cross(h, encoded, bias=cross_bias, q_pos=cross_pos[0], k_pos=cross_pos[1],
                                             mask=cross_mask, deterministic=deterministic), "cross_attention")
         return sublayer(x, lambda h: MlpBlock(cfg, name="mlp")(checkpoint_name(h, "mlp_input")), "mlp")
+
+
+def stack_bias(bias: PositionalBias, q_pos, k_pos, *, randomized: bool, input_positions=None) -> PositionalBias:
+    """The mechanism's bias as the stack's layers read it: at scattered positions read there once per pass
+    (randomized positions: a Toeplitz table becomes the matrix of the sampled positions), and in packed rows with
+    each piece's positions for the terms that read positions, not offsets (`Term.offset_invariant`)."""
+    if randomized:
+        bias = bias.at_positions(q_pos, k_pos)
+    if input_positions is not None and any(not t.offset_invariant for t in bias.terms):
+        bias = bias.replace(piece_positions=(input_positions, input_positions))  # packed rows: read per piece
+    return bias
+
+
+def attention_terms(cfg: ModelConfig) -> frozenset[str]:
+    """The kinds of attention terms the layers of a model receive (jaxpos.attention.terms), for the check of its
+    attention implementation: its mechanism's bias traced abstractly (no parameter is made), as each stack reads
+    it, with per-head segments; none where every layer is NoPE."""
+    stacks = [(cfg.num_layers, cfg.causal)]
+    if cfg.num_decoder_layers:  # the decoder (causal), and its cross-attention where positions enter it
+        stacks = [(cfg.num_layers, False), (cfg.num_decoder_layers, True)] + (
+            [(cfg.num_decoder_layers, False)] if cfg.cross_attention_position else [])
+    length = min(cfg.max_length, 8)
+    randomized = cfg.position.randomized_max_length
+
+    def bias_of(num_layers: int, causal: bool) -> PositionalBias:
+        pos = jnp.arange(length, dtype=jnp.int32)
+        module = make_position(cfg, num_layers, causal, min_span=randomized or 0)
+        bias, _ = module.init_with_output(jax.random.PRNGKey(0), pos, pos)
+        return stack_bias(bias, pos, pos, randomized=bool(randomized))
+
+    kinds = set()
+    if any(layer.positions for layer in cfg.plan) or cfg.num_decoder_layers:
+        for num_layers, causal in stacks:
+            kinds |= jax.eval_shape(lambda n=num_layers, c=causal: bias_of(n, c)).kinds
+    if cfg.position.segment == "per_head":
+        kinds.add("segment")
+    return frozenset(kinds)
 
 
 def remat_layer(policy: str, scanned: bool) -> type[nn.Module]:
@@ -116,11 +154,20 @@ def remat_layer(policy: str, scanned: bool) -> type[nn.Module]:
     return nn.remat(TransformerLayer, policy=saved, prevent_cse=not scanned)
 
 
+def layer_bias(bias: PositionalBias | None, depth, plan: LayerPlan) -> PositionalBias | None:
+    """Layer `depth`'s slice of the stack's bias (`depth` may be traced, inside a scan), without the mechanism's
+    terms where the plan makes the layer NoPE."""
+    if bias is None:
+        return None
+    bias = bias.for_layer(depth)
+    return bias if plan.positions else bias.without_positions()
+
+
 class ScannedGroup(nn.Module):
     """One step of the stack's scan: `size` consecutive layers, the first of them layer start + index * size
     (`index` a traced scalar), on the carried hidden states; each reads its slice of the stack's bias inside (the
-    bias, computed once per forward pass, enters the scan once, broadcast); which of the group's layers attend
-    locally is the same in every group (size = global_every). Returns (x, the group's outputs [size, B, T, d])."""
+    bias, computed once per forward pass, enters the scan once, broadcast); the group's plan (windows, positions)
+    is the same in every group (size: the plan's period). Returns (x, the group's outputs [size, B, T, d])."""
 
     cfg: ModelConfig
     start: int = 0
@@ -133,12 +180,12 @@ class ScannedGroup(nn.Module):
     def __call__(self, x, index, bias, q_pos, k_pos, mask, types, encoded, cross_bias, cross_pos, cross_mask):
         outputs = []
         for j, name in enumerate(scan_names((self.start, self.size))[1]):
-            local = self.cfg.is_local(self.start + j)  # the same in every group: groups of global_every layers
+            plan = self.cfg.plan[self.start + j]  # the same in every group: the plan's period
             layer = remat_layer(self.cfg.remat, scanned=True)(self.cfg, self.cross_attention, self.decode,
-                                                               self.deterministic, local=local, name=name)
+                                                               self.deterministic, plan=plan, name=name)
             depth = self.start + index * self.size + j
-            x = layer(x, bias.for_layer(depth), q_pos, k_pos, mask, types, encoded,
-                      cross_bias.for_layer(depth) if cross_bias is not None else None, cross_pos, cross_mask)
+            x = layer(x, layer_bias(bias, depth, plan), q_pos, k_pos, mask, types, encoded,
+                      layer_bias(cross_bias, depth, plan), cross_pos, cross_mask)
             x = constrain(x, HIDDEN)
             outputs.append(x)
         return x, jnp.stack(outputs)
@@ -158,7 +205,7 @@ class TransformerStack(nn.Module):
     different columns, so with model.cross_attention_position it takes positions within each pair on both sides
     (`input_positions` and `encoded_positions` [B, S_enc]). Linformer (DIET-Abs with linformer_k) projects keys
     along the whole row and so mixes the sequences of a packed row; traced piece ids cannot show whether a row
-    packs several, so runs refuse the combination from their config (`jaxpos.config.validate.check_packing`).
+    packs several, so runs refuse the combination from their config (`jaxpos.config.run.check_packing`).
     """
 
     cfg: ModelConfig
@@ -205,15 +252,12 @@ class TransformerStack(nn.Module):
         # The batch, not the fsdp-sharded embedding table, decides how the residual stream is split.
         x = constrain(x, HIDDEN)
 
-        bias = position(q_pos, k_pos)  # once per forward pass, for all layers
-        if randomized and bias.table is not None:  # scattered positions: the table read at them, once per pass
-            bias = bias.replace(dense=expand_toeplitz(bias.table, q_pos, k_pos), table=None)
-        if input_positions is not None and not self.decode and (bias.factors is not None or bias.dense is not None):
-            bias = bias.replace(piece_positions=(input_positions, input_positions))  # packed rows: read per piece
+        bias = stack_bias(position(q_pos, k_pos), q_pos, k_pos, randomized=bool(randomized),
+                          input_positions=None if self.decode else input_positions)  # once per pass, all layers
         if cfg.position.segment == "per_head":
             segments = SegmentAttention(self.num_layers, cfg.num_heads, cfg.position.num_segments, cfg.init_std,
                                         name="segments")
-            bias = bias.replace(segment_table=segments())
+            bias = bias.add(SegmentTable(segments()))
             if token_types is None:
                 token_types = jnp.zeros(x.shape[:2], jnp.int32)
         mask = AttentionMask.within_pieces(piece_ids, causal=self.causal)
@@ -250,11 +294,10 @@ class TransformerStack(nn.Module):
         shared = layer_class(cfg, self.cross_attention, self.decode, deterministic, name="layer_shared") \
             if cfg.share_layers else None  # config checks keep local windows and a norm-less first layer from it
         for i in depths:
-            layer = shared or layer_class(cfg, self.cross_attention, self.decode, deterministic,
-                                          local=cfg.is_local(i), attention_norm=cfg.has_attention_norm(i),
+            plan = cfg.plan[i] if i < len(cfg.plan) else LayerPlan()  # a decoder stack: plain layers
+            layer = shared or layer_class(cfg, self.cross_attention, self.decode, deterministic, plan=plan,
                                           name=f"layer_{i}")
-            x = layer(x, bias.for_layer(i), *inputs, cross_bias.for_layer(i) if cross_bias is not None else None,
-                      cross_pos, cross_mask)
+            x = layer(x, layer_bias(bias, i, plan), *inputs, layer_bias(cross_bias, i, plan), cross_pos, cross_mask)
             x = constrain(x, HIDDEN)
             self.sow("intermediates", "hidden_states", x)
         return x
@@ -264,9 +307,9 @@ class TransformerStack(nn.Module):
         leading "layers" axis (compile time flat in depth); a first layer without its attention norm runs before
         the scan, the layers after the last whole group after it.
 
-        Local and global layers differ in a static window (the kernels skip the blocks outside it), so the scan
-        steps over groups of global_every layers that repeat one static pattern, not over single layers with the
-        window as data."""
+        Layers differ in a static window (the kernels skip the blocks outside it) and in whether they read
+        positions, so the scan steps over groups of the plan's period that repeat one static pattern, not over
+        single layers with the window as data."""
         cfg = self.cfg
         start, size = cfg.scan_group
         count = (self.num_layers - start) // size

@@ -1,22 +1,26 @@
-"""Positional mechanisms: one family behind `model.position.kind`.
+"""Positional mechanisms: one family behind `model.position.kind`, a module each.
 
-Each mechanism is a few pure functions plus a thin Flax module owning its parameters for a whole stack; its record
-in the registry (`jaxpos.config.mechanisms.MECHANISMS`) names the module, and `make_position` builds it.
+A mechanism's module declares its options block (`jaxpos.config.position.MechanismOptions`) with their checks, its
+Flax module (a `PositionMechanism` returning its attention terms, computed once per forward pass for a whole
+stack) and its record (`jaxpos.positions.registry.Mechanism`), and registers it. Importing this package registers
+jaxpos's own; a researcher's module registers the same way, from its own package (docs/extending.md).
 """
 
 from __future__ import annotations
 
-import importlib
-
-from jaxpos.config import MECHANISMS, ModelConfig
+from jaxpos.config.model import ModelConfig
+from jaxpos.positions.registry import (ENTRY_POINTS, MECHANISMS, Mechanism, When, import_mechanisms, mechanism,
+                                       register, token_embedding_scale)
 from jaxpos.positions.base import LengthError, PositionMechanism
+# jaxpos's own mechanisms, in the order of the README's table (importing a module registers it)
+from jaxpos.positions import (bag_of_words, absolute, tisa, diet, t5, shaw, tupe, rope, alibi, attenuated,  # noqa: F401
+                              kerple, fire, cope, deberta)
 from jaxpos.positions.diet import SegmentAttention
 
 
 def mechanism_class(kind: str) -> type[PositionMechanism]:
-    """The module class that the registry names for `kind` ("package.module:Class"), imported on first use."""
-    module, _, name = MECHANISMS[kind].module.partition(":")
-    return getattr(importlib.import_module(module), name)
+    """The module class the registry holds for `kind`."""
+    return mechanism(kind).module
 
 
 def make_position(cfg: ModelConfig, num_layers: int, causal: bool, name: str = "position",
@@ -27,4 +31,6 @@ def make_position(cfg: ModelConfig, num_layers: int, causal: bool, name: str = "
                                               name=name)
 
 
-__all__ = ["MECHANISMS", "LengthError", "PositionMechanism", "SegmentAttention", "make_position", "mechanism_class"]
+__all__ = ["ENTRY_POINTS", "LengthError", "MECHANISMS", "Mechanism", "PositionMechanism", "SegmentAttention", "When",
+           "import_mechanisms", "make_position", "mechanism", "mechanism_class", "register",
+           "token_embedding_scale"]

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.positions.base import PositionMechanism, check_length, param
+from jaxpos.config.position import MechanismOptions
 from jaxpos.initializers import normal_init
+from jaxpos.positions.base import PositionMechanism, check_length, param
+from jaxpos.positions.registry import Mechanism, register
+
+SINUSOIDAL_SCALES = ("source", "none")
 
 
 def sinusoidal_table(positions: jax.Array, d_model: int, base: float = 10_000.0) -> jax.Array:
@@ -40,8 +47,40 @@ class AbsolutePosition(PositionMechanism):
         return lookup_learned("absolute", self.embedding, positions)
 
 
+@dataclasses.dataclass(frozen=True)
+class SinusoidalOptions(MechanismOptions):
+    # The scale of the token embeddings the table (amplitude 1) is added to. source: Vaswani et al.'s, token
+    # embeddings multiplied by sqrt(E) and drawn at std E^-1/2 (as fairseq), so each channel of a token has unit
+    # variance beside the table's 1/2; none: the tokens as every other mechanism draws them (std init_std, 0.02),
+    # which the table swamps (jaxpos before this option)
+    scale: str = "source"
+    saved_defaults: ClassVar = {"scale": "none"}  # runs saved before the option trained with the table alone
+
+    def check(self, model) -> None:
+        if self.scale not in SINUSOIDAL_SCALES:
+            raise ValueError(f"position.sinusoidal.scale={self.scale!r}; choose {' or '.join(SINUSOIDAL_SCALES)}")
+
+
+def sinusoidal_token_scale(cfg) -> tuple[float, float] | None:
+    """(std, multiplier) of the token embeddings beside the sinusoidal table: the source's (E^-1/2, sqrt(E)), or
+    None (the model's own) with scale='none'."""
+    if cfg.position.options.scale == "none":
+        return None
+    return cfg.embed_width ** -0.5, cfg.embed_width ** 0.5
+
+
 class SinusoidalPosition(PositionMechanism):
     """Fixed sinusoidal embeddings at the input (inductive: any length)."""
 
     def embed(self, positions):
         return sinusoidal_table(positions, self.cfg.embed_width)
+
+
+ABSOLUTE = register(Mechanism(
+    "absolute", AbsolutePosition, "absolute, learned (BERT)", "learned input embeddings (BERT)", inductive=False,
+    learned=True, input_only=True, reference="Devlin et al., 2019"))
+SINUSOIDAL = register(Mechanism(
+    "sinusoidal", SinusoidalPosition, "absolute, sinusoidal", "fixed input embeddings (Vaswani)", inductive=True,
+    learned=False, input_only=True, options=SinusoidalOptions, token_scale=sinusoidal_token_scale,
+    options_text="`sinusoidal.scale`: `source` (token embeddings × √E, drawn at std E^−½, as Vaswani et al.), "
+                 "`none` (tokens as drawn at `model.init_std`)", reference="Vaswani et al., 2017"))

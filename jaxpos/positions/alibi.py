@@ -7,8 +7,9 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.attention.bias import PositionalBias, offsets
+from jaxpos.attention.bias import PositionalBias, ToeplitzTable, offsets
 from jaxpos.positions.base import PositionMechanism
+from jaxpos.positions.registry import Mechanism, register
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -31,4 +32,8 @@ class AlibiPosition(PositionMechanism):
     def __call__(self, q_pos, k_pos):
         slopes = jnp.asarray(alibi_slopes(self.cfg.num_heads))
         distance = jnp.abs(offsets(self.span(q_pos, k_pos))).astype(jnp.float32)
-        return PositionalBias(table=(-slopes[:, None] * distance[None, :])[None])
+        return PositionalBias.of(ToeplitzTable((-slopes[:, None] * distance[None, :])[None]))
+
+
+MECHANISM = register(Mechanism("alibi", AlibiPosition, "ALiBi", "−m_h|j − i|", inductive=True, learned=False,
+                               reference="Press et al., 2022"))

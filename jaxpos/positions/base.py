@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.attention.bias import PositionalBias
-from jaxpos.config import ModelConfig
-from jaxpos.config.mechanisms import inductive_summary
+from jaxpos.config.model import ModelConfig
+from jaxpos.config.position import SHARING_MODES
+from jaxpos.positions.registry import inductive_summary
 
 
 class LengthError(ValueError):
@@ -27,7 +28,7 @@ def check_length(kind: str, length: int, max_length: int, hint: str = "") -> Non
 
 
 def sharing_shape(sharing: str, num_layers: int, num_heads: int) -> tuple[int, int]:
-    """Leading (layers, heads) sizes of a parameter under a sharing mode (config.model.SHARING_MODES).
+    """Leading (layers, heads) sizes of a parameter under a sharing mode (config.position.SHARING_MODES).
 
     none: a set per head and layer; head: one set per layer, shared by that layer's heads; layer: one set per
     head, shared by all layers of the stack.
@@ -39,6 +40,12 @@ def sharing_shape(sharing: str, num_layers: int, num_heads: int) -> tuple[int, i
     if sharing == "layer":
         return 1, num_heads
     raise ValueError(f"unknown sharing mode {sharing!r}; choose none, head or layer")
+
+
+def check_sharing(name: str, sharing: str) -> None:
+    """Raises a one-line ValueError unless `sharing` (the option `position.NAME.sharing`) is a sharing mode."""
+    if sharing not in SHARING_MODES:
+        raise ValueError(f"position.{name}.sharing={sharing!r}; choose one of {SHARING_MODES}")
 
 
 def sharing_axes(layers: int, heads: int) -> tuple[str | None, str | None]:
@@ -69,7 +76,8 @@ class PositionMechanism(nn.Module):
     """Base of every mechanism: owns its parameters for a whole stack of `num_layers` layers.
 
     `embed(positions)` returns what is added to the token embeddings at the input ([T, d] or None);
-    `__call__(q_pos, k_pos)` returns the stacked compact bias for all layers, computed once per forward pass.
+    `__call__(q_pos, k_pos)` returns the stacked compact bias for all layers (its terms, jaxpos.attention.terms),
+    computed once per forward pass.
     """
 
     cfg: ModelConfig
@@ -83,6 +91,11 @@ class PositionMechanism(nn.Module):
     def pcfg(self):
         """The position block of the model config."""
         return self.cfg.position
+
+    @property
+    def options(self):
+        """The mechanism's own options block (`model.position.<kind>`)."""
+        return self.cfg.position.options
 
     def embed(self, positions: jax.Array) -> jax.Array | None:
         """Input position embeddings at `positions` [T] (or [B, T]) -> [T, d] (or [B, T, d]); None: nothing added."""

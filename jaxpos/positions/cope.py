@@ -14,10 +14,40 @@ rightwards, Σ_{t=i..j} g_it, and reads them from a second table, so the two sid
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 
-from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention.bias import Contextual, PositionalBias
+from jaxpos.config.checks import check_count
+from jaxpos.config.position import MechanismOptions
 from jaxpos.positions.base import PositionMechanism, param
+from jaxpos.positions.registry import Mechanism, register
+
+
+@dataclasses.dataclass(frozen=True)
+class CopeOptions(MechanismOptions):
+    # npos_max: contextual positions are counts clamped to max_position - 1, each with a learned embedding per
+    # direction; 0: model.max_length + 1 (the authors' default, block size + 1: a count can reach the length)
+    max_position: int = 0
+    # True: (q.k + q.e[p]) / sqrt(D), the authors' model by default; False: q.k / sqrt(D) + q.e[p], the paper's
+    # listing (the authors' --cope-nodiv)
+    divide: bool = True
+
+    def positions(self, max_length: int) -> int:
+        """npos_max for a model of `max_length` tokens."""
+        return self.max_position or max_length + 1
+
+    def check(self, model) -> None:
+        check_count("position.cope.max_position", self.max_position, 0)
+        if self.max_position == 1:
+            raise ValueError("position.cope.max_position=1 must be 0 (model.max_length + 1) or at least 2: with one "
+                             "position every count reads the same embedding")
+        if not isinstance(self.divide, bool):
+            raise ValueError(f"position.cope.divide={self.divide!r} must be true or false")
+        if model.cross_attention_position and model.num_decoder_layers:
+            raise ValueError("cope counts the keys between a query and a key of its own sequence; cross-attention "
+                             "has no such order: set model.cross_attention_position=False")
 
 
 class CopePosition(PositionMechanism):
@@ -34,4 +64,17 @@ class CopePosition(PositionMechanism):
         layers, head_dim, _ = self.embedding.shape
         table = self.embedding.reshape(layers, head_dim, self.directions, self.npos).transpose(0, 2, 1, 3)
         # (q·k + q·e)/√D is q·k/√D + q·(e/√D): the division folds into the table.
-        return PositionalBias(contextual=table * head_dim**-0.5 if self.pcfg.cope.divide else table)
+        return PositionalBias.of(Contextual(table * head_dim**-0.5 if self.pcfg.cope.divide else table))
+
+
+# Positions are counts clamped at max_position - 1: any length runs, with the far counts sharing the last one.
+MECHANISM = register(Mechanism(
+    "cope", CopePosition, "CoPE",
+    "q_i·e[p_ij], p_ij = Σ_t σ(q_i·k_t/√D) over keys t from j to i (an encoder's: per direction)", inductive=True,
+    learned=True, options=CopeOptions,
+    options_text="`cope.max_position` (npos_max, counts clamp at it − 1; 0: `model.max_length` + 1), `cope.divide` "
+                 "((q·k + q·e)/√D, the authors' code; false: q·k/√D + q·e, the paper's listing); XLA path only",
+    reference="Golovneva et al., 2024",
+    no_position_only_term="CoPE's positions are counts of gates σ(q.k/√D), so its term depends on the query's and "
+                          "the keys' content",
+    no_randomized_positions="CoPE counts its positions from gates on the content, not from the tokens' positions"))

@@ -10,13 +10,42 @@ trained with that code, so jaxpos follows transformers. No absolute positions en
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention.bias import Disentangled, PositionalBias
+from jaxpos.config.checks import check_count
+from jaxpos.config.position import MechanismOptions
 from jaxpos.initializers import normal_init
 from jaxpos.positions.base import PositionMechanism, param
+from jaxpos.positions.registry import Mechanism, register
+
+
+@dataclasses.dataclass(frozen=True)
+class DebertaOptions(MechanismOptions):
+    # DeBERTa-v3-base's values. position_buckets: log-bucketed offsets (transformers' make_log_bucket_position),
+    # 2 * position_buckets table rows; 0: offsets clamped to +-max_relative_positions, 2 * max_relative_positions
+    # rows (transformers: position_buckets <= 0; its max_relative_positions < 1 means max_position_embeddings).
+    position_buckets: int = 256
+    max_relative_positions: int = 512  # with buckets: the offset at which the log buckets reach the table's end
+
+    def check(self, model) -> None:
+        """Raises a ValueError unless the bucket function is well defined (no log(0) or division by log(1))."""
+        check_count("position.deberta.max_relative_positions", self.max_relative_positions, 1)
+        if self.position_buckets == 0:
+            return
+        if isinstance(self.position_buckets, bool) or not isinstance(self.position_buckets, int) \
+                or self.position_buckets < 2:
+            raise ValueError(f"position.deberta.position_buckets={self.position_buckets!r} must be 0 (no buckets) "
+                             "or an integer >= 2")
+        if self.max_relative_positions <= self.position_buckets // 2 + 1:
+            raise ValueError(
+                f"position.deberta.max_relative_positions={self.max_relative_positions} must be greater than "
+                f"position_buckets/2 + 1 = {self.position_buckets // 2 + 1}: the log buckets divide by "
+                f"log((max_relative_positions - 1) / (position_buckets/2)); or set position_buckets=0")
 
 
 def log_bucket(relative: np.ndarray, position_buckets: int, max_relative_positions: int) -> np.ndarray:
@@ -76,5 +105,15 @@ class DebertaPosition(PositionMechanism):
         span = self.span(q_pos, k_pos)
         # The Toeplitz columns' offsets j - i are static (the span is a shape): the rows are a constant.
         rows = relative_rows(-np.arange(-(span - 1), span), dcfg.position_buckets, dcfg.max_relative_positions)
-        return PositionalBias(rel_embeddings=self.norm(self.embedding)[None], rel_index=jnp.asarray(rows)[None],
-                              content_scale=3.0 ** -0.5)
+        return PositionalBias.of(Disentangled(rel_embeddings=self.norm(self.embedding)[None],
+                                              rel_index=jnp.asarray(rows)[None]), content_scale=3.0 ** -0.5)
+
+
+MECHANISM = register(Mechanism(
+    "deberta", DebertaPosition, "DeBERTa",
+    "(q_i·k_j + q_i·K_r[δ] + k_j·Q_r[δ])/√(3D), δ = bucket(i − j); Q_r, K_r: the layer's own q, k projections of "
+    "shared relative embeddings", inductive=True, learned=True, options=DebertaOptions,
+    options_text="`deberta.position_buckets` (0: no buckets), `deberta.max_relative_positions`",
+    reference="He et al., 2021",
+    no_position_only_term="DeBERTa's relative terms q_i.K_r and k_j.Q_r are products with the query's and the key's "
+                          "content"))

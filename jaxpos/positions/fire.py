@@ -13,12 +13,30 @@ One MLP serves every layer of the stack (FIRE shares it).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-from jaxpos.attention.bias import PositionalBias, offsets
+from jaxpos.attention.bias import DenseBias, PositionalBias, ToeplitzTable, offsets
+from jaxpos.config.checks import check_count
+from jaxpos.config.position import MechanismOptions
 from jaxpos.initializers import normal_init
 from jaxpos.positions.base import PositionMechanism, param
+from jaxpos.positions.registry import Mechanism, register
+
+
+@dataclasses.dataclass(frozen=True)
+class FireOptions(MechanismOptions):
+    hidden: int = 32  # the MLP's hidden width (FIRE: 32)
+    c: float = 0.1  # initial c of psi(x) = log(c x + 1), learned (kept above 1e-3)
+    threshold: float = 0.0  # initial L of psi(max(L, i)), learned; 0: model.max_length, the training length
+
+    def check(self, model) -> None:
+        check_count("position.fire.hidden", self.hidden, 1)
+        if not (self.c > 0 and self.threshold >= 0):
+            raise ValueError(f"position.fire.c={self.c} must be positive and position.fire.threshold="
+                             f"{self.threshold} at least 0 (0: model.max_length)")
 
 MIN_C = 1e-3  # c is read no smaller: ψ stays increasing
 MIN_THRESHOLD = 1.0  # L is read no smaller: ψ(max(L, i)) > 0 at the first position
@@ -56,8 +74,16 @@ class FirePosition(PositionMechanism):
             span = self.span(q_pos, k_pos)
             offset = offsets(span)
             x = jnp.sign(offset) * fire_psi(jnp.abs(offset), self.c) / fire_psi(jnp.maximum(threshold, span), self.c)
-            return PositionalBias(table=fire_mlp(x, *mlp).T[None])
+            return PositionalBias.of(ToeplitzTable(fire_mlp(x, *mlp).T[None]))
         i = q_pos[:, None].astype(jnp.float32)
         distance = jnp.maximum(i - k_pos[None, :], 0)  # keys after the query are masked anyway
         x = fire_psi(distance, self.c) / fire_psi(jnp.maximum(threshold, i), self.c)
-        return PositionalBias(dense=jnp.moveaxis(fire_mlp(x, *mlp), -1, 0)[None])
+        return PositionalBias.of(DenseBias(jnp.moveaxis(fire_mlp(x, *mlp), -1, 0)[None]))
+
+
+MECHANISM = register(Mechanism(
+    "fire", FirePosition, "FIRE",
+    "MLP(ψ(i − j) / ψ(max(L, i))) per head, ψ(x) = log(cx + 1); an encoder's: MLP(sign(j − i) ψ(|j − i|) / "
+    "ψ(max(L, T)))", inductive=True, learned=True, options=FireOptions,
+    options_text="`fire.hidden`, `fire.c`, `fire.threshold` (initial L; 0: `model.max_length`)",
+    reference="Li et al., 2024"))

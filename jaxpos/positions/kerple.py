@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.attention.bias import PositionalBias, offsets
+from jaxpos.attention.bias import PositionalBias, ToeplitzTable, offsets
+from jaxpos.config.position import MechanismOptions
 from jaxpos.positions.alibi import alibi_slopes
-from jaxpos.positions.base import PositionMechanism, param, sharing_axes, sharing_shape
+from jaxpos.positions.base import PositionMechanism, check_sharing, param, sharing_axes, sharing_shape
+from jaxpos.positions.registry import Mechanism, register
+
+
+@dataclasses.dataclass(frozen=True)
+class KerpleOptions(MechanismOptions):
+    sharing: str = "none"  # none: r1, r2 per layer and head (KERPLE); head; layer
+
+    def check(self, model) -> None:
+        check_sharing("kerple", self.sharing)
+
 
 MIN_RATE = 1e-2  # r₁, r₂ are read no smaller (the authors clamp them after each update): the kernel stays CPD
 
@@ -32,4 +45,9 @@ class KerplePosition(PositionMechanism):
         self.r2 = param(self, "r2", lambda key, shape, dtype: jnp.asarray(slopes, dtype), (layers, heads), axes)
 
     def __call__(self, q_pos, k_pos):
-        return PositionalBias(table=kerple_log_scores(offsets(self.span(q_pos, k_pos)), self.r1, self.r2))
+        return PositionalBias.of(ToeplitzTable(kerple_log_scores(offsets(self.span(q_pos, k_pos)), self.r1, self.r2)))
+
+
+MECHANISM = register(Mechanism(
+    "kerple", KerplePosition, "KERPLE (log)", "−r₁ log(1 + r₂|j − i|) per head", inductive=True, learned=True,
+    options=KerpleOptions, options_text="`kerple.sharing`", reference="Chi et al., 2022"))

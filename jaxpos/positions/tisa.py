@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-from jaxpos.attention.bias import PositionalBias, offsets
+from jaxpos.attention.bias import PositionalBias, ToeplitzTable, offsets
+from jaxpos.config.checks import check_count
+from jaxpos.config.position import MechanismOptions
 from jaxpos.initializers import normal_init
 from jaxpos.positions.absolute import learned_position_table, lookup_learned
-from jaxpos.positions.base import PositionMechanism, param, sharing_axes, sharing_shape
+from jaxpos.positions.base import PositionMechanism, check_sharing, param, sharing_axes, sharing_shape
+from jaxpos.positions.registry import Mechanism, When, register
+
+
+@dataclasses.dataclass(frozen=True)
+class TisaOptions(MechanismOptions):
+    num_kernels: int = 5  # S radial basis functions per head
+    sharing: str = "none"
+    input_positions: bool = False  # TISA use (a): keep learned input position embeddings as well
+
+    def check(self, model) -> None:
+        check_count("position.tisa.num_kernels", self.num_kernels, 1)
+        check_sharing("tisa", self.sharing)
+        if not isinstance(self.input_positions, bool):
+            raise ValueError(f"position.tisa.input_positions={self.input_positions!r} must be true or false")
 
 
 def tisa_scores(offset: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array) -> jax.Array:
@@ -46,4 +64,10 @@ class TisaPosition(PositionMechanism):
         return None
 
     def __call__(self, q_pos, k_pos):
-        return PositionalBias(table=tisa_scores(offsets(self.span(q_pos, k_pos)), self.a, self.b, self.c))
+        return PositionalBias.of(ToeplitzTable(tisa_scores(offsets(self.span(q_pos, k_pos)), self.a, self.b, self.c)))
+
+
+MECHANISM = register(Mechanism(
+    "tisa", TisaPosition, "TISA", "Σ_s a_s exp(−|b_s|(k − c_s)²) per head",
+    inductive=When("without input_positions", lambda o: not o.input_positions), learned=True, options=TisaOptions,
+    options_text="`tisa.num_kernels`, `tisa.sharing`, `tisa.input_positions`", reference="Wennberg & Henter, 2021"))

@@ -9,12 +9,30 @@ the other rows (to [CLS]) to theta_2, as Ke et al.'s reset_theta; one pair per h
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
-from jaxpos.attention.bias import PositionalBias
+from jaxpos.attention.bias import LowRankFactors, PositionalBias
+from jaxpos.config.position import MechanismOptions
 from jaxpos.initializers import normal_init
 from jaxpos.positions.absolute import learned_position_table
 from jaxpos.positions.base import PositionMechanism, check_length, param
+from jaxpos.positions.registry import Mechanism, register
+
+
+@dataclasses.dataclass(frozen=True)
+class TupeOptions(MechanismOptions):
+    # Ke et al. reset the positional correlations of [CLS] (position 0 of each sequence) to two learned scalars
+    # per head: theta_1 from [CLS] to every key, theta_2 from every other query to [CLS].
+    untie_cls: bool = True
+
+    def check(self, model) -> None:
+        if not isinstance(self.untie_cls, bool):
+            raise ValueError(f"position.tupe.untie_cls={self.untie_cls!r} must be true or false")
+        if self.untie_cls and model.position.randomized_max_length:
+            raise ValueError("tupe's untie_cls finds [CLS] at position 0, which randomized positions do not keep: set "
+                             "position.tupe.untie_cls=False to randomize TUPE's positions")
 
 
 class TupePosition(PositionMechanism):
@@ -43,7 +61,7 @@ class TupePosition(PositionMechanism):
         p_k = jnp.einsum("sd,ldhr->lhsr", jnp.take(self.embedding, k_pos, axis=0), self.u_k) * scale ** 0.5
         if self.pcfg.tupe.untie_cls:
             p_q, p_k = untie_cls_factors(p_q, p_k, q_pos, k_pos, self.theta)
-        return PositionalBias(factors=(p_q, p_k), content_scale=2.0 ** -0.5)
+        return PositionalBias.of(LowRankFactors(p_q, p_k), content_scale=2.0 ** -0.5)
 
 
 def untie_cls_factors(p_q, p_k, q_pos, k_pos, theta):
@@ -61,3 +79,8 @@ def untie_cls_factors(p_q, p_k, q_pos, k_pos, theta):
                           axis=-1)
     p_k = jnp.concatenate([p_k * (1 - k_cls), jnp.broadcast_to(theta_1, lead_k), theta_2 * k_cls], axis=-1)
     return p_q, p_k
+
+
+MECHANISM = register(Mechanism(
+    "tupe", TupePosition, "TUPE", "(p_i U_Q)(p_j U_K)ᵀ/√(2D), and q·k/√(2D) instead of q·k/√D (TUPE paper)",
+    inductive=False, learned=True, options=TupeOptions, options_text="`tupe.untie_cls`", reference="Ke et al., 2021"))

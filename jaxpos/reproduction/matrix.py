@@ -17,11 +17,12 @@ import os
 import time
 from typing import Mapping, Sequence
 
-from jaxpos.config import MECHANISMS, position_config
+from jaxpos.config.position import PositionConfig
 from jaxpos.config.checks import unknown_field
 from jaxpos.config.model import ModelConfig
 from jaxpos.config.run import FinetuneDataConfig, MLMDataConfig, TrainConfig
 from jaxpos.config.files import apply_overrides, load_config, write_json_atomically
+from jaxpos.positions import MECHANISMS, mechanism as registered
 from jaxpos.reproduction.host import machine
 
 PLAN_FILE = "plan.json"
@@ -53,8 +54,9 @@ class RunMechanism:
 
 def run_mechanism(name: str, position: dict, label: str | None = None, model: dict | None = None) -> RunMechanism:
     """The run `name` of the position block `position`; `learned` from the registry, and its label unless given."""
-    mechanism = MECHANISMS[position["kind"]]
-    return RunMechanism(name, label or mechanism.label, position, mechanism.is_learned(position_config(position)),
+    record = registered(position["kind"])
+    return RunMechanism(name, label or record.label, position,
+                        record.is_learned(PositionConfig.from_values(position).options),
                         dict(model or {}))
 
 

@@ -33,7 +33,7 @@ from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences, no_po
 from jaxpos.config.files import write_json_atomically
 from jaxpos.config.checks import typed
 from jaxpos.config.run import FinetuneDataConfig, TrainConfig
-from jaxpos.config.validate import check_run_config
+from jaxpos.training.validate import check_run_config
 from jaxpos.data.classification import jaxpos_tokenizer, load_examples, order_minimal_pairs
 from jaxpos.data.mlm import PackedExamples
 from jaxpos.data.pipeline import MLMTrainIterator, eval_batches, held_out_rows
@@ -52,7 +52,7 @@ from jaxpos.training.loop import SeedRun, Trainer
 from jaxpos.training.mlm import MaskedLMTask
 from jaxpos.workflows.analyze import analysis_texts
 from jaxpos.workflows.finetune import finetune, load_finetuned, read_evals
-from jaxpos.workflows.lengths import rope_rule_run
+from jaxpos.workflows.lengths import evaluation_run
 from jaxpos.workflows.mlm import train_mlm, train_mlm_seeds
 from jaxpos.workflows.probes import paraphrase_probe
 
@@ -264,7 +264,7 @@ def execute_run(out: str, name: str) -> dict:
             result["lengths"] = evaluate_lengths(Run.open(pretrained, "mlm"), lengths, LENGTH_BATCH,
                                                  profile.length_tokens)["lengths"]
             rules = profile.variants.get(mechanism, {}).get("eval", {})
-            result["lengths_by_rule"] = {rule: evaluate_lengths(rope_rule_run(Run.open(pretrained, "mlm"), overrides),
+            result["lengths_by_rule"] = {rule: evaluate_lengths(evaluation_run(Run.open(pretrained, "mlm"), overrides),
                                                                 lengths, LENGTH_BATCH, profile.length_tokens)["lengths"]
                                          for rule, overrides in rules.items()}  # the same weights, rules at evaluation
 

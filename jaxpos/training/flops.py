@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxpos.config.attention import LOW_PRECISION
+from jaxpos.attention.registry import LOW_PRECISION
 
 # bf16 dense matrix-product peak, TFLOP/s per device, by device kind (a substring of jax's `device_kind`; the
 # first that matches). From the vendors' data sheets (dense, not sparse).

@@ -1,6 +1,7 @@
 """`jaxpos evaluate --lengths`: masked-LM runs scored at several lengths (jaxpos.evaluation.lengths), each run's
-numbers in WORKDIR/lengths.json and every run's loss against length in one figure. A RoPE run may be scored under
-another length rule (`rope_rule_run`), which changes no parameter; its numbers then go to a file named by the rule."""
+numbers in WORKDIR/lengths.json and every run's loss against length in one figure. A run may be scored under other
+values of its mechanism's options that change no parameter (RoPE's length rules: `evaluation_run`); its numbers
+and figure then go to files named by the rule."""
 
 from __future__ import annotations
 
@@ -14,50 +15,55 @@ import ml_collections
 from etils import epath
 
 from jaxpos.config import ModelConfig
+from jaxpos.config.checks import typed
 from jaxpos.config.files import apply_overrides, write_run_file
-from jaxpos.config.model import ROPE_RULE_FIELDS, RopeConfig
+from jaxpos.config.position import config_dict
 from jaxpos.evaluation.lengths import evaluate_lengths
 from jaxpos.run import Run
 
 LENGTHS_FILE = "lengths.json"
-ROPE_RULE_OVERRIDES = tuple(f"config.model.position.rope.{field}" for field in ROPE_RULE_FIELDS)
 
 
-def rope_rule_run(run: Run, overrides: Sequence[str]) -> Run:
-    """RUN with RoPE's length rule changed by `overrides` (`--config.model.position.rope.FIELD=value`, FIELD one of
-    ROPE_RULE_FIELDS: none changes a parameter). Raises ValueError for any other field or a run without RoPE."""
+def evaluation_run(run: Run, overrides: Sequence[str]) -> Run:
+    """RUN with options of its mechanism that change no parameter set by `overrides`
+    (`--config.model.position.<kind>.FIELD=value`, FIELD one of the options' `evaluation_fields`: RoPE's length
+    rules). Raises ValueError for any other field, or for a mechanism without such options."""
     if not overrides:
         return run
-    bad = [o for o in overrides if o.lstrip("-").partition("=")[0] not in ROPE_RULE_OVERRIDES]
+    position = run.config.model.position
+    kind, fields = position.kind, type(position.options).evaluation_fields
+    allowed = tuple(f"config.model.position.{kind}.{field}" for field in fields)
+    bad = [o for o in overrides if o.lstrip("-").partition("=")[0] not in allowed]
+    if bad and not fields:
+        raise ValueError(f"{run.workdir} is a {kind!r} run, whose options all change its parameters: a trained run "
+                         f"is scored as it trained (got {' '.join(bad)})")
     if bad:
-        raise ValueError(f"a trained run is scored as it trained, except for RoPE's length rule (no parameter "
-                         f"changes): --config.model.position.rope.{{{','.join(ROPE_RULE_FIELDS)}}}=VALUE only, "
-                         f"got {' '.join(bad)}")
-    model = run.config.model
-    if model.position.kind != "rope":
-        raise ValueError(f"{run.workdir} is a {model.position.kind!r} run: --config.model.position.rope.* sets "
-                         "RoPE's length rule, for rope runs only")
+        raise ValueError(f"a trained run is scored as it trained, except for the options of its mechanism that change "
+                         f"no parameter: --config.model.position.{kind}.{{{','.join(fields)}}}=VALUE only, got "
+                         f"{' '.join(bad)}")
     # Typed from the run's own values (a config.json older than these fields lacks them); a float field written
     # as an integer still takes a fraction.
-    values = {f.name: getattr(model.position.rope, f.name) for f in dataclasses.fields(RopeConfig)}
-    values.update({f.name: float(values[f.name]) for f in dataclasses.fields(RopeConfig) if f.type == "float"})
-    block = ml_collections.ConfigDict({"model": {"position": {"rope": values}}})
-    rope = RopeConfig(**apply_overrides(block, list(overrides)).model.position.rope.to_dict())
+    values = config_dict(position.options)
+    values.update({f.name: float(values[f.name]) for f in dataclasses.fields(position.options)
+                   if f.type == "float" and values[f.name] is not None})
+    block = ml_collections.ConfigDict({"model": {"position": {"kind": kind, "segment": position.segment,
+                                                              kind: values}}})
+    changed = apply_overrides(block, list(overrides)).model.position[kind].to_dict()
+    options = typed(type(position.options), changed, f"model.position.{kind}")
     return dataclasses.replace(run, config=run.config.replace_model(
-        position=dataclasses.replace(model.position, rope=rope)))
+        position=dataclasses.replace(position, options=options)))
 
 
 def positions_text(cfg: ModelConfig) -> str:
-    """The mechanism, and RoPE's length rule where it has one: "tisa", "rope", "rope, yarn ×4, L₀ 512"."""
-    position = cfg.position
-    rule = position.rope.rule(position.rope.original_max_length or cfg.max_length)
-    return position.kind if position.kind != "rope" or rule == "none" else f"rope, {rule}"
+    """The mechanism, and its evaluation rule where it has one: "tisa", "rope", "rope, yarn ×4, L₀ 512"."""
+    rule = cfg.position.options.evaluation_rule(cfg)
+    return cfg.position.kind if not rule else f"{cfg.position.kind}, {rule}"
 
 
-def lengths_file(cfg: ModelConfig, overrides: Sequence[str]) -> str:
-    """lengths.json for a run as it trained; under a RoPE rule given at evaluation, lengths_<rule>_x<factor>.json."""
-    rope = cfg.position.rope
-    return f"lengths_{rope.scaling}_x{rope.factor:g}.json" if overrides else LENGTHS_FILE
+def lengths_file(cfg: ModelConfig, overrides: Sequence[str], suffix: str = ".json") -> str:
+    """lengths.json for a run as it trained; under a rule given at evaluation, named by it
+    (lengths_<rule tag>.json; RoPE's: lengths_yarn_x4.json). `suffix`: ".png" names its figure the same way."""
+    return f"lengths_{cfg.position.options.evaluation_tag()}{suffix}" if overrides else f"lengths{suffix}"
 
 
 def length_generalisation(workdirs: Sequence[str], lengths: Sequence[int], figure: str | None = None,
@@ -69,20 +75,19 @@ def length_generalisation(workdirs: Sequence[str], lengths: Sequence[int], figur
     the positions it was scored with ("positions"; RoPE runs' whole block under "rope")."""
     from jaxpos.analysis.plots import plot_lengths  # lazy: matplotlib, for the figure only
 
-    runs = [rope_rule_run(Run.open(workdir, "mlm"), overrides) for workdir in workdirs]  # refused before any work
+    runs = [evaluation_run(Run.open(workdir, "mlm"), overrides) for workdir in workdirs]  # refused before any work
     results = {}
     for workdir, run in zip(workdirs, runs):
         cfg = run.model_config
         result = evaluate_lengths(run, lengths, batch_size, max_tokens)
         result["positions"] = positions_text(cfg)
-        if cfg.position.kind == "rope":
-            result["rope"] = dict(dataclasses.asdict(cfg.position.rope),
-                                  original_max_length=cfg.position.rope.original_max_length or cfg.max_length)
+        result[cfg.position.kind] = cfg.position.options.evaluation_record(cfg)
         name = lengths_file(cfg, overrides)
         write_run_file(workdir, name, json.dumps(result, indent=1))
         key = run.name if run.name not in results else run.location
         results[key] = dict(result, workdir=workdir, mechanism=cfg.position.kind, file=name)
-    target = epath.Path(figure or epath.Path(workdirs[0]) / "lengths.png")
+    # named by the rule where one was given at evaluation, so that the run's own figure is kept
+    target = epath.Path(figure or epath.Path(workdirs[0]) / lengths_file(runs[0].model_config, overrides, ".png"))
     with tempfile.TemporaryDirectory() as scratch:  # matplotlib writes local files; epath copies them anywhere
         local = plot_lengths(results, os.path.join(scratch, "lengths.png"))
         target.write_bytes(epath.Path(local).read_bytes())

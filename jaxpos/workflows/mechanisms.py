@@ -10,7 +10,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxpos.config import MECHANISMS, model_config
+from jaxpos.config import model_config
+from jaxpos.positions import MECHANISMS
 from jaxpos.models import BertForMaskedLM, position_params
 
 # Full float32 matmuls wherever it runs: TF32 on a GPU would add noise of the size of the order column's smallest

@@ -19,7 +19,7 @@ from etils import epath
 
 from jaxpos.config.files import write_run_file
 from jaxpos.config.run import RunConfig
-from jaxpos.config.validate import check_run_config, run_config_warnings
+from jaxpos.training.validate import check_run_config, run_config_warnings
 from jaxpos.progress import status
 
 

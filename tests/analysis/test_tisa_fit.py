@@ -85,6 +85,6 @@ def test_tisa_model_initialised_from_an_absolute_model():
     tss = ((target - target.mean(1, keepdims=True)) ** 2).sum(1)
     np.testing.assert_allclose(1 - rss / tss, r2, rtol=1e-3, atol=1e-4)  # r2 describes the installed kernels
     positions = jnp.arange(n)
-    table = make_position(tisa, tisa.num_layers, False).apply({"params": init}, positions, positions).table
+    table = make_position(tisa, tisa.num_layers, False).apply({"params": init}, positions, positions).term("table").table
     np.testing.assert_allclose(np.asarray(table)[0], fitted, rtol=1e-5, atol=1e-5)  # what the model now adds
     assert np.all(np.isfinite(BertEncoder(tisa).apply({"params": tisa_params}, ids)))

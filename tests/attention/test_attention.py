@@ -6,6 +6,7 @@ import pytest
 
 from jaxpos.attention import AttentionMask, PositionalBias, attend
 from jaxpos.attention.bias import segment_logits
+from tests.helpers import bias_terms
 
 B, T, H, D = 2, 6, 3, 4
 
@@ -89,7 +90,7 @@ def test_table_factor_segment_and_mask_terms():
     mask = AttentionMask.within_pieces(jnp.asarray(piece_ids))
     want, want_p = reference(q, k, v, extra, np.asarray(mask.dense()))
     for fold in (False, True):
-        bias = PositionalBias(table=jnp.asarray(table), factors=(jnp.asarray(p_q), jnp.asarray(p_k)),
+        bias = bias_terms(table=jnp.asarray(table), factors=(jnp.asarray(p_q), jnp.asarray(p_k)),
                               segment_table=jnp.asarray(seg_table), fold_factors=fold)
         out, weights = attend(q, k, v, bias=bias, q_pos=jnp.asarray(pos), k_pos=jnp.asarray(pos), mask=mask,
                               q_types=jnp.asarray(types), k_types=jnp.asarray(types))
@@ -114,7 +115,7 @@ def test_shaw_relative_keys_and_values():
     rel_keys, rel_values = rng.normal(size=(2, 2 * clip + 1, D)).astype(np.float32)
     pos = jnp.arange(T)
     want, _ = reference(q, k, v, rel_keys=rel_keys, rel_values=rel_values, clip=clip)
-    out, _ = attend(q, k, v, bias=PositionalBias(rel_keys=jnp.asarray(rel_keys), rel_values=jnp.asarray(rel_values)),
+    out, _ = attend(q, k, v, bias=bias_terms(rel_keys=jnp.asarray(rel_keys), rel_values=jnp.asarray(rel_values)),
                     q_pos=pos, k_pos=pos)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
@@ -123,7 +124,7 @@ def test_content_only_and_position_only_switches():
     q, k, v = random_qkv(4)
     table = np.random.default_rng(5).normal(size=(H, 2 * T - 1)).astype(np.float32)
     pos = jnp.arange(T)
-    bias = PositionalBias(table=jnp.asarray(table))
+    bias = bias_terms(table=jnp.asarray(table))
     dense = np.stack([[[table[h, j - i + T - 1] for j in range(T)] for i in range(T)] for h in range(H)])
     _, p_pos = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, content=False)
     np.testing.assert_allclose(p_pos, np.broadcast_to(softmax(dense), (B, H, T, T)), rtol=1e-5)
@@ -139,9 +140,9 @@ def test_jax_dot_product_attention_path_matches_reference():
     piece_ids = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
     pos = jnp.arange(T)
     mask = AttentionMask.within_pieces(piece_ids, causal=True)
-    bias = PositionalBias(table=jnp.asarray(table), factors=(jnp.asarray(p_q), jnp.asarray(p_k)))
+    bias = bias_terms(table=jnp.asarray(table), factors=(jnp.asarray(p_q), jnp.asarray(p_k)))
     want, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask)
     got, _ = attend(q, k, v, bias=bias, q_pos=pos, k_pos=pos, mask=mask, implementation="jax")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="Shaw"):
-        attend(q, k, v, bias=PositionalBias(rel_keys=jnp.zeros((3, D))), q_pos=pos, k_pos=pos, implementation="jax")
+        attend(q, k, v, bias=bias_terms(rel_keys=jnp.zeros((3, D))), q_pos=pos, k_pos=pos, implementation="jax")

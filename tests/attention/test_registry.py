@@ -12,9 +12,10 @@ from jaxpos.attention import core
 from jaxpos.attention.auto import choose_for
 from jaxpos.attention.core import attend, call_facts, resolve
 from jaxpos.attention.mask import AttentionMask
-from jaxpos.config.attention import AUTO, IMPLEMENTATIONS, Call, can_take, check_attention, lacks, model_call
+from jaxpos.attention.registry import AUTO, IMPLEMENTATIONS, Call, can_take, lacks
+from jaxpos.training.validate import check_model_attention as check_attention, model_facts as model_call
 from tests.attention.test_dropout import lowbias32
-from tests.helpers import tiny_config
+from tests.helpers import bias_terms, tiny_config
 
 BATCH, LENGTH, HEADS, D, RANK = 2, 16, 2, 8, 3
 DROPOUT_RNG = jax.random.PRNGKey(7)
@@ -27,11 +28,11 @@ def random(shape, seed, dtype=jnp.float32):
 def bias_of(form: str) -> PositionalBias:
     """One layer's positional terms of each form."""
     if form == "table":
-        return PositionalBias(table=random((HEADS, 2 * LENGTH - 1), 3))
+        return bias_terms(table=random((HEADS, 2 * LENGTH - 1), 3))
     if form == "factors":
-        return PositionalBias(factors=(random((HEADS, LENGTH, RANK), 4), random((HEADS, LENGTH, RANK), 5)))
+        return bias_terms(factors=(random((HEADS, LENGTH, RANK), 4), random((HEADS, LENGTH, RANK), 5)))
     if form == "other":
-        return PositionalBias(dense=random((HEADS, LENGTH, LENGTH), 6))
+        return bias_terms(dense=random((HEADS, LENGTH, LENGTH), 6))
     return PositionalBias()
 
 
@@ -43,13 +44,14 @@ def numpy_attention(q, k, v, bias: PositionalBias, piece_ids, dropout_rate: floa
     q, k, v = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v))
     logits = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(D)
     i, j = np.arange(LENGTH)[:, None], np.arange(LENGTH)[None, :]
-    if bias.table is not None:
-        logits = logits + np.asarray(bias.table, np.float64)[:, j - i + LENGTH - 1]  # offsets -15..15, no clipping
-    if bias.factors is not None:
-        p_q, p_k = (np.asarray(x, np.float64) for x in bias.factors)
+    terms = {t.kind: t for t in bias.terms}
+    if "table" in terms:
+        logits = logits + np.asarray(terms["table"].table, np.float64)[:, j - i + LENGTH - 1]  # offsets -15..15
+    if "factors" in terms:
+        p_q, p_k = (np.asarray(x, np.float64) for x in (terms["factors"].p_q, terms["factors"].p_k))
         logits = logits + np.einsum("htr,hsr->hts", p_q, p_k)
-    if bias.dense is not None:
-        logits = logits + np.asarray(bias.dense, np.float64)
+    if "dense" in terms:
+        logits = logits + np.asarray(terms["dense"].matrix, np.float64)
     ids = np.asarray(piece_ids)
     visible = (ids[:, None, :, None] == ids[:, None, None, :]) & (ids[:, None, None, :] != 0)
     logits = np.where(visible, logits, -1e30)
@@ -66,10 +68,15 @@ def numpy_attention(q, k, v, bias: PositionalBias, piece_ids, dropout_rate: floa
     return np.einsum("bhts,bshd->bthd", weights, v)
 
 
+FORM_TERMS = {"none": frozenset(), "table": frozenset({"table"}), "factors": frozenset({"factors"}),
+              "other": frozenset({"dense"})}  # a kind of term of each measured form
+
+
 # Every claimed (implementation, form, dropout); the Hopper kernels' interpreted runs beyond one case are slow.
 CLAIMS = [pytest.param(name, form, dropout, id=f"{name}-{form}-{'dropout' if dropout else 'plain'}",
                        marks=[pytest.mark.slow] if name == "mosaic_gpu" and (form, dropout) != ("table", True) else [])
-          for name, impl in IMPLEMENTATIONS.items() for form in impl.forms for dropout in (False, True)
+          for name, impl in IMPLEMENTATIONS.items() for form in FORM_TERMS
+          if impl.takes(next(iter(FORM_TERMS[form]), "table")) for dropout in (False, True)
           if impl.dropout or not dropout]
 
 
@@ -107,8 +114,8 @@ def test_auto_and_fallbacks_pick_only_records_that_can_take_the_call(form, dropo
     monkeypatch.setattr(core, "_NOTED", set())  # the notes of these pretended calls stay here
     for platform, capability in (("cpu", ""), ("gpu", "9.0"), ("gpu", "8.0"), ("tpu", "")):
         for low_precision in (False, True):
-            call = Call(platform=platform, gpu_capability=capability, low_precision=low_precision, form=form,
-                        dropout=dropout)
+            call = Call(platform=platform, gpu_capability=capability, low_precision=low_precision,
+                        terms=FORM_TERMS[form], dropout=dropout)
             assert lacks(IMPLEMENTATIONS[resolve(AUTO, call)], call) is None
             for name in IMPLEMENTATIONS:
                 try:
@@ -152,7 +159,7 @@ def test_a_config_naming_an_implementation_that_cannot_run_its_model_is_refused_
     # Training facts are the config's: per-head segments reach the kernels as factors; Linformer as "other".
     segments = model_call(tiny_config(dict(kind="none", segment="per_head")), training=True, **cpu)
     linformer = model_call(tiny_config(dict(kind="diet_abs", diet_abs=dict(linformer_k=4))), training=True, **cpu)
-    assert segments.form == "factors" and linformer.form == "other" and linformer.linformer
+    assert segments.form == "factors" and linformer.form == "other" and "kv_projection" in linformer.terms
     # FIRE is a Toeplitz table in an encoder and a dense matrix in a causal stack (a decoder's): the kernels take
     # the first only.
     fire = dict(kind="fire")
@@ -167,9 +174,9 @@ def test_cudnn_is_chosen_for_even_lengths_only_but_named_it_takes_any(monkeypatc
     """cuDNN trains with a bias or mask at even lengths only: `auto` and the fallbacks give it none other, but a
     model that names it decodes with it (one query against a cache: T = 1)."""
     monkeypatch.setattr(core, "_NOTED", set())
-    decoding = Call(platform="gpu", gpu_capability="9.0", low_precision=True, form="table", cached_causal=True,
-                    odd_length=True)
+    decoding = Call(platform="gpu", gpu_capability="9.0", low_precision=True, terms=FORM_TERMS["table"],
+                    cached_causal=True, odd_length=True)
     assert resolve("cudnn", decoding) == "cudnn"
     assert resolve(AUTO, decoding) == "xla" and resolve("pallas", decoding) == "xla"
-    training = Call(platform="gpu", gpu_capability="9.0", low_precision=True, form="table")
+    training = Call(platform="gpu", gpu_capability="9.0", low_precision=True, terms=FORM_TERMS["table"])
     assert resolve(AUTO, training) == "cudnn" and resolve("pallas", training) == "pallas"

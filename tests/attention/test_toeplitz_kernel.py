@@ -17,9 +17,9 @@ import pytest
 from jaxpos.attention import AttentionMask, PositionalBias, attend, dropout
 from jaxpos.attention.bias import segment_pair_factors
 from jaxpos.attention.kernels import toeplitz_attention
-from jaxpos.config import MECHANISMS
+from jaxpos.positions import MECHANISMS
 from jaxpos.positions import make_position
-from tests.helpers import VARIANTS, tiny_config
+from tests.helpers import VARIANTS, bias_terms, tiny_config
 
 
 def table_mechanisms() -> dict[str, dict]:
@@ -55,7 +55,7 @@ def reference(q, k, v, table, *, q_piece_ids=None, kv_piece_ids=None, causal=Fal
     k_pos = jnp.arange(k.shape[1])
     mask = AttentionMask(q_piece_ids=q_piece_ids, kv_piece_ids=kv_piece_ids, causal=causal, window=window)
     seg_table, q_types, k_types = segment or (None, None, None)
-    out, _ = attend(q, k, v, bias=PositionalBias(table=table, segment_table=seg_table), q_pos=q_pos, k_pos=k_pos,
+    out, _ = attend(q, k, v, bias=bias_terms(table=table, segment_table=seg_table), q_pos=q_pos, k_pos=k_pos,
                     mask=mask, q_types=q_types, k_types=k_types, dropout_rng=DROPOUT_RNG, dropout_rate=dropout_rate)
     dense = mask.dense(q_pos, k_pos)
     rows = jnp.ones(q.shape[:2], bool) if dense is None else jnp.any(jnp.broadcast_to(
@@ -122,7 +122,7 @@ def mechanism(kind_block, length):
     params = flax.linen.unbox(module.init(jax.random.PRNGKey(5), pos, pos)).get("params", {})
 
     def apply(p):
-        table = module.apply({"params": p}, pos, pos).table[0]
+        table = module.apply({"params": p}, pos, pos).term("table").table[0]
         return jnp.broadcast_to(table, (HEADS, table.shape[-1]))
 
     return apply, params
@@ -310,9 +310,9 @@ def test_attend_pallas_path_and_fallbacks(caplog):
     pos = jnp.arange(length)
     piece_ids = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2])
     mask = AttentionMask.within_pieces(piece_ids, causal=True)
-    bias = PositionalBias(table=random((HEADS, 2 * length - 1), 13))
+    bias = bias_terms(table=random((HEADS, 2 * length - 1), 13))
     pieces = jnp.asarray([list(range(8)) + list(range(10)) + [0, 0]])
-    with_factors = PositionalBias(table=bias.table, factors=(random((HEADS, length, 3), 14),
+    with_factors = bias_terms(table=bias.terms[0].table, factors=(random((HEADS, length, 3), 14),
                                                              random((HEADS, length, 3), 15)),
                                   piece_positions=(pieces, pieces), content_scale=0.5)
     valid = np.asarray(piece_ids != 0)
@@ -324,7 +324,7 @@ def test_attend_pallas_path_and_fallbacks(caplog):
             assert_close(np.asarray(got)[valid], np.asarray(want)[valid])
     assert "falls back" not in caplog.text
 
-    dense = PositionalBias(table=bias.table, dense=random((HEADS, length, length), 16))
+    dense = bias_terms(table=bias.terms[0].table, dense=random((HEADS, length, length), 16))
     want, _ = attend(q, k, v, bias=dense, q_pos=pos, k_pos=pos, mask=mask)
     with caplog.at_level(logging.WARNING, logger="jaxpos.attention.core"):
         for _ in range(2):
@@ -346,7 +346,7 @@ def test_attend_passes_a_local_window_to_the_kernels(monkeypatch, caplog, implem
     q, k, v = (random((batch, length, HEADS, D), seed, dtype) for seed in (70, 71, 72))
     pos = jnp.arange(length)
     piece_ids = jnp.asarray([[1] * 17 + [2] * 20 + [0] * 3])
-    bias = PositionalBias(table=random((HEADS, 2 * length - 1), 73))
+    bias = bias_terms(table=random((HEADS, 2 * length - 1), 73))
     valid = np.asarray(piece_ids != 0)
     for causal in (False, True):
         mask = AttentionMask.within_pieces(piece_ids, causal=causal, window=6)
@@ -369,7 +369,7 @@ def test_fallback_takes_cudnn_only_where_it_can_train(monkeypatch):
     from jaxpos.attention.core import call_facts, resolve
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    dense = PositionalBias(dense=jnp.zeros((HEADS, 8, 8)))
+    dense = bias_terms(dense=jnp.zeros((HEADS, 8, 8)))
 
     def choice(t=8, s=8, dtype=jnp.bfloat16, bias=dense, rng=None, rate=0.0):
         q, k = jnp.zeros((1, t, HEADS, D), dtype), jnp.zeros((1, s, HEADS, D), dtype)
@@ -378,7 +378,7 @@ def test_fallback_takes_cudnn_only_where_it_can_train(monkeypatch):
     assert choice() == "cudnn"
     assert choice(t=7) == choice(s=9) == choice(dtype=jnp.float32) == "xla"
     assert choice(rng=jax.random.PRNGKey(0), rate=0.1) == "xla"
-    assert choice(bias=PositionalBias(rel_keys=jnp.zeros((3, D)))) == "xla"
+    assert choice(bias=bias_terms(rel_keys=jnp.zeros((3, D)))) == "xla"
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     assert choice() == "xla"
 

@@ -137,7 +137,7 @@ def test_console_script_exit_status_and_stderr(tmp_path):
                            str(tmp_path), "--config.model.position.kind=bogus"],
                           capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
     assert proc.returncode == 2
-    from jaxpos.config import MECHANISMS
+    from jaxpos.positions import MECHANISMS
 
     assert proc.stderr.strip().splitlines() == [
         f"jaxpos: error: unknown position mechanism 'bogus'; choose one of {', '.join(MECHANISMS)}"]

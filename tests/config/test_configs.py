@@ -95,7 +95,11 @@ def test_t5_bounds_hold_for_every_stack_of_the_model():
             build(num_buckets, 128)
     with pytest.raises(ValueError, match=r"num_buckets=1 must be >= 2 for the causal stack"):
         build(1, 128, causal=True)
-    model_config(dict(base, position=dict(kind="tisa", t5=dict(max_distance=1))))  # unused by tisa: not checked
+    # another kind's options would do nothing: refused in one line (a saved config of an older run is read as it was)
+    with pytest.raises(ValueError, match=r"model\.position\.t5: options of 't5', but model\.position\.kind is 'tisa'"):
+        model_config(dict(base, position=dict(kind="tisa", t5=dict(max_distance=1))))
+    saved = model_config(dict(base, position=dict(kind="tisa", t5=dict(max_distance=1))), saved=True)
+    assert saved.position.kind == "tisa" and saved.position.label() == "tisa"
 
 
 def test_attenuated_abs_offset_needs_symmetry():
@@ -165,7 +169,7 @@ def test_model_values_out_of_range_are_refused(overrides, message):
 
 def test_train_values_out_of_range_are_refused():
     from jaxpos.config.defaults import finetune_config, translation_config
-    from jaxpos.config.validate import check_train_block
+    from jaxpos.training.validate import check_train_block
 
     for path in CONFIGS:  # the shipped configs pass (fine-tuning's 0 = default fields resolved as it does)
         train = load_config(path).train
@@ -197,7 +201,7 @@ TINY_ENCODER = dict(vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_di
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, ROOT))
 def test_shipped_configs_pass_the_run_check(path):
-    from jaxpos.config.validate import check_run_config
+    from jaxpos.training.validate import check_run_config
 
     config = load_config(path)
     model = model_config(dict(TINY_ENCODER, **config.model.to_dict())) if config.task == "finetune" else None
@@ -216,7 +220,7 @@ def test_shipped_configs_pass_the_run_check(path):
 ])
 def test_the_run_check_refuses_each_block(task, overrides, message):
     from jaxpos.config.defaults import finetune_config, mlm_config, translation_config
-    from jaxpos.config.validate import check_run_config
+    from jaxpos.training.validate import check_run_config
 
     config = apply_overrides(dict(mlm=mlm_config, translation=translation_config, finetune=finetune_config)[task](),
                              overrides)
@@ -228,7 +232,7 @@ def test_the_run_check_refuses_each_block(task, overrides, message):
 def test_linformer_runs_only_on_rows_of_one_sequence():
     """Linformer mixes the sequences of a packed row, which the model cannot see under jit: the run refuses it."""
     from jaxpos.config.defaults import mlm_config, translation_config
-    from jaxpos.config.validate import check_run_config
+    from jaxpos.training.validate import check_run_config
 
     linformer = ["--config.model.position.kind=diet_abs", "--config.model.position.diet_abs.linformer_k=4"]
     with pytest.raises(ValueError, match="Linformer .*packed rows"):

@@ -80,7 +80,7 @@ def test_derived_values_are_set_on_a_new_config_never_on_the_users():
 
 
 def test_the_run_check_runs_once_per_command(tmp_path, monkeypatch, capsys):
-    from jaxpos.config import validate
+    from jaxpos.training import validate
 
     calls = []
     original = validate.check_run_config
@@ -89,7 +89,7 @@ def test_the_run_check_runs_once_per_command(tmp_path, monkeypatch, capsys):
         calls.append(kwargs.get("task"))
         return original(*args, **kwargs)
 
-    for module in ("jaxpos.workflows.workdir", "jaxpos.config.validate"):
+    for module in ("jaxpos.workflows.workdir", "jaxpos.training.validate"):
         monkeypatch.setattr(f"{module}.check_run_config", counted)
     with one_device_training():
         assert cli.main(["train", "--config", TINY, "--workdir", str(tmp_path / "run"), "--config.model.d_model=32",

@@ -9,9 +9,9 @@ import pytest
 from jaxpos.attention import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention
 from jaxpos.attention.mask import AttentionMask
-from jaxpos.config.validate import check_packing
+from jaxpos.training.validate import check_packing
 from jaxpos.models import BertForMaskedLM
-from tests.helpers import tiny_config
+from tests.helpers import bias_terms, tiny_config
 
 
 def test_folded_diet_abs_equals_explicit_in_the_model():
@@ -37,7 +37,7 @@ def test_linformer_layer_matches_direct_computation():
     piece_ids = np.ones((b, s), np.int32)
     piece_ids[1, 8:] = 0
     pos = jnp.arange(s)
-    bias = PositionalBias(factors=(jnp.asarray(p_q), jnp.asarray(p_k)), kv_projection=jnp.asarray(projection))
+    bias = bias_terms(factors=(jnp.asarray(p_q), jnp.asarray(p_k)), kv_projection=jnp.asarray(projection))
     layer = MultiHeadAttention(cfg)
     mask = AttentionMask.within_pieces(jnp.asarray(piece_ids))
     kwargs = dict(bias=bias, q_pos=pos, k_pos=pos, mask=mask)

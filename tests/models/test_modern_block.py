@@ -117,15 +117,15 @@ def test_rope_tables_of_local_and_global_layers_use_their_own_base():
     cfg = modern_config(num_layers=5)
     positions = jnp.arange(9)
     bias = RopePosition(cfg, num_layers=5).apply({}, positions, positions)
-    assert bias.rotary[0].shape == (5, 9, cfg.head_dim // 2)
+    assert bias.term("rotary").cos_q.shape == (5, 9, cfg.head_dim // 2)
     for layer in range(5):
         base = 10_000.0 if cfg.is_local(layer) else 160_000.0
         cos, sin = rotary_tables(positions, inverse_frequencies(cfg.head_dim, base))
-        np.testing.assert_allclose(np.asarray(bias.rotary[0][layer]), np.asarray(cos), rtol=0, atol=0)
-        np.testing.assert_allclose(np.asarray(bias.rotary_keys[1][layer]), np.asarray(sin), rtol=0, atol=0)
+        np.testing.assert_allclose(np.asarray(bias.term("rotary").cos_q[layer]), np.asarray(cos), rtol=0, atol=0)
+        np.testing.assert_allclose(np.asarray(bias.term("rotary").sin_k[layer]), np.asarray(sin), rtol=0, atol=0)
     # one base for both kinds: one table shared by every layer, as before
     same = modern_config(num_layers=5, position=dict(kind="rope"))
-    assert RopePosition(same, num_layers=5).apply({}, positions, positions).rotary[0].shape[0] == 1
+    assert RopePosition(same, num_layers=5).apply({}, positions, positions).term("rotary").cos_q.shape[0] == 1
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -213,7 +213,8 @@ def test_a_path_without_the_window_is_refused_and_auto_picks_one_with_it(monkeyp
     """Read through the registry: a record without the window (the Pallas kernel's, made so here whatever the
     registry says now) is refused in one line when named, and left out of auto's choice."""
     from jaxpos.attention.auto import choose_for
-    from jaxpos.config.attention import IMPLEMENTATIONS, check_attention, model_call
+    from jaxpos.attention.registry import IMPLEMENTATIONS
+    from jaxpos.training.validate import check_model_attention as check_attention, model_facts as model_call
 
     monkeypatch.setitem(IMPLEMENTATIONS, "pallas", dataclasses.replace(IMPLEMENTATIONS["pallas"], window=False))
     hopper = dict(platform="gpu", gpu_capability="9.0", cpu_mesh_devices=1)

@@ -13,7 +13,8 @@ import pytest
 from jaxpos.attention.auto import choose_for
 from jaxpos.attention.core import attend, pre_softmax_logits
 from jaxpos.attention.mask import AttentionMask
-from jaxpos.config.attention import IMPLEMENTATIONS, check_attention, model_call
+from jaxpos.attention.registry import IMPLEMENTATIONS
+from jaxpos.training.validate import check_model_attention as check_attention, model_facts as model_call
 from jaxpos.positions import make_position
 from tests.helpers import tiny_config
 
@@ -131,7 +132,7 @@ def test_the_two_directions_read_their_own_tables():
     _, bias, q, k, _, _ = cope_inputs(False, {})
     pos = jnp.arange(LENGTH)
     full = np.asarray(pre_softmax_logits(q, k, bias, q_pos=pos, k_pos=pos))
-    left = np.asarray(pre_softmax_logits(q, k, bias.replace(contextual=bias.contextual.at[1].set(0)), q_pos=pos,
+    left = np.asarray(pre_softmax_logits(q, k, bias.with_terms([bias.term("contextual").replace(table=bias.term("contextual").table.at[1].set(0))]), q_pos=pos,
                                          k_pos=pos))
     after = np.triu(np.ones((LENGTH, LENGTH), bool), 1)
     np.testing.assert_allclose(full[..., ~after], left[..., ~after], rtol=0, atol=1e-6)
@@ -179,4 +180,4 @@ def test_the_backward_pass_keeps_one_more_float32_logit_tensor(causal):
         vjp = jax.eval_shape(lambda *x: jax.vjp(loss, *x)[1], q, k, v)
         return Counter(str(x.dtype) for x in jax.tree.leaves(vjp) if x.shape == (BATCH, HEADS, LENGTH, LENGTH))
 
-    assert kept(bias) == kept(bias.replace(contextual=None)) + Counter(["float32"])
+    assert kept(bias) == kept(bias.with_terms([])) + Counter(["float32"])

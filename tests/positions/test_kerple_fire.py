@@ -39,9 +39,9 @@ def test_kerple_is_minus_r1_log_of_one_plus_r2_distance():
         _, bias = bias_of(module, length, params)
         offset = np.arange(-(length - 1), length)
         expected = -np.maximum(r1, 1e-2)[..., None] * np.log(1 + np.maximum(r2, 1e-2)[..., None] * np.abs(offset))
-        np.testing.assert_allclose(np.asarray(bias.table), expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(bias.term("table").table), expected, rtol=1e-6, atol=1e-6)
     shared = KerplePosition(tiny_config(dict(kind="kerple", kerple=dict(sharing="layer"))), num_layers=2)
-    assert bias_of(shared, 8)[1].table.shape == (1, 4, 15)
+    assert bias_of(shared, 8)[1].term("table").table.shape == (1, 4, 15)
 
 
 def numpy_mlp(x, p):
@@ -62,11 +62,11 @@ def test_fire_in_an_encoder_is_a_table_of_the_progressively_normalised_offset(le
     params = with_values(params, w2=rng.normal(size=(32, 4)), b1=rng.normal(size=32) * 0.1, threshold=20.0)
     p = fire_values(params)
     _, bias = bias_of(module, length, params)
-    assert bias.dense is None and bias.table.shape == (1, 4, 2 * length - 1)
+    assert bias.term("dense") is None and bias.term("table").table.shape == (1, 4, 2 * length - 1)
     offset = np.arange(-(length - 1), length)
     x = np.sign(offset) * np.log1p(0.3 * np.abs(offset)) / np.log1p(0.3 * max(20.0, length))
     assert np.abs(x).max() <= 1.0  # bounded at any length
-    np.testing.assert_allclose(np.asarray(bias.table[0]), numpy_mlp(x, p).T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(bias.term("table").table[0]), numpy_mlp(x, p).T, rtol=1e-5, atol=1e-5)
 
 
 def test_fire_in_a_causal_stack_depends_on_the_query_position():
@@ -78,10 +78,10 @@ def test_fire_in_a_causal_stack_depends_on_the_query_position():
     p = fire_values(params)
     length = 24
     _, bias = bias_of(module, length, params)
-    assert bias.table is None and bias.dense.shape == (1, 4, length, length)
+    assert bias.term("table") is None and bias.term("dense").matrix.shape == (1, 4, length, length)
     i, j = np.meshgrid(np.arange(length), np.arange(length), indexing="ij")
     x = np.log1p(0.5 * np.maximum(i - j, 0)) / np.log1p(0.5 * np.maximum(4.0, i))
     expected = np.moveaxis(numpy_mlp(x, p), -1, 0)
-    np.testing.assert_allclose(np.asarray(bias.dense[0]), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(bias.term("dense").matrix[0]), expected, rtol=1e-5, atol=1e-5)
     # past the threshold the same offset is scored differently by queries further on: not a Toeplitz matrix
     assert not np.allclose(expected[:, 10, 9], expected[:, 20, 19])

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxpos.attention.bias import position_logits
-from jaxpos.config import MECHANISMS, model_config
+from jaxpos.config import model_config
+from jaxpos.positions import MECHANISMS
 from jaxpos.models import BertForMaskedLM
 from jaxpos.positions import LengthError, make_position
 from jaxpos.positions.alibi import alibi_slopes
@@ -174,7 +175,7 @@ def test_gradients_reach_every_positional_parameter(name, position):
 
     grads = flax.traverse_util.flatten_dict(jax.grad(loss)(params), sep="/")
     positional = {k: g for k, g in grads.items() if "/position/" in k or "/segments/" in k}
-    if MECHANISMS[position["kind"]].is_learned(cfg.position):
+    if MECHANISMS[position["kind"]].is_learned(cfg.position.options):
         assert positional, f"{name} has no positional parameters"
     else:  # the registry says it has none
         assert not any("/position/" in k for k in positional), f"{name} has positional parameters"
@@ -194,7 +195,7 @@ LENGTH_CASES = VARIANTS + [("attenuated_matrix_unshared", dict(kind="attenuated"
 
 
 def inductive(position: dict) -> bool:
-    return MECHANISMS[position["kind"]].is_inductive(tiny_config(position).position)
+    return MECHANISMS[position["kind"]].is_inductive(tiny_config(position).position.options)
 
 
 INDUCTIVE = [case for case in LENGTH_CASES if inductive(case[1])]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax.core import meta
 
-from jaxpos.config import MECHANISMS
-from jaxpos.config.attention import model_call
+from jaxpos.positions import MECHANISMS
+from jaxpos.training.validate import model_facts as model_call
 from jaxpos.config.rng import DROPOUT, POSITIONS
 from jaxpos.models import BertForMaskedLM
 from jaxpos.positions.base import LengthError, randomized_positions
@@ -89,8 +89,8 @@ def test_a_toeplitz_table_at_sampled_positions_is_a_dense_term_the_kernels_do_no
     assert model_call(reference, training=True).form == "table"
     assert model_call(randomized, training=True).form == "other"
     with pytest.raises(ValueError, match="attention_impl='pallas' cannot"):
-        from jaxpos.config.attention import check_attention
-        check_attention(dataclasses.replace(randomized, attention_impl="pallas"), training=True)
+        from jaxpos.training.validate import check_model_attention
+        check_model_attention(dataclasses.replace(randomized, attention_impl="pallas"), training=True)
 
 
 def test_a_resumed_run_draws_the_same_positions(tmp_path):

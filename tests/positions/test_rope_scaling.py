@@ -11,7 +11,7 @@ import pytest
 
 from jaxpos.attention.core import apply_rotary
 from jaxpos.config import model_config
-from jaxpos.config.model import RopeConfig
+from jaxpos.positions.rope import RopeOptions
 from jaxpos.models import BertEncoder
 from jaxpos.positions import make_position
 from jaxpos.positions.rope import rope_frequencies, rotary_tables
@@ -41,7 +41,7 @@ def hf():
     return dict(frequencies=frequencies, config=config, rotary=LlamaRotaryEmbedding)
 
 
-# (our RopeConfig fields, transformers' rope_type and parameters); L₀ enters where the rule reads it.
+# (our RopeOptions fields, transformers' rope_type and parameters); L₀ enters where the rule reads it.
 RULES = {
     "linear": (dict(scaling="linear", factor=4.0), "linear", dict(factor=4.0)),
     "yarn": (dict(scaling="yarn", factor=4.0), "yarn", dict(factor=4.0)),
@@ -59,14 +59,14 @@ SHAPES = [(64, 2048, 10_000.0), (128, 512, 500_000.0), (32, 128, 10_000.0)]  # (
 @pytest.mark.parametrize("rule", list(RULES))
 def test_each_static_rule_matches_transformers(hf, rule, head_dim, original, base):
     ours, rope_type, theirs = RULES[rule]
-    rope = RopeConfig(base=base, **ours)
+    rope = RopeOptions(base=base, **ours)
     if rope_type in ("yarn", "llama3"):  # they read L₀ here; the model's own length is the stretched one
         theirs = dict(theirs, original_max_position_embeddings=original)
     want, want_factor = hf["frequencies"](head_dim, int(original * rope.factor), rope_type, base, **theirs)
     got, factor = rope_frequencies(rope, head_dim, original, original)
     np.testing.assert_allclose(got, want, rtol=RTOL)
     assert factor == pytest.approx(want_factor, rel=1e-12)
-    plain, _ = rope_frequencies(RopeConfig(base=base), head_dim, original, original)
+    plain, _ = rope_frequencies(RopeOptions(base=base), head_dim, original, original)
     assert not np.allclose(got, plain)  # every rule moves some frequency at these shapes
     if rope_type == "yarn":
         assert factor == pytest.approx(0.1 * math.log(rope.factor) + 1)
@@ -77,11 +77,11 @@ def test_dynamic_matches_transformers_at_the_pass_length(hf, length):
     """Below L₀ = 2048 the frequencies are RoPE's; above it the NTK base at that length."""
     head_dim, original, base, factor = 64, 2048, 10_000.0, 4.0
     want, _ = hf["frequencies"](head_dim, original, "dynamic", base, seq_len=length, factor=factor)
-    got, attention = rope_frequencies(RopeConfig(base=base, scaling="dynamic", factor=factor), head_dim, original,
+    got, attention = rope_frequencies(RopeOptions(base=base, scaling="dynamic", factor=factor), head_dim, original,
                                       length)
     np.testing.assert_allclose(got, want, rtol=RTOL)
     assert attention == 1.0
-    plain, _ = rope_frequencies(RopeConfig(base=base), head_dim, original, length)
+    plain, _ = rope_frequencies(RopeOptions(base=base), head_dim, original, length)
     assert np.allclose(got, plain) == (length <= original)
 
 
@@ -89,7 +89,7 @@ def test_dynamic_matches_transformers_at_the_pass_length(hf, length):
 def test_static_ntk_is_its_formula_and_dynamic_at_s_times_the_original_length(hf, head_dim, factor):
     base, original = 10_000.0, 512
     formula = (base * factor ** (head_dim / (head_dim - 2))) ** (-np.arange(0, head_dim, 2) / head_dim)
-    got, attention = rope_frequencies(RopeConfig(base=base, scaling="ntk", factor=factor), head_dim, original,
+    got, attention = rope_frequencies(RopeOptions(base=base, scaling="ntk", factor=factor), head_dim, original,
                                       original)
     np.testing.assert_allclose(got, formula, rtol=1e-12)
     assert attention == 1.0
@@ -106,8 +106,9 @@ def position_tables(position: dict, length: int, **model):
     module = make_position(cfg, cfg.num_layers, False)
     pos = jnp.arange(length)
     bias = module.apply(module.init(jax.random.PRNGKey(0), pos, pos), pos, pos)
-    np.testing.assert_array_equal(bias.rotary[0], bias.rotary_keys[0])  # one set of frequencies for q and k
-    return np.asarray(bias.rotary[0][0], np.float64), np.asarray(bias.rotary[1][0], np.float64)
+    rotary = bias.term("rotary")
+    np.testing.assert_array_equal(rotary.cos_q, rotary.cos_k)  # one set of frequencies for q and k
+    return np.asarray(rotary.cos_q[0], np.float64), np.asarray(rotary.sin_q[0], np.float64)
 
 
 @pytest.mark.parametrize("rope_type, parameters, length", [
@@ -137,7 +138,7 @@ def test_yarn_scales_the_logits_by_the_square_of_its_attention_factor_and_keeps_
     m, and depends on the offset j − i only."""
     rng = np.random.default_rng(0)
     q, k = (jnp.asarray(rng.normal(size=(1, 12, 2, 16)), jnp.float32) for _ in range(2))
-    theta, m = rope_frequencies(RopeConfig(scaling="yarn", factor=8.0, fraction=0.5), 16, 6, 12)
+    theta, m = rope_frequencies(RopeOptions(scaling="yarn", factor=8.0, fraction=0.5), 16, 6, 12)
 
     def logits(positions, factor):
         tables = rotary_tables(jnp.asarray(positions), theta, factor)
@@ -180,7 +181,7 @@ def test_p_rope_rotates_the_highest_frequencies_and_copies_the_rest(fraction, he
 def test_p_rope_is_transformers_proportional_rope(hf):
     for fraction, head_dim in [(0.5, 64), (0.25, 256), (0.3, 20)]:
         want, factor = hf["frequencies"](head_dim, 512, "proportional", 10_000.0, partial_rotary_factor=fraction)
-        got, attention = rope_frequencies(RopeConfig(fraction=fraction), head_dim, 512, 512)
+        got, attention = rope_frequencies(RopeOptions(fraction=fraction), head_dim, 512, 512)
         np.testing.assert_allclose(got, want, rtol=RTOL)
         assert (got == 0).sum() == head_dim // 2 - int(fraction * head_dim // 2) and attention == factor == 1.0
 

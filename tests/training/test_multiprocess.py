@@ -44,7 +44,7 @@ def run_config(tokenizer_path: str = "", mesh=MESH):
 def build(config, workdir: str, mesh=None, vocab_size: int | None = None):
     """(data, trainer) for `config`; the data iterator reads this process's share of every batch. With
     `vocab_size` (the tokenizer's), no data is built: (None, trainer)."""
-    from jaxpos.config.validate import check_run_config
+    from jaxpos.training.validate import check_run_config
     from jaxpos.data.pipeline import build_mlm_data
     from jaxpos.models import BertForMaskedLM
     from jaxpos.training.loop import Trainer

@@ -10,7 +10,7 @@ import optax
 import pytest
 from flax.core import meta
 
-from jaxpos.config import MECHANISMS
+from jaxpos.positions import MECHANISMS
 from jaxpos.config.run import TrainConfig
 from jaxpos.models import BertForMaskedLM
 from jaxpos.models.layout import to_scanned, to_unscanned

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpos import cli
-from jaxpos.config import MECHANISMS
+from jaxpos.positions import MECHANISMS
 from jaxpos.workflows.mechanisms import order_sensitivity, shuffled_positions
 
 

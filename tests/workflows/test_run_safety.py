@@ -86,7 +86,7 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capsys):
 
 def test_a_warmup_longer_than_the_run_is_a_one_line_warning(tmp_path, capsys):
     from jaxpos.config.defaults import mlm_config
-    from jaxpos.config.validate import run_config_warnings
+    from jaxpos.training.validate import run_config_warnings
 
     config = mlm_config()
     config.train.update(num_steps=200, warmup_steps=300, learning_rate=2e-3)

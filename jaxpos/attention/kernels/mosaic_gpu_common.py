@@ -19,7 +19,7 @@ from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams, forc
 from jax.experimental import pallas as pl
 
 from jaxpos.attention.kernels.limits import VisibleOffsets
-from jaxpos.config.attention import IMPLEMENTATIONS, Call, lacks, platform_facts
+from jaxpos.attention.registry import IMPLEMENTATIONS, Call, lacks, platform_facts
 
 BLOCK = 128  # rows of a CTA's own block (two consumers of HALF) and of each streamed block
 HALF = 64  # rows per consumer warpgroup: the wgmma M

@@ -2,8 +2,9 @@
 
 `check_run_config` turns the user's ConfigDict into the typed `RunConfig` (jaxpos/config/run.py), whose blocks
 each check their own fields and whose constructor checks the rules across blocks, then checks what depends on
-this host: the attention implementation the model names, for training. The workflows call it once, at their
-entry; below them, code receives typed blocks. Nothing checks the config inside a forward pass: what the config
+this host: the attention implementation the model names, for training, against the kinds of terms its mechanism
+gives its layers. A command calls it once, where the config enters (the CLI, or a workflow given a ConfigDict);
+below them, code receives typed blocks. Nothing checks the config inside a forward pass: what the config
 alone decides is refused here.
 """
 
@@ -11,17 +12,33 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from jaxpos.config.attention import check_attention
+from jaxpos.attention.registry import Call, check_attention, model_call
 from jaxpos.config.model import ModelConfig
 from jaxpos.config.run import RunConfig, check_packing, check_train_block, run_config
+from jaxpos.models.layers import attention_terms
 
-__all__ = ["check_packing", "check_run_config", "check_train_block", "check_training", "run_config_warnings"]
+__all__ = ["check_model_attention", "check_packing", "check_run_config", "check_train_block", "check_training",
+           "model_facts", "run_config_warnings"]
+
+
+def model_facts(cfg: ModelConfig, *, training: bool, **platform) -> Call:
+    """The facts every attention call of the model `cfg` shares (jaxpos.attention.registry.model_call), with the
+    kinds of terms its layers receive."""
+    return model_call(cfg, attention_terms(cfg), training=training, **platform)
+
+
+def check_model_attention(cfg: ModelConfig, *, training: bool, **platform) -> None:
+    """`jaxpos.attention.registry.check_attention` of the model `cfg`, with the kinds of terms its layers receive
+    (`platform`: given facts of a host, or this one's)."""
+    check_attention(cfg, attention_terms(cfg), training=training, **platform)
 
 
 def check_training(cfg: ModelConfig) -> None:
     """Errors for a model block that evaluates but cannot train here (checked before a training run reads data):
-    an attention implementation that cannot compute its attention, attention dropout included."""
-    check_attention(cfg, training=True)
+    an attention implementation that cannot compute its attention (the kinds of terms its layers receive),
+    attention dropout included."""
+    if cfg.attention_impl != "auto":
+        check_model_attention(cfg, training=True)
 
 
 def check_run_config(config: Mapping[str, Any] | RunConfig, *, task: str | None = None,
