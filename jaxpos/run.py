@@ -64,7 +64,7 @@ class Run:
         workdir = os.fspath(workdir)
         config = apply_overrides(load_run_config(workdir, task), list(overrides))
         try:
-            return cls(workdir, run_config(config))
+            return cls(workdir, run_config(config, saved=True))
         except (TypeError, ValueError) as err:
             raise ValueError(f"{epath.Path(workdir) / 'config.json'}: not a jaxpos run config: {err}") from err
 

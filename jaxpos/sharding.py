@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 from typing import Any, Callable, Sequence
 
@@ -217,3 +218,50 @@ def _without(spec: PartitionSpec, drop: set[str]) -> PartitionSpec:
         kept = tuple(a for a in _mesh_axes(axes) if a not in drop)
         return None if not kept else kept if isinstance(axes, tuple) else kept[0]
     return PartitionSpec(*(keep(axes) for axes in spec))
+
+
+# --- global batches from each process's rows ---------------------------------------------------------------
+
+def make_global_batch(local: dict, sharding: NamedSharding) -> dict:
+    """Global arrays [B, ...] from each process's rows: process p of P gives rows [p·B/P, (p+1)·B/P) as numpy
+    arrays [B/P, ...] (the split of jaxpos.data.order.host_slice), so each process reads only its share.
+
+    When the mesh gives each process exactly those rows (one process; or the batch axes span the processes in
+    process order, as make_mesh lays them out) the arrays are assembled in place. Otherwise (e.g. tensor
+    parallelism across hosts, where every process needs every row) they are assembled split by process and
+    then resharded on the devices, which moves rows between processes."""
+    count, index = jax.process_count(), jax.process_index()
+    if count == 1:  # every row is this process's: one batched transfer for the whole batch
+        return jax.device_put({key: np.asarray(value) for key, value in local.items()}, sharding)
+    out = {}
+    for key, value in local.items():
+        value = np.asarray(value)
+        shape = (value.shape[0] * count,) + value.shape[1:]
+        if _holds_rows(sharding, shape[0], index * value.shape[0], (index + 1) * value.shape[0]):
+            out[key] = jax.make_array_from_process_local_data(sharding, value, shape)
+        else:
+            by_process = jax.make_array_from_process_local_data(_process_sharding(sharding.mesh), value, shape)
+            out[key] = _reshard(sharding)(by_process)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _holds_rows(sharding: NamedSharding, rows: int, start: int, stop: int) -> bool:
+    """Whether this process's devices hold exactly rows [start, stop) of a [rows, ...] array."""
+    held = np.zeros(rows, bool)
+    for index in sharding.addressable_devices_indices_map((rows,)).values():
+        held[index[0]] = True
+    return bool(held[start:stop].all()) and int(held.sum()) == stop - start
+
+
+@functools.lru_cache(maxsize=None)
+def _process_sharding(mesh) -> NamedSharding:
+    """Rows split over processes in process order, replicated over each process's devices."""
+    devices = sorted(mesh.devices.flat, key=lambda d: (d.process_index, d.id))
+    grid = np.asarray(devices, dtype=object).reshape(jax.process_count(), -1)
+    return NamedSharding(Mesh(grid, ("process", "local")), PartitionSpec("process"))
+
+
+@functools.lru_cache(maxsize=None)
+def _reshard(sharding: NamedSharding) -> Callable:
+    return jax.jit(lambda x: x, out_shardings=sharding)

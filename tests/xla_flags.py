@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from jaxpos.reproduction.matrix import FAST_COMPILE as UNOPTIMISED  # the programs are tiny and each compiles once
+from jaxpos.reproduction.profiles import FAST_COMPILE as UNOPTIMISED  # the programs are tiny and each compiles once
 # XLA's older CPU fusion emitters, in one codegen module: the suite's programs compile in about half the time
 # (backend compiling fell from 286 s to 109 s over tests/models/test_decode.py, tests/positions/test_mechanisms.py
 # and tests/analysis/test_taps.py; 2 AMD EPYC cores, jax 0.10.2, 2026-11-26). XLA releases without those

@@ -45,7 +45,7 @@ from jaxpos.attention.bias import position_logits
 from jaxpos.data.mlm import split_sentences
 from jaxpos.models import position_params
 from jaxpos.positions import MECHANISMS, make_position
-from jaxpos.positions.tisa import tisa_scores
+from jaxpos.positions.tisa import TisaOptions, tisa_scores
 from jaxpos.progress import Progress, progress
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def analyze(model: AnalyzedModel, out_dir: str, *, sentences: Sequence[Sequence[
             report[name].pop("figure", None)
         report["seconds"][name] = round(time.perf_counter() - start, 3)
     bar.close()
-    if report["skipped"] and len(report["skipped"]) == len(names):  # nothing was read: an error, not a report
+    if not kept and len(report["skipped"]) == len(names):  # nothing was read: an error, not a report
         reasons = "; ".join(f"{name}: {why}" for name, why in report["skipped"].items())
         raise ValueError(f"nothing to analyse in {model.source}: every diagnostic asked for was skipped ({reasons})")
     if ctx.arrays:
@@ -271,7 +271,8 @@ def _positional_profile(ctx: _Context) -> dict:
     n = profile.shape[-1]
     scores = np.asarray(tisa_fit.profile_rows_to_offsets(profile))  # [H, 2n-1] over offsets -(n-1)..n-1
     offsets = np.arange(-(n - 1), n)
-    fit = tisa_fit.fit_tisa_kernels(scores, offsets, num_kernels=cfg.position.tisa.num_kernels)
+    kernels = (cfg.position.options if cfg.position.kind == "tisa" else TisaOptions()).num_kernels  # TISA's S
+    fit = tisa_fit.fit_tisa_kernels(scores, offsets, num_kernels=kernels)
     kernels = {k: np.asarray(fit[k])[None] for k in "abc"}  # one "layer": the first
     ctx.plots.plot_tisa_scores(kernels, n, ctx.figure("positional_profile.png"), profiles=scores[None],
                                titles=[f"{plots.layer_label(0)}: fit r² {' '.join(f'{r:.2f}' for r in fit['r2'])}"],

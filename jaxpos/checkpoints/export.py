@@ -39,6 +39,7 @@ from etils import epath
 from jaxpos.checkpoints.huggingface import (_ACTIVATIONS, CONFIG_FIELDS, ENCODER_PREFIX, MLM_HEAD_PREFIX,
                                             encoder_layout, mlm_head_layout, to_hf)
 from jaxpos.config import ModelConfig, model_config
+from jaxpos.config.position import config_dict
 from jaxpos.data.tokenizer import transformers_tokenizer_files
 from jaxpos.run import Run, run_model
 from jaxpos.sharding import placement
@@ -121,7 +122,7 @@ def save_export(out, cfg: ModelConfig, params, *, task: str = "mlm", num_labels:
     folder.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(folder / "params", params)
-    meta = dict(format=FORMAT, version=1, task=task, model=json.loads(json.dumps(dataclasses.asdict(cfg))),
+    meta = dict(format=FORMAT, version=1, task=task, model=json.loads(json.dumps(config_dict(cfg))),
                 num_labels=num_labels, step=step, dtype=dtype, source=source, tokenizer=tokenizer)
     (folder / "config.json").write_text(json.dumps(meta, indent=2))  # last: a folder without it is no export
 
@@ -149,7 +150,7 @@ def load_export(path: str, mesh: jax.sharding.Mesh | jax.sharding.Sharding | Non
     Use them with `run_model(meta["task"], cfg, meta["num_labels"])[0].apply({"params": params}, ...)`, where
     meta = read_export_config(path); e.g. BertForMaskedLM(cfg): ids [B, T] -> logits [B, T, V]."""
     meta = read_export_config(path)
-    cfg = model_config(meta["model"])
+    cfg = model_config(meta["model"], saved=True)
     module, init_args = run_model(meta["task"], cfg, meta.get("num_labels"))
     boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, _cast_dtype(x.dtype, meta.get("dtype"))),

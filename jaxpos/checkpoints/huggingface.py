@@ -517,7 +517,7 @@ def load_hf_checkpoint(path: str) -> tuple[dict, dict[str, np.ndarray]]:
 def _load_torch_tensors(path: str) -> dict:
     """The tensors of a `pytorch_model.bin`, unpickled with `weights_only=True` (as transformers loads them): a file
     holding anything but tensors and plain containers (a callable that would run on load) is refused in one line."""
-    import pickle
+    import pickle  # lazy: only pytorch_model.bin needs it, for the error it raises
 
     import torch  # lazy: torch costs ~2.3 s at import; only pytorch_model.bin needs it
 

@@ -22,7 +22,8 @@ import sys
 
 from jaxpos.cli.common import add_command
 
-PROFILE_CHOICES = ("smoke", "full", "micro")  # jaxpos.reproduction.matrix.PROFILES, named here to keep start-up light
+# configs/reproduce/*.py (matrix.PROFILE_NAMES), named here to keep start-up light
+PROFILE_CHOICES = ("smoke", "full", "micro")
 
 
 def add_reproduce_parser(subparsers) -> None:
@@ -33,8 +34,10 @@ def add_reproduce_parser(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder (plan.json, runs/, figures/, REPRODUCTION.md, "
                                                      "numbers.json)")
-    parser.add_argument("--profile", default="smoke", choices=PROFILE_CHOICES,
-                        help="smoke: a first look, minutes on 2 CPU cores (default); full: the verdicts, every "
+    parser.add_argument("--profile", default="smoke",
+                        help="a profile file (configs/reproduce/*.py: get_config() -> the recipe's fields), or one of "
+                             "the repository's by name: smoke: a first look, minutes on 2 CPU cores (default); full: "
+                             "the verdicts, every "
                              "mechanism, 5 seeds, about 1.5 hours of one H200 (docs/reproduction.md); micro: tests. "
                              "Before the runs start, the command prints its estimate for this machine")
     parser.add_argument("--seeds", type=int, help="seeds per mechanism (default: the profile's)")

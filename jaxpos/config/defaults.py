@@ -10,15 +10,29 @@ import ml_collections
 from jaxpos.config.data import default_data_config, default_finetune_data_config, default_translation_data_config
 from jaxpos.config.decode import DecodeConfig
 from jaxpos.config.model import ModelConfig
-from jaxpos.config.position import config_dict
 from jaxpos.config.run import MeshConfig, TrainConfig
+
+
+def _defaults(cls) -> dict:
+    """The defaults of a config dataclass's fields as the user's format holds them, read off the class (no
+    instance: a config file builds its blocks before any mechanism is registered). The position block's default
+    kind, `absolute`, has no options block."""
+    out = {}
+    for field in dataclasses.fields(cls):
+        if field.name == "options":
+            continue
+        if field.default_factory is not dataclasses.MISSING:  # a block of its own: the position block
+            out[field.name] = _defaults(field.default_factory)
+        else:
+            out[field.name] = field.default
+    return out
 
 
 def model_block(**overrides) -> ml_collections.ConfigDict:
     """`config.model`: every ModelConfig field (see jaxpos/config/model.py for each one's meaning); the position
     block holds its kind's options only (`--config.model.position.<kind>.<field>=...` makes another kind's block
     when the kind changes)."""
-    block = ml_collections.ConfigDict(config_dict(ModelConfig()))
+    block = ml_collections.ConfigDict(_defaults(ModelConfig))
     block.update(overrides)
     return block
 

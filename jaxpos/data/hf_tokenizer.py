@@ -110,7 +110,7 @@ def _from_vocab_txt(folder: str, model_type: str) -> FolderTokenizer:
 
 
 def _from_spiece(folder: str, model_type: str) -> FolderTokenizer:
-    import sentencepiece as spm
+    import sentencepiece as spm  # lazy: only ALBERT's spiece.model folders need it
 
     path = os.path.join(folder, "spiece.model")
     processor = spm.SentencePieceProcessor(model_file=path)

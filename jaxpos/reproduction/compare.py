@@ -2,15 +2,21 @@
 variants x seeds, trained and evaluated by the reproduction's engine (the plan, seeds of a mechanism at once, the
 pool or SLURM array tasks, resuming), and one report of paired statistics.
 
-A variant is a mechanism of the registry's runs (`jaxpos.reproduction.matrix.RUN_MECHANISMS`: `rope`, `alibi`,
-`diet_rel_layer`, ...) with options joined by `+`, e.g. `rope+partial0.5`, `absolute+random`, `alibi+local128`:
+A variant is a label and `--config.*` overrides of the recipe: a mechanism of the registry's runs
+(`jaxpos.reproduction.matrix.RUN_MECHANISMS`: `rope`, `alibi`, `diet_rel_layer`, a researcher's own kind, ...)
+with options joined by `+`, each a shorthand of `SHORTHANDS`, e.g. `rope+partial0.5`, `absolute+random`,
+`alibi+local128`:
   linear | ntk | dynamic | yarn | llama3, each with an optional factor (`yarn8`; default: the largest --lengths
               factor): RoPE's length rule (position.rope.scaling, with L0 the training length);
   partialF    RoPE rotating a fraction F of each head's channel pairs (position.rope.fraction);
   random[N]   randomized positions drawn from [0, N) (position.randomized_max_length; default: the longest
               evaluated length, and more than model.max_length);
   localW      a local attention window of W keys (model.local_window);
-  clipN       DIET-Rel's offsets clipped at N (position.diet_rel.max_distance: inductive).
+  clipN       DIET-Rel's offsets clipped at N (position.diet_rel.max_distance: inductive);
+  nopeK       no positional term in every K-th layer (model.nope_every).
+Every variant is made into its run config and checked when the plan is made (`matrix.check_variants`): an option
+the variant's mechanism does not read, a model that cannot be built, an attention path that cannot run it is
+refused then, in one line, by `--dry-run` and `--plan-only` too.
 A trailing `@eval` applies the RoPE rules of a variant at evaluation only: `rope+yarn@eval` is the `rope` runs'
 weights scored with YaRN in the lengths stage (no training of its own); the other options always train.
 
@@ -38,7 +44,7 @@ from jaxpos.config.checks import typed
 from jaxpos.config.files import apply_overrides, load_config, write_json_atomically
 from jaxpos.config.run import FinetuneDataConfig, TrainConfig
 from jaxpos.reproduction import host, matrix, stats, verdicts
-from jaxpos.reproduction.matrix import RUN_MECHANISMS, Profile
+from jaxpos.reproduction.matrix import RUN_MECHANISMS, Profile, registry_runs
 from jaxpos.reproduction.readings import describe
 
 REPORT_FILE = "COMPARISON.md"
@@ -48,59 +54,85 @@ RULE_LABELS = dict(linear="PI", ntk="NTK", dynamic="dynamic NTK", yarn="YaRN", l
 FINETUNE_STAGES = {"paraphrase": "finetune", "order": "order"}  # --finetune TASK: the reproduction's stage
 ALPHA = 0.05
 SHARE, SHARE_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)  # the ranges of an accuracy and of a difference of two
-_OPTION = re.compile(r"^(linear|ntk|dynamic|yarn|llama3|partial|random|local|clip)([0-9.]*)$")
+_OPTION = re.compile(r"^([a-z]+?)([0-9.]*)$")
+
+
+def _rope_rule(scaling: str):
+    def rule(number: str, lengths: dict) -> tuple[list[str], str]:
+        factor = float(number) if number else float(max(lengths["factors"]))
+        return ([f"--config.model.position.rope.scaling={scaling}", f"--config.model.position.rope.factor={factor}",
+                 f"--config.model.position.rope.original_max_length={lengths['seq_len']}"],
+                f"{RULE_LABELS[scaling]} ×{factor:g}")
+    return rule
+
+
+def _needs(what: str, example: str):
+    def check(number: str) -> str:
+        if not number:
+            raise ValueError(f"give {what}, e.g. {example}")
+        return number
+    return check
+
+
+# The shorthands a variant's options take, each `+NAME[NUMBER]` -> (its --config overrides, its label): one table.
+# `lengths` holds the comparison's factors, seq_len and max_length. RoPE's rules may also act at evaluation only
+# (`@eval`); every other shorthand trains.
+SHORTHANDS = {
+    **{scaling: _rope_rule(scaling) for scaling in RULES},
+    "partial": lambda n, lengths: ([f"--config.model.position.rope.fraction={float(n or 0.5)}"],
+                                   f"partial {float(n or 0.5):g}"),
+    "random": lambda n, lengths: (lambda width: ([f"--config.model.position.randomized_max_length={width}"],
+                                                 f"randomized over [0, {width})"))(
+        int(n) if n else max(lengths["seq_len"] * max(lengths["factors"]), lengths["max_length"] + 1)),
+    "local": lambda n, lengths: ([f"--config.model.local_window={int(_needs('the window', 'local128')(n))}"],
+                                 f"local {int(n)}"),
+    "clip": lambda n, lengths: ([f"--config.model.position.diet_rel.max_distance="
+                                 f"{int(_needs('the clip', 'diet_rel+clip16')(n))}"], f"clipped at ±{int(n)}"),
+    "nope": lambda n, lengths: ([f"--config.model.nope_every={int(_needs('the period', 'rope+nope4')(n))}"],
+                                f"NoPE every {int(n)}"),
+}
 
 
 def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: int) -> tuple[str, dict, str | None]:
-    """(the training variant's name, its {"position", "model", "label", "eval"}, the evaluation rule's label or
-    None) of a variant `text` (module docstring); `factors`, `seq_len`, `max_length`: the comparison's lengths."""
+    """(the training variant's name, its {"label", "overrides", "eval"}, the evaluation rule's label or None) of a
+    variant `text` (module docstring): its mechanism's overrides, then each option's from `SHORTHANDS`; a trailing
+    `@eval` keeps RoPE's rules for the lengths stage (their overrides under "eval"). Whether the overrides make a
+    model is checked with the plan (`matrix.check_variants`)."""
     base, _, at = text.partition("@")
     if at not in ("", "eval"):
         raise ValueError(f"variant {text!r}: only '@eval' may follow a variant")
     name, *options = base.split("+")
-    if name not in RUN_MECHANISMS:
-        raise ValueError(f"variant {text!r}: unknown mechanism {name!r}; choose from {', '.join(RUN_MECHANISMS)}")
-    run = RUN_MECHANISMS[name]
-    position, model, labels, rule, trained = json.loads(json.dumps(run.position)), {}, [run.label], {}, [name]
-    longest = seq_len * max(factors)
+    runs = RUN_MECHANISMS if name in RUN_MECHANISMS else registry_runs()  # a mechanism registered since import
+    if name not in runs:
+        raise ValueError(f"variant {text!r}: unknown mechanism {name!r}; choose from {', '.join(runs)} (a mechanism "
+                         "of your own: --import MODULE)")
+    run = runs[name]
+    lengths = dict(factors=factors, seq_len=seq_len, max_length=max_length)
+    overrides, labels, trained, evaluated = list(run.overrides), [run.label], [name], []
     for option in options:
         match = _OPTION.match(option)
-        if not match:
-            raise ValueError(f"variant {text!r}: unknown option {option!r}; choose linear, ntk, dynamic, yarn or llama3 "
-                             "(a factor may follow), partialF, random[N], localW or clipN")
-        key, number = match.group(1), match.group(2)
-        if key in RULES:
-            factor = float(number) if number else float(max(factors))
-            rule = dict(scaling=key, factor=factor, original_max_length=seq_len)
-            labels.append(f"{RULE_LABELS[key]} ×{factor:g}" + (" at evaluation" if at else ""))
-            if not at:
-                position.setdefault("rope", {}).update(rule)
-                trained.append(option)
+        if not match or match.group(1) not in SHORTHANDS:
+            raise ValueError(f"variant {text!r}: unknown option {option!r}; choose {', '.join(SHORTHANDS)} (a number "
+                             "may follow: yarn8, partial0.5, random512, local128, clip16, nope4)")
+        key, number = match.groups()
+        try:
+            more, label = SHORTHANDS[key](number, lengths)
+        except ValueError as error:
+            raise ValueError(f"variant {text!r}: {option}: {error}") from None
+        if at and key in RULES:  # applied to the trained weights in the lengths stage
+            evaluated += more
+            labels.append(f"{label} at evaluation")
             continue
-        if key == "partial":
-            position.setdefault("rope", {})["fraction"] = float(number or 0.5)
-            labels.append(f"partial {float(number or 0.5):g}")
-        elif key == "clip":
-            if position.get("kind") != "diet_rel" or not number:
-                raise ValueError(f"variant {text!r}: clipN clips DIET-Rel's offsets at N, e.g. diet_rel+clip16")
-            position.setdefault("diet_rel", {})["max_distance"] = int(number)
-            labels.append(f"clipped at ±{int(number)}")
-        elif key == "random":
-            position["randomized_max_length"] = int(number) if number else max(longest, max_length + 1)
-            labels.append(f"randomized over [0, {position['randomized_max_length']})")
-        else:
-            if not number:
-                raise ValueError(f"variant {text!r}: give the window, e.g. local128")
-            model["local_window"] = int(number)
-            labels.append(f"local {int(number)}")
+        overrides += more
+        labels.append(label)
         trained.append(option)
-    if rule and at and position.get("kind") != "rope":
-        raise ValueError(f"variant {text!r}: a length rule at evaluation needs RoPE runs")
+    if at and not evaluated:
+        raise ValueError(f"variant {text!r}: '@eval' applies RoPE's length rules at evaluation; give one, e.g. "
+                         "rope+yarn@eval")
     train_labels = [label for label in labels if not label.endswith("at evaluation")]
-    variant = dict(position=position, model=model, label=", ".join(train_labels), eval={})
-    if rule and at:
-        overrides = [f"--config.model.position.rope.{k}={v}" for k, v in rule.items()]
-        variant["eval"][text] = overrides
+    variant = dict(label=", ".join(train_labels), overrides=overrides, eval={})
+    if evaluated:
+        variant["eval"][text] = evaluated
         return "+".join(trained), variant, ", ".join(labels)
     return "+".join(trained), variant, None
 

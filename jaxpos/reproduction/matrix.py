@@ -17,13 +17,18 @@ import os
 import time
 from typing import Mapping, Sequence
 
-from jaxpos.config.position import PositionConfig
+import ml_collections
+
 from jaxpos.config.checks import unknown_field
-from jaxpos.config.model import ModelConfig
-from jaxpos.config.run import FinetuneDataConfig, MLMDataConfig, TrainConfig
+from jaxpos.config.defaults import model_block
 from jaxpos.config.files import apply_overrides, load_config, write_json_atomically
-from jaxpos.positions import MECHANISMS, mechanism as registered
+from jaxpos.config.model import ModelConfig
+from jaxpos.config.position import PositionConfig
+from jaxpos.config.run import FinetuneDataConfig, MLMDataConfig, TrainConfig
+from jaxpos.positions import MECHANISMS, import_mechanisms, mechanism as registered
+from jaxpos.positions.registry import IMPORT_VARIABLE
 from jaxpos.reproduction.host import machine
+from jaxpos.reproduction.profiles import EVERY_MECHANISM
 
 PLAN_FILE = "plan.json"
 RESULT_FILE = "result.json"
@@ -43,43 +48,62 @@ STAGES = ("finetune", "probe", "last", "over_training", "final", "lengths", "ord
 
 @dataclasses.dataclass(frozen=True)
 class RunMechanism:
-    """A mechanism as the reproduction runs it: a registry kind under some options."""
+    """A mechanism as the reproduction runs it: a label and the `--config.*` overrides that make it from any masked-LM
+    recipe (its kind, its options, the model fields it sets), checked through the run config when a plan is
+    made."""
 
     name: str
     label: str  # as the report names it
-    position: dict  # the model.position block (kind and options)
+    overrides: tuple[str, ...]  # --config.model.position.kind=KIND and the rest
     learned: bool  # has learned positional parameters (Chen's "learned encodings")
-    model: dict = dataclasses.field(default_factory=dict)  # other config.model fields it sets (a local window)
+
+    @property
+    def kind(self) -> str:
+        return next(o.partition("=")[2] for o in self.overrides if o.startswith("--config.model.position.kind="))
 
 
-def run_mechanism(name: str, position: dict, label: str | None = None, model: dict | None = None) -> RunMechanism:
-    """The run `name` of the position block `position`; `learned` from the registry, and its label unless given."""
-    record = registered(position["kind"])
-    return RunMechanism(name, label or record.label, position,
-                        record.is_learned(PositionConfig.from_values(position).options),
-                        dict(model or {}))
+def kind_override(kind: str) -> str:
+    return f"--config.model.position.kind={kind}"
+
+
+def run_mechanism(name: str, overrides: Sequence[str], label: str | None = None) -> RunMechanism:
+    """The run `name` of `overrides` (the first sets the kind); `learned` from the registry under the options the
+    overrides set, and its label unless given."""
+    overrides = tuple(overrides)
+    if not overrides or not overrides[0].startswith("--config.model.position.kind="):
+        raise ValueError(f"run {name!r}: its overrides start with {kind_override('KIND')}, got {overrides}")
+    block = apply_overrides(ml_collections.ConfigDict(dict(model=model_block())), list(overrides))
+    position = PositionConfig.from_values(block.model.position)
+    record = registered(position.kind)
+    return RunMechanism(name, label or record.label, overrides, record.is_learned(position.options))
 
 
 # The runs of a kind beside its own (named after the kind, with the registry's label and default options):
-# (name, label, options).
+# (name, label, overrides of the kind's options and the model).
 RUN_VARIANTS = {
-    "tisa": [("tisa_input", "TISA + input positions", dict(tisa=dict(input_positions=True)))],
-    "diet_rel": [("diet_rel_layer", "DIET-Rel, shared by layer", dict(diet_rel=dict(sharing="layer")))],
-    "diet_abs": [("diet_abs_unshared", "DIET-Abs, unshared", dict(diet_abs=dict(sharing="none"))),
+    "tisa": [("tisa_input", "TISA + input positions", ["--config.model.position.tisa.input_positions=True"])],
+    "diet_rel": [("diet_rel_layer", "DIET-Rel, shared by layer", ["--config.model.position.diet_rel.sharing=layer"])],
+    "diet_abs": [("diet_abs_unshared", "DIET-Abs, unshared", ["--config.model.position.diet_abs.sharing=none"]),
                  ("diet_abs_segments", "DIET-Abs, shared by layer, per-head segments",
-                  dict(diet_abs=dict(sharing="layer"), segment="per_head"))],
+                  ["--config.model.position.diet_abs.sharing=layer", "--config.model.position.segment=per_head"])],
     "attenuated": [("attenuated_learned", "attenuated, learnable (n x n per head)",
-                    dict(attenuated=dict(form="matrix")))],
+                    ["--config.model.position.attenuated.form=matrix"])],
 }
 
-# Every registered mechanism, each followed by its variants.
-RUN_MECHANISMS = {run.name: run for kind in MECHANISMS for run in (
-    run_mechanism(kind, dict(kind=kind)),
-    *(run_mechanism(name, dict(kind=kind, **options), label) for name, label, options in RUN_VARIANTS.get(kind, ())))}
+
+def registry_runs() -> dict[str, RunMechanism]:
+    """Every registered mechanism, each followed by its variants (a mechanism registered later, a researcher's,
+    included)."""
+    return {run.name: run for kind in MECHANISMS for run in (
+        run_mechanism(kind, [kind_override(kind)]),
+        *(run_mechanism(name, [kind_override(kind), *options], label)
+          for name, label, options in RUN_VARIANTS.get(kind, ())))}
+
+
+RUN_MECHANISMS = registry_runs()
 BAG_OF_WORDS = "none"  # the baseline every learning curve is judged against
 TIMING_MECHANISM = "tisa"  # timed for the estimate: a logit-bias mechanism, its step costs what most runs' do
 
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +138,9 @@ class Profile:
     # overrides applied to it before the blocks above (`jaxpos compare`: the user's config and overrides).
     config: str = "configs/mlm/tiny.py"
     overrides: tuple[str, ...] = ()
-    # Mechanisms of this profile beyond the registry's runs: {name: {"position", "label", "model", "eval"}}, where
-    # "eval" holds {label: overrides} of rules applied at evaluation only (RoPE's length rules: `jaxpos compare`).
+    # Mechanisms of this profile beyond the registry's runs: {name: {"label", "overrides", "eval"}}, where
+    # "overrides" make it from the recipe (the first sets its kind) and "eval" holds {row: overrides} of options
+    # applied at evaluation only (RoPE's length rules: `jaxpos compare`).
     variants: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -167,76 +192,84 @@ class Profile:
             raise ValueError(f"profile {self.name}: unknown mechanisms {unknown}")
 
 
-_TINY_ANALYSIS = dict(num_probe_words=16, probe_length=128, lengths=(16, 32, 64, 128), windows=2, probe_epochs=10,
-                      probe_patience=3, probe_learning_rate=3e-3, decomposition_sentences=8)
-PROFILES = {
-    # The recipe the verdicts are for: configs/mlm/tiny.py (d = 128, L = 2, H = 4, D = 32) on 128-token rows of
-    # three English Bibles (2.8M tokens), 64 rows a step. At 16 rows a step DIET-Rel's held-out loss parts from
-    # the bag-of-words model's between steps 1,000 and 2,000 and learned absolute positions had not parted by
-    # step 4,000; 64 rows a step cost a GPU no more time per step (a tiny model is latency-bound) and bring the
-    # parting forward, so 4,000 steps leave the slow mechanisms a margin (on an H200, learned absolute positions
-    # part by step 1,600). Fine-tuning: 600 steps of 32 pairs on the paraphrase task. On the word-order task
-    # learned absolute positions stay at chance for 6,000 steps of 32 pairs and learn it after (0.714 at step
-    # 18,000 on 2026-11-27; at 1,200 steps of 4,000 pairs, at rates from 3e-4 to 3e-3, no input positions learned
-    # it), so it reads all its training pairs for 20,000 steps, at one rate: a grid at that length would triple what
-    # is already most of the profile's time. Sinusoidal positions reached 0.540 at best with it.
-    "full": Profile(
-        "full", "the verdicts: every mechanism, 5 seeds; about 1.5 hours of one GPU host (estimated; the word-order "
-        "task's 20,000 steps a run are most of it), days on 2 CPU cores",
-        tuple(RUN_MECHANISMS), 5,
-        model=dict(max_length=128),
-        data=dict(source="bible", bible_editions=("web", "kjv", "bbe"), seq_len=128, vocab_size=4000),
-        train=dict(num_steps=4000, batch_size=64, learning_rate=2e-3, warmup_fraction=0.05, max_predictions=32),
-        finetune_data=dict(max_length=128, offline_train_examples=4000, offline_dev_examples=1000,
-                           offline_test_examples=1000),
-        finetune_train=dict(num_steps=600, batch_size=32, learning_rate=1e-3),
-        order_data=dict(offline_train_examples=0), order_train=dict(num_steps=20000, batch_size=32, learning_rate=3e-4),
-        analysis=_TINY_ANALYSIS, max_sentences=64, probe_examples=1000, curve_points=10, analysis_points=5,
-        timing_steps=40),
-    # A first look in minutes on 2 CPU cores: a d = 64 model on 64-token rows of one Bible, 2 seeds, four
-    # mechanisms. Its models are judged as untrained where they are: the verdicts are the full profile's to give.
-    "smoke": Profile(
-        "smoke", "a first look: a small model, 4 mechanisms, 2 seeds, a few minutes on 2 CPU cores",
-        ("none", "absolute", "tisa", "diet_rel"), 2,
-        model=dict(d_model=64, num_layers=2, num_heads=4, mlp_dim=128, max_length=64, dropout=0.0,
-                   attention_dropout=0.0),
-        # eval_fraction >= the fine-tuning's dev + test fractions: pretraining never reads their chapters
-        data=dict(source="bible", bible_editions=("web",), max_documents=400, eval_fraction=0.2, seq_len=64,
-                  vocab_size=2000),
-        train=dict(num_steps=240, batch_size=16, learning_rate=3e-3, warmup_fraction=0.05, max_predictions=16),
-        finetune_data=dict(max_length=64, offline_train_examples=512, offline_dev_examples=256,
-                           offline_test_examples=256, bible_books=tuple(range(1, 11)), bible_dev_fraction=0.1,
-                           bible_test_fraction=0.1),
-        finetune_train=dict(num_steps=60, batch_size=16, learning_rate=1e-3),
-        analysis=dict(_TINY_ANALYSIS, probe_length=64, lengths=(16, 32, 64), probe_epochs=4),
-        max_sentences=32, probe_examples=128, curve_points=4, analysis_points=2, eval_batches=4, length_tokens=4096,
-        xla_flags=FAST_COMPILE),
-    # For tests: a d = 32 model (D = 8) on 32-token rows, a few steps.
-    "micro": Profile(
-        "micro", "tests: a d = 32 model, a few steps", ("none", "tisa"), 2,
-        model=dict(d_model=32, num_layers=2, num_heads=4, mlp_dim=48, max_length=32, dropout=0.0,
-                   attention_dropout=0.0),
-        data=dict(source="bible", bible_editions=("web",), max_documents=60, eval_fraction=0.2, seq_len=32,
-                  vocab_size=400),
-        train=dict(num_steps=12, batch_size=8, learning_rate=3e-3, warmup_fraction=0.1, max_predictions=8),
-        finetune_data=dict(max_length=32, offline_train_examples=64, offline_dev_examples=32,
-                           offline_test_examples=32, bible_books=(1, 2), bible_dev_fraction=0.1,
-                           bible_test_fraction=0.1),
-        finetune_train=dict(num_steps=4, batch_size=8, learning_rate=1e-3),
-        analysis=dict(num_probe_words=4, probe_length=32, lengths=(8, 16), windows=1, probe_epochs=2,
-                      probe_patience=1, probe_learning_rate=3e-3, decomposition_sentences=4),
-        max_sentences=16, probe_examples=24, curve_points=2, analysis_points=2, eval_batches=2, timing_steps=3,
-        length_tokens=1024,
-        xla_flags=FAST_COMPILE),
-}
+PROFILE_NAMES = ("full", "smoke", "micro")  # the profile files of configs/reproduce/
+
+
+def load_profile(spec: str) -> Profile:
+    """A profile by name (configs/reproduce/NAME.py of the repository, or of an installed wheel) or a profile file's
+    path (`path.py`, `get_config()` returning a Profile's fields): a recipe is a config file like any other."""
+    path = repo_config(f"configs/reproduce/{spec}.py") if spec in PROFILE_NAMES else spec
+    if not spec.endswith(".py") and spec not in PROFILE_NAMES:
+        raise ValueError(f"unknown profile {spec!r}; choose one of {', '.join(PROFILE_NAMES)} or give a profile file "
+                         "(configs/reproduce/*.py shows the fields)")
+    values = load_config(path).to_dict()
+    if values.get("mechanisms") == EVERY_MECHANISM:
+        values["mechanisms"] = tuple(RUN_MECHANISMS)
+    return profile_from(values)
+
+
+def profile_from(values: Mapping) -> Profile:
+    """A Profile from its fields as a file or a saved plan holds them (tuples come back as lists)."""
+    values = dict(values)
+    values["mechanisms"] = tuple(values["mechanisms"])
+    if "lengths" in values.get("analysis", {}):
+        values["analysis"] = dict(values["analysis"], lengths=tuple(values["analysis"]["lengths"]))
+    for key in ("length_factors", "order_learning_rates", "overrides"):
+        if key in values:
+            values[key] = tuple(values[key])
+    for key in ("data", "finetune_data", "order_data"):  # fields whose typed defaults are tuples
+        if values.get(key):
+            values[key] = {k: tuple(v) if isinstance(v, list) else v for k, v in values[key].items()}
+    return Profile(**values)
+
+
+class _Profiles(Mapping):
+    """The named profiles, each read from its file when first asked for."""
+
+    def __init__(self):
+        self._loaded: dict[str, Profile] = {}
+
+    def __getitem__(self, name: str) -> Profile:
+        if name not in PROFILE_NAMES:
+            raise KeyError(name)
+        if name not in self._loaded:
+            self._loaded[name] = load_profile(name)
+        return self._loaded[name]
+
+    def __iter__(self):
+        return iter(PROFILE_NAMES)
+
+    def __len__(self) -> int:
+        return len(PROFILE_NAMES)
+
+
+PROFILES = _Profiles()
 
 
 def mechanism_of(profile: Profile, name: str) -> RunMechanism:
     """The run mechanism `name` of a profile: one of its variants, else the registry's."""
     if name in profile.variants:
         variant = profile.variants[name]
-        return run_mechanism(name, variant["position"], variant.get("label"), variant.get("model"))
-    return RUN_MECHANISMS[name]
+        return run_mechanism(name, variant_overrides(variant), variant.get("label"))
+    runs = RUN_MECHANISMS if name in RUN_MECHANISMS else registry_runs()  # a mechanism registered since import
+    if name not in runs:
+        raise ValueError(f"unknown mechanism {name!r}; choose from {', '.join(runs)} (a mechanism of your own: "
+                         "--import MODULE)")
+    return runs[name]
+
+
+def variant_overrides(variant: dict) -> list[str]:
+    """A variant's overrides; a plan saved before variants were overrides gives its position and model blocks."""
+    if "overrides" in variant:
+        return list(variant["overrides"])
+    position = dict(variant["position"])
+    out = [kind_override(position.pop("kind"))]
+    for key, value in position.items():
+        if isinstance(value, dict):
+            out += [f"--config.model.position.{key}.{k}={v}" for k, v in value.items()]
+        else:
+            out.append(f"--config.model.position.{key}={value}")
+    return out + [f"--config.model.{k}={v}" for k, v in (variant.get("model") or {}).items()]
 
 
 def base_config(profile: Profile):
@@ -277,12 +310,7 @@ def pretrain_config(plan: dict, mechanism: str, seed: int):
     config = base_config(profile)
     run = mechanism_of(profile, mechanism)
     config.model.update(profile.model)
-    config.model.update(run.model)
-    for key, value in run.position.items():
-        if isinstance(value, dict):
-            config.model.position[key].update(value)
-        else:
-            config.model.position[key] = value
+    config = apply_overrides(config, list(run.overrides))
     config.data.update(profile.data)
     config.data.update(tokenizer_path=plan.get("tokenizer", ""), seed=seed)
     steps = profile.steps
@@ -333,9 +361,34 @@ def make_plan(profile: Profile, seeds: int, needs: Mapping[str, Sequence[str]], 
     order = list(dict.fromkeys(order))
     runs = {run_name(m, s): dict(mechanism=m, seed=s, stages=[x for x in STAGES if x in needs[m]])
             for s in range(seeds) for m in order}  # seed-major: every mechanism's first seed comes first
-    return dict(profile=dataclasses.asdict(profile), mechanisms=order, claims=list(claims), seeds=seeds,
+    plan = dict(profile=dataclasses.asdict(profile), mechanisms=order, claims=list(claims), seeds=seeds,
                 workers=workers, runs=runs, machine=machine(), created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                started_unix=time.time())
+                started_unix=time.time(), imports=imported_modules())
+    check_variants(plan)
+    return plan
+
+
+def imported_modules() -> list[str]:
+    """The modules `--import` named in this command (researchers' mechanisms), which the plan's runs import."""
+    return [m for m in os.environ.get(IMPORT_VARIABLE, "").split(",") if m]
+
+
+def check_variants(plan: dict) -> None:
+    """Every variant of a plan made into its run config and checked as its run would check it (the recipe, the
+    tagged union of its position block, the model, the attention implementation on this host), and every rule at
+    evaluation against its trained model: whatever a run would refuse is refused now, in one line naming the
+    variant."""
+    from jaxpos.training.validate import check_run_config  # lazy: loads jax; the plan's grammar needs none
+    from jaxpos.workflows.lengths import evaluated_position  # lazy: with the check, as its run would read it
+
+    profile = profile_of(plan)
+    for name in plan["mechanisms"]:
+        try:
+            run = check_run_config(pretrain_config(plan, name, 0), task="mlm")
+            for row, overrides in profile.variants.get(name, {}).get("eval", {}).items():
+                run.replace_model(position=evaluated_position(run.model.position, overrides, f"{row}: a"))
+        except ValueError as error:
+            raise ValueError(f"variant {name!r}: {error}") from None
 
 
 def load_plan(out: str) -> dict | None:
@@ -345,6 +398,8 @@ def load_plan(out: str) -> dict | None:
         return None
     with open(path) as f:
         plan = json.load(f)
+    if plan.get("imports"):  # the researchers' mechanisms its runs use, registered as the planning command had them
+        import_mechanisms(plan["imports"])
     if plan.get("tokenizer"):
         plan["tokenizer"] = os.path.join(os.path.abspath(out), plan["tokenizer"])
     return plan
@@ -381,14 +436,7 @@ def resumed_line(plan: dict) -> list[str]:
 
 def profile_of(plan: dict) -> Profile:
     """The plan's profile (as saved: tuples came back as lists)."""
-    values = dict(plan["profile"])
-    values["mechanisms"] = tuple(values["mechanisms"])
-    if "lengths" in values["analysis"]:
-        values["analysis"] = dict(values["analysis"], lengths=tuple(values["analysis"]["lengths"]))
-    for key in ("length_factors", "order_learning_rates", "overrides"):
-        if key in values:
-            values[key] = tuple(values[key])
-    return Profile(**values)
+    return profile_from(plan["profile"])
 
 
 def run_dir(out: str, name: str) -> str:

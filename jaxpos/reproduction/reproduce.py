@@ -42,9 +42,7 @@ def new_plan(profile: str, seeds: int | None = None, workers: int | None = None,
              mechanisms: Sequence[str] | None = None, claims: Sequence[str] | None = None) -> dict:
     """The run matrix of these settings without writing anything: the runs (mechanism x seed, with their stages)
     that the chosen claims need of the chosen mechanisms (default: the profile's), and the bag-of-words runs."""
-    if profile not in matrix.PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(matrix.PROFILES)}")
-    chosen = matrix.PROFILES[profile]
+    chosen = matrix.PROFILES[profile] if profile in matrix.PROFILES else matrix.load_profile(profile)
     available = list(mechanisms or chosen.mechanisms)
     unknown = [m for m in available if m not in matrix.RUN_MECHANISMS]
     if unknown or not available:
@@ -289,7 +287,7 @@ def run_one(out: str, name: str) -> str:
     """Executes NAME of the plan in OUT in this process (a SLURM array task; the scheduler gives it its device):
     a mechanism (its unfinished seeds pretrained at once, then each run's stages in turn) or one run. Returns
     "done", or "already finished"; raises RuntimeError naming what failed."""
-    plan = matrix.require_plan(out, f"plan with `jaxpos reproduce --out {out} --plan-only`")
+    plan = matrix.require_plan(out, f"plan with `jaxpos reproduce --out {out} --plan-only`")  # its imports too
     mechanisms = matrix.pretraining_groups(plan)
     if name not in plan["runs"] and name not in mechanisms:
         raise ValueError(f"{name!r} is neither a mechanism nor a run of {out}/plan.json; mechanisms: "

@@ -7,43 +7,33 @@ A task supplies the model-specific parts (see `Task`); the loop owns everything 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import json
-import math
-import time
 from typing import Callable, Iterable, Protocol, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
+from jaxpos.config.position import config_dict
 from jaxpos.config.run import MeshConfig, TrainConfig
 from jaxpos.models.layout import relayout
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
-                             replicated)
+                             make_global_batch, replicated)
 from jaxpos.training.checkpoint import Checkpointer, abstract_like
-from jaxpos.training.flops import throughput
+from jaxpos.training.hooks import (IN_FLIGHT_STEPS, Evaluation, Every, Hooks, Saving, StepContext, StopCheck,
+                                   TrainingDiverged, TrainLog, UserHook)
 from jaxpos.training.interrupt import RunStopped, deferred_stop
-from jaxpos.training.metrics import MetricWriter
 from jaxpos.training.optim import learning_rate_schedule, make_optimizer
 from jaxpos.training.prefetch import Prefetcher
 from jaxpos.training.seeds import SeedRun, check_seed_runs, seed_layout
 from jaxpos.training.state import TrainState, init_state
 
-__all__ = ["IN_FLIGHT_STEPS", "SeedRun", "Task", "TrainResult", "Trainer", "TrainingDiverged", "check_seed_runs",
-           "make_global_batch", "model_config_dict", "train_step"]
-
-
-IN_FLIGHT_STEPS = 8  # steps dispatched ahead of the oldest unfinished one (each holds its batch on the device)
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss, the gradient norm or the updated state became NaN or infinite; the last good checkpoint is kept."""
+__all__ = ["Every", "IN_FLIGHT_STEPS", "SeedRun", "Task", "TrainResult", "Trainer", "TrainingDiverged",
+           "check_seed_runs", "make_global_batch", "model_config_dict", "train_step"]
 
 
 class Task(Protocol):
@@ -120,59 +110,7 @@ def with_activation_sharding(fn: Callable, mesh) -> Callable:
 
 def model_config_dict(model: nn.Module) -> dict:
     """The typed config of a jaxpos model (`model.cfg`) as a JSON-ready dict, saved with every checkpoint."""
-    return json.loads(json.dumps(dataclasses.asdict(model.cfg)))
-
-
-def make_global_batch(local: dict, sharding: NamedSharding) -> dict:
-    """Global arrays [B, ...] from each process's rows: process p of P gives rows [p·B/P, (p+1)·B/P) as numpy
-    arrays [B/P, ...] (the split of jaxpos.data.order.host_slice), so each process reads only its share.
-
-    When the mesh gives each process exactly those rows (one process; or the batch axes span the processes in
-    process order, as make_mesh lays them out) the arrays are assembled in place. Otherwise (e.g. tensor
-    parallelism across hosts, where every process needs every row) they are assembled split by process and
-    then resharded on the devices, which moves rows between processes."""
-    count, index = jax.process_count(), jax.process_index()
-    if count == 1:  # every row is this process's: one batched transfer for the whole batch
-        return jax.device_put({key: np.asarray(value) for key, value in local.items()}, sharding)
-    out = {}
-    for key, value in local.items():
-        value = np.asarray(value)
-        shape = (value.shape[0] * count,) + value.shape[1:]
-        if _holds_rows(sharding, shape[0], index * value.shape[0], (index + 1) * value.shape[0]):
-            out[key] = jax.make_array_from_process_local_data(sharding, value, shape)
-        else:
-            by_process = jax.make_array_from_process_local_data(_process_sharding(sharding.mesh), value, shape)
-            out[key] = _reshard(sharding)(by_process)
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _holds_rows(sharding: NamedSharding, rows: int, start: int, stop: int) -> bool:
-    """Whether this process's devices hold exactly rows [start, stop) of a [rows, ...] array."""
-    held = np.zeros(rows, bool)
-    for index in sharding.addressable_devices_indices_map((rows,)).values():
-        held[index[0]] = True
-    return bool(held[start:stop].all()) and int(held.sum()) == stop - start
-
-
-@functools.lru_cache(maxsize=None)
-def _process_sharding(mesh) -> NamedSharding:
-    """Rows split over processes in process order, replicated over each process's devices."""
-    devices = sorted(mesh.devices.flat, key=lambda d: (d.process_index, d.id))
-    grid = np.asarray(devices, dtype=object).reshape(jax.process_count(), -1)
-    return NamedSharding(Mesh(grid, ("process", "local")), PartitionSpec("process"))
-
-
-@jax.jit
-def _stacked(metrics: list[dict]) -> dict:
-    """Steps' metric dicts -> one dict of [steps] arrays, to read them in a transfer a metric. Compiles once a
-    window length: the log interval, and the few shorter windows that evaluations and checkpoints cut."""
-    return jax.tree.map(lambda *values: jnp.stack(values), *metrics)
-
-
-@functools.lru_cache(maxsize=None)
-def _reshard(sharding: NamedSharding) -> Callable:
-    return jax.jit(lambda x: x, out_shardings=sharding)
+    return json.loads(json.dumps(config_dict(model.cfg)))
 
 
 @dataclasses.dataclass
@@ -203,17 +141,6 @@ class _Zipped:
             it.set_state(state)
 
 
-@dataclasses.dataclass(frozen=True)
-class Every:
-    """A hook's cadence: every `steps` steps and at the run's last step."""
-
-    steps: int
-    last: int
-
-    def __call__(self, step: int) -> bool:
-        return step % self.steps == 0 or step == self.last
-
-
 class Trainer:
     """Builds the mesh, shardings and jitted steps for a task, then runs and resumes training.
 
@@ -230,6 +157,7 @@ class Trainer:
         written or compiled, a batch the mesh cannot split and a workdir whose newest checkpoint holds another
         model: the checkpoints are only read until `run` has restored them and the data position (`on_start`)."""
         self.seeds = seed_layout([SeedRun(train.seed, workdir)] if isinstance(workdir, str) else list(workdir))
+        self.user_hooks: list[tuple[Callable, int]] = []  # `add_hook`
         self.seed_runs = self.seeds.runs
         self.train, self.workdir, self.task, self.log = train, self.seed_runs[0].workdir, task, log
         self.mesh = mesh if isinstance(mesh, Mesh) else make_mesh(**dataclasses.asdict(mesh or MeshConfig()))
@@ -353,12 +281,18 @@ class Trainer:
         return [{k: float(v) for k, v in self.task.summarize(sums).items()}
                 for sums in self.seeds.by_seed(jax.device_get(total))]
 
+    def add_hook(self, fn: Callable[[int, TrainState], dict | None], every: int = 1) -> None:
+        """`fn(step, state)` after every `every`-th step and the run's last (not while a signal stops the run), for
+        the runs of this trainer from now on; with seeds trained at once, called with each seed's own state (no
+        seed axis). What it returns is logged as that seed's evaluation metrics of the step."""
+        self.user_hooks.append((fn, every))
+
     def run(self, data, eval_batches: Callable[[], Iterable[dict]] | None = None,
             hooks: Iterable[Callable[[int, TrainState], dict | None]] = (),
             on_start: Callable[[], None] | None = None) -> TrainResult:
         """Trains the one run to train.num_steps from wherever its checkpoints left off (`run_seeds` for several);
-        see `run_seeds`. `hooks` run after every step (and a resumed run's evaluation of its last step) with the step
-        and the state, and choose their own steps; what they return is logged as evaluation metrics."""
+        see `run_seeds`. `hooks`: functions of (step, state) called after every step, which choose their own steps
+        (`add_hook(fn, every=1)` for this run)."""
         if self.seeds.count > 1:
             raise ValueError(f"this trainer trains {self.seeds.count} seeds: call run_seeds")
         return self.run_seeds([data], None if eval_batches is None else [eval_batches], on_start, hooks)[0]
@@ -373,58 +307,50 @@ class Trainer:
         and raises `RunStopped` (jaxpos.training.interrupt). A run resumed at its last step trains nothing and
         evaluates that step again. Returns each seed's result.
 
-        The loop body is the step, then the hooks, each at its own cadence: the training log (`_TrainLog`, every
-        train.log_every steps), the evaluation and the user's hooks (`_Evaluation`, every train.eval_every), the
-        checkpoint (`_Saving`, every train.checkpoint_every and when a signal stops the run)."""
+        The loop body is the step, then the hooks in order, each at its own cadence (jaxpos/training/hooks.py): the
+        training log, the evaluation, the user's hooks (`add_hook`; `hooks` here: every step), the checkpoint and
+        the interrupt check."""
         tcfg = self.train
-        self._check_inputs(data, eval_batches, hooks)
+        self._check_inputs(data, eval_batches)
         data = _Zipped(data)
         state, resumed = self.initial_state(data)
         start = self.seeds.first_step(state)
         if on_start is not None:
             on_start()
-        log = _TrainLog(self, start, resumed)
-        evaluation = _Evaluation(self, eval_batches, hooks, log)
-        saving = _Saving(self, log, data)
-        due = {name: Every(every, tcfg.num_steps) for name, every in
-               (("log", tcfg.log_every), ("eval", tcfg.eval_every), ("save", tcfg.checkpoint_every))}
+        log = TrainLog(self, start, resumed)
+        evaluation = Evaluation(self, eval_batches, log)
+        saving = Saving(self, log, data)
+        users = [UserHook(fn, every, self, log, evaluation) for fn, every in
+                 [*self.user_hooks, *((fn, 1) for fn in hooks)]]
+        loop = Hooks([log, evaluation, *users, saving, StopCheck()], tcfg.num_steps)
         if tcfg.checkpoint_initial and resumed is None and start == 0:  # the initialisation, as step 0
-            saving(0, state, None)
+            saving.save(0, state, None)
         batches = None
         with deferred_stop() as stop:
             try:
                 batches = Prefetcher(data, self.global_batch, tcfg.prefetch_batches)
                 if start >= tcfg.num_steps and not stop:  # resumed at the end: the last step's evaluation again
-                    evaluation(start, state, evaluate=True)
+                    for hook in (evaluation, *users):
+                        hook(StepContext(start, state))
                 for step in range(start, tcfg.num_steps):
                     batch, position = next(batches)  # made ahead, a batch carries its data position
                     state, metrics = self.train_step(state, batch)
-                    done = step + 1
-                    log.record(done, metrics)
-                    if due["log"](done):
-                        log.write(done)
-                    if not stop:  # a stopping run saves its step and leaves its evaluation to the resumed one
-                        evaluation(done, state, evaluate=due["eval"](done))
-                    if due["save"](done) or stop:
-                        saving(done, state, position)
-                    if stop:
+                    log.record(step + 1, metrics)
+                    if loop.after_step(StepContext(step + 1, state, position, stopping=bool(stop))).end:
                         break
             finally:
                 if batches is not None:
                     batches.close()
-                saving.close()
-                log.close()
+                loop.close()
         if stop:  # the step in progress was checkpointed (or the run had just ended): say so instead of going on
             raise self._stopped(stop.signum)
         return [TrainResult(seed_state, final, evaluated, resumed) for seed_state, final, evaluated
                 in zip(self.seed_states(state), log.final, evaluation.metrics)]
 
-    def _check_inputs(self, data: Sequence, eval_batches, hooks) -> None:
+    def _check_inputs(self, data: Sequence, eval_batches) -> None:
         count = self.seeds.count
         if len(data) != count or (eval_batches is not None and len(eval_batches) != count):
             raise ValueError(f"{count} seed(s) need as many data iterators and evaluation sets")
-        if hooks and count > 1:
-            raise ValueError("hooks see one run's state: train seeds with hooks one at a time")
 
     def _stopped(self, signum: int) -> RunStopped:
         """The error that ends a run stopped by a signal, naming the step it saved."""
@@ -437,134 +363,3 @@ class Trainer:
             checkpointer.close()
 
 
-class _TrainLog:
-    """The training metrics of every seed: kept on the device as the steps run ahead, read in one transfer a metric
-    (`read`: before every log line, evaluation and checkpoint), checked finite (a diverged run stops), then averaged
-    over the window since the last line and written with the speed (`write`)."""
-
-    def __init__(self, trainer: Trainer, start: int, resumed: int | None):
-        self.trainer, tcfg, seeds = trainer, trainer.train, trainer.seeds
-        self.writers = [MetricWriter(run.workdir, tcfg.num_steps, start, console=k == 0,
-                                     enabled=trainer.log and jax.process_index() == 0)
-                        for k, run in enumerate(seeds.runs)]
-        if trainer.log and seeds.header():
-            self.writers[0].write(seeds.header())
-        if resumed is not None and trainer.log:
-            self.writers[0].write(f"resumed from checkpoint step {resumed} in {trainer.workdir}/checkpoints"
-                                  + (" and the other seeds'" if seeds.count > 1 else ""))
-        self.final = [{} for _ in range(seeds.count)]
-        self.pending: list[tuple[int, dict]] = []  # (step, device metrics) not read yet
-        self.windows: list[list[dict]] = [[] for _ in range(seeds.count)]  # each seed's since the last line
-        self.in_flight = collections.deque(maxlen=IN_FLIGHT_STEPS)
-        task = trainer.task
-        self.tokens_per_step = tcfg.batch_size * task.tokens_per_example  # each seed's own; the FLOPs count all
-        self.step_flops = seeds.count * task.step_flops(tcfg.batch_size) if hasattr(task, "step_flops") else None
-        self.compute_dtype = task.model.cfg.dtype
-        self.tick = time.perf_counter()
-
-    def record(self, step: int, metrics: dict) -> None:
-        """Keeps a step's device metrics; the host stays a few steps ahead of the device, never the whole window."""
-        self.pending.append((step, metrics))
-        if len(self.in_flight) == self.in_flight.maxlen:
-            jax.block_until_ready(self.in_flight[0])
-        self.in_flight.append(metrics)
-        for writer in self.writers:
-            writer.advance()
-
-    def read(self) -> None:
-        """Host copies of the unread steps' metrics, in one transfer (the steps ran ahead meanwhile); stops the run
-        at the first step whose loss, gradient norm or updated state is not finite. A state not read finite is
-        never saved (hooks, which run every step, may see one not yet read)."""
-        if not self.pending:
-            return
-        stacked = jax.device_get(_stacked([m for _, m in self.pending]))  # a transfer a metric, not one a step
-        for i, (step, _) in enumerate(self.pending):
-            for k, window in enumerate(self.windows):
-                host = {name: float(np.reshape(values[i], -1)[k]) for name, values in stacked.items()}
-                state_finite = host.pop("state_finite") == 1.0
-                if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"]) and state_finite):
-                    raise self.diverged(host, state_finite, step, k)
-                window.append(host)
-        self.pending.clear()
-
-    def write(self, step: int) -> None:
-        """Each seed's means since the last line, with the step time and throughput of the window."""
-        self.read()
-        elapsed, self.tick = time.perf_counter() - self.tick, time.perf_counter()
-        step_time = elapsed / len(self.windows[0])  # a step of every seed at once
-        trainer = self.trainer
-        speed = dict(step_time=step_time, tokens_per_s=self.tokens_per_step / step_time,
-                     **throughput(self.step_flops, step_time, trainer.mesh.size,
-                                  trainer.mesh.devices.flat[0].device_kind, self.compute_dtype))
-        for k, (writer, window) in enumerate(zip(self.writers, self.windows)):
-            final = {name: float(np.mean([m[name] for m in window])) for name in window[-1]}
-            final.update(speed)
-            writer.postfix(loss=final["loss"])
-            if step == trainer.train.num_steps:
-                writer.finish_bar()
-            writer.scalars(step, final)
-            self.final[k] = final
-            window.clear()
-
-    def diverged(self, host: dict, state_finite: bool, step: int, seed_index: int = 0) -> TrainingDiverged:
-        """The error that stops a run whose step `step` read `host` (its metrics) and `state_finite`."""
-        if not math.isfinite(host["loss"]):
-            what = f"loss is {host['loss']}"
-        elif not math.isfinite(host["grad_norm"]):
-            what = f"gradient norm is {host['grad_norm']}"
-        else:
-            what = "the updated parameters or optimizer state are not finite"
-        trainer = self.trainer
-        run = trainer.seed_runs[seed_index]
-        saved = trainer.checkpointers[seed_index].steps()  # only states read finite are ever saved
-        last = f"The last good checkpoint is step {saved[-1]}" if saved else "There is no checkpoint"
-        return TrainingDiverged(f"{what}{trainer.seeds.seed_words(seed_index)} at step {step}; stopping. {last} "
-                                f"in {run.workdir}")
-
-    def close(self) -> None:
-        for writer in self.writers:
-            writer.close()
-
-
-class _Evaluation:
-    """At its steps, each seed's held-out evaluation (`eval_batches`), then the user's hooks (one seed), written to
-    each seed's log; `metrics` keeps each seed's latest."""
-
-    def __init__(self, trainer: Trainer, eval_batches, hooks, log: _TrainLog):
-        self.trainer, self.hooks, self.log = trainer, list(hooks), log
-        self.metrics = [{} for _ in range(trainer.seeds.count)]
-        self.batches = None if eval_batches is None else (
-            (lambda: eval_batches[0]()) if trainer.seeds.count == 1 else (lambda: zip(*(fn() for fn in eval_batches))))
-
-    def __call__(self, step: int, state: TrainState, evaluate: bool) -> None:
-        if evaluate and self.batches is not None:
-            self.log.read()
-            self.metrics = self.trainer.evaluate(state.params, self.batches())
-            for writer, evaluated in zip(self.log.writers, self.metrics):
-                writer.scalars(step, evaluated, prefix="eval")
-        for hook in self.hooks:  # one seed only
-            extra = hook(step, state)
-            if extra:
-                self.log.writers[0].scalars(step, extra, prefix="eval")
-                self.metrics[0].update(extra)
-
-
-class _Saving:
-    """Each seed's checkpoint of a step, with its data position; only once the step's metrics read finite."""
-
-    def __init__(self, trainer: Trainer, log: _TrainLog, data: _Zipped):
-        self.trainer, self.log, self.data = trainer, log, data
-        for checkpointer in trainer.checkpointers:
-            checkpointer.writable()
-
-    def __call__(self, step: int, state: TrainState, positions) -> None:
-        self.log.read()  # never checkpoint a state not known to be finite
-        positions = positions if positions is not None else self.data.get_state()
-        trainer = self.trainer
-        for checkpointer, seed_state, position in zip(trainer.checkpointers, trainer.seed_states(state), positions):
-            if step not in checkpointer.steps():  # a seed that saved it before the batch was stopped keeps it
-                checkpointer.save(step, seed_state, position, trainer.model_config)
-
-    def close(self) -> None:
-        for checkpointer in self.trainer.checkpointers:
-            checkpointer.wait()

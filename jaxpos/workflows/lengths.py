@@ -17,7 +17,7 @@ from etils import epath
 from jaxpos.config import ModelConfig
 from jaxpos.config.checks import typed
 from jaxpos.config.files import apply_overrides, write_run_file
-from jaxpos.config.position import config_dict
+from jaxpos.config.position import PositionConfig, config_dict
 from jaxpos.evaluation.lengths import evaluate_lengths
 from jaxpos.run import Run
 
@@ -30,13 +30,20 @@ def evaluation_run(run: Run, overrides: Sequence[str]) -> Run:
     rules). Raises ValueError for any other field, or for a mechanism without such options."""
     if not overrides:
         return run
-    position = run.config.model.position
+    position = evaluated_position(run.config.model.position, overrides, f"{run.workdir} is a")
+    return dataclasses.replace(run, config=run.config.replace_model(position=position))
+
+
+def evaluated_position(position: PositionConfig, overrides: Sequence[str], whose: str = "this is a") -> PositionConfig:
+    """`position` (a trained model's block) with `overrides` of its kind's `evaluation_fields`; anything else is a
+    one-line ValueError (a trained run is scored as it trained). `whose` begins the message of a kind without such
+    fields ("RUN is a")."""
     kind, fields = position.kind, type(position.options).evaluation_fields
     allowed = tuple(f"config.model.position.{kind}.{field}" for field in fields)
     bad = [o for o in overrides if o.lstrip("-").partition("=")[0] not in allowed]
     if bad and not fields:
-        raise ValueError(f"{run.workdir} is a {kind!r} run, whose options all change its parameters: a trained run "
-                         f"is scored as it trained (got {' '.join(bad)})")
+        raise ValueError(f"{whose} {kind!r} run, whose options all change its parameters: a trained run is scored "
+                         f"as it trained (got {' '.join(bad)})")
     if bad:
         raise ValueError(f"a trained run is scored as it trained, except for the options of its mechanism that change "
                          f"no parameter: --config.model.position.{kind}.{{{','.join(fields)}}}=VALUE only, got "
@@ -49,9 +56,7 @@ def evaluation_run(run: Run, overrides: Sequence[str]) -> Run:
     block = ml_collections.ConfigDict({"model": {"position": {"kind": kind, "segment": position.segment,
                                                               kind: values}}})
     changed = apply_overrides(block, list(overrides)).model.position[kind].to_dict()
-    options = typed(type(position.options), changed, f"model.position.{kind}")
-    return dataclasses.replace(run, config=run.config.replace_model(
-        position=dataclasses.replace(position, options=options)))
+    return dataclasses.replace(position, options=typed(type(position.options), changed, f"model.position.{kind}"))
 
 
 def positions_text(cfg: ModelConfig) -> str:

@@ -140,7 +140,9 @@ def test_console_script_exit_status_and_stderr(tmp_path):
     from jaxpos.positions import MECHANISMS
 
     assert proc.stderr.strip().splitlines() == [
-        f"jaxpos: error: unknown position mechanism 'bogus'; choose one of {', '.join(MECHANISMS)}"]
+        f"jaxpos: error: unknown position mechanism 'bogus'; choose one of {', '.join(MECHANISMS)} (a mechanism of "
+        "your own registers when its module is imported: --import MODULE, or the entry point group "
+        "jaxpos.mechanisms)"]
 
 
 def test_the_commands_are_listed_in_one_order_and_say_whether_they_take_overrides(capsys):

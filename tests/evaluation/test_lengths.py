@@ -219,9 +219,10 @@ def test_a_rope_run_is_scored_under_another_length_rule_and_says_which(rope_run,
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["--config.model.position.rope.base=500000"], r"except for RoPE's length rule \(no parameter changes\): "
-     r"--config.model.position.rope.\{scaling,factor,original_max_length,beta_fast,beta_slow,low_freq_factor,"
-     r"high_freq_factor\}=VALUE only, got --config.model.position.rope.base=500000$"),
+    (["--config.model.position.rope.base=500000"],
+     r"except for the options of its mechanism that change no parameter: --config.model.position.rope."
+     r"\{scaling,factor,original_max_length,beta_fast,beta_slow,low_freq_factor,high_freq_factor\}=VALUE only, "
+     r"got --config.model.position.rope.base=500000$"),
     (["--config.model.position.rope.fraction=0.5"], "got --config.model.position.rope.fraction=0.5$"),
     (["--config.model.dropout=0.0"], "got --config.model.dropout=0.0$"),
     (["--config.data.max_documents=3"], "no --split or --config.data overrides$"),
@@ -239,5 +240,5 @@ def test_a_length_rule_is_refused_for_a_run_without_rope(rope_run, runs, capsys)
     assert cli.main(["evaluate", "--workdir", rope_run, "--workdir", runs["tisa"], "--lengths", "16",
                      "--config.model.position.rope.scaling=yarn"]) == 2
     err = capsys.readouterr().err
-    assert "is a 'tisa' run: --config.model.position.rope.* sets RoPE's length rule, for rope runs only" in err
+    assert "is a 'tisa' run, whose options all change its parameters: a trained run is scored as it trained" in err
     assert not os.path.exists(f"{rope_run}/lengths_yarn_x1.json")

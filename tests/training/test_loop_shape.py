@@ -51,3 +51,27 @@ def test_seeds_at_once_are_their_steps(tmp_path):
 def test_a_cadence_fires_every_n_steps_and_at_the_last():
     due = Every(steps=4, last=10)
     assert [step for step in range(1, 11) if due(step)] == [4, 8, 10]
+
+
+def test_a_hook_added_to_seeds_at_once_sees_each_seeds_own_state(tmp_path):
+    """`add_hook(fn, every=2)`: after steps 2, 4 and the last (5), once per seed, with that seed's state alone (no
+    seed axis), its returned metrics that seed's; the states it saw at the last step are the results'."""
+    run = run_config(synthetic.config(STEPS, checkpoint_every=100), task="mlm")
+    runs = [SeedRun(0, str(tmp_path / "a")), SeedRun(2, str(tmp_path / "b"))]
+    trainer = Trainer(run.train, runs, MaskedLMTask(BertForMaskedLM(run.model), synthetic.SEQ), log=False,
+                      mesh=synthetic.one_device())
+    seen = []
+
+    def hook(step, state):
+        seen.append((step, int(state.step), state.params))
+        return {"hook_calls": len(seen)}
+
+    trainer.add_hook(hook, every=2)
+    try:
+        results = trainer.run_seeds([synthetic.SyntheticData(seed) for seed in (0, 2)])
+    finally:
+        trainer.close()
+    assert [(step, count) for step, count, _ in seen] == [(2, 2), (2, 2), (4, 4), (4, 4), (5, 5), (5, 5)]
+    for (_, _, params), result in zip(seen[-2:], results):
+        assert_same(params, result.state.params)
+    assert [r.eval_metrics["hook_calls"] for r in results] == [5, 6]
