@@ -55,6 +55,7 @@ import numpy as np  # noqa: E402
 
 from bench.peers.flex_attention import add_shape_arguments  # noqa: E402
 from jaxpos.attention import PositionalBias, attend  # noqa: E402
+from jaxpos.attention.bias import LowRankFactors, ToeplitzTable  # noqa: E402
 from jaxpos.attention.bias import expand_toeplitz, segment_pair_factors  # noqa: E402
 from jaxpos.attention.core import fold_factors  # noqa: E402
 from jaxpos.attention.kernels import toeplitz_attention  # noqa: E402
@@ -88,7 +89,7 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
 
     def xla(q, k, v, table, g):
         pos = jnp.arange(q.shape[1])
-        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos,
+        out, _ = attend(q, k, v, bias=PositionalBias.of(ToeplitzTable(table)), q_pos=pos, k_pos=pos,
                         mask=AttentionMask(causal=causal))
         return jnp.sum(out.astype(jnp.float32) * g)
 
@@ -112,7 +113,7 @@ def paths(smoke: bool, blocks: dict, mgpu_options: dict | None = None, causal: b
 
     def dpa_folded(q, k, v, factors, g):  # the model's cudnn path (attend folds the factors, pads v)
         pos = jnp.arange(q.shape[1])
-        out, _ = attend(q, k, v, bias=PositionalBias(factors=factors), q_pos=pos, k_pos=pos,
+        out, _ = attend(q, k, v, bias=PositionalBias.of(LowRankFactors(*factors)), q_pos=pos, k_pos=pos,
                         mask=AttentionMask(causal=causal), implementation=dpa_impl or "jax")
         return jnp.sum(out.astype(jnp.float32) * g)
 

@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 
 from bench.peers.flex_attention import add_shape_arguments  # noqa: E402
 from jaxpos.attention import PositionalBias, attend  # noqa: E402
+from jaxpos.attention.bias import LowRankFactors, ToeplitzTable  # noqa: E402
 from jaxpos.attention.kernels import toeplitz_attention  # noqa: E402
 from jaxpos.attention.mask import AttentionMask  # noqa: E402
 from jaxpos.compilation_cache import enable_compilation_cache  # noqa: E402
@@ -54,7 +55,7 @@ def losses(window: int | None, interpret: bool | None = None) -> dict:
 
     def through_attend(implementation, q, k, v, table, g):
         pos = jnp.arange(q.shape[1])
-        out, _ = attend(q, k, v, bias=PositionalBias(table=table), q_pos=pos, k_pos=pos, mask=mask,
+        out, _ = attend(q, k, v, bias=PositionalBias.of(ToeplitzTable(table)), q_pos=pos, k_pos=pos, mask=mask,
                         implementation=implementation)
         return jnp.sum(out.astype(jnp.float32) * g)
 

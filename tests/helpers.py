@@ -153,3 +153,17 @@ def bias_terms(table=None, factors=None, dense=None, rel_keys=None, rel_values=N
     if segment_table is not None:
         terms.append(SegmentTable(segment_table))
     return PositionalBias(terms=tuple(terms), piece_positions=piece_positions, content_scale=content_scale)
+
+
+def extending_example() -> tuple[str, str]:
+    """(module name, source) of docs/extending.md's example mechanism: its python block that opens with a comment
+    naming the file (`# my_bias.py`)."""
+    import re
+
+    with open(os.path.join(ROOT, "docs", "extending.md"), encoding="utf-8") as f:
+        text = f.read()
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        first = block.splitlines()[0]
+        if re.fullmatch(r"# \w+\.py", first):
+            return first[2:-3], block
+    raise AssertionError("docs/extending.md has no python block opening with `# NAME.py`")

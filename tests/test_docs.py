@@ -10,9 +10,13 @@ import io
 import os
 import re
 import shlex
+import sys
 
 from jaxpos.cli import parse_command
 from jaxpos.config.files import apply_overrides, load_config
+from jaxpos.positions import MECHANISMS, import_mechanisms
+from jaxpos.positions.registry import IMPORT_VARIABLE
+from tests.helpers import extending_example
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -208,12 +212,23 @@ def command_problem(argv: list[str]) -> str | None:
             args, overrides = parse_command(words)
     except SystemExit:
         return stderr.getvalue().strip().splitlines()[-1]
+    if getattr(args, "imports", None):  # a researcher's mechanism, registered as the command would
+        import_mechanisms(args.imports)
     return config_problem(getattr(args, "config", None), overrides)
 
 
-def test_every_documented_command_is_accounted_for():
-    problems = [f"{document}: {shlex.join(argv)}: {problem}" for document, argv in documented_commands()
-                if (problem := command_problem(argv))]
+def test_every_documented_command_is_accounted_for(tmp_path, monkeypatch):
+    name, source = extending_example()  # docs/extending.md's commands import its example mechanism
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(IMPORT_VARIABLE, "")  # restored after: no later command of this process imports it
+    try:
+        problems = [f"{document}: {shlex.join(argv)}: {problem}" for document, argv in documented_commands()
+                    if (problem := command_problem(argv))]
+    finally:  # the example's kind leaves the registry again
+        for kind in [k for k, m in MECHANISMS.items() if m.source == name]:
+            del MECHANISMS[kind]
+        sys.modules.pop(name, None)
     assert not problems, "\n".join(problems)
     assert sum(command_target(argv) is not None for _, argv in documented_commands()) >= 20  # the blocks were read
 

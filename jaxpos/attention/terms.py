@@ -12,6 +12,8 @@ acts:
     additive  a term added to the logits that is known without q and k (`additive`): a Toeplitz table, low-rank
               factors, a dense position-only matrix, per-head segment tables; an implementation may materialise it
               once (`jax`, `cudnn`) or read it compactly (the kernels: tables, folded factors)
+    scale     on the whole logits once every term is in (`logits`): Scalable-Softmax's s log n
+    weights   in place of the softmax (`weights`): a learned sink logit in its denominator
     values    on the attention output (`values`): Shaw's r^V
 
 Attention implementations declare the kinds they take (jaxpos/attention/registry.py); a term of a new kind runs on
@@ -25,13 +27,14 @@ Toeplitz tables: a bias that depends on the offset j - i only is a table over of
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-STAGES = ("inputs", "logits", "additive", "values")
+STAGES = ("inputs", "logits", "additive", "scale", "weights", "values")
 TERM_KINDS: dict[str, type] = {}  # kind -> term class, filled by every Term subclass (the refusals name them)
 
 
@@ -88,13 +91,14 @@ class AttentionInputs:
 
 @dataclasses.dataclass(frozen=True)
 class LayerOps:
-    """What an attention layer lends a term that acts with the layer's own parameters (DeBERTa projects its
-    relative embeddings with the layer's query and key projections): the projections x [..., d] -> [..., H, D]
-    and the layer's hidden dropout."""
+    """What an attention layer lends a term that acts with the layer's own parameters or input (DeBERTa projects
+    its relative embeddings with the layer's query and key projections; FoX's gates read the layer's input): the
+    projections x [..., d] -> [..., H, D], the layer's hidden dropout, and its attention input [B, T, d]."""
 
     query: Callable
     key: Callable
     dropout: Callable
+    inputs: jax.Array | None = None
 
 
 @struct.dataclass
@@ -149,6 +153,10 @@ class Term:
     def additive(self, inputs: AttentionInputs) -> jax.Array | None:
         """Stage "additive": the term [H'|1, T, S], or per example [B, H'|1, T, S], to add to the logits."""
         return None
+
+    def weights(self, logits: jax.Array, inputs: AttentionInputs) -> jax.Array:
+        """Stage "weights": the attention weights [B, H, T, S] from the masked logits, in place of the softmax."""
+        return jax.nn.softmax(logits, axis=-1)
 
     def values(self, out: jax.Array, weights: jax.Array, inputs: AttentionInputs) -> jax.Array:
         """Stage "values": the attention output [B, T, H, D] with this term's contribution; weights [B, H, T, S]
@@ -465,3 +473,126 @@ class Contextual(Term):
     def logits(self, logits, inputs):
         return logits + contextual_logits(inputs.content_logits, inputs.q[..., :inputs.head_dim], self.table,
                                           inputs.q_pos, inputs.k_pos, inputs.mask)
+
+
+# --- the 2025-26 wave: data-dependent decay, polar positions, sinks, length-scaled logits, query temperature ----
+
+@struct.dataclass
+class ForgetGates(Term):
+    """FoX's forget gates (jaxpos/positions/fox.py): gate projections w [L', d, H, R] and biases b [L', H, R] (R = 1
+    causal, 2 in an encoder), read from the layer's attention input (`in_layer`: log f [B, T, H, R]); key j's logit
+    from query i gains c_i − c_j, the sum of log f over the tokens after the key up to the query (before it: the
+    second gate over the tokens from the query up to the one before the key)."""
+
+    kind: ClassVar[str] = "forget_gates"
+    description: ClassVar[str] = "FoX's forget gates (data-dependent decay)"
+    stage: ClassVar[str] = "logits"
+    w: jax.Array = None
+    b: jax.Array = None
+    log_gates: jax.Array | None = None
+
+    def for_layer(self, layer):
+        pick = lambda x: x[layer if x.shape[0] > 1 else 0]  # noqa: E731
+        return self.replace(w=pick(self.w), b=pick(self.b))
+
+    def in_layer(self, ops):
+        if ops.inputs is None:
+            raise ValueError("FoX's gates read the layer's attention input, which this call does not pass")
+        raw = jnp.einsum("btd,dhr->bthr", ops.inputs.astype(jnp.float32), self.w.astype(jnp.float32)) + self.b
+        return self.replace(log_gates=jax.nn.log_sigmoid(raw))
+
+    def logits(self, logits, inputs):
+        return logits + forget_decay(self.log_gates)
+
+
+def forget_decay(log_gates: jax.Array) -> jax.Array:
+    """FoX's D [B, H, T, T] from log gates [B, T, H, R]: D_ij = Σ_{l=j+1..i} log f_l for j <= i (the inclusive
+    cumulative sums c_i − c_j), and with R = 2, D_ij = Σ_{l=i..j-1} log f'_l for j > i (reversed sums r_i − r_j)."""
+    forward = jnp.cumsum(log_gates[..., 0], axis=1)  # [B, T, H]
+    before = forward[:, :, None, :] - forward[:, None, :, :]  # [B, T(i), T(j), H]: c_i − c_j
+    length = log_gates.shape[1]
+    lower = jnp.tril(jnp.ones((length, length), bool))[None, :, :, None]
+    if log_gates.shape[-1] == 1:
+        decay = jnp.where(lower, before, 0.0)
+    else:
+        backward = jnp.cumsum(log_gates[..., 1][:, ::-1], axis=1)[:, ::-1]  # r_t = Σ_{l>=t} log f'_l
+        after = backward[:, :, None, :] - backward[:, None, :, :]  # r_i − r_j
+        decay = jnp.where(lower, before, after)
+    return jnp.moveaxis(decay, -1, 1)  # [B, H, T, T]
+
+
+@struct.dataclass
+class PolarPositions(Term):
+    """PoPE (jaxpos/positions/pope.py): the phase tables cos, sin [L', T, D] at the query positions and [L', S, D]
+    at the keys', and each head's offsets δ [L', H, D]; q and k become the 2D-wide (softplus(x) cos φ, softplus(x)
+    sin φ), the key's phase offset by δ clamped to [−2π, 0]. content_only: every phase 0."""
+
+    kind: ClassVar[str] = "polar"
+    description: ClassVar[str] = "PoPE's polar queries and keys (twice the head width)"
+    stage: ClassVar[str] = "inputs"
+    cos_q: jax.Array = None
+    sin_q: jax.Array = None
+    cos_k: jax.Array = None
+    sin_k: jax.Array = None
+    delta: jax.Array = None
+
+    def on_inputs(self, q, k, v, mask, *, q_pos, k_pos, self_attention, content_only):
+        mu_q, mu_k = jax.nn.softplus(q.astype(jnp.float32)), jax.nn.softplus(k.astype(jnp.float32))
+        if content_only:
+            zeros = jnp.zeros_like(mu_q)
+            return jnp.concatenate([mu_q, zeros], -1).astype(q.dtype), \
+                jnp.concatenate([mu_k, jnp.zeros_like(mu_k)], -1).astype(k.dtype), v, mask
+        cos_k, sin_k = (self.cos_q, self.sin_q) if self_attention else (self.cos_k, self.sin_k)
+        delta = jnp.clip(self.delta, -2 * math.pi, 0.0)  # [H, D]
+        # cos(φ + δ), sin(φ + δ) of the keys: [S, 1, D] x [H, D] -> [S, H, D]
+        cos_kd = cos_k[:, None, :] * jnp.cos(delta) - sin_k[:, None, :] * jnp.sin(delta)
+        sin_kd = sin_k[:, None, :] * jnp.cos(delta) + cos_k[:, None, :] * jnp.sin(delta)
+        q_out = jnp.concatenate([mu_q * self.cos_q[:, None, :], mu_q * self.sin_q[:, None, :]], -1)
+        k_out = jnp.concatenate([mu_k * cos_kd, mu_k * sin_kd], -1)
+        return q_out.astype(q.dtype), k_out.astype(k.dtype), v, mask
+
+
+@struct.dataclass
+class AttentionSink(Term):
+    """A learned sink logit per head [L', H] in the softmax's denominator (gpt-oss): p_ij = exp(z_ij) /
+    (exp(sink_h) + Σ_j' exp(z_ij')); the sink has no value, so a row's weights sum to less than one."""
+
+    kind: ClassVar[str] = "sink"
+    description: ClassVar[str] = "a learned sink logit in the softmax"
+    stage: ClassVar[str] = "weights"
+    logit: jax.Array = None
+
+    def weights(self, logits, inputs):
+        sink = jnp.broadcast_to(self.logit.astype(logits.dtype)[None, :, None, None], logits.shape[:-1] + (1,))
+        return jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+
+
+@struct.dataclass
+class LengthScale(Term):
+    """Scalable-Softmax (Nakanishi, 2025): each query's logits times s_h log n, n the keys it attends (its piece,
+    up to itself when causal, within its window), s [L', H] learned per head."""
+
+    kind: ClassVar[str] = "length_scale"
+    description: ClassVar[str] = "Scalable-Softmax's length-scaled logits"
+    stage: ClassVar[str] = "scale"
+    s: jax.Array = None
+
+    def logits(self, logits, inputs):
+        keys = jnp.float32(logits.shape[-1]) if inputs.mask is None else \
+            jnp.sum(inputs.mask, axis=-1, keepdims=True).astype(jnp.float32)  # [B|1, 1, T, 1]
+        return logits * (self.s[None, :, None, None] * jnp.log(jnp.maximum(keys, 1.0)))
+
+
+@struct.dataclass
+class QueryScale(Term):
+    """A factor on each query [T] (Llama 4's temperature of its NoPE layers, log(⌊(i + 1)/floor⌋ + 1)·scale + 1 at
+    position i): every path takes it, applied to q before attention."""
+
+    kind: ClassVar[str] = "query_scale"
+    description: ClassVar[str] = "a scale of the queries"
+    stage: ClassVar[str] = "inputs"
+    factor: jax.Array = None
+
+    def on_inputs(self, q, k, v, mask, *, q_pos, k_pos, self_attention, content_only):
+        factor = self.factor[..., None, None] if self.factor.ndim == 1 else self.factor[..., None]
+        return (q.astype(jnp.float32) * factor).astype(q.dtype), k, v, mask

@@ -24,7 +24,8 @@ from jaxpos.compilation_cache import enable_compilation_cache
 def _mechanisms(args, overrides):
     from jaxpos.workflows.mechanisms import mechanisms_table  # lazy: loads jax (~2 s), which --help does not need
 
-    print(mechanisms_table(seq_len=args.seq_len))
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    print(mechanisms_table(seq_len=args.seq_len, kinds=kinds))
 
 
 # At initialisation attention barely reaches the logits, so the loss and gradient norm cannot tell mechanisms apart.
@@ -43,6 +44,8 @@ def add_mechanisms_parser(subparsers) -> None:
                          "time (seconds on a CPU; checks an installation and that each mechanism acts)",
                          notes=ORDER_NOTE)
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per row (default 64; batch of 4)")
+    parser.add_argument("--kinds", help="comma-separated kinds to run (default: every registered one, a mechanism "
+                                        "of your own included: --import MODULE)")
     parser.set_defaults(run=_mechanisms)
 
 

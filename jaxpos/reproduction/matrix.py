@@ -26,7 +26,7 @@ from jaxpos.config.model import ModelConfig
 from jaxpos.config.position import PositionConfig
 from jaxpos.config.run import FinetuneDataConfig, MLMDataConfig, TrainConfig
 from jaxpos.positions import MECHANISMS, import_mechanisms, mechanism as registered
-from jaxpos.positions.registry import IMPORT_VARIABLE
+from jaxpos.positions.registry import IMPORT_VARIABLE, read_entry_points
 from jaxpos.reproduction.host import machine
 from jaxpos.reproduction.profiles import EVERY_MECHANISM
 
@@ -94,7 +94,8 @@ RUN_VARIANTS = {
 def registry_runs() -> dict[str, RunMechanism]:
     """Every registered mechanism, each followed by its variants (a mechanism registered later, a researcher's,
     included)."""
-    return {run.name: run for kind in MECHANISMS for run in (
+    read_entry_points()  # an installed package's mechanisms and those --import named, before the list is read
+    return {run.name: run for kind in list(MECHANISMS) for run in (
         run_mechanism(kind, [kind_override(kind)]),
         *(run_mechanism(name, [kind_override(kind), *options], label)
           for name, label, options in RUN_VARIANTS.get(kind, ())))}

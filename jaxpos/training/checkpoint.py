@@ -28,6 +28,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from jaxpos.config.model import ModelConfig
+from jaxpos.config.position import PositionConfig, catalog, config_dict
 from jaxpos.progress import status
 
 log = logging.getLogger(__name__)
@@ -132,9 +133,18 @@ RESUMABLE_MODEL_FIELDS = frozenset({"attention_impl", "dtype", "dropout", "atten
 
 
 @functools.cache
-def _model_defaults() -> dict:
-    """Flattened ModelConfig defaults, for checkpoints saved before a field existed (built on the first resume)."""
-    return _flatten(json.loads(json.dumps(dataclasses.asdict(ModelConfig()))))
+def _model_defaults(kind: str) -> dict:
+    """Flattened ModelConfig defaults with position.kind `kind` (its options block's defaults), for checkpoints
+    saved before a field existed (built on the first resume)."""
+    return _flatten(json.loads(json.dumps(config_dict(ModelConfig(position=PositionConfig(kind=kind))))))
+
+
+def _own_position_block(flat: dict) -> dict:
+    """A flattened model config without the options blocks of kinds other than its own (older jaxpos saved every
+    kind's block): a resume compares the options of the run's own mechanism only."""
+    kind = flat.get("position.kind", "absolute")
+    others = tuple(f"position.{k}." for k in catalog().kinds() if k != kind)
+    return {key: value for key, value in flat.items() if not key.startswith(others)}
 
 
 def _orbax_noise(unraisable) -> bool:
@@ -238,9 +248,14 @@ class Checkpointer:
         if saved is None:
             return
         step, old = saved
-        old, new = _flatten(json.loads(json.dumps(old))), _flatten(json.loads(json.dumps(model_config)))
+        old = _own_position_block(_flatten(json.loads(json.dumps(old))))
+        new = _own_position_block(_flatten(json.loads(json.dumps(model_config))))
         # a field the checkpoint's config lacks came to jaxpos after it was saved: its default, as in config.json
-        old = {**{k: v for k, v in _model_defaults().items() if k in new and k not in old}, **old}
+        defaults = _model_defaults(old.get("position.kind", "absolute"))
+        old = {**{k: v for k, v in defaults.items() if k in new and k not in old}, **old}
+        if old.get("position.kind") != new.get("position.kind"):  # another mechanism: its kind says it all
+            old, new = ({k: v for k, v in flat.items() if not k.startswith(f"position.{flat.get('position.kind')}.")}
+                        for flat in (old, new))
         skipped = RESUMABLE_MODEL_FIELDS | set(pending)
         differ = [k for k in sorted(set(old) | set(new))
                   if k.split(".")[0] not in skipped and old.get(k, "<absent>") != new.get(k, "<absent>")]

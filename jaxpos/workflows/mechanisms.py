@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpos.config import model_config
-from jaxpos.positions import MECHANISMS
+from jaxpos.positions import MECHANISMS, mechanism
 from jaxpos.models import BertForMaskedLM, position_params
 
 # Full float32 matmuls wherever it runs: TF32 on a GPU would add noise of the size of the order column's smallest
@@ -43,15 +43,18 @@ def starts_blind(params) -> bool:
     return bool(positional) and not any(bool(jnp.any(x)) for x in positional)
 
 
-def mechanisms_table(seq_len: int = 64, batch: int = 4) -> str:
+def mechanisms_table(seq_len: int = 64, batch: int = 4, kinds: list[str] | None = None) -> str:
     """The table, one row per registered mechanism: rows of `seq_len` random tokens, `batch` of them; its `order`
     column is `order_sensitivity` of the logits when each row's tokens are shuffled by `shuffled_positions`, marked
-    * where the mechanism's positional parameters all start at zero (then it starts blind to order)."""
+    * where the mechanism's positional parameters all start at zero (then it starts blind to order). `kinds`: those
+    alone (default: every registered mechanism)."""
+    for kind in kinds or ():
+        mechanism(kind)  # an unknown kind: one line naming the registered ones
     rows = [f"{'mechanism':<12} {'params':>9} {'loss':>8} {'grad norm':>10} {'order':>8} {'compile s':>9} "
             f"{'step ms':>8}"]
     order = shuffled_positions(seq_len)
     zero_start = []  # mechanisms whose positional parameters are all zero at initialisation
-    for kind in MECHANISMS:
+    for kind in kinds or list(MECHANISMS):
         cfg = model_config(dict(vocab_size=512, d_model=64, num_layers=2, num_heads=4, mlp_dim=128,
                                 max_length=seq_len, position=dict(kind=kind)))
         model = BertForMaskedLM(cfg)

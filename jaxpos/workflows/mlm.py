@@ -13,6 +13,7 @@ import numpy as np
 from etils import epath
 
 from jaxpos.config.files import write_run_report
+from jaxpos.config.position import config_dict
 from jaxpos.config.run import RunConfig
 from jaxpos.data.pipeline import build_mlm_data, eval_batches
 from jaxpos.models import position_params
@@ -55,7 +56,7 @@ def train_mlm_seeds(configs: Sequence, workdirs: Sequence[str]) -> list:
         runs = [run for run, _ in started]
         check_seed_batch(runs)
         for run, workdir in zip(runs, workdirs):  # another model's checkpoints: refused before the corpus is read
-            check_resumable(workdir, dataclasses.asdict(run.model), pending=("vocab_size",))
+            check_resumable(workdir, config_dict(run.model), pending=("vocab_size",))
         return _train_mlm(runs, list(workdirs), [admission for _, admission in started])
 
 

@@ -23,25 +23,47 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_a_variant_is_a_mechanism_with_options():
     name, variant, rule = comp.parse_variant("rope+partial0.25", (1, 4), 128, 256)
-    assert (name, rule) == ("rope+partial0.25", None) and variant["position"]["rope"]["fraction"] == 0.25
+    assert (name, rule) == ("rope+partial0.25", None)
+    assert variant["overrides"] == ["--config.model.position.kind=rope", "--config.model.position.rope.fraction=0.25"]
     assert variant["label"] == "RoPE, partial 0.25"
     name, variant, rule = comp.parse_variant("rope+yarn@eval", (1, 2, 8), 128, 256)
-    assert name == "rope" and "scaling" not in variant["position"].get("rope", {})  # trained as plain RoPE
+    assert name == "rope" and variant["overrides"] == ["--config.model.position.kind=rope"]  # trained as plain RoPE
     assert variant["eval"] == {"rope+yarn@eval": ["--config.model.position.rope.scaling=yarn",
                                                   "--config.model.position.rope.factor=8.0",
                                                   "--config.model.position.rope.original_max_length=128"]}
     assert rule == "RoPE, YaRN ×8 at evaluation"
     name, variant, _ = comp.parse_variant("absolute+random", (1, 8), 128, 256)
-    assert name == "absolute+random" and variant["position"]["randomized_max_length"] == 1024
-    assert comp.parse_variant("alibi+local64", (1,), 128, 256)[1]["model"] == {"local_window": 64}
+    assert name == "absolute+random" and variant["overrides"][-1] == "--config.model.position.randomized_max_length=1024"
+    assert comp.parse_variant("alibi+local64", (1,), 128, 256)[1]["overrides"][-1] == "--config.model.local_window=64"
     name, variant, _ = comp.parse_variant("diet_rel+clip16", (1,), 128, 256)
-    assert variant["position"]["diet_rel"]["max_distance"] == 16 and variant["label"].endswith("clipped at ±16")
+    assert variant["overrides"][-1] == "--config.model.position.diet_rel.max_distance=16"
+    assert variant["label"].endswith("clipped at ±16")
+    assert comp.parse_variant("rope+nope4", (1,), 128, 256)[1]["overrides"][-1] == "--config.model.nope_every=4"
     for bad, message in (("ropee", "unknown mechanism"), ("rope+yarm", "unknown option"),
-                         ("alibi+yarn@eval", "needs RoPE runs"), ("rope@train", "only '@eval'"),
-                         ("alibi+local", "give the window"), ("alibi+clip16", "clipN clips"),
-                         ("diet_rel+clip", "clipN clips")):
+                         ("rope@train", "only '@eval'"), ("alibi@eval", "give one"),
+                         ("alibi+local", "give the window"), ("diet_rel+clip", "give the clip")):
         with pytest.raises(ValueError, match=message):
             comp.parse_variant(bad, (1, 2), 128, 256)
+
+
+@pytest.mark.parametrize("mechanisms, overrides, message", [
+    ("rope+random+local32", ["--config.model.num_layers=2"], r"variant 'rope\+random\+local32': model\.local_window counts keys by their distance"),
+    ("diet_abs+yarn", [], r"variant 'diet_abs\+yarn': model\.position\.rope: options of 'rope', but "
+                          r"model\.position\.kind is 'diet_abs'"),
+    ("alibi+clip16", [], r"model\.position\.diet_rel: options of 'diet_rel', but model\.position\.kind is 'alibi'"),
+    ("alibi+yarn@eval", [], r"variant 'alibi': alibi\+yarn@eval: a 'alibi' run, whose options all change its "
+                            r"parameters"),
+    ("cope", ["--config.model.attention_impl=jax", "--config.model.attention_dropout=0.0"],
+     r"variant 'cope': attention_impl='jax' cannot compute this model's attention here: it lacks CoPE's contextual"),
+], ids=["random_with_a_window", "options_of_another_kind", "clip_of_another_kind", "rule_of_another_kind",
+        "a_path_that_cannot_run_it"])
+def test_the_plan_refuses_in_one_line_what_a_run_would_refuse(mechanisms, overrides, message, capsys):
+    """--dry-run and --plan-only check every variant through its run config: nothing fails minutes later."""
+    for mode in ("--dry-run", "--plan-only"):
+        assert cli.main(["compare", "--config", TINY_MLM_CONFIG, "--mechanisms", mechanisms, "--lengths", "1,2",
+                         "--out", "unused", mode, *SMALL_MLM, *overrides]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(message, err), err
 
 
 def test_intervals_and_paired_comparisons_against_numbers_worked_by_hand():

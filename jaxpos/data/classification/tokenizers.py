@@ -8,7 +8,7 @@ import json
 import os
 from typing import Callable, Protocol
 
-from jaxpos.data.hf_tokenizer import require_folder_tokenizer
+from jaxpos.data.hf_tokenizer import USUAL_NAMES, require_folder_tokenizer
 from jaxpos.data.tokenizer import CLS_ID, MLM_SPECIAL_TOKENS, PAD_ID, SEP_ID, load_tokenizer
 
 
@@ -57,7 +57,7 @@ def hf_tokenizer(folder: str) -> TokenizerAdapter:
     tokenizer = require_folder_tokenizer(folder, model_type)
     missing = [role for role in ("cls", "sep", "pad") if getattr(tokenizer, f"{role}_id") is None]
     if missing:
-        raise ValueError(f"{tokenizer.source} has no {', '.join(f'{role} token' for role in missing)} to frame the "
-                         "pairs of a fine-tuning task")
+        raise ValueError(f"{tokenizer.source} has no {', '.join(USUAL_NAMES[role][0] for role in missing)} (nor "
+                         "RoBERTa's names of them) to frame the pairs of a fine-tuning task")
     return TokenizerAdapter(tokenizer.encode, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
                             tokenizer.vocab_size, tokenizer.source, tokenizer.encode_batch)
