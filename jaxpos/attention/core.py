@@ -101,15 +101,17 @@ def resolve(implementation: str, call: Call) -> str:
 
 def reference_attention(q_BTHD, k_BSHD, v_BSHD, *, bias, q_pos, k_pos, mask, q_types, k_types, content, position,
                         dropout_rng, dropout_rate, implementation="xla"):
-    """attend's "xla" path: exact logits (`pre_softmax_logits`), softmax, dropout, the terms of the values stage
-    (Shaw's r^V); returns the attention weights and the logits (masked entries 0) too, for the analyses."""
+    """attend's "xla" path: exact logits (`pre_softmax_logits`), softmax (or a term of the weights stage in its
+    place: a sink), dropout, the terms of the values stage (Shaw's r^V); returns the attention weights and the
+    logits (masked entries 0) too, for the analyses."""
     dense_mask = None if mask is None else mask.dense(q_pos, k_pos)  # [B|1, 1, T, S] bool
     bias = at_pieces(bias).attending(dense_mask)  # packed rows; the fixed attenuated delta over attended keys
     inputs = _inputs(q_BTHD, k_BSHD, bias, q_pos, k_pos, q_types, k_types, dense_mask, content, position)
     logits = _logits(inputs, bias)
     if dense_mask is not None:
         logits = jnp.where(dense_mask, logits, jnp.finfo(logits.dtype).min)
-    weights = jax.nn.softmax(logits, axis=-1)
+    normaliser = next((t for t in bias.terms if t.stage == "weights"), None) if position else None
+    weights = jax.nn.softmax(logits, axis=-1) if normaliser is None else normaliser.weights(logits, inputs)
     dropped = weights
     if dropout_rng is not None and dropout_rate > 0.0:  # the kernel's mask too (`dropout`)
         keep = dropout.keep_mask(dropout.seed_from_key(dropout_rng), *weights.shape, dropout_rate)
@@ -140,7 +142,8 @@ def _inputs(q_BTHD, k_BSHD, bias, q_pos, k_pos, q_types, k_types, mask, content,
 
 
 def _logits(inputs: AttentionInputs, bias: PositionalBias) -> jax.Array:
-    """The content logits, then every term of the logits stage in order, then the additive terms' sum."""
+    """The content logits, then every term of the logits stage in order, then the additive terms' sum, then the
+    terms of the scale stage."""
     folded = inputs.position and (f := bias.get(LowRankFactors)) is not None and f.fold
     logits = inputs.content_logits
     if not inputs.content and not folded:
@@ -152,7 +155,12 @@ def _logits(inputs: AttentionInputs, bias: PositionalBias) -> jax.Array:
     additive_bias = bias if inputs.position else bias.with_terms(t for t in bias.terms if t.kind == "segment")
     extra = position_logits(additive_bias, inputs.q_pos, inputs.k_pos, include_factors=not folded,
                             q_types=inputs.q_types, k_types=inputs.k_types)
-    return logits if extra is None else logits + ensure_4d(extra).astype(jnp.float32)
+    logits = logits if extra is None else logits + ensure_4d(extra).astype(jnp.float32)
+    if inputs.position:
+        for term in bias.terms:
+            if term.stage == "scale":
+                logits = term.logits(logits, inputs)
+    return logits
 
 
 def pre_softmax_logits(q_BTHD: jax.Array, k_BSHD: jax.Array, bias: PositionalBias, *, q_pos: jax.Array,

@@ -142,6 +142,12 @@ class Term:
         """One layer's term given the keys each query attends to (mask [B|1, 1, T, S] bool, or None)."""
         return self
 
+    def decoding(self, cache: Callable, start) -> Term:
+        """One layer's term in a cached decoding step whose queries start at row `start` of the cache: `cache(name,
+        x)` writes x [B, T, ...] there and returns the whole cached row [B, S, ...] (what a term read from the
+        layer's input needs of the earlier steps). Default: unchanged (terms of positions alone)."""
+        return self
+
     def on_inputs(self, q, k, v, mask, *, q_pos, k_pos, self_attention: bool, content_only: bool):
         """Stage "inputs": (q, k, v, mask) as the implementations receive them. Default: unchanged."""
         return q, k, v, mask
@@ -306,7 +312,7 @@ def apply_rotary(x_BTHD: jax.Array, cos_TK: jax.Array, sin_TK: jax.Array) -> jax
 class Rotary(Term):
     """RoPE's rotation: cos, sin [L', T, D/2] at the query positions and [L', S, D/2] at the key positions (L' = L
     where layers turn at different bases). Self-attention's keys, new ones in a cache included, sit at the query
-    positions; content_only logits carry no rotation."""
+    positions; content_only logits carry no rotation. `heads`: only the first `heads` heads turn (None: all)."""
 
     kind: ClassVar[str] = "rotary"
     description: ClassVar[str] = "a rotation of q and k"
@@ -315,6 +321,7 @@ class Rotary(Term):
     sin_q: jax.Array = None
     cos_k: jax.Array = None
     sin_k: jax.Array = None
+    heads: int | None = struct.field(pytree_node=False, default=None)
 
     def at_pieces(self, q_BT, k_BS):
         return self.replace(cos_q=jnp.take(self.cos_q, q_BT, axis=0), sin_q=jnp.take(self.sin_q, q_BT, axis=0),
@@ -324,7 +331,13 @@ class Rotary(Term):
         if content_only:
             return q, k, v, mask
         keys = (self.cos_q, self.sin_q) if self_attention else (self.cos_k, self.sin_k)
-        return apply_rotary(q, self.cos_q, self.sin_q), apply_rotary(k, *keys), v, mask
+        return self._rotate(q, self.cos_q, self.sin_q), self._rotate(k, *keys), v, mask
+
+    def _rotate(self, x_BTHD, cos, sin):
+        if self.heads is None:
+            return apply_rotary(x_BTHD, cos, sin)
+        turned = apply_rotary(x_BTHD[..., :self.heads, :], cos, sin)
+        return jnp.concatenate([turned, x_BTHD[..., self.heads:, :]], axis=-2)
 
 
 def project_keys(projection_KS: jax.Array, k_BSHD: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -475,14 +488,15 @@ class Contextual(Term):
                                           inputs.q_pos, inputs.k_pos, inputs.mask)
 
 
-# --- the 2025-26 wave: data-dependent decay, polar positions, sinks, length-scaled logits, query temperature ----
+# --- the 2025-26 wave: data-dependent decay, polar positions, sinks, length-scaled logits ----------------------
 
 @struct.dataclass
 class ForgetGates(Term):
     """FoX's forget gates (jaxpos/positions/fox.py): gate projections w [L', d, H, R] and biases b [L', H, R] (R = 1
-    causal, 2 in an encoder), read from the layer's attention input (`in_layer`: log f [B, T, H, R]); key j's logit
+    causal, 2 in an encoder), read from the layer's attention input (`in_layer`: log f [B, S, H, R]); key j's logit
     from query i gains c_i − c_j, the sum of log f over the tokens after the key up to the query (before it: the
-    second gate over the tokens from the query up to the one before the key)."""
+    second gate over the tokens from the query up to the one before the key). In a cached decoding step the log
+    gates are the cache's whole row and the queries start at row `query_start`."""
 
     kind: ClassVar[str] = "forget_gates"
     description: ClassVar[str] = "FoX's forget gates (data-dependent decay)"
@@ -490,6 +504,7 @@ class ForgetGates(Term):
     w: jax.Array = None
     b: jax.Array = None
     log_gates: jax.Array | None = None
+    query_start: jax.Array | int = 0
 
     def for_layer(self, layer):
         pick = lambda x: x[layer if x.shape[0] > 1 else 0]  # noqa: E731
@@ -501,24 +516,31 @@ class ForgetGates(Term):
         raw = jnp.einsum("btd,dhr->bthr", ops.inputs.astype(jnp.float32), self.w.astype(jnp.float32)) + self.b
         return self.replace(log_gates=jax.nn.log_sigmoid(raw))
 
+    def decoding(self, cache, start):
+        return self.replace(log_gates=cache("log_gates", self.log_gates), query_start=start)
+
     def logits(self, logits, inputs):
-        return logits + forget_decay(self.log_gates)
+        return logits + forget_decay(self.log_gates, self.query_start, logits.shape[-2])
 
 
-def forget_decay(log_gates: jax.Array) -> jax.Array:
-    """FoX's D [B, H, T, T] from log gates [B, T, H, R]: D_ij = Σ_{l=j+1..i} log f_l for j <= i (the inclusive
-    cumulative sums c_i − c_j), and with R = 2, D_ij = Σ_{l=i..j-1} log f'_l for j > i (reversed sums r_i − r_j)."""
-    forward = jnp.cumsum(log_gates[..., 0], axis=1)  # [B, T, H]
-    before = forward[:, :, None, :] - forward[:, None, :, :]  # [B, T(i), T(j), H]: c_i − c_j
+def forget_decay(log_gates: jax.Array, query_start=0, num_queries: int | None = None) -> jax.Array:
+    """FoX's D [B, H, T, S] from log gates [B, S, H, R] for the queries at rows query_start..query_start + T − 1
+    (T = num_queries, default S): D_ij = Σ_{l=j+1..i} log f_l for j <= i (differences c_i − c_j of the inclusive
+    cumulative sums), and with R = 2, D_ij = Σ_{l=i..j-1} log f'_l for j > i (reversed sums r_i − r_j)."""
     length = log_gates.shape[1]
-    lower = jnp.tril(jnp.ones((length, length), bool))[None, :, :, None]
+    q_rows = query_start + jnp.arange(length if num_queries is None else num_queries)
+    lower = (q_rows[:, None] >= jnp.arange(length)[None, :])[None, :, :, None]  # [1, T, S, 1]
+
+    def differences(sums):  # [B, S, H] -> [B, T, S, H]: sums at the query rows minus sums at the keys'
+        return jnp.take(sums, q_rows, axis=1)[:, :, None, :] - sums[:, None, :, :]
+
+    before = differences(jnp.cumsum(log_gates[..., 0], axis=1))
     if log_gates.shape[-1] == 1:
         decay = jnp.where(lower, before, 0.0)
     else:
-        backward = jnp.cumsum(log_gates[..., 1][:, ::-1], axis=1)[:, ::-1]  # r_t = Σ_{l>=t} log f'_l
-        after = backward[:, :, None, :] - backward[:, None, :, :]  # r_i − r_j
+        after = differences(jnp.cumsum(log_gates[..., 1][:, ::-1], axis=1)[:, ::-1])  # r_t = Σ_{l>=t} log f'_l
         decay = jnp.where(lower, before, after)
-    return jnp.moveaxis(decay, -1, 1)  # [B, H, T, T]
+    return jnp.moveaxis(decay, -1, 1)  # [B, H, T, S]
 
 
 @struct.dataclass
@@ -554,7 +576,7 @@ class PolarPositions(Term):
 
 @struct.dataclass
 class AttentionSink(Term):
-    """A learned sink logit per head [L', H] in the softmax's denominator (gpt-oss): p_ij = exp(z_ij) /
+    """A layer's learned sink logit per head [H] in the softmax's denominator (gpt-oss): p_ij = exp(z_ij) /
     (exp(sink_h) + Σ_j' exp(z_ij')); the sink has no value, so a row's weights sum to less than one."""
 
     kind: ClassVar[str] = "sink"
@@ -570,7 +592,7 @@ class AttentionSink(Term):
 @struct.dataclass
 class LengthScale(Term):
     """Scalable-Softmax (Nakanishi, 2025): each query's logits times s_h log n, n the keys it attends (its piece,
-    up to itself when causal, within its window), s [L', H] learned per head."""
+    up to itself when causal, within its window), s [H] learned per head in each layer."""
 
     kind: ClassVar[str] = "length_scale"
     description: ClassVar[str] = "Scalable-Softmax's length-scaled logits"
@@ -581,18 +603,3 @@ class LengthScale(Term):
         keys = jnp.float32(logits.shape[-1]) if inputs.mask is None else \
             jnp.sum(inputs.mask, axis=-1, keepdims=True).astype(jnp.float32)  # [B|1, 1, T, 1]
         return logits * (self.s[None, :, None, None] * jnp.log(jnp.maximum(keys, 1.0)))
-
-
-@struct.dataclass
-class QueryScale(Term):
-    """A factor on each query [T] (Llama 4's temperature of its NoPE layers, log(⌊(i + 1)/floor⌋ + 1)·scale + 1 at
-    position i): every path takes it, applied to q before attention."""
-
-    kind: ClassVar[str] = "query_scale"
-    description: ClassVar[str] = "a scale of the queries"
-    stage: ClassVar[str] = "inputs"
-    factor: jax.Array = None
-
-    def on_inputs(self, q, k, v, mask, *, q_pos, k_pos, self_attention, content_only):
-        factor = self.factor[..., None, None] if self.factor.ndim == 1 else self.factor[..., None]
-        return (q.astype(jnp.float32) * factor).astype(q.dtype), k, v, mask

@@ -101,6 +101,16 @@ class ModelConfig:
     nope_every: int = 0
     nope_layers: str = "none"
     layers: tuple = ()  # () or num_layers LayerPlan blocks: the plan given layer by layer
+    # Attention options that compose with every mechanism (the 2025-26 wave):
+    qk_norm: bool = False  # an RMSNorm of each head's queries and keys, a learned scale [D] each (Gemma 3, OLMo 2,
+    # Qwen 3), before any rotation
+    output_gate: bool = False  # σ(x W_g) elementwise on each head's output before the output projection (Qwen3-Next)
+    attention_sinks: bool = False  # a learned sink logit per head in the softmax's denominator (gpt-oss)
+    length_scaled_logits: bool = False  # Scalable-Softmax: logits × s_h log n, n the keys a query attends
+    # Llama 4's query temperature in NoPE layers: q × (log(⌊(i + 1) / floor⌋ + 1) · scale + 1) at position i;
+    # nope_temperature is the scale (0: off; Llama 4: 0.1), nope_temperature_floor the floor (Llama 4: 8192)
+    nope_temperature: float = 0.0
+    nope_temperature_floor: int = 8192
     type_vocab_size: int = 2
     embedding_dim: int | None = None  # ALBERT's factorised embeddings: E-wide embeddings projected to d_model
     share_layers: bool = False  # ALBERT: one set of layer parameters applied num_layers times
@@ -214,6 +224,7 @@ class ModelConfig:
             raise ValueError(f"activation={self.activation!r}; choose gelu, gelu_tanh or relu")
         self._check_block()
         self._check_plan()
+        self._check_attention_options()
         if self.pooling not in POOLINGS:
             raise ValueError(f"model.pooling={self.pooling!r}; choose {', '.join(POOLINGS)}")
         randomized = self.position.randomized_max_length
@@ -241,6 +252,17 @@ class ModelConfig:
         for name in ("use_bias", "norm_bias", "first_layer_attention_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"model.{name}={getattr(self, name)!r} must be true or false")
+
+    def _check_attention_options(self) -> None:
+        """The attention options that compose with every mechanism."""
+        for name in ("qk_norm", "output_gate", "attention_sinks", "length_scaled_logits"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"model.{name}={getattr(self, name)!r} must be true or false")
+        check_number("model.nope_temperature", self.nope_temperature, 0.0)
+        check_count("model.nope_temperature_floor", self.nope_temperature_floor, 1)
+        if self.nope_temperature and all(layer.positions for layer in self.plan):
+            raise ValueError("model.nope_temperature scales the queries of NoPE layers, and this plan has none: set "
+                             "model.nope_every, model.nope_layers or model.layers")
 
     def _check_plan(self) -> None:
         """The plan of layers and the shorthands that fill it."""

@@ -94,7 +94,8 @@ class TransformerLayer(nn.Module):
 
         if self.plan.window is not None:  # a static window, so that the kernels can skip the blocks outside it
             mask = mask.replace(window=self.plan.window)
-        self_attention = MultiHeadAttention(cfg, self_attention=True, decode=self.decode, name="self_attention")
+        self_attention = MultiHeadAttention(cfg, self_attention=True, decode=self.decode,
+                                            nope=not self.plan.positions, name="self_attention")
         x = sublayer(x, lambda h: self_attention(h, h, bias=bias, q_pos=q_pos, k_pos=k_pos, mask=mask,
                                                  q_types=types, k_types=types,
                                                  deterministic=deterministic), "self_attention",
@@ -120,7 +121,8 @@ def stack_bias(bias: PositionalBias, q_pos, k_pos, *, randomized: bool, input_po
 def attention_terms(cfg: ModelConfig) -> frozenset[str]:
     """The kinds of attention terms the layers of a model receive (jaxpos.attention.terms), for the check of its
     attention implementation: its mechanism's bias traced abstractly (no parameter is made), as each stack reads
-    it, with per-head segments; none where every layer is NoPE."""
+    it, with per-head segments and the layers' own (sinks, length scale); none of the mechanism's where every layer
+    is NoPE."""
     stacks = [(cfg.num_layers, cfg.causal)]
     if cfg.num_decoder_layers:  # the decoder (causal), and its cross-attention where positions enter it
         stacks = [(cfg.num_layers, False), (cfg.num_decoder_layers, True)] + (
@@ -134,7 +136,7 @@ def attention_terms(cfg: ModelConfig) -> frozenset[str]:
         bias, _ = module.init_with_output(jax.random.PRNGKey(0), pos, pos)
         return stack_bias(bias, pos, pos, randomized=bool(randomized))
 
-    kinds = set()
+    kinds = {kind for kind, on in (("sink", cfg.attention_sinks), ("length_scale", cfg.length_scaled_logits)) if on}
     if any(layer.positions for layer in cfg.plan) or cfg.num_decoder_layers:
         for num_layers, causal in stacks:
             kinds |= jax.eval_shape(lambda n=num_layers, c=causal: bias_of(n, c)).kinds

@@ -14,7 +14,7 @@ from jaxpos.positions.registry import (ENTRY_POINTS, MECHANISMS, Mechanism, When
 from jaxpos.positions.base import LengthError, PositionMechanism
 # jaxpos's own mechanisms, in the order of the README's table (importing a module registers it)
 from jaxpos.positions import (bag_of_words, absolute, tisa, diet, t5, shaw, tupe, rope, alibi, attenuated,  # noqa: F401
-                              kerple, fire, cope, deberta)
+                              kerple, fire, cope, deberta, fox, pope)
 from jaxpos.positions.diet import SegmentAttention
 
 

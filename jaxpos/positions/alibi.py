@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
 import numpy as np
 
 from jaxpos.attention.bias import PositionalBias, ToeplitzTable, offsets
+from jaxpos.config.checks import check_count
+from jaxpos.config.position import MechanismOptions
 from jaxpos.positions.base import PositionMechanism
 from jaxpos.positions.registry import Mechanism, register
+
+
+@dataclasses.dataclass(frozen=True)
+class AlibiOptions(MechanismOptions):
+    heads: int | None = None  # ALiBi on the first `heads` heads (the slopes of an h-head model), the rest NoPE
+
+    def check(self, model) -> None:
+        check_count("position.alibi.heads", self.heads, 1, optional=True)
+        if model is not None and self.heads is not None and self.heads > model.num_heads:
+            raise ValueError(f"position.alibi.heads={self.heads} biases more heads than a layer has "
+                             f"(model.num_heads={model.num_heads})")
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -27,13 +41,18 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 class AlibiPosition(PositionMechanism):
-    """No parameters; in a causal stack the future half of the table is masked anyway."""
+    """No parameters; in a causal stack the future half of the table is masked anyway. With `alibi.heads` = h,
+    the first h heads take the slopes of an h-head model and the others slope 0 (no positional term)."""
 
     def __call__(self, q_pos, k_pos):
-        slopes = jnp.asarray(alibi_slopes(self.cfg.num_heads))
+        heads, num_heads = self.pcfg.alibi.heads, self.cfg.num_heads
+        slopes = alibi_slopes(num_heads) if heads is None else \
+            np.concatenate([alibi_slopes(heads), np.zeros(num_heads - heads, np.float32)])
+        slopes = jnp.asarray(slopes)
         distance = jnp.abs(offsets(self.span(q_pos, k_pos))).astype(jnp.float32)
         return PositionalBias.of(ToeplitzTable((-slopes[:, None] * distance[None, :])[None]))
 
 
 MECHANISM = register(Mechanism("alibi", AlibiPosition, "ALiBi", "−m_h|j − i|", inductive=True, learned=False,
-                               reference="Press et al., 2022"))
+                               options=AlibiOptions, options_text="`alibi.heads` (ALiBi on the first h heads, the "
+                               "rest NoPE)", reference="Press et al., 2022"))

@@ -31,10 +31,9 @@ class FoxOptions(MechanismOptions):
 
     def check(self, model) -> None:
         check_number("position.fox.gate_bias", self.gate_bias, -1e3, 1e3)
-        if model.num_decoder_layers:
-            raise ValueError("fox's gates are cumulative sums over a stack's own tokens: an encoder-decoder's "
-                             "decoding with a cache and its cross-attention have none; use it in encoder or causal "
-                             "stacks (model.num_decoder_layers=0)")
+        if model.cross_attention_position and model.num_decoder_layers:
+            raise ValueError("fox's gates decay over the tokens between a query and a key of its own sequence; "
+                             "cross-attention has none between them: set model.cross_attention_position=False")
 
 
 class FoxPosition(PositionMechanism):

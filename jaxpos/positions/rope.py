@@ -47,6 +47,7 @@ class RopeOptions(MechanismOptions):
     fraction: float = 1.0
     # The base of local layers (the plan's windowed layers), ModernBERT's 10,000 beside a global 160,000; None: `base`
     local_base: float | None = None
+    heads: int | None = None  # RoPE on the first `heads` heads of each layer, the rest NoPE; None: every head
 
     # The fields that change no parameter, so a trained run may be evaluated under other values of them
     evaluation_fields: ClassVar = ("scaling", "factor", "original_max_length", "beta_fast", "beta_slow",
@@ -76,6 +77,10 @@ class RopeOptions(MechanismOptions):
         if model.head_dim % 2:
             raise ValueError(f"RoPE rotates channel pairs: it needs an even head dimension, got d_model / "
                              f"num_heads = {model.d_model} / {model.num_heads} = {model.head_dim}")
+        check_count("position.rope.heads", self.heads, 1, optional=True)
+        if self.heads is not None and self.heads > model.num_heads:
+            raise ValueError(f"position.rope.heads={self.heads} rotates more heads than a layer has "
+                             f"(model.num_heads={model.num_heads})")
         if rotated_pairs(model.head_dim, self.fraction) < 1:
             raise ValueError(f"position.rope.fraction={self.fraction!r} rotates no channel pair of a head of "
                              f"{model.head_dim} dimensions: it needs at least 2 / {model.head_dim} = "
@@ -191,7 +196,7 @@ class RopePosition(PositionMechanism):
             local = self.tables(dataclasses.replace(rope, base=rope.local_base), q_pos, k_pos)
             kinds = np.asarray([self.cfg.is_local(layer) for layer in range(self.num_layers)], np.int32)
             tables = [jnp.concatenate([g, l[None]])[kinds] for g, l in zip(tables, local)]  # [L, T|S, D/2]
-        return PositionalBias.of(Rotary(*tables))
+        return PositionalBias.of(Rotary(*tables, heads=rope.heads))
 
 
 MECHANISM = register(Mechanism(
@@ -201,6 +206,7 @@ MECHANISM = register(Mechanism(
                  "with `rope.factor` (s ≥ 1), `rope.original_max_length` (L₀, default `model.max_length`), "
                  "`rope.beta_fast`, `rope.beta_slow` (yarn), `rope.low_freq_factor`, `rope.high_freq_factor` "
                  "(llama3); `rope.fraction` (p-RoPE: the highest-frequency share of each head's channel pairs "
-                 "rotated, the lowest left unrotated); `rope.local_base` (the base of local layers)",
+                 "rotated, the lowest left unrotated); `rope.local_base` (the base of local layers); `rope.heads` (RoPE on "
+                 "the first h heads, the rest NoPE)",
     reference="Su et al., 2021",
     no_position_only_term="RoPE rotates q and k, so positions act only through the content term q.k"))

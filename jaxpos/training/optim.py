@@ -37,8 +37,9 @@ def learning_rate_schedule(tcfg) -> optax.Schedule:
 # Weight decay by role, whatever a parameter's shape or whether the layers are scanned: the weights of linear maps
 # and embeddings are decayed, biases and LayerNorm parameters are not (BERT's rule), and the parameters of the
 # positional mechanism and of per-head segment attention follow `train.decay_positional`, the same for every mechanism.
+# The attention layer's own per-head scalars and QK-norm's scales are kept as biases and norm scales are.
 DECAYED = ("kernel", "embedding")
-NOT_DECAYED = ("bias", "scale", "output_bias")
+NOT_DECAYED = ("bias", "scale", "output_bias", "q_norm", "k_norm", "sinks", "length_scale")
 POSITIONAL_MODULES = ("position", "segments")
 
 

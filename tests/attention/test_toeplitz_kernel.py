@@ -17,17 +17,16 @@ import pytest
 from jaxpos.attention import AttentionMask, PositionalBias, attend, dropout
 from jaxpos.attention.bias import segment_pair_factors
 from jaxpos.attention.kernels import toeplitz_attention
-from jaxpos.positions import MECHANISMS
+from jaxpos.models.layers import attention_terms
 from jaxpos.positions import make_position
 from tests.helpers import VARIANTS, bias_terms, tiny_config
 
 
 def table_mechanisms() -> dict[str, dict]:
-    """{id: position block} of each kind's first variant whose bias is a Toeplitz table (the registry's kernel
-    form)."""
+    """{id: position block} of each kind's first variant whose layers receive a Toeplitz table and nothing else."""
     first = {}
     for name, position in VARIANTS:
-        if MECHANISMS[position["kind"]].kernel_form_for(tiny_config(position).position) == "table":
+        if attention_terms(tiny_config(position)) == {"table"}:
             first.setdefault(position["kind"], (name, position))
     return dict(first.values())
 

@@ -22,7 +22,8 @@ POSITIONAL = {"none": [], "absolute": ["embedding"], "sinusoidal": [], "tisa": [
               "diet_rel": ["table"], "diet_abs": ["p_k", "p_q"], "t5": ["embedding"], "shaw": ["rel_keys", "rel_values"],
               "tupe": ["cls_theta", "embedding", "u_k", "u_q"], "rope": [], "alibi": [], "attenuated": [],
               "kerple": ["r1", "r2"], "fire": ["b1", "c", "threshold", "w1", "w2"],
-              "cope": ["embedding"], "deberta": ["embedding", "norm/bias", "norm/scale"]}
+              "cope": ["embedding"], "deberta": ["embedding", "norm/bias", "norm/scale"], "fox": ["b", "w"],
+              "pope": ["delta"]}
 # The rest of a 2-layer model, by hand: what is decayed (per layer, then once) and what is not.
 LAYER_DECAYED = ["mlp/wi/kernel", "mlp/wo/kernel", "self_attention/key/kernel", "self_attention/out/kernel",
                  "self_attention/query/kernel", "self_attention/value/kernel"]
@@ -61,6 +62,21 @@ def test_segment_attention_follows_the_positional_switch():
     params = params_of(tiny_config(dict(kind="diet_rel", segment="per_head")))
     for switch in (True, False):
         assert decayed_names(params, switch)["bert/encoder/segments/table"] is switch
+
+
+def test_the_attention_options_parameters_and_their_decay():
+    """QK-norm's scales, the sink logits and Scalable-Softmax's s are kept (as norm scales and biases are); the
+    output gate's projection is decayed and its bias kept, whatever train.decay_positional says."""
+    cfg = tiny_config(dict(kind="rope"), qk_norm=True, output_gate=True, attention_sinks=True,
+                      length_scaled_logits=True)
+    for switch in (True, False):
+        got = decayed_names(params_of(cfg), switch)
+        layer = {name.split("layer_0/self_attention/")[1]: flag for name, flag in got.items()
+                 if "layer_0/self_attention/" in name}
+        assert layer == {"query/kernel": True, "key/kernel": True, "value/kernel": True, "out/kernel": True,
+                         "gate/kernel": True, "query/bias": False, "key/bias": False, "value/bias": False,
+                         "out/bias": False, "gate/bias": False, "q_norm": False, "k_norm": False, "sinks": False,
+                         "length_scale": False}
 
 
 def test_a_parameter_without_a_role_is_refused():
