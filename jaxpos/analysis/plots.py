@@ -330,6 +330,40 @@ def plot_attribution(by_distance: np.ndarray, self_share: np.ndarray, top_share:
     return save_figure(attribution_figure(by_distance, self_share, top_share), path)
 
 
+def sinks_figure(measures: dict, title: str = ""):
+    """Where attention sinks: per layer, the mean over heads of the weight on the first token, on [SEP], on the
+    most-attended key and on a learned sink, against the uniform floor; and the first token's weight per layer and
+    head. `measures`: {name: [L, H]} (jaxpos.analysis.sinks)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    layers = np.arange(measures["first"].shape[0])
+    labels = dict(first="first token", sep="[SEP]", top="most-attended key", learned="learned sink",
+                  uniform="uniform (1/n)")
+    for name, label in labels.items():
+        values = np.asarray(measures[name], float)
+        if np.isfinite(values).any() and (name != "learned" or np.nanmax(values) > 0):
+            axes[0].plot(layers, np.nanmean(values, axis=1), marker="o", label=label,
+                         linestyle="--" if name == "uniform" else "-")
+    axes[0].set_ylim(0, 1.02)
+    axes[0].set_ylabel("mean attention weight")
+    set_layer_axis(axes[0], len(layers))
+    axes[0].legend(fontsize=7)
+    axes[0].set_title("attention drawn, mean over heads", fontsize=9)
+    image = axes[1].imshow(np.asarray(measures["first"], float).T, vmin=0, vmax=1, cmap="magma", aspect="auto")
+    axes[1].set_xlabel("layer")
+    axes[1].set_ylabel("head")
+    axes[1].set_xticks(layers, [str(layer_number(l)) for l in layers])
+    axes[1].set_title("weight on the first token", fontsize=9)
+    fig.colorbar(image, ax=axes[1])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_sinks(measures: dict, path: str, title: str = "") -> str:
+    """`sinks_figure` written to PATH; returns PATH."""
+    return save_figure(sinks_figure(measures, title), path)
+
+
 def over_training_figure(steps, series: dict, head_dim: int | None = None, title: str = "",
                          length: int | None = None):
     """Diagnostics against the training step (`jaxpos analyze --checkpoints`): Toeplitz R^2 of E_P E_P^T,
@@ -415,9 +449,10 @@ def line_style(index: int) -> dict:
 
 def lengths_figure(results: dict, metric: str = "loss"):
     """Held-out `metric` against the evaluation length, a line per run (distinct colour and line style), the
-    training lengths dotted; lengths a run could not run at are absent from its line and named in the legend.
-    `results`: {name: jaxpos.evaluation.lengths.evaluate_lengths's dict}."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    training lengths dotted; lengths a run could not run at are absent from its line and named in the legend. Beside
+    it, the metric by position within the row at each run's longest length (`by_position` buckets, at the bucket's
+    middle column). `results`: {name: jaxpos.evaluation.lengths.evaluate_lengths's dict}."""
+    fig, (ax, by_column) = plt.subplots(1, 2, figsize=(12, 4.2))
     for k, (name, result) in enumerate(results.items()):
         done = [e for e in result["lengths"] if "skipped" not in e]
         skipped = [e["length"] for e in result["lengths"] if "skipped" in e]
@@ -425,13 +460,21 @@ def lengths_figure(results: dict, metric: str = "loss"):
         label = name + (f", {shown}" if shown != name else "") + (
             f" (cannot run at {', '.join(map(str, skipped))})" if skipped else "")
         ax.plot([e["length"] for e in done], [e[metric] for e in done], marker="o", label=label, **line_style(k))
+        if done and done[-1].get("by_position"):
+            buckets = [b for b in done[-1]["by_position"] if b[metric] is not None]
+            by_column.plot([(b["start"] + b["end"] - 1) / 2 for b in buckets], [b[metric] for b in buckets],
+                           marker=".", label=f"{name} at {done[-1]['length']}", **line_style(k))
     for length in sorted({r["train_length"] for r in results.values()}):
         ax.axvline(length, color="0.5", linestyle=":", linewidth=1)
+        by_column.axvline(length, color="0.5", linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set(title=f"held-out masked-LM {metric} against length (dotted: training length)", xlabel="tokens a row",
            ylabel=metric)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    by_column.set(title=f"{metric} by position within the row, at the longest length", xlabel="column",
+                  ylabel=metric)
+    for axis in (ax, by_column):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
     return fig
 
 

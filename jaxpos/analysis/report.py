@@ -14,6 +14,8 @@ Diagnostics (docs/conventions.md, "Analyses"), each recorded under its name in t
                        and the rank of each head's value-output map T it kept (Brunner section 3)
   identifiability      token identifiability per layer, naive and linear probes (Brunner section 4)
   attribution          hidden token attribution by neighbour distance (Brunner section 5)
+  sinks                where attention sinks: the weight on the first token, on [SEP], on the most-attended key
+                       and on a learned sink logit, per layer and head, against the uniform floor
 
 report.json holds scalars, per-layer/per-head values and the identical-word matrices (so their scores can be
 recomputed); the larger matrices (P, F-hat_P, raw identical-word attention) are in arrays.npz.
@@ -33,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.analysis import attribution, effective_attention, locality, plots, rank, tisa_fit, toeplitz
+from jaxpos.analysis import attribution, effective_attention, locality, plots, rank, sinks, tisa_fit, toeplitz
 from jaxpos.analysis.decomposition import TERMS, decompose
 from jaxpos.analysis.identifiability import identifiability_by_layer
 from jaxpos.analysis.loading import AnalyzedModel
@@ -51,7 +53,7 @@ from jaxpos.progress import Progress, progress
 log = logging.getLogger(__name__)
 
 DIAGNOSTICS = ("position_gram", "positional_profile", "tisa_scores", "identical_word", "rank", "decomposition",
-               "effective_attention", "identifiability", "attribution")
+               "effective_attention", "identifiability", "attribution", "sinks")
 
 
 class Skip(Exception):
@@ -71,6 +73,7 @@ class Options:
     decomposition_sentences: int = 16
     attribution_windows: int = 4
     attribution_length: int = 32
+    sink_sentences: int = 64  # sentences whose attention the sink measures average over
     seed: int = 0
     figures: bool = True  # PNG figures beside report.json (off: numbers only, e.g. many runs' analyses)
 
@@ -516,8 +519,25 @@ def _attribution(ctx: _Context) -> dict:
                 by_distance=mean["by_distance"], figure="attribution.png")
 
 
+def _sinks(ctx: _Context) -> dict:
+    sentences = ctx.sentences[:ctx.options.sink_sentences]
+    if not sentences:
+        raise Skip("no sentences")
+    batches = []
+    for ids, piece_ids, real in _sentence_batches(sentences):
+        weights, _ = _run(ctx, ids, piece_ids)  # [L, B, H, T, T]
+        valid = piece_ids[:real].astype(bool)
+        batches.append((sinks.attention_sinks(weights[:, :real], valid, ids[:real], ctx.model.sep_id),
+                        int(valid.sum())))
+    measures = sinks.combine_sinks(batches)
+    ctx.plots.plot_sinks(measures, ctx.figure("sinks.png"), f"{ctx.model.name}: where attention sinks")
+    return dict(sentences=len(sentences), tokens=int(sum(count for _, count in batches)), **measures,
+                mean=sinks.sinks_summary(measures), figure="sinks.png")
+
+
 _DIAGNOSTIC_FUNCTIONS = dict(
     position_gram=_position_gram, positional_profile=_positional_profile, tisa_scores=_tisa_scores,
     identical_word=_identical_word, rank=_rank, decomposition=_decomposition,
-    effective_attention=_effective_attention, identifiability=_identifiability, attribution=_attribution)
+    effective_attention=_effective_attention, identifiability=_identifiability, attribution=_attribution,
+    sinks=_sinks)
 assert tuple(_DIAGNOSTIC_FUNCTIONS) == DIAGNOSTICS

@@ -5,15 +5,16 @@ An attention sink is a key that draws attention whatever the query (the first to
 Xiao et al. 2024; gated attention removes it, Qiu et al. 2025). Per layer and head, over the real (not padded)
 queries of every row: `first` is the mean weight on the row's first key; `sep` the mean total weight on its [SEP]
 keys; `top` the mean weight on the key that draws the most attention in that row (averaged over queries), the sink
-wherever it sits; `uniform` is what a query spreading its attention evenly gives every key, the mean of 1/n over
-the queries (n: the keys it attends), the floor the three read against.
+wherever it sits; `learned` the weight a learned sink logit (`model.attention_sinks`) takes, one minus the row's
+total weight on its keys (0 without one); `uniform` is what a query spreading its attention evenly gives every key,
+the mean of 1/n over the queries (n: the keys it attends), the floor the others read against.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-SINK_MEASURES = ("first", "sep", "top", "uniform")
+SINK_MEASURES = ("first", "sep", "top", "learned", "uniform")
 
 
 def attention_sinks(weights: np.ndarray, valid: np.ndarray, token_ids: np.ndarray | None = None,
@@ -31,7 +32,7 @@ def attention_sinks(weights: np.ndarray, valid: np.ndarray, token_ids: np.ndarra
 
     first = mean_over_queries(weights[..., 0])
     # [L, B, H, S]: each key's mean weight over the row's real queries
-    column = np.where(queries, weights, 0.0).sum(axis=3) / np.maximum(valid.sum(axis=1), 1)[None, :, None, None]
+    column = np.where(queries[..., None], weights, 0.0).sum(axis=3) / np.maximum(valid.sum(axis=1), 1)[None, :, None, None]
     top_key = column.argmax(axis=-1)  # [L, B, H]
     top = mean_over_queries(np.take_along_axis(weights, top_key[..., None, None].repeat(weights.shape[3], 3),
                                                axis=-1)[..., 0])
@@ -40,9 +41,16 @@ def attention_sinks(weights: np.ndarray, valid: np.ndarray, token_ids: np.ndarra
         sep = mean_over_queries((weights * is_sep[None, :, None, None, :]).sum(axis=-1))
     else:
         sep = np.full(first.shape, np.nan)
+    learned = mean_over_queries(np.clip(1.0 - weights.sum(axis=-1), 0.0, 1.0))
     keys = (weights > 0).sum(axis=-1)  # [L, B, H, T]: the keys each query attends
     uniform = mean_over_queries(1.0 / np.maximum(keys, 1))
-    return dict(first=first, sep=sep, top=top, uniform=uniform)
+    return dict(first=first, sep=sep, top=top, learned=learned, uniform=uniform)
+
+
+def combine_sinks(batches: list[tuple[dict[str, np.ndarray], int]]) -> dict[str, np.ndarray]:
+    """The measures of several batches, each (measures, its number of real queries), as one mean over queries."""
+    total = sum(count for _, count in batches)
+    return {name: sum(m[name] * count for m, count in batches) / total for name in batches[0][0]}
 
 
 def sinks_summary(measures: dict[str, np.ndarray]) -> dict[str, float]:
@@ -55,11 +63,11 @@ def sinks_table(measures: dict[str, np.ndarray]) -> str:
     """A markdown table, a row per layer and head: the weight on the first token, on [SEP], on the top key, and the
     uniform floor."""
     first = measures["first"]
-    lines = ["| layer | head | first token | [SEP] | most-attended key | uniform |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| layer | head | first token | [SEP] | most-attended key | learned sink | uniform |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for layer in range(first.shape[0]):
         for head in range(first.shape[1]):
             cells = [f"{measures[m][layer, head]:.3f}" if np.isfinite(measures[m][layer, head]) else "–"
-                     for m in ("first", "sep", "top", "uniform")]
+                     for m in SINK_MEASURES]
             lines.append(f"| {layer + 1} | {head} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

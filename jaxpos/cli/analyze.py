@@ -11,7 +11,7 @@ def add_analyze_parser(subparsers) -> None:
     """Registers the `analyze` subcommand on an argparse subparsers object."""
     parser = add_command(
         subparsers, "analyze", "diagnostics of a trained model (Toeplitzness, F-hat_P, locality/symmetry, ranks, "
-                        "Muppet decomposition, effective attention, identifiability, attribution)", description=__doc__)
+                        "Muppet decomposition, effective attention, identifiability, attribution, attention sinks)", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", help="a `jaxpos train` masked-LM workdir (config.json, checkpoints/, tokenizer)")
     source.add_argument("--hf", metavar="PATH", help="a local Hugging Face BERT, ALBERT, DeBERTa or "
@@ -110,6 +110,12 @@ def summary(report: dict) -> str:
         own = get("attribution", "self_share")
         states = get("attribution", "layers") or range(1, len(own) + 1)  # hidden-state indices: layer 1 is 1
         rows["own-token contribution"] = dict(zip(states, own))
+    if get("sinks", "mean") is not None:
+        mean = get("sinks", "mean")
+        shares = ", ".join(f"{label} {mean[key]:.3f}" for key, label in
+                           (("first", "first token"), ("sep", "[SEP]"), ("top", "most-attended key"),
+                            ("learned", "learned sink")) if mean.get(key) is not None)
+        lines.append(f"  attention drawn (mean over layers and heads): {shares}; uniform {mean['uniform']:.3f}")
     lines.extend(per_layer_table(rows))
     for name, why in report.get("skipped", {}).items():
         lines.append(f"  skipped {name}: {why}")

@@ -13,7 +13,9 @@ against the baseline (Holm-corrected over the report).
 Variants: a mechanism of `jaxpos reproduce`'s runs (a registry kind, or e.g. diet_rel_layer) with options joined by
 `+`: a RoPE length rule (linear, ntk, dynamic, yarn, llama3, each with an optional factor: yarn8), partialF (RoPE
 on a fraction F of each head's channel pairs), random[N] (randomized positions from [0, N)), localW (a local
-window of W keys); a trailing @eval applies the RoPE rules at evaluation only, to the weights of the variant
+window of W keys), clipN (DIET-Rel's offsets clipped at N), nopeK (no positional term in every K-th layer),
+headsH (RoPE or ALiBi on the first H heads), gate, sink, qknorm, ssmax (the output gate, a sink logit, QK-norm,
+Scalable-Softmax); a trailing @eval applies the RoPE rules at evaluation only, to the weights of the variant
 without them. Re-running with the same --out resumes: finished runs are kept, an unfinished one resumes.
 """
 

@@ -16,6 +16,10 @@ def add_train_parser(subparsers) -> None:
     train.add_argument("--seeds", type=int, default=1,
                        help="masked-LM: train this many seeds at once (train.seed and data.seed + 0, 1, ...), each in "
                        "WORKDIR/seed_S; small models train several seeds for little more than the time of one")
+    train.add_argument("--init", metavar="RUN",
+                       help="masked-LM: start from RUN's newest parameters (train.init_from: continued pretraining, "
+                            "e.g. --config.data.seq_len=1024 --config.model.position.rope.base=160000 to extend the "
+                            "context); a fresh optimiser, RUN's tokenizer and mechanism")
     train.add_argument("--distributed", action="store_true",
                        help="call jax.distributed.initialize() first (multi-host TPU pods and SLURM jobs)")
     train.set_defaults(run=_train)
@@ -41,6 +45,8 @@ def _train(args, overrides):
         import jax  # lazy: 1.3 s, which `jaxpos --help` does not need
 
         jax.distributed.initialize()
+    if args.init:
+        overrides = [f"--config.train.init_from={args.init}", *overrides]
     return train(apply_overrides(load_config(args.config), overrides), args.workdir, args.config, args.seeds)
 
 

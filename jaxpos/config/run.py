@@ -199,6 +199,10 @@ class TrainConfig:
     test_sentences: int = 0  # translation: test sentences decoded for it (0 = all; the first ones of the split)
     num_epochs: float = 3.0  # fine-tuning: passes over the training set when num_steps is 0
     eval_batch_size: int = 0  # fine-tuning: 0 = batch_size
+    # masked-LM: a run folder whose newest checkpoint's parameters start this run (continued pretraining, e.g. a
+    # context extension at a longer data.seq_len with other RoPE options); a fresh optimiser from step 0, the
+    # source's tokenizer. Ignored once this run has checkpoints of its own
+    init_from: str = ""
 
     def check(self, zero_means_default: tuple[str, ...] = ()) -> None:
         """Raises a ValueError naming the first value out of its range; `zero_means_default`: fields that may

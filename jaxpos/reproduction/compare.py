@@ -13,7 +13,11 @@ with options joined by `+`, each a shorthand of `SHORTHANDS`, e.g. `rope+partial
               evaluated length, and more than model.max_length);
   localW      a local attention window of W keys (model.local_window);
   clipN       DIET-Rel's offsets clipped at N (position.diet_rel.max_distance: inductive);
-  nopeK       no positional term in every K-th layer (model.nope_every).
+  nopeK       no positional term in every K-th layer (model.nope_every);
+  headsH      RoPE or ALiBi on the first H heads only, the rest NoPE (position.rope.heads, position.alibi.heads);
+  gate | sink | qknorm | ssmax
+              the output gate, a learned sink logit per head, QK-norm, Scalable-Softmax's length-scaled logits
+              (model.output_gate, model.attention_sinks, model.qk_norm, model.length_scaled_logits).
 Every variant is made into its run config and checked when the plan is made (`matrix.check_variants`): an option
 the variant's mechanism does not read, a model that cannot be built, an attention path that cannot run it is
 refused then, in one line, by `--dry-run` and `--plan-only` too.
@@ -75,7 +79,7 @@ def _needs(what: str, example: str):
 
 
 # The shorthands a variant's options take, each `+NAME[NUMBER]` -> (its --config overrides, its label): one table.
-# `lengths` holds the comparison's factors, seq_len and max_length. RoPE's rules may also act at evaluation only
+# `lengths` holds the comparison's factors, seq_len and max_length, and the variant's mechanism kind. RoPE's rules may also act at evaluation only
 # (`@eval`); every other shorthand trains.
 SHORTHANDS = {
     **{scaling: _rope_rule(scaling) for scaling in RULES},
@@ -90,6 +94,13 @@ SHORTHANDS = {
                                  f"{int(_needs('the clip', 'diet_rel+clip16')(n))}"], f"clipped at ±{int(n)}"),
     "nope": lambda n, lengths: ([f"--config.model.nope_every={int(_needs('the period', 'rope+nope4')(n))}"],
                                 f"NoPE every {int(n)}"),
+    "heads": lambda n, lengths: ([f"--config.model.position.{lengths['kind']}.heads="
+                                  f"{int(_needs('the heads', 'rope+heads2')(n))}"],
+                                 f"on the first {int(n)} head" + ("s" if int(n) != 1 else "")),
+    **{name: (lambda field, label: lambda n, lengths: ([f"--config.model.{field}=true"], label))(field, label)
+       for name, field, label in (("gate", "output_gate", "output gate"), ("sink", "attention_sinks", "sink logit"),
+                                  ("qknorm", "qk_norm", "QK-norm"),
+                                  ("ssmax", "length_scaled_logits", "Scalable-Softmax"))},
 }
 
 
@@ -107,13 +118,13 @@ def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: i
         raise ValueError(f"variant {text!r}: unknown mechanism {name!r}; choose from {', '.join(runs)} (a mechanism "
                          "of your own: --import MODULE)")
     run = runs[name]
-    lengths = dict(factors=factors, seq_len=seq_len, max_length=max_length)
+    lengths = dict(factors=factors, seq_len=seq_len, max_length=max_length, kind=run.kind)
     overrides, labels, trained, evaluated = list(run.overrides), [run.label], [name], []
     for option in options:
         match = _OPTION.match(option)
         if not match or match.group(1) not in SHORTHANDS:
             raise ValueError(f"variant {text!r}: unknown option {option!r}; choose {', '.join(SHORTHANDS)} (a number "
-                             "may follow: yarn8, partial0.5, random512, local128, clip16, nope4)")
+                             "may follow: yarn8, partial0.5, random512, local128, clip16, nope4, heads2)")
         key, number = match.groups()
         try:
             more, label = SHORTHANDS[key](number, lengths)
@@ -303,6 +314,70 @@ def comparisons(rows: dict, baseline: str, all_pairs: bool) -> list[dict]:
     return found
 
 
+def degradation(row: dict) -> dict[str, dict]:
+    """{str(length): where the loss by position first exceeds the variant's loss at the training length} for each
+    evaluated length past it: {"start", "end", "mean", "low", "high", "n"} of the first bucket at or past the
+    training length whose loss, paired by seed with the loss at the training length, has a 95% t interval above 0
+    (not corrected for the buckets tried); {"none": buckets tried, "n"} when none has; {"skipped"} where the variant
+    cannot run or fewer than 2 seeds have both."""
+    train = row["train_length"]
+    base = {s: e.get("loss") for s, e in row["lengths"].get(train, {}).items()}
+    found = {}
+    for length in sorted(n for n in row["lengths"] if n > train):
+        entries = row["lengths"][length]
+        if any("skipped" in e for e in entries.values()) or not base:
+            found[str(length)] = dict(skipped="cannot run" if entries else "no seeds")
+            continue
+        seeds = sorted(s for s in set(base) & set(entries) if base[s] is not None and entries[s].get("by_position"))
+        if len(seeds) < 2:
+            found[str(length)] = dict(skipped="fewer than 2 seeds")
+            continue
+        buckets = [k for k, b in enumerate(entries[seeds[0]]["by_position"]) if b["start"] >= train]
+        for k in buckets:
+            bucket = entries[seeds[0]]["by_position"][k]
+            losses = [entries[s]["by_position"][k]["loss"] for s in seeds]
+            if any(v is None for v in losses):
+                continue
+            test = stats.paired_difference(losses, [base[s] for s in seeds], alpha=ALPHA)
+            if test.ci_low > 0:
+                found[str(length)] = dict(start=bucket["start"], end=bucket["end"], mean=test.mean,
+                                          low=test.ci_low, high=test.ci_high, n=test.n)
+                break
+        else:
+            found[str(length)] = dict(none=len(buckets), n=len(seeds))
+    return found
+
+
+def passkey_cells(row: dict) -> dict[str, dict]:
+    """{str(length): {depth: the share of keys retrieved whole, mean over seeds with its interval}, with "floor"
+    (a uniform guess's) and "digit_floor"}, or {"skipped": why} where no seed's rows hold a key."""
+    cells = {}
+    for length, entries in sorted(row["lengths"].items()):
+        probes = [e["passkey"] for e in entries.values() if "depths" in e.get("passkey", {})]
+        if not probes:
+            why = next((e.get("skipped") or e.get("passkey", {}).get("skipped") for e in entries.values()), None)
+            if why:
+                cells[str(length)] = dict(skipped=why)
+            continue
+        depths = list(probes[0]["depths"])
+        first = probes[0]["depths"][depths[0]]
+        cells[str(length)] = dict(
+            depths={d: mean_interval([p["depths"][d]["accuracy"] for p in probes], SHARE) for d in depths},
+            floor=first["floor"], digit_floor=first["digit_floor"], examples=first["examples"])
+    return cells
+
+
+def degradation_text(cell: dict | None) -> str:
+    if cell is None:
+        return "–"
+    if "skipped" in cell:
+        return cell["skipped"]
+    if "none" in cell:
+        return f"not worse in any of {cell['none']} buckets ({cell['n']} seeds)"
+    return (f"from column {cell['start']} (columns {cell['start']}–{cell['end'] - 1}: "
+            f"{cell['mean']:+.3f} [{cell['low']:+.3f}, {cell['high']:+.3f}])")
+
+
 def comparison_text(c: dict) -> str:
     t = c["test"]
     interval = f"{t.mean:+.3g} [{t.ci_low:+.3g}, {t.ci_high:+.3g}]"
@@ -312,8 +387,33 @@ def comparison_text(c: dict) -> str:
         return f"{tested}: {said}"
     if t.p < ALPHA:  # the detectable difference below is the uncorrected one: it would mislead here
         return f"{tested}: not resolved after Holm's correction (alone it would read {said})"
+    if t.sd == 0:
+        return f"{tested}: the seeds agree exactly (every paired difference {t.mean:+.3g}): nothing to test against"
+    needed = seeds_to_resolve(t)
+    more = f"; about {needed} seeds would resolve a difference of this size" if needed else ""
     return (f"{tested}: no difference resolved (these {t.n} seeds could detect {t.mdd:.3g} at α = {ALPHA} before "
-            "the correction)")
+            f"the correction{more})")
+
+
+def seeds_to_resolve(t) -> int | None:
+    """The seeds a paired t test would need to resolve the observed mean difference at α and 80% power, from the
+    observed sd (a normal approximation, (z_α/2 + z_0.8)² sd² / mean², plus one); None for a zero difference."""
+    if t.mean == 0 or not math.isfinite(t.sd):
+        return None
+    z = float(distributions.norm.ppf(1 - ALPHA / 2) + distributions.norm.ppf(0.8))
+    return max(t.n + 1, math.ceil((z * t.sd / abs(t.mean)) ** 2) + 1)
+
+
+def cannot_say(parting: dict) -> str | None:
+    """Why the comparison cannot say anything about positions, or None: every variant measured against bag of
+    words (`verdicts.training_status`) and none of them parted from it (the recipe too short for word order to
+    matter)."""
+    judged = [p for p in parting.values() if p.get("trained") is not None]
+    if judged and not any(p["trained"] for p in judged):
+        return ("no variant's held-out loss left bag of words' (paired by seed, 95% interval): each predicts the "
+                "masked tokens as a model that ignores word order does, so no difference below is about positions; "
+                "train longer (--config.train.num_steps) or on more data")
+    return None
 
 
 def write_report(out: str, wall_s: float | None = None, command: str = "jaxpos compare") -> dict:
@@ -330,16 +430,19 @@ def write_report(out: str, wall_s: float | None = None, command: str = "jaxpos c
     paths = dict(curves=curves_figure(rows, os.path.join(figures, "learning_curves.png")))
     if any(r["lengths"] for r in rows.values()):
         paths["lengths"] = lengths_figure(rows, os.path.join(figures, "lengths.png"))
+        paths["by_position"] = by_position_figure(rows, os.path.join(figures, "loss_by_position.png"))
     numbers = dict(
         rows={name: dict(label=r["label"], seeds=r["seeds"], loss=mean_interval(list(r["loss"].values())),
                          accuracy=mean_interval(list(r["accuracy"].values()), SHARE),
                          lengths={str(n): length_cell(entries) for n, entries in sorted(r["lengths"].items())},
+                         degradation=degradation(r), passkey=passkey_cells(r),
                          finetune=mean_interval(list(r["finetune"].values()), SHARE),
                          order=mean_interval(list(r["order"].values()), SHARE),
                          parting=parting.get(name, {}).get("reason")) for name, r in rows.items()},
         comparisons=[dict(a=c["a"], b=c["b"], quantity=c["quantity"], mean=c["test"].mean, ci_low=c["test"].ci_low,
                           ci_high=c["test"].ci_high, p=c["test"].p, adjusted_p=c["adjusted_p"], n=c["test"].n,
                           mdd=c["test"].mdd, decided=c["decided"]) for c in found],
+        cannot_say=cannot_say(parting),
         seeds=plan["seeds"], baseline=comparison["baseline"], machine=plan.get("machine"), wall_s=wall_s,
         command=command, written=time.strftime("%Y-%m-%d %H:%M:%S"), figures=paths)
     write_json_atomically(os.path.join(out, NUMBERS_FILE), numbers, indent=1)
@@ -378,6 +481,8 @@ def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str
              f"{numbers['baseline']}) with its 95% interval, the paired t test's p and Holm's adjusted p over all "
              f"{len(found)} comparisons of this report (α = {ALPHA}); * an interval clipped to the quantity's "
              "range.", "",
+             *([f"**This comparison cannot say anything about positions:** {numbers['cannot_say']}.", ""]
+               if numbers.get("cannot_say") else []),
              "## Held-out masked-LM at the training length (last checkpoint)", "",
              "| variant | loss | accuracy | against bag of words |", "| --- | --- | --- | --- |"]
     for name, r in numbers["rows"].items():
@@ -395,6 +500,8 @@ def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str
             lines.append(f"| {r['label']} | " + " | ".join(
                 "–" if c is None else f"cannot run: {c['skipped']}" if "skipped" in c else interval_text(c)
                 for c in cells) + " |")
+        lines += degradation_section(numbers, [n for n in lengths if n > train], train)
+    lines += passkey_section(numbers, lengths, profile.data["seq_len"])
     for task, title in (("finetune", "Fine-tuning: paraphrase task, best dev accuracy"),
                         ("order", "Fine-tuning: word-order task, best dev accuracy")):
         if any(r[task]["n"] for r in numbers["rows"].values()):
@@ -409,8 +516,49 @@ def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str
                   f"{c['quantity']} | {comparison_text(c)} |" for c in found]
     lines += ["", "![learning curves](figures/learning_curves.png)"]
     if "lengths" in numbers["figures"]:
-        lines += ["", "![lengths](figures/lengths.png)"]
+        lines += ["", "![lengths](figures/lengths.png)", "", "![loss by position](figures/loss_by_position.png)"]
     return "\n".join(lines) + "\n"
+
+
+def degradation_section(numbers: dict, longer: list[int], train: int) -> list[str]:
+    """The report's lines on where each variant's loss by position degrades at the lengths past the training one."""
+    if not longer:
+        return []
+    lines = ["", "## Where the loss by position degrades", "",
+             "Past the training length, the first bucket of columns (a quarter of the training length each) whose "
+             "loss is above the variant's own loss at the training length: the mean paired difference over seeds "
+             "with its 95% t interval, which lies above 0 (each bucket tested alone, not corrected for the buckets "
+             "tried). The loss of every bucket is in comparison.json (`by_position` of each run's lengths) and "
+             "figures/loss_by_position.png.", "",
+             "| variant | " + " | ".join(f"at {n} ({n / train:g}×)" for n in longer) + " |",
+             "| --- |" + " --- |" * len(longer)]
+    for r in numbers["rows"].values():
+        lines.append(f"| {r['label']} | " + " | ".join(degradation_text(r["degradation"].get(str(n)))
+                                                        for n in longer) + " |")
+    return lines
+
+
+def passkey_section(numbers: dict, lengths: list[int], train: int) -> list[str]:
+    """The report's passkey table: a row per variant and depth, a column per length that holds a key."""
+    probed = [n for n in lengths if any("depths" in r["passkey"].get(str(n), {}) for r in numbers["rows"].values())]
+    if not probed:
+        return []
+    first = next(r["passkey"][str(n)] for n in probed for r in numbers["rows"].values()
+                 if "depths" in r["passkey"].get(str(n), {}))
+    lines = ["", "## Passkey retrieval (zero-shot)", "",
+             f"A key of digits hidden at depth δ of held-out text and asked for again at the row's end with its digits "
+             f"masked ({first['examples']} keys a length and depth, a run): the share of keys retrieved whole (every "
+             "digit the most probable digit token), the mean over seeds with its 95% interval. A uniform guess among "
+             f"the digits retrieves {first['floor']:.2g} of the keys (a digit: {first['digit_floor']:.2g}).", "",
+             "| variant | depth | " + " | ".join(f"{n} ({n / train:g}×)" for n in probed) + " |",
+             "| --- | --- |" + " --- |" * len(probed)]
+    for r in numbers["rows"].values():
+        for depth in first["depths"]:
+            cells = [r["passkey"].get(str(n)) for n in probed]
+            lines.append(f"| {r['label']} | {depth} | " + " | ".join(
+                "–" if c is None else "cannot run" if "skipped" in c else interval_text(c["depths"][depth])
+                for c in cells) + " |")
+    return lines
 
 
 def curves_figure(rows: dict, path: str) -> str:
@@ -455,4 +603,32 @@ def lengths_figure(rows: dict, path: str) -> str:
     ax.set_xlabel("evaluated length / training length")
     ax.set_ylabel("held-out masked-LM loss (mean over seeds; shaded: 95% interval)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, path)
+
+
+def by_position_figure(rows: dict, path: str) -> str:
+    """The held-out loss by position within the row, a panel per evaluated length: each variant's mean over seeds
+    at the middle column of each bucket, its 95% interval shaded, the training length dotted."""
+    from jaxpos.analysis.plots import line_style, plt, save_figure  # matplotlib: only for a report
+
+    lengths = sorted({n for r in rows.values() for n in r["lengths"]})
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.8), squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        for index, r in enumerate(rows.values()):
+            entries = [e for e in r["lengths"].get(length, {}).values() if e.get("by_position")]
+            if not entries:
+                continue
+            cells = [mean_interval([e["by_position"][k]["loss"] for e in entries])
+                     for k in range(len(entries[0]["by_position"]))]
+            buckets = entries[0]["by_position"]
+            shown = [(0.5 * (b["start"] + b["end"] - 1), c) for b, c in zip(buckets, cells) if c["mean"] is not None]
+            style = line_style(index)
+            ax.plot([x for x, _ in shown], [c["mean"] for _, c in shown], marker=".", label=r["label"], **style)
+            ax.fill_between([x for x, _ in shown], [c["low"] if c["low"] is not None else c["mean"] for _, c in shown],
+                            [c["high"] if c["high"] is not None else c["mean"] for _, c in shown],
+                            color=style["color"], alpha=0.06, lw=0)
+        ax.axvline(next(iter(rows.values()))["train_length"], color="0.5", linestyle=":", linewidth=1)
+        ax.set(title=f"rows of {length} tokens", xlabel="column")
+    axes[0][0].set_ylabel("held-out masked-LM loss")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(fig, path)

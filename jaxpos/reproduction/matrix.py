@@ -425,14 +425,14 @@ def save_plan(out: str, plan: dict) -> None:
 
 
 def resumed_line(plan: dict) -> list[str]:
-    """A line saying that the wall time is the last command's alone when the plan was resumed (one estimate is
-    kept per command that ran runs), with the time since the plan was made."""
-    commands = len(plan.get("estimates") or [])
+    """A line saying that the wall time sums every command that ran the plan when it was resumed, with the time
+    since the plan was made."""
+    commands = len(plan.get("commands") or [])
     if commands < 2:
         return []
     since = (time.time() - plan["started_unix"]) / 60
-    return [f"- resumed: the times above are the last of {commands} commands (a run's time counts only what that "
-            f"command ran); the plan was made at {plan['created']}, {since:.0f} min before this report"]
+    return [f"- resumed: the wall time is the sum over the {commands} commands that ran this plan (each counts what "
+            f"it ran); the plan was made at {plan['created']}, {since:.0f} min before this report"]
 
 
 def profile_of(plan: dict) -> Profile:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -124,6 +125,26 @@ def pace(ended: int, total: int, elapsed_s: float) -> str:
     return f"{ended} of {total}; the rest about {left * elapsed_s / ended / 60:.1f} min at the pace so far"
 
 
+PROGRESS_EVERY_S = 30.0  # a progress line per active task this often while none ends
+_STEP_LINE = re.compile(r"\[train step (\d+)/(\d+) eta ([0-9:]+)\].*?\bloss=([0-9.e+-]+)")
+
+
+def progress_text(log_path: str) -> str | None:
+    """'step S/N (P%), loss L, about ETA left' from the last training step line of a task's log (its last 8 KB), or
+    None before the first."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - 8192))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = _STEP_LINE.findall(tail)
+    if not found:
+        return None
+    step, steps, eta, loss = found[-1]
+    return f"step {step}/{steps} ({100 * int(step) / int(steps):.0f}%), loss {float(loss):.3f}, about {eta} left"
+
+
 def outcome_of(future: Future) -> str:
     """A task's "done" or "failed: why", also where its worker died."""
     try:
@@ -159,8 +180,18 @@ def execute(out: str, plan: dict, pool: Pool, *, log=status) -> dict:
             tasks[pool.submit("pretrain_group_logged", mechanism)] = ("group", mechanism)
         else:
             submit_runs(names)
+    def log_of(kind: str, name: str) -> str:
+        return group_log(out, name) if kind == "group" else os.path.join(run_dir(out, name), LOG_FILE)
+
+    log(f"  each task's progress: {group_log(out, 'MECHANISM')} (seeds pretrained at once), then "
+        f"{os.path.join(run_dir(out, 'NAME'), LOG_FILE)}")
     while tasks:
-        finished, _ = wait(tasks, return_when=FIRST_COMPLETED)
+        finished, _ = wait(tasks, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
+        if not finished:  # a line per task in progress: where it is, from its log
+            for future, (kind, name) in tasks.items():
+                shown = progress_text(log_of(kind, name)) if future.running() else None
+                if shown:
+                    log(f"  {name}{' (seeds at once)' if kind == 'group' else ''}: {shown}")
         for future in finished:
             kind, name = tasks.pop(future)
             outcome = outcome_of(future)

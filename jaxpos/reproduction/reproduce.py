@@ -251,22 +251,27 @@ def run_plan(out: str, plan: dict, name: str, about: str, write_report, *, comma
         f.write("".join(mechanism + "\n" for mechanism in matrix.pretraining_groups(plan)))
     if plan_only:
         return Reproduction(plan)
-    with Pool(out, min(workers, len(names)), matrix.profile_of(plan).xla_flags) as pool:
-        unfinished = matrix.unfinished_groups(out, plan)
-        if unfinished:
-            if "timing" not in plan:
-                plan["timing"] = time_on_every_worker(pool)
+    try:  # a stopped or failed command's time counts too: the report sums every command that ran the plan
+        with Pool(out, min(workers, len(names)), matrix.profile_of(plan).xla_flags) as pool:
+            unfinished = matrix.unfinished_groups(out, plan)
+            if unfinished:
+                if "timing" not in plan:
+                    plan["timing"] = time_on_every_worker(pool)
+                    matrix.save_plan(out, plan)
+                estimated = estimate(plan, plan["timing"], pool.workers, unfinished)
+                plan.setdefault("estimates", []).append(dict(estimated, at=time.strftime("%Y-%m-%d %H:%M:%S")))
                 matrix.save_plan(out, plan)
-            estimated = estimate(plan, plan["timing"], pool.workers, unfinished)
-            plan.setdefault("estimates", []).append(dict(estimated, at=time.strftime("%Y-%m-%d %H:%M:%S")))
-            matrix.save_plan(out, plan)
-            status(describe_estimate(plan, estimated, pool.device))
-        execute(out, plan, pool)
-        time_alone(out, plan, pool)
-    wall = time.perf_counter() - start
+                status(describe_estimate(plan, estimated, pool.device))
+            execute(out, plan, pool)
+            time_alone(out, plan, pool)
+    finally:
+        plan.setdefault("commands", []).append(dict(at=time.strftime("%Y-%m-%d %H:%M:%S"),
+                                                    wall_s=round(time.perf_counter() - start, 1)))
+        matrix.save_plan(out, plan)
+    wall = sum(c["wall_s"] for c in plan["commands"])  # every command that ran this plan, the last included
     numbers = write_report(out, wall_s=wall, command=command)
     with open(os.path.join(out, WALL_FILE), "w") as f:
-        json.dump(dict(wall_s=wall), f)
+        json.dump(dict(wall_s=wall, commands=len(plan["commands"])), f)
     return Reproduction(plan, numbers, wall)
 
 

@@ -357,9 +357,10 @@ class Checkpointer:
                              f"({other_model}); resume with the checkpoint's config or use a new workdir")
         return False
 
-    def state_mismatch(self, step: int, abstract_state) -> str | None:
+    def state_mismatch(self, step: int, abstract_state, only: str = "") -> str | None:
         """The first difference between the state saved as `step` (its metadata: paths and shapes) and
-        `abstract_state`, in words; None when they agree or the metadata does not read (a corrupt step)."""
+        `abstract_state`, in words; None when they agree or the metadata does not read (a corrupt step). `only`:
+        compare the paths that start with it."""
         try:
             saved = _shapes(ocp.PyTreeCheckpointHandler().metadata(self.directory / str(step) / "state"))
         except Exception:  # noqa: BLE001 - no readable metadata: the caller treats the step as corrupt
@@ -367,11 +368,16 @@ class Checkpointer:
         if not saved:
             return None
         wanted = _shapes(abstract_state)
-        for path in sorted(set(saved) | set(wanted)):
+        for path in sorted(p for p in set(saved) | set(wanted) if p.startswith(only)):
             there, here = saved.get(path, "absent"), wanted.get(path, "absent")
             if there != here:
                 return f"{path} is {there} in the checkpoint, {here} in this run"
         return None
+
+    def params_mismatch(self, step: int, abstract_params) -> str | None:
+        """The first difference between the parameters saved as `step` and `abstract_params` (paths and shapes),
+        in words; None when they agree."""
+        return self.state_mismatch(step, {"params": abstract_params}, only="params/")
 
     def restore_params(self, step: int, abstract_params):
         """`state.params` of checkpoint `step` (no optimiser state, no data position); `abstract_params` holds

@@ -21,9 +21,10 @@ from jax.sharding import Mesh
 from jaxpos.config.position import config_dict
 from jaxpos.config.run import MeshConfig, TrainConfig
 from jaxpos.models.layout import relayout
+from jaxpos.progress import status
 from jaxpos.sharding import (activation_sharding, batch_sharding, check_batch_divisible, logical_sharding, make_mesh,
                              make_global_batch, replicated)
-from jaxpos.training.checkpoint import Checkpointer, abstract_like
+from jaxpos.training.checkpoint import CheckpointError, Checkpointer, abstract_like
 from jaxpos.training.hooks import (IN_FLIGHT_STEPS, Evaluation, Every, Hooks, Saving, StepContext, StopCheck,
                                    TrainingDiverged, TrainLog, UserHook)
 from jaxpos.training.interrupt import RunStopped, deferred_stop
@@ -217,6 +218,28 @@ class Trainer:
             raise ValueError("the seeds' checkpoints hold their layers in different layouts (model.scan_layers); "
                              "resume each seed alone")
         self.restore_other_layout = layouts == {True}
+        self._check_init_sources()
+
+    def _check_init_sources(self) -> None:
+        """Opens each seed's `init_from` run's checkpoints read-only (a seed with checkpoints of its own resumes
+        from them instead) and refuses parameters of other paths or shapes, naming the first."""
+        self.init_sources = []
+        for run, own in zip(self.seed_runs, self.checkpointers):
+            if not run.init_from or own.steps():
+                self.init_sources.append(None)
+                continue
+            source = Checkpointer(f"{run.init_from}/checkpoints", read_only=True)
+            self.init_sources.append(source)
+            steps = source.steps()
+            if not steps:
+                raise ValueError(f"train.init_from: {run.init_from} has no checkpoint to start from")
+            mismatch = source.params_mismatch(steps[-1], self.abstract_state.params)
+            if mismatch:
+                hint = " (a learned position table cannot be lengthened: extend a mechanism without one, such as " \
+                       "RoPE or ALiBi)" if "position" in mismatch.split(" is ")[0] else ""
+                raise ValueError(f"train.init_from: step {steps[-1]} of {run.init_from} holds other parameters than "
+                                 f"this model: {mismatch}{hint}; continued pretraining may change what has no "
+                                 "parameters (the row length, RoPE's base and rules, windows), not the model's shapes")
 
     def _compile(self, init: Callable) -> None:
         """The jitted initialiser, train and evaluation steps, batched over the seeds' layout."""
@@ -258,10 +281,29 @@ class Trainer:
             abstract = abstract_like(self.other_layout, jax.tree.map(lambda _: cpu, self.other_layout))
         restored = self.seeds.restore(self.checkpointers, abstract, self._in_this_layout)
         if restored is None:
-            return self._init(self.seeds.init_keys()), None
+            return self._initial_params(self._init(self.seeds.init_keys())), None
         state, step, positions = restored
         data.set_state(positions)
         return state, step
+
+    def _initial_params(self, state: TrainState) -> TrainState:
+        """A fresh state with each seed's parameters from its `init_from` run's newest checkpoint that restores (the
+        optimiser and step stay fresh)."""
+        if not any(self.init_sources):
+            return state
+        abstract = abstract_like(self.abstract_state.params, self.seed_state_shardings.params)
+        states = self.seeds.split(state)
+        for index, (run, source) in enumerate(zip(self.seed_runs, self.init_sources)):
+            if source is None:
+                continue
+            restored = source.restore_latest_params(abstract)
+            if restored is None:
+                raise CheckpointError(f"train.init_from: no checkpoint of {run.init_from} restores")
+            step, params = restored
+            states[index] = states[index].replace(params=params)
+            status(f"seed {run.seed}: parameters from step {step} of {run.init_from} (train.init_from); a fresh "
+                   "optimiser from step 0")
+        return self.seeds.join(states)
 
     def _in_this_layout(self, state: TrainState) -> TrainState:
         """A restored seed's state in this model's layer layout, placed as training places it."""
@@ -359,7 +401,7 @@ class Trainer:
         return RunStopped(signum, saved[-1] if saved else None, where)
 
     def close(self):
-        for checkpointer in self.checkpointers:
+        for checkpointer in self.checkpointers + [c for c in getattr(self, "init_sources", []) if c is not None]:
             checkpointer.close()
 
 

@@ -14,16 +14,22 @@ from jaxpos.models import BertForMaskedLM
 from jaxpos.training.flops import mlm_step_flops
 
 
+def token_losses(logits, targets, label_smoothing: float = 0.0):
+    """Each token's (smoothed) cross-entropy and whether the argmax is its target: logits [..., V], targets [...]
+    -> (nll [...], correct [...]) float32."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    if label_smoothing:
+        nll = (1.0 - label_smoothing) * nll - label_smoothing * jnp.mean(log_probs, axis=-1)
+    return nll, (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+
+
 def token_cross_entropy(logits, targets, weights, label_smoothing: float = 0.0):
     """Summed (smoothed) cross-entropy and correct count over weighted tokens.
 
     logits [..., V], targets [...], weights [...] -> (loss_sum, correct_sum, weight_sum).
     """
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    if label_smoothing:
-        nll = (1.0 - label_smoothing) * nll - label_smoothing * jnp.mean(log_probs, axis=-1)
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    nll, correct = token_losses(logits, targets, label_smoothing)
     return jnp.sum(nll * weights), jnp.sum(correct * weights), jnp.sum(weights)
 
 
@@ -71,19 +77,25 @@ class MaskedLMTask:
         """Model FLOPs of a training step on `batch_size` rows (the head at the positions it runs at)."""
         return mlm_step_flops(self.model.cfg, batch_size, self.seq_len, self.max_predictions or self.seq_len)
 
-    def loss(self, params, batch, rng, train):
+    def predictions(self, params, batch, rng, train) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(logits [B, P, V], targets [B, P], weights [B, P], columns [B, P]) at the P positions the head runs at:
+        the masked ones first with `max_predictions` (a row of fewer takes them all), else every column."""
         weights, targets = batch["mask_weights"].astype(jnp.float32), batch["targets"]
         predicted = None
+        columns = jnp.broadcast_to(jnp.arange(weights.shape[1]), weights.shape)
         if self.max_predictions:
-            # masked positions first; a row of fewer positions takes them all
             _, predicted = jax.lax.top_k(weights, min(self.max_predictions, weights.shape[1]))
-            weights = jnp.take_along_axis(weights, predicted, axis=1)
-            targets = jnp.take_along_axis(targets, predicted, axis=1)
+            weights, targets, columns = (jnp.take_along_axis(x, predicted, axis=1)
+                                         for x in (weights, targets, columns))
         logits = self.model.apply(
             {"params": params}, batch["input_ids"], piece_ids=batch["piece_ids"],
             token_types=batch["token_types"], input_positions=batch.get("positions"),
             predict_positions=predicted, deterministic=not train,
             rngs=step_rngs(rng) if train else {})
+        return logits, targets, weights, columns
+
+    def loss(self, params, batch, rng, train):
+        logits, targets, weights, _ = self.predictions(params, batch, rng, train)
         loss, correct, weight = token_cross_entropy(logits, targets, weights)
         return loss, {"loss": loss, "correct": correct, "weight": weight}
 

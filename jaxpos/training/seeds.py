@@ -27,6 +27,7 @@ class SeedRun:
 
     seed: int
     workdir: str
+    init_from: str = ""  # a run folder whose newest parameters start this seed (train.init_from)
 
 
 def check_seed_runs(seed_runs: Sequence[SeedRun]) -> None:

@@ -122,4 +122,26 @@ def lengths_table(results: dict[str, dict]) -> str:
             else:
                 cells.append(f"{entry['loss']:.3f} / {entry['accuracy']:.3f}")
         lines.append(f"| {name} | {result['positions']} | {result['train_length']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + ["", "loss / accuracy of the held-out masked tokens", *notes]) + "\n"
+    lines += ["", "loss / accuracy of the held-out masked tokens; the loss by position within the row: "
+              "`by_position` in each run's lengths JSON and the figure's right panel", *notes]
+    return "\n".join(lines + passkey_table(results, lengths)) + "\n"
+
+
+def passkey_table(results: dict[str, dict], lengths: Sequence[int]) -> list[str]:
+    """Lines of a markdown table of the passkey probe: a row per run and depth, the share of keys retrieved whole
+    at each length (empty where the rows cannot hold one or the run cannot run), with the random-guess floor."""
+    probes = [e["passkey"] for r in results.values() for e in r["lengths"] if "depths" in e.get("passkey", {})]
+    if not probes:
+        return []
+    first = next(iter(probes[0]["depths"].values()))
+    lines = ["", f"passkey (zero-shot): keys of digits retrieved whole, {first['examples']} a length and depth; a "
+             f"uniform guess among the digits retrieves {first['floor']:.2g} (a digit: {first['digit_floor']:.2g})",
+             "", "| run | depth | " + " | ".join(f"{n} tokens" for n in lengths) + " |",
+             "|---|---|" + "---|" * len(lengths)]
+    for name, result in results.items():
+        by_length = {e["length"]: e.get("passkey", {}).get("depths", {}) for e in result["lengths"]}
+        for depth in probes[0]["depths"]:
+            cells = [f"{by_length[n][depth]['accuracy']:.3f}" if depth in by_length.get(n, {}) else ""
+                     for n in lengths]
+            lines.append(f"| {name} | {depth} | " + " | ".join(cells) + " |")
+    return lines

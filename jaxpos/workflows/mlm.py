@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import tempfile
 from typing import Sequence
@@ -34,14 +33,38 @@ def train_mlm(config, workdir: str):
 
 def seed_configs(config, seeds: int) -> list:
     """`seeds` copies of `config` (a ConfigDict), the k-th with train.seed and data.seed raised by k: the seeds of
-    one recipe, as `train_mlm_seeds` trains them at once."""
+    one recipe, as `train_mlm_seeds` trains them at once. A train.init_from trained with seeds (its seed_S
+    folders) starts each seed from its own."""
     copies = []
     for k in range(seeds):
         copy = config.copy_and_resolve_references()
         copy.train.seed = config.train.seed + k
         copy.data.seed = config.data.seed + k
+        source = config.train.get("init_from")
+        if source and (epath.Path(source) / f"seed_{copy.train.seed}").is_dir():
+            copy.train.init_from = os.path.join(source, f"seed_{copy.train.seed}")
         copies.append(copy)
     return copies
+
+
+def continued_from(config):
+    """`config` (a ConfigDict) with train.init_from checked and its run's tokenizer made the data's: continued
+    pretraining keeps the source's vocabulary and mechanism. Unchanged without train.init_from."""
+    from jaxpos.run import Run  # lazy: the run loader, which plain training does not need
+
+    source = config.train.get("init_from")
+    if not source:
+        return config
+    run = Run.open(source, "mlm")
+    kind, wanted = run.model_config.position.kind, config.model.position.kind
+    if kind != wanted:
+        raise ValueError(f"train.init_from: {source} trained position.kind={kind!r}, this run's is {wanted!r}; "
+                         "continued pretraining keeps the mechanism (its options without parameters may change)")
+    config = config.copy_and_resolve_references()
+    if not config.data.tokenizer_path:
+        path = os.fspath(run.tokenizer_file)
+        config.data.tokenizer_path = path if "://" in path else os.path.abspath(path)
+    return config
 
 
 def train_mlm_seeds(configs: Sequence, workdirs: Sequence[str]) -> list:
@@ -50,6 +73,7 @@ def train_mlm_seeds(configs: Sequence, workdirs: Sequence[str]) -> list:
     checkpoints and report are what it would have alone. Returns their TrainResults in order."""
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs for {len(workdirs)} workdirs")
+    configs = [continued_from(config) for config in configs]
     with contextlib.ExitStack() as stack:  # each checked once and claimed before any data is read
         started = [stack.enter_context(started_run(config, "mlm", workdir))
                    for config, workdir in zip(configs, workdirs)]
@@ -66,7 +90,9 @@ def check_seed_batch(runs: Sequence[RunConfig]) -> None:
     def without_seeds(run: RunConfig) -> dict:
         out = run.to_dict()
         out["train"].pop("seed")
+        out["train"].pop("init_from")  # each seed may continue its own
         out["data"].pop("seed")
+        out["data"].pop("tokenizer_path")  # ... with its own tokenizer
         return out
 
     first = without_seeds(runs[0])
@@ -106,7 +132,8 @@ def _train_mlm(runs: list[RunConfig], workdirs: list[str], admissions) -> list:
 
     task = MaskedLMTask.of(runs[0])
     # Refuses a checkpoint of another model and a batch the mesh cannot split.
-    trainer = Trainer(tcfg, [SeedRun(run.train.seed, w) for run, w in zip(runs, workdirs)], task, mesh=runs[0].mesh)
+    trainer = Trainer(tcfg, [SeedRun(run.train.seed, w, run.train.init_from)
+                                   for run, w in zip(runs, workdirs)], task, mesh=runs[0].mesh)
 
     def held_out(run: RunConfig, data):
         return lambda: eval_batches(data.eval_examples, data.tokenizer, tcfg.batch_size, tcfg.eval_batches,

@@ -14,6 +14,8 @@ def train(config, workdir: str, source: str, seeds: int = 1):
     (a list of TrainResults)."""
     if seeds < 1:
         raise ValueError(f"--seeds {seeds}: need at least one seed")
+    if config.task != "mlm" and config.get("train", {}).get("init_from"):
+        raise ValueError(f"train.init_from continues masked-LM pretraining; {source} is a {config.task} config")
     if seeds > 1:
         if config.task != "mlm":
             raise ValueError(f"--seeds trains masked-LM configs; {source} is a {config.task} config: train its seeds "

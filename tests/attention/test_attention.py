@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention import AttentionMask, PositionalBias, attend
+from jaxpos.attention import AttentionMask, attend
 from jaxpos.attention.bias import segment_logits
 from tests.helpers import bias_terms
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention import AttentionMask, PositionalBias, attend, dropout
+from jaxpos.attention import AttentionMask, attend, dropout
 from jaxpos.attention.bias import segment_pair_factors
 from jaxpos.attention.kernels import toeplitz_attention
 from jaxpos.models.layers import attention_terms

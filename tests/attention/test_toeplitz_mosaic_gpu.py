@@ -160,8 +160,9 @@ def test_causal_local_window_shared_table_key_padding_dropout(monkeypatch):
                             *with_dropout(0.2, dict(masks, backend="mosaic_gpu"), masks), rtol=RTOL)
 
 
-@pytest.mark.parametrize("causal,window,pieces", [(False, 400, 1), (True, 500, 2)],
-                         ids=["window", "causal_window_pieces"])
+@pytest.mark.parametrize("causal,window,pieces", [(False, 400, 1),
+                                                  pytest.param(True, 500, 2, marks=pytest.mark.slow)],
+                         ids=["window", "causal_window_pieces"])  # causal windows: the shared-table test above
 def test_no_table_local_window_computed_in_the_kernels(monkeypatch, causal, window, pieces):
     """No table, so the window (and the causal limit) are computed in the kernels from iotas: T = S = 512 in
     f16. Each consumer's visit list holds tiles across the window's near side, then tiles wholly inside (no mask

@@ -81,8 +81,9 @@ def test_the_score_is_a_cross_entropy_of_the_masked_tokens(runs):
     model = BertForMaskedLM(run.model_config)
     batches = list(eval_batches(contiguous_rows(held_out_stream(run.config.data, tokenizer), 24), tokenizer, 4, 2, 0,
                                 0.15))
-    metrics = masked_lm_metrics(MaskedLMTask(model, 24), params, batches)
+    metrics = masked_lm_metrics(MaskedLMTask(model, 24), params, batches, width=5)  # buckets of columns 0-4, ...
     nll, correct, count = 0.0, 0, 0
+    by_bucket = np.zeros((5, 2))  # [bucket, (nll, count)]: columns 20-23 form the last, short one
     for batch in batches:
         logits = np.asarray(model.apply({"params": params}, batch["input_ids"], piece_ids=batch["piece_ids"],
                                         token_types=batch["token_types"], input_positions=batch["positions"],
@@ -94,7 +95,14 @@ def test_the_score_is_a_cross_entropy_of_the_masked_tokens(runs):
         nll -= log_probs[chosen][np.arange(len(targets)), targets].sum()
         correct += int((logits[chosen].argmax(-1) == targets).sum())
         count += len(targets)
+        for row, column in zip(*np.nonzero(chosen)):
+            by_bucket[column // 5] += [-log_probs[row, column, batch["targets"][row, column]], 1]
     assert metrics["predicted"] == count
+    got = metrics["by_position"]
+    assert [(b["start"], b["end"]) for b in got] == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 24)]
+    assert [b["predicted"] for b in got] == by_bucket[:, 1].astype(int).tolist() and by_bucket[1:4, 1].min() > 0
+    for bucket, (loss, n) in zip(got, by_bucket):
+        assert bucket["loss"] == (None if n == 0 else pytest.approx(loss / n, rel=1e-5))
     assert metrics["loss"] == pytest.approx(nll / count, rel=1e-5)
     # The evaluation's program scores the masked positions only: an argmax at a near-tie may flip in the last bits,
     # one prediction (1 / count); scoring the wrong tokens moves it by many.
@@ -118,6 +126,13 @@ def test_inductive_mechanisms_run_past_their_training_length_and_others_say_why_
     tisa = evaluate_lengths(run, [16, 32, 64])
     assert tisa["train_length"] == 32 and [e["length"] for e in tisa["lengths"]] == [16, 32, 64]
     assert all(np.isfinite(e["loss"]) and e["rows"] > 0 for e in tisa["lengths"])
+    # the passkey probe at every length that holds a key and its question, its floor beside it
+    assert "cannot hold" in tisa["lengths"][0]["passkey"]["skipped"]
+    probe = tisa["lengths"][2]["passkey"]["depths"]
+    assert list(probe) == ["0.1", "0.5", "0.9"] and all(r["examples"] == 16 and 0 <= r["accuracy"] <= 1
+                                                       and 0.1 <= r["digit_floor"] <= 0.5
+                                                       and r["floor"] == pytest.approx(r["digit_floor"] ** 5)
+                                                       for r in probe.values())
     # every length scores the same tokens
     assert len({e["predicted"] for e in tisa["lengths"]}) == 1 and tisa["lengths"][0]["predicted"] > 20
     # the head at the masked positions only, as the evaluation runs it, scores what the head everywhere scores

@@ -35,7 +35,7 @@ def test_masked_copies_mask_each_token_once_in_a_cls_sep_row():
         masked_copies([[7, 8, 9]], 4)
 
 
-@pytest.mark.parametrize("kind", ["absolute", "tisa"])
+@pytest.mark.parametrize("kind", [pytest.param("absolute", marks=pytest.mark.slow), "tisa"])
 def test_pseudo_log_likelihood_matches_a_loop_over_unpadded_rows(kind):
     model, params = model_and_params(kind)
     batch = sentences(1, 6)

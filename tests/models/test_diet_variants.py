@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention import PositionalBias
 from jaxpos.attention.layer import MultiHeadAttention
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.training.validate import check_packing

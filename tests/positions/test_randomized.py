@@ -21,6 +21,10 @@ from tests.training import synthetic
 T, N = 8, 24  # a row's tokens and the range its positions are drawn from (model.max_length 16)
 OPTIONS = {"tupe": dict(tupe=dict(untie_cls=False)), "shaw": dict(shaw=dict(clip=3))}
 KINDS = [kind for kind, m in MECHANISMS.items() if not m.no_randomized_positions]
+# Dynamic NTK's length is the range N the positions are drawn from, not the row's T: then a randomized pass is the
+# tokens at those columns of a row of N (T = 8 < L0 = 16 would leave RoPE's own frequencies, N = 24 > L0 does not)
+CASES = [(kind, dict(kind=kind, **OPTIONS.get(kind, {}))) for kind in KINDS] + [
+    ("rope_dynamic", dict(kind="rope", rope=dict(scaling="dynamic", factor=4.0, original_max_length=16)))]
 
 
 def test_the_sample_is_sorted_distinct_in_range_and_uniform():
@@ -35,16 +39,16 @@ def test_the_sample_is_sorted_distinct_in_range_and_uniform():
         randomized_positions(keys[0], 21, 20)
 
 
-def models(kind: str):
-    position = dict(kind=kind, **OPTIONS.get(kind, {}))
+def models(kind: str, position: dict | None = None):
+    position = position or dict(kind=kind, **OPTIONS.get(kind, {}))
     randomized = tiny_config(dict(position, randomized_max_length=N), max_length=16)
     reference = tiny_config(position, max_length=N)  # the same parameters: tables over N positions
     return randomized, reference
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_pass_at_sampled_positions_equals_the_tokens_at_those_columns_of_a_padded_row(kind):
-    randomized, reference = models(kind)
+@pytest.mark.parametrize("kind,position", CASES, ids=[name for name, _ in CASES])
+def test_a_pass_at_sampled_positions_equals_the_tokens_at_those_columns_of_a_padded_row(kind, position):
+    randomized, reference = models(kind, position)
     rng = np.random.default_rng(1)
     ids = jnp.asarray(rng.integers(5, 61, (2, T)))
     pieces = jnp.asarray([[1] * T, [1] * 5 + [2] * 3])  # a row of one sequence and a row packing two
@@ -57,8 +61,19 @@ def test_a_pass_at_sampled_positions_equals_the_tokens_at_those_columns_of_a_pad
     assert columns.shape == (T,) and (np.diff(columns) > 0).all() and columns.max() < N
     row_ids = jnp.ones((2, N), jnp.int32).at[:, columns].set(ids)
     row_pieces = jnp.zeros((2, N), jnp.int32).at[:, columns].set(pieces)  # the other columns: padding
-    want = BertForMaskedLM(reference).apply({"params": meta.unbox(params)}, row_ids, piece_ids=row_pieces)
+    want, want_taps = BertForMaskedLM(reference).apply({"params": meta.unbox(params)}, row_ids, piece_ids=row_pieces,
+                                                       mutable=["intermediates"])
     np.testing.assert_allclose(np.asarray(logits), np.asarray(want)[:, columns], rtol=2e-5, atol=2e-5)
+    # the attention weights too: at initialisation the MLM logits barely read them
+    weights = [np.asarray(w) for w in jax.tree.leaves(attention_weights(taps))]
+    for got, full in zip(weights, jax.tree.leaves(attention_weights(want_taps)), strict=True):
+        np.testing.assert_allclose(got, np.asarray(full)[..., columns, :][..., columns], rtol=1e-5, atol=1e-6)
+
+
+def attention_weights(taps) -> list:
+    """Each layer's sown attention weights [B, H, T, S], in layer order."""
+    encoder = taps["intermediates"]["bert"]["encoder"]
+    return [encoder[name]["self_attention"]["attention_weights"] for name in sorted(encoder) if name.startswith("layer_")]
 
 
 def test_evaluation_takes_one_fixed_sample_a_length():

@@ -39,6 +39,11 @@ def test_a_variant_is_a_mechanism_with_options():
     assert variant["overrides"][-1] == "--config.model.position.diet_rel.max_distance=16"
     assert variant["label"].endswith("clipped at ±16")
     assert comp.parse_variant("rope+nope4", (1,), 128, 256)[1]["overrides"][-1] == "--config.model.nope_every=4"
+    name, variant, _ = comp.parse_variant("alibi+heads2+gate+sink+qknorm+ssmax", (1,), 128, 256)
+    assert variant["overrides"][1:] == ["--config.model.position.alibi.heads=2", "--config.model.output_gate=true",
+                                        "--config.model.attention_sinks=true", "--config.model.qk_norm=true",
+                                        "--config.model.length_scaled_logits=true"]
+    assert variant["label"] == "ALiBi, on the first 2 heads, output gate, sink logit, QK-norm, Scalable-Softmax"
     for bad, message in (("ropee", "unknown mechanism"), ("rope+yarm", "unknown option"),
                          ("rope@train", "only '@eval'"), ("alibi@eval", "give one"),
                          ("alibi+local", "give the window"), ("diet_rel+clip", "give the clip")):
@@ -51,11 +56,13 @@ def test_a_variant_is_a_mechanism_with_options():
     ("diet_abs+yarn", [], r"variant 'diet_abs\+yarn': model\.position\.rope: options of 'rope', but "
                           r"model\.position\.kind is 'diet_abs'"),
     ("alibi+clip16", [], r"model\.position\.diet_rel: options of 'diet_rel', but model\.position\.kind is 'alibi'"),
+    ("fox+heads2", [], r"model\.position\.fox\.heads"),
     ("alibi+yarn@eval", [], r"variant 'alibi': alibi\+yarn@eval: a 'alibi' run, whose options all change its "
                             r"parameters"),
     ("cope", ["--config.model.attention_impl=jax", "--config.model.attention_dropout=0.0"],
      r"variant 'cope': attention_impl='jax' cannot compute this model's attention here: it lacks CoPE's contextual"),
-], ids=["random_with_a_window", "options_of_another_kind", "clip_of_another_kind", "rule_of_another_kind",
+], ids=["random_with_a_window", "options_of_another_kind", "clip_of_another_kind", "heads_of_a_kind_without",
+        "rule_of_another_kind",
         "a_path_that_cannot_run_it"])
 def test_the_plan_refuses_in_one_line_what_a_run_would_refuse(mechanisms, overrides, message, capsys):
     """--dry-run and --plan-only check every variant through its run config: nothing fails minutes later."""
@@ -104,6 +111,40 @@ def test_intervals_and_paired_comparisons_against_numbers_worked_by_hand():
     assert [(c["a"], c["quantity"]) for c in itself] == [("a", "loss at 512 − at 128 tokens")]
     assert itself[0]["test"].p == pytest.approx(scipy_stats.ttest_rel(at_512, at_128).pvalue, rel=1e-9)
     assert itself[0]["test"].mean == pytest.approx(np.mean(at_512) - np.mean(at_128))
+
+
+def test_where_the_loss_by_position_degrades_against_numbers_worked_by_hand():
+    """Trained at 8 tokens, buckets of 2 columns: at 16 tokens bucket [8, 10) is within the seeds' noise, [10, 12)
+    is above the loss at 8 tokens in every seed; the interval is scipy's paired t interval."""
+    base = [4.0, 4.2, 4.1]
+
+    def entry(losses):  # buckets of columns 0-1, 2-3, ... 14-15
+        return {"loss": float(np.mean(losses)), "by_position": [dict(start=2 * k, end=2 * k + 2, predicted=5, loss=v)
+                                                                for k, v in enumerate(losses)]}
+
+    seeds = [[3.9] * 4 + [4.3, 4.5] + [5.0] * 2, [4.1] * 4 + [3.9, 4.9] + [5.1] * 2, [4.0] * 4 + [4.0, 4.6] + [5.2] * 2]
+    row = dict(train_length=8, lengths={8: {s: {"loss": v} for s, v in enumerate(base)},
+                                        16: {s: entry(l) for s, l in enumerate(seeds)},
+                                        32: {s: {"skipped": "no learned position"} for s in range(3)}})
+    got = comp.degradation(row)
+    differences = np.array([4.5, 4.9, 4.6]) - base
+    half = scipy_stats.t.ppf(0.975, 2) * np.std(differences, ddof=1) / np.sqrt(3)
+    assert got["16"]["start"] == 10 and got["16"]["end"] == 12 and got["16"]["n"] == 3
+    assert got["16"]["mean"] == pytest.approx(differences.mean()) and got["16"]["low"] == pytest.approx(
+        differences.mean() - half)
+    assert got["32"] == {"skipped": "cannot run"}
+    assert comp.degradation_text(got["16"]).startswith("from column 10 (columns 10–11: +0.567 [")
+    flat = dict(row, lengths={8: row["lengths"][8], 16: {s: entry([4.1] * 8) for s in range(3)}})
+    assert comp.degradation(flat)["16"] == {"none": 4, "n": 3}
+    # the passkey cells: the share of keys retrieved per depth over seeds, the skipped length named
+    for seed, share in enumerate([0.4, 0.5, 0.6]):
+        row["lengths"][16][seed]["passkey"] = {"depths": {"0.5": dict(accuracy=share, examples=16, floor=1e-5,
+                                                                      digit_floor=0.1)}}
+    cells = comp.passkey_cells(row)
+    half = scipy_stats.t.ppf(0.975, 2) * 0.1 / np.sqrt(3)
+    assert cells["16"]["depths"]["0.5"]["mean"] == pytest.approx(0.5)
+    assert cells["16"]["depths"]["0.5"]["high"] == pytest.approx(0.5 + half) and cells["16"]["floor"] == 1e-5
+    assert cells["32"] == {"skipped": "no learned position"} and "8" not in cells
 
 
 def test_repeated_mechanisms_flags_join(tmp_path, capsys):
@@ -155,6 +196,13 @@ def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
     report = (out / "COMPARISON.md").read_text()
     assert "| ALiBi |" in report and "runs/" not in report.split("## Held-out")[1]  # labelled by mechanism
     assert (out / "figures" / "learning_curves.png").stat().st_size > 1000
+    # loss by position and the passkey probe, past the training length; the wall time of both commands
+    assert "## Where the loss by position degrades" in report and "| RoPE, YaRN ×2 at evaluation | " in report
+    assert (out / "figures" / "loss_by_position.png").stat().st_size > 1000
+    assert numbers["rows"]["alibi"]["passkey"]["32"] == {"skipped": numbers["rows"]["alibi"]["passkey"]["32"][
+        "skipped"]} and "depths" in numbers["rows"]["alibi"]["passkey"]["64"]
+    assert "## Passkey retrieval (zero-shot)" in report
+    assert "- resumed: the wall time is the sum over the 2 commands that ran this plan" in report
 
 
 def test_a_run_stopped_in_this_process_says_so_and_exits_with_the_signal(tmp_path, monkeypatch, capsys):
@@ -184,3 +232,36 @@ def test_lengths_that_are_not_whole_multiples_say_what_the_flag_takes(lengths, c
     err = capsys.readouterr().err
     assert err.startswith(f"jaxpos: error: --lengths {lengths}: give whole multiples of the training length") and \
         err.count("\n") == 1 and "invalid literal" not in err
+
+
+def test_a_tasks_progress_line_reads_its_logs_last_step(tmp_path):
+    from jaxpos.reproduction.matrix import resumed_line
+    from jaxpos.reproduction.pool import progress_text
+
+    log = tmp_path / "run.log"
+    log.write_text("data (embedded): ...\n[train step 1/160 eta 0:02:00] accuracy=0 grad_norm=2.4 learning_rate=0 "
+                   "loss=5.658 perplexity=286\n[eval step 20] loss=5.1 accuracy=0.1\n[train step 40/160 eta "
+                   "0:01:10] accuracy=0.1 grad_norm=1.2 learning_rate=1e-3 loss=4.25 perplexity=70\n")
+    assert progress_text(str(log)) == "step 40/160 (25%), loss 4.250, about 0:01:10 left"
+    assert progress_text(str(tmp_path / "missing.log")) is None
+    log.write_text("data (embedded): ...\n")
+    assert progress_text(str(log)) is None  # before the first step
+    plan = dict(commands=[dict(wall_s=60.0)] * 3, created="2026-12-02 01:00:00", started_unix=0.0)
+    assert resumed_line(plan)[0].startswith("- resumed: the wall time is the sum over the 3 commands that ran")
+    assert resumed_line(dict(plan, commands=plan["commands"][:1])) == []
+
+
+def test_the_report_says_when_it_cannot_say_anything():
+    from jaxpos.reproduction.stats import paired_difference
+
+    same = paired_difference([5.0, 5.1, 5.2], [5.0, 5.1, 5.2])  # the seeds agree exactly
+    text = comp.comparison_text(dict(test=same, adjusted_p=1.0, decided=False))
+    assert text.endswith("the seeds agree exactly (every paired difference +0): nothing to test against")
+    noisy = paired_difference([5.0, 5.3, 4.9], [5.05, 5.1, 5.0])  # differences -0.05, +0.2, -0.1: sd 0.16
+    d = np.array([-0.05, 0.2, -0.1])
+    want = int(np.ceil(((scipy_stats.norm.ppf(0.975) + scipy_stats.norm.ppf(0.8)) * d.std(ddof=1) / d.mean()) ** 2)) + 1
+    assert comp.seeds_to_resolve(noisy) == want and want > 3
+    assert f"about {want} seeds would resolve" in comp.comparison_text(dict(test=noisy, adjusted_p=0.9, decided=False))
+    flat = {"rope": dict(trained=False), "alibi": dict(trained=False), "t5": dict(trained=None)}
+    assert "no variant's held-out loss left bag of words'" in comp.cannot_say(flat)
+    assert comp.cannot_say(dict(flat, alibi=dict(trained=True))) is None

@@ -57,3 +57,21 @@ def test_a_local_checkpoint_round_trips_with_its_model_config(tmp_path):
     with pytest.raises(ValueError, match=r"model.mlp: 'plain' in the checkpoint, 'geglu' in this run"):
         ckpt.check_model_config({"d_model": 8, "position": {"kind": "tisa"}, "mlp": "geglu"})
     ckpt.close()
+
+
+def test_a_resume_compares_the_options_of_its_own_mechanism_only(tmp_path):
+    """A RoPE run saved beside every kind's options block (as older runs were) resumes after an edit of T5's, and
+    is refused after an edit of its own."""
+    import jaxpos.positions  # noqa: F401 - the registry names the kinds whose blocks a resume leaves out
+
+    saved = {"d_model": 8, "position": {"kind": "rope", "rope": {"base": 10_000.0}, "t5": {"num_buckets": 32}}}
+    ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+    ckpt.save(1, {"w": jax.numpy.zeros(2)}, {"step": 1}, saved)
+    ckpt.close()
+    ckpt = Checkpointer(str(tmp_path / "checkpoints"), read_only=True)
+    ckpt.check_model_config({"d_model": 8, "position": {"kind": "rope", "rope": {"base": 10_000.0},
+                                                        "t5": {"num_buckets": 64}}})
+    ckpt.check_model_config({"d_model": 8, "position": {"kind": "rope", "rope": {"base": 10_000.0}}})
+    with pytest.raises(ValueError, match=r"model.position.rope.base: 10000.0 in the checkpoint, 500.0 in this run"):
+        ckpt.check_model_config({"d_model": 8, "position": {"kind": "rope", "rope": {"base": 500.0}}})
+    ckpt.close()
