@@ -10,6 +10,8 @@
 #   bash bench/gpu_runs.sh variants        # causal, head width 128, DIET-Abs rank 16
 #   bash bench/gpu_runs.sh peers           # none beside its peers at both shapes; cached beam search
 #   bash bench/gpu_runs.sh reproduce       # `jaxpos reproduce --profile full` on the host's pool; results packed
+#   bash bench/gpu_runs.sh lengths         # docs/length-generalisation.md's table at 1,600 steps of 64 rows, 5 seeds;
+#                                          # results packed; LENGTHS_FROM=that pack continues it on a later host
 #   DRY_RUN=1 bash bench/gpu_runs.sh STAGE # print a stage's commands (`+ argv`, as launch/) without running them
 #
 # Each command runs under its own time limit, so a hang (a barrier the compiled kernels never meet) costs that
@@ -219,10 +221,48 @@ reproduce() {
     tokenizer runs
 }
 
+LENGTHS_OUT="${LENGTHS_OUT:-runs/lengths-gpu}"
+# docs/length-generalisation.md's variants and the 2025-26 wave's; the tiny model has two layers, so nope2 makes
+# its second layer NoPE.
+LENGTHS_MECHANISMS="none,sinusoidal,absolute,rope,rope+linear@eval,rope+ntk@eval,rope+yarn@eval,rope+partial0.5,\
+rope+random,absolute+random,alibi,t5,kerple,fire,tisa,diet_rel+clip32,diet_abs,tupe,cope,deberta,rope+local32,\
+fox,pope,rope+nope2,rope+gate+sink,rope+qknorm+ssmax,alibi+heads2"
+# The recipe: configs/mlm/tiny.py on three English Bibles, as the CPU table, at the reproduction's 64 rows a step
+# and 1,600 steps (13 M tokens): in the H200 reproduction of 2026-11-27 (the same model and data) every mechanism
+# but TUPE and sinusoidal had parted from bag of words by step 1,600, learned absolute positions last (step 1,600:
+# 3.61 against bag of words' 5.02); the report names any variant that has not.
+lengths() {
+  DEADLINE=$((SECONDS + ${LENGTHS_S:-500}))
+  if [ -n "${LENGTHS_FROM:-}" ]; then  # a previous host's pack: its finished runs are kept, the rest resume
+    [ -n "${DRY_RUN:-}" ] || [ -f "$LENGTHS_FROM" ] || die "LENGTHS_FROM=$LENGTHS_FROM: no such file"
+    run mkdir -p "$LENGTHS_OUT"
+    run tar -xzf "$LENGTHS_FROM" -C "$LENGTHS_OUT"
+  fi
+  local data=(--config.data.source=bible "--config.data.bible_editions=('web','kjv','bbe')")
+  # shellcheck disable=SC2206  # LENGTHS_OVERRIDES: --config overrides instead of the Bibles, split at spaces
+  [ -z "${LENGTHS_OVERRIDES:-}" ] || data=(${LENGTHS_OVERRIDES})
+  local mechanisms="${LENGTHS_MECHANISMS_OVERRIDE:-$LENGTHS_MECHANISMS}" trained seed_steps
+  trained=$(tr ',' '\n' <<< "$mechanisms" | grep -cv '@eval')
+  seed_steps=$((trained * ${LENGTHS_SEEDS:-5} * ${LENGTHS_STEPS:-1600}))
+  # the H200's 0.58-0.70 ms a seed-step of the tiny model vmapped over 5-20 seeds (bench/RESULTS.md, 2026-11-27)
+  echo "# estimate: $trained pretrainings x ${LENGTHS_SEEDS:-5} seeds x ${LENGTHS_STEPS:-1600} steps = $seed_steps" \
+    "seed-steps, about $((seed_steps * 7 / 10000)) s of stepping at 0.7 ms a seed-step on one H200, plus about" \
+    "3 min of compiling, start-up and the lengths stage on ${LENGTHS_WORKERS:-12} workers (not yet measured)" >&2
+  step $(( ${LENGTHS_S:-500} - 80 )) "jaxpos compare: the length table" "$PY" -m jaxpos.cli compare \
+    --config configs/mlm/tiny.py --mechanisms "$mechanisms" \
+    --seeds "${LENGTHS_SEEDS:-5}" --lengths "${LENGTHS_FACTORS:-1,2,4,8}" --workers "${LENGTHS_WORKERS:-12}" --out "$LENGTHS_OUT" \
+    "${data[@]}" --config.train.batch_size="${LENGTHS_BATCH:-64}" --config.train.num_steps="${LENGTHS_STEPS:-1600}"
+  step 45 "report of the finished runs" "$PY" -m jaxpos.cli compare --report-only --out "$LENGTHS_OUT"
+  # What the report reads (plan.json, each run's result.json), the logs and the tokenizer; checkpoints stay behind,
+  # so a run the limit cut short trains again on the next host.
+  step 30 "pack the results" tar -czf "$LOG_DIR/lengths-gpu.tar.gz" -C "$LENGTHS_OUT" --exclude=checkpoints \
+    --exclude=tensorboard --exclude=jax_cache --exclude="*.npz" plan.json runs.txt tokenizer runs
+}
+
 case "$STAGE" in
   wheels) download_wheels; exit ;;
-  verify|recipes|attention|variants|peers|reproduce) ;;
-  *) die "usage: [DRY_RUN=1] bash bench/gpu_runs.sh wheels|verify|recipes|attention|variants|peers|reproduce" ;;
+  verify|recipes|attention|variants|peers|reproduce|lengths) ;;
+  *) die "usage: [DRY_RUN=1] bash bench/gpu_runs.sh wheels|verify|recipes|attention|variants|peers|reproduce|lengths" ;;
 esac
 
 LOG_DIR="${OUT:-runs/gpu}"

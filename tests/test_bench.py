@@ -13,11 +13,11 @@ from jaxpos.cli import build_parser
 from jaxpos.attention.registry import attention_impls
 from jaxpos.positions import MECHANISMS
 from jaxpos.reproduction.matrix import PROFILES
-from tests.helpers import bias_terms
+from tests.helpers import SMALL_MLM, bias_terms
 from tests.test_launch import ROOT, dry_run
 from tests.xla_flags import quick_compile_flags
 
-STAGES = ("recipes", "attention", "variants", "peers", "reproduce")
+STAGES = ("recipes", "attention", "variants", "peers", "reproduce", "lengths")
 STAGE_S = 600  # a stage's commands' limits together, with room for set-up
 
 
@@ -53,9 +53,19 @@ def test_gpu_runbook_names_what_exists_and_fits_ten_minutes(stage):
         elif command[1:4] == ["-m", "jaxpos.cli", "reproduce"]:
             assert build_parser().parse_args(command[3:]).out == opts["--out"]
             assert opts.get("--profile", "full") in PROFILES
+        elif command[1:4] == ["-m", "jaxpos.cli", "compare"]:
+            assert build_parser().parse_known_args(command[3:])[0].out == opts["--out"]  # --config.* after
+            if "--mechanisms" in opts:  # every variant parses and is checked through its run config
+                from jaxpos.reproduction import compare as comp
+
+                overrides = [a for a in command if a.startswith("--config.")]
+                plan = comp.new_plan(os.path.join(ROOT, opts["--config"]), overrides, opts["--mechanisms"].split(","),
+                                     2, 1, (1, 2, 4, 8))
+                assert len(plan["runs"]) >= 2 * 20
         elif command[0] == "tar":
             folder = command[command.index("-C") + 1]
-            assert folder == "runs/reproduce-full" and {"plan.json", "tokenizer", "runs"} <= set(command)
+            assert folder in ("runs/reproduce-full", "runs/lengths-gpu")
+            assert {"plan.json", "tokenizer", "runs"} <= set(command)
         else:
             pytest.fail(f"a command the test does not check: {command}")
 
@@ -268,3 +278,32 @@ def test_attention_benchmark_refuses_a_peer_it_cannot_run(capsys):
         with pytest.raises(SystemExit):
             attention_bias.main(argv)
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.long
+def test_the_lengths_stage_runs_at_a_tiny_size_and_a_later_host_continues_from_its_pack(tmp_path):
+    """`bash bench/gpu_runs.sh lengths` on the CPU at a tiny size: the comparison, its report and the pack of its
+    results; on a "later host" (another folder, the first one gone) LENGTHS_FROM continues from the pack and trains
+    nothing that had finished."""
+    import shutil
+
+    small = " ".join([*SMALL_MLM, "--config.data.seq_len=16", "--config.model.max_length=16",
+                      "--config.train.log_every=2"])
+    env = dict(os.environ, PYTHON=sys.executable, LENGTHS_MECHANISMS_OVERRIDE="none,alibi", LENGTHS_SEEDS="2",
+               LENGTHS_STEPS="4", LENGTHS_BATCH="8", LENGTHS_WORKERS="1", LENGTHS_FACTORS="1,2",
+               LENGTHS_OVERRIDES=small, LENGTHS_S="400", XLA_FLAGS=quick_compile_flags())
+    first = dict(env, OUT=str(tmp_path / "out1"), LENGTHS_OUT=str(tmp_path / "host1"))
+    proc = subprocess.run(["bash", "bench/gpu_runs.sh", "lengths"], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env=first)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    pack = tmp_path / "out1" / "lengths-gpu.tar.gz"
+    assert pack.stat().st_size > 0 and (tmp_path / "host1" / "COMPARISON.md").is_file()
+    assert "# estimate: 2 pretrainings x 2 seeds x 4 steps" in proc.stdout + proc.stderr
+    shutil.rmtree(tmp_path / "host1")  # the first host is gone; its pack came back
+    second = dict(env, OUT=str(tmp_path / "out2"), LENGTHS_OUT=str(tmp_path / "host2"), LENGTHS_FROM=str(pack))
+    proc = subprocess.run(["bash", "bench/gpu_runs.sh", "lengths"], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env=second)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "run(s) on" not in proc.stdout + proc.stderr  # every run had finished: nothing trains again
+    report = (tmp_path / "host2" / "COMPARISON.md").read_text()
+    assert "| ALiBi |" in report and "## Held-out loss by length" in report

@@ -136,6 +136,8 @@ RUN_BY_TESTS = {
     "'REPRODUCE=--mechanisms none,tisa --claims tisa_local,muppet_exact --seeds 3 --workers 6' REPRODUCE_S=195 "
     "bash bench/gpu_runs.sh reproduce":
         "tests/test_bench.py::test_gpu_runbook_reproduces_a_subset",
+    "bash bench/gpu_runs.sh lengths":
+        "tests/test_bench.py::test_the_lengths_stage_runs_at_a_tiny_size_and_a_later_host_continues_from_its_pack",
 }
 
 SHELL_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

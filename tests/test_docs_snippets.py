@@ -64,7 +64,7 @@ def test_the_python_block_of_analysis_runs(runs, capsys):
     assert len(blocks) == 1
     with contextlib.chdir(runs):
         exec(compile(blocks[0], "docs/analysis.md", "exec"), {"__name__": "docs"})  # noqa: S102
-    assert re.match(r"^\d\.\d{3} \(\d\.\d{3}-\d\.\d{3}\) on 100 pairs$", capsys.readouterr().out.strip())
+    assert re.match(r"^\d\.\d{3} \(\d\.\d{3}-\d\.\d{3}\) on 50 pairs$", capsys.readouterr().out.strip())
 
 
 def test_the_python_block_of_checkpoints_runs(runs, capsys):

@@ -519,20 +519,28 @@ def _attribution(ctx: _Context) -> dict:
                 by_distance=mean["by_distance"], figure="attribution.png")
 
 
+def measure_sinks(model: AnalyzedModel, sentences) -> dict:
+    """Where `model`'s attention sinks over `sentences` (token ids, special tokens included): {"sentences",
+    "tokens", each measure of `jaxpos.analysis.sinks` [L, H], "mean": their means over layers and heads}."""
+    sentences = [np.asarray(s, np.int32)[:model.cfg.max_length] for s in sentences]
+    batches = []
+    for ids, piece_ids, real in _sentence_batches(sentences):
+        weights, _ = run_encoder(model.cfg, model.params, ids, piece_ids)  # [L, B, H, T, T]
+        valid = piece_ids[:real].astype(bool)
+        batches.append((sinks.attention_sinks(np.asarray(weights)[:, :real], valid, ids[:real], model.sep_id),
+                        int(valid.sum())))
+    measures = sinks.combine_sinks(batches)
+    return dict(sentences=len(sentences), tokens=int(sum(count for _, count in batches)), **measures,
+                mean=sinks.sinks_summary(measures))
+
+
 def _sinks(ctx: _Context) -> dict:
     sentences = ctx.sentences[:ctx.options.sink_sentences]
     if not sentences:
         raise Skip("no sentences")
-    batches = []
-    for ids, piece_ids, real in _sentence_batches(sentences):
-        weights, _ = _run(ctx, ids, piece_ids)  # [L, B, H, T, T]
-        valid = piece_ids[:real].astype(bool)
-        batches.append((sinks.attention_sinks(weights[:, :real], valid, ids[:real], ctx.model.sep_id),
-                        int(valid.sum())))
-    measures = sinks.combine_sinks(batches)
-    ctx.plots.plot_sinks(measures, ctx.figure("sinks.png"), f"{ctx.model.name}: where attention sinks")
-    return dict(sentences=len(sentences), tokens=int(sum(count for _, count in batches)), **measures,
-                mean=sinks.sinks_summary(measures), figure="sinks.png")
+    found = measure_sinks(ctx.model, sentences)
+    ctx.plots.plot_sinks(found, ctx.figure("sinks.png"), f"{ctx.model.name}: where attention sinks")
+    return dict(found, figure="sinks.png")
 
 
 _DIAGNOSTIC_FUNCTIONS = dict(

@@ -17,13 +17,14 @@ import jax
 from flax import struct
 
 from jaxpos.attention.terms import (AttentionInputs, AttentionSink, Contextual, DenseBias, Disentangled,
-                                    ForgetGates, KeyProjection, LayerOps, LengthScale, LowRankFactors, PolarPositions,
-                                    Rotary, SegmentTable, ShawRelative, Term, ToeplitzTable,
+                                    KeyProjection, LayerOps, LengthScale, LowRankFactors, Rotary, SegmentTable,
+                                    ShawRelative, Term, ToeplitzTable,
                                     clipped_offset_index, contextual_logits, disentangled_logits, expand_toeplitz,
                                     offsets, relative_offsets, segment_logits, segment_pair_factors)
 
-__all__ = ["AttentionInputs", "AttentionSink", "Contextual", "DenseBias", "Disentangled", "ForgetGates",
-           "KeyProjection", "LayerOps", "LengthScale", "LowRankFactors", "PolarPositions", "PositionalBias", "Rotary", "SegmentTable", "ShawRelative", "Term", "ToeplitzTable",
+__all__ = ["AttentionInputs", "AttentionSink", "Contextual", "DenseBias", "Disentangled", "KeyProjection", "LayerOps",
+           "LengthScale", "LowRankFactors", "PositionalBias", "Rotary", "SegmentTable", "ShawRelative", "Term",
+           "ToeplitzTable",
            "at_pieces", "clipped_offset_index", "contextual_logits", "disentangled_logits", "expand_toeplitz",
            "offsets", "position_logits", "relative_offsets", "segment_logits", "segment_pair_factors"]
 

@@ -27,7 +27,6 @@ Toeplitz tables: a bias that depends on the offset j - i only is a table over of
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable, ClassVar
 
 import jax
@@ -488,91 +487,7 @@ class Contextual(Term):
                                           inputs.q_pos, inputs.k_pos, inputs.mask)
 
 
-# --- the 2025-26 wave: data-dependent decay, polar positions, sinks, length-scaled logits ----------------------
-
-@struct.dataclass
-class ForgetGates(Term):
-    """FoX's forget gates (jaxpos/positions/fox.py): gate projections w [L', d, H, R] and biases b [L', H, R] (R = 1
-    causal, 2 in an encoder), read from the layer's attention input (`in_layer`: log f [B, S, H, R]); key j's logit
-    from query i gains c_i − c_j, the sum of log f over the tokens after the key up to the query (before it: the
-    second gate over the tokens from the query up to the one before the key). In a cached decoding step the log
-    gates are the cache's whole row and the queries start at row `query_start`."""
-
-    kind: ClassVar[str] = "forget_gates"
-    description: ClassVar[str] = "FoX's forget gates (data-dependent decay)"
-    stage: ClassVar[str] = "logits"
-    w: jax.Array = None
-    b: jax.Array = None
-    log_gates: jax.Array | None = None
-    query_start: jax.Array | int = 0
-
-    def for_layer(self, layer):
-        pick = lambda x: x[layer if x.shape[0] > 1 else 0]  # noqa: E731
-        return self.replace(w=pick(self.w), b=pick(self.b))
-
-    def in_layer(self, ops):
-        if ops.inputs is None:
-            raise ValueError("FoX's gates read the layer's attention input, which this call does not pass")
-        raw = jnp.einsum("btd,dhr->bthr", ops.inputs.astype(jnp.float32), self.w.astype(jnp.float32)) + self.b
-        return self.replace(log_gates=jax.nn.log_sigmoid(raw))
-
-    def decoding(self, cache, start):
-        return self.replace(log_gates=cache("log_gates", self.log_gates), query_start=start)
-
-    def logits(self, logits, inputs):
-        return logits + forget_decay(self.log_gates, self.query_start, logits.shape[-2])
-
-
-def forget_decay(log_gates: jax.Array, query_start=0, num_queries: int | None = None) -> jax.Array:
-    """FoX's D [B, H, T, S] from log gates [B, S, H, R] for the queries at rows query_start..query_start + T − 1
-    (T = num_queries, default S): D_ij = Σ_{l=j+1..i} log f_l for j <= i (differences c_i − c_j of the inclusive
-    cumulative sums), and with R = 2, D_ij = Σ_{l=i..j-1} log f'_l for j > i (reversed sums r_i − r_j)."""
-    length = log_gates.shape[1]
-    q_rows = query_start + jnp.arange(length if num_queries is None else num_queries)
-    lower = (q_rows[:, None] >= jnp.arange(length)[None, :])[None, :, :, None]  # [1, T, S, 1]
-
-    def differences(sums):  # [B, S, H] -> [B, T, S, H]: sums at the query rows minus sums at the keys'
-        return jnp.take(sums, q_rows, axis=1)[:, :, None, :] - sums[:, None, :, :]
-
-    before = differences(jnp.cumsum(log_gates[..., 0], axis=1))
-    if log_gates.shape[-1] == 1:
-        decay = jnp.where(lower, before, 0.0)
-    else:
-        after = differences(jnp.cumsum(log_gates[..., 1][:, ::-1], axis=1)[:, ::-1])  # r_t = Σ_{l>=t} log f'_l
-        decay = jnp.where(lower, before, after)
-    return jnp.moveaxis(decay, -1, 1)  # [B, H, T, S]
-
-
-@struct.dataclass
-class PolarPositions(Term):
-    """PoPE (jaxpos/positions/pope.py): the phase tables cos, sin [L', T, D] at the query positions and [L', S, D]
-    at the keys', and each head's offsets δ [L', H, D]; q and k become the 2D-wide (softplus(x) cos φ, softplus(x)
-    sin φ), the key's phase offset by δ clamped to [−2π, 0]. content_only: every phase 0."""
-
-    kind: ClassVar[str] = "polar"
-    description: ClassVar[str] = "PoPE's polar queries and keys (twice the head width)"
-    stage: ClassVar[str] = "inputs"
-    cos_q: jax.Array = None
-    sin_q: jax.Array = None
-    cos_k: jax.Array = None
-    sin_k: jax.Array = None
-    delta: jax.Array = None
-
-    def on_inputs(self, q, k, v, mask, *, q_pos, k_pos, self_attention, content_only):
-        mu_q, mu_k = jax.nn.softplus(q.astype(jnp.float32)), jax.nn.softplus(k.astype(jnp.float32))
-        if content_only:
-            zeros = jnp.zeros_like(mu_q)
-            return jnp.concatenate([mu_q, zeros], -1).astype(q.dtype), \
-                jnp.concatenate([mu_k, jnp.zeros_like(mu_k)], -1).astype(k.dtype), v, mask
-        cos_k, sin_k = (self.cos_q, self.sin_q) if self_attention else (self.cos_k, self.sin_k)
-        delta = jnp.clip(self.delta, -2 * math.pi, 0.0)  # [H, D]
-        # cos(φ + δ), sin(φ + δ) of the keys: [S, 1, D] x [H, D] -> [S, H, D]
-        cos_kd = cos_k[:, None, :] * jnp.cos(delta) - sin_k[:, None, :] * jnp.sin(delta)
-        sin_kd = sin_k[:, None, :] * jnp.cos(delta) + cos_k[:, None, :] * jnp.sin(delta)
-        q_out = jnp.concatenate([mu_q * self.cos_q[:, None, :], mu_q * self.sin_q[:, None, :]], -1)
-        k_out = jnp.concatenate([mu_k * cos_kd, mu_k * sin_kd], -1)
-        return q_out.astype(q.dtype), k_out.astype(k.dtype), v, mask
-
+# --- the 2025-26 wave's block options: sinks, length-scaled logits ----------------------------------------
 
 @struct.dataclass
 class AttentionSink(Term):

@@ -40,16 +40,13 @@ class PasskeyRows:
 
 
 def digit_candidates(tokenizer: Tokenizer) -> np.ndarray:
-    """The token id of each digit 0-9 (its encoding's last piece), the distinct ordinary ones -> [K]. Raises
-    ValueError when fewer than two digits have a piece of their own."""
+    """The token id of each digit 0-9 (its encoding's last piece), the distinct ordinary ones -> [K] (K may be
+    below 2: a vocabulary without digits, where no key can be hidden)."""
     ids = []
     for digit in "0123456789":
         pieces = tokenizer.encode(digit)
         if pieces and pieces[-1] >= NUM_MLM_SPECIAL and pieces[-1] not in ids:
             ids.append(pieces[-1])
-    if len(ids) < 2:
-        raise ValueError(f"the vocabulary of {tokenizer.path} gives fewer than two digits a piece of their own: no "
-                         "passkey to hide")
     return np.asarray(ids, np.int32)
 
 
@@ -61,6 +58,8 @@ def passkey_rows(stream: np.ndarray, tokenizer: Tokenizer, length: int, depth: f
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"passkey depth {depth} is not in [0, 1]")
     candidates = digit_candidates(tokenizer)
+    if len(candidates) < 2:
+        return "the vocabulary gives fewer than two digits a piece of their own: no key to hide"
     intro, outro = tokenizer.encode(INTRO), tokenizer.encode(OUTRO)
     frame = 2 + 2 * (len(intro) + digits + len(outro))
     filler = length - frame

@@ -7,22 +7,79 @@ The authors' model is causal (keys after the query are masked); an encoder (jaxp
 per head for keys after the query, D_ij = Σ_{l=i}^{j-1} log f'_l, the mirror image. Both are differences of
 cumulative sums, D_ij = c_i − c_j, so the term costs O(T) per head beside the logits and its gradient is the row and
 column sums of the logits' gradient (autodiff finds it); attention adds it on the XLA path
-(`jaxpos.attention.terms.ForgetGates`). FoX uses no positional embedding: positions act through the gates alone.
+(`ForgetGates`, this module's term). FoX uses no positional embedding: positions act through the gates alone.
 Initialisation as the authors' code: w ~ N(0, init_std), b = `fox.gate_bias` (0: f ≈ 1/2 at the start).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
+from flax import struct
 
-from jaxpos.attention.bias import ForgetGates, PositionalBias
+from jaxpos.attention.bias import PositionalBias, Term
 from jaxpos.config.checks import check_number
 from jaxpos.config.position import MechanismOptions
 from jaxpos.initializers import normal_init
 from jaxpos.positions.base import PositionMechanism, param
 from jaxpos.positions.registry import Mechanism, register
+
+
+@struct.dataclass
+class ForgetGates(Term):
+    """FoX's forget gates: gate projections w [L', d, H, R] and biases b [L', H, R] (R = 1
+    causal, 2 in an encoder), read from the layer's attention input (`in_layer`: log f [B, S, H, R]); key j's logit
+    from query i gains c_i − c_j, the sum of log f over the tokens after the key up to the query (before it: the
+    second gate over the tokens from the query up to the one before the key). In a cached decoding step the log
+    gates are the cache's whole row and the queries start at row `query_start`."""
+
+    kind: ClassVar[str] = "forget_gates"
+    description: ClassVar[str] = "FoX's forget gates (data-dependent decay)"
+    stage: ClassVar[str] = "logits"
+    w: jax.Array = None
+    b: jax.Array = None
+    log_gates: jax.Array | None = None
+    query_start: jax.Array | int = 0
+
+    def for_layer(self, layer):
+        pick = lambda x: x[layer if x.shape[0] > 1 else 0]  # noqa: E731
+        return self.replace(w=pick(self.w), b=pick(self.b))
+
+    def in_layer(self, ops):
+        if ops.inputs is None:
+            raise ValueError("FoX's gates read the layer's attention input, which this call does not pass")
+        raw = jnp.einsum("btd,dhr->bthr", ops.inputs.astype(jnp.float32), self.w.astype(jnp.float32)) + self.b
+        return self.replace(log_gates=jax.nn.log_sigmoid(raw))
+
+    def decoding(self, cache, start):
+        return self.replace(log_gates=cache("log_gates", self.log_gates), query_start=start)
+
+    def logits(self, logits, inputs):
+        return logits + forget_decay(self.log_gates, self.query_start, logits.shape[-2])
+
+
+def forget_decay(log_gates: jax.Array, query_start=0, num_queries: int | None = None) -> jax.Array:
+    """FoX's D [B, H, T, S] from log gates [B, S, H, R] for the queries at rows query_start..query_start + T − 1
+    (T = num_queries, default S): D_ij = Σ_{l=j+1..i} log f_l for j <= i (differences c_i − c_j of the inclusive
+    cumulative sums), and with R = 2, D_ij = Σ_{l=i..j-1} log f'_l for j > i (reversed sums r_i − r_j)."""
+    length = log_gates.shape[1]
+    q_rows = query_start + jnp.arange(length if num_queries is None else num_queries)
+    lower = (q_rows[:, None] >= jnp.arange(length)[None, :])[None, :, :, None]  # [1, T, S, 1]
+
+    def differences(sums):  # [B, S, H] -> [B, T, S, H]: sums at the query rows minus sums at the keys'
+        return jnp.take(sums, q_rows, axis=1)[:, :, None, :] - sums[:, None, :, :]
+
+    before = differences(jnp.cumsum(log_gates[..., 0], axis=1))
+    if log_gates.shape[-1] == 1:
+        decay = jnp.where(lower, before, 0.0)
+    else:
+        after = differences(jnp.cumsum(log_gates[..., 1][:, ::-1], axis=1)[:, ::-1])  # r_t = Σ_{l>=t} log f'_l
+        decay = jnp.where(lower, before, after)
+    return jnp.moveaxis(decay, -1, 1)  # [B, H, T, S]
+
 
 
 @dataclasses.dataclass(frozen=True)

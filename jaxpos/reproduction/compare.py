@@ -59,6 +59,9 @@ FINETUNE_STAGES = {"paraphrase": "finetune", "order": "order"}  # --finetune TAS
 ALPHA = 0.05
 SHARE, SHARE_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)  # the ranges of an accuracy and of a difference of two
 _OPTION = re.compile(r"^([a-z]+?)([0-9.]*)$")
+# where attention sinks (jaxpos.analysis.sinks), the report's columns: the mean over layers and heads of each run
+SINK_COLUMNS = {"first": "first token", "sep": "[SEP]", "top": "most-attended key", "learned": "learned sink",
+                "uniform": "uniform (1/n)"}
 
 
 def _rope_rule(scaling: str):
@@ -265,6 +268,7 @@ def measurements(out: str, plan: dict) -> dict:
             accuracy={s: r["curve"][-1]["accuracy"] for s, r in own.items()},
             curve={s: [(p["step"], p["loss"]) for p in r["curve"]] for s, r in own.items()},
             lengths=lengths, train_length=profile.data["seq_len"],
+            sinks={s: r["sinks"]["mean"] for s, r in own.items() if "sinks" in r},
             finetune={s: r["finetune"]["best"] for s, r in own.items() if "finetune" in r},
             order={s: r["order"]["best"] for s, r in own.items() if "order" in r})
     return rows
@@ -436,6 +440,8 @@ def write_report(out: str, wall_s: float | None = None, command: str = "jaxpos c
                          accuracy=mean_interval(list(r["accuracy"].values()), SHARE),
                          lengths={str(n): length_cell(entries) for n, entries in sorted(r["lengths"].items())},
                          degradation=degradation(r), passkey=passkey_cells(r),
+                         sinks={m: mean_interval([v.get(m) for v in r["sinks"].values()], SHARE)
+                                for m in SINK_COLUMNS},
                          finetune=mean_interval(list(r["finetune"].values()), SHARE),
                          order=mean_interval(list(r["order"].values()), SHARE),
                          parting=parting.get(name, {}).get("reason")) for name, r in rows.items()},
@@ -502,6 +508,7 @@ def report_text(plan: dict, rows: dict, numbers: dict, found: list[dict]) -> str
                 for c in cells) + " |")
         lines += degradation_section(numbers, [n for n in lengths if n > train], train)
     lines += passkey_section(numbers, lengths, profile.data["seq_len"])
+    lines += sinks_section(numbers)
     for task, title in (("finetune", "Fine-tuning: paraphrase task, best dev accuracy"),
                         ("order", "Fine-tuning: word-order task, best dev accuracy")):
         if any(r[task]["n"] for r in numbers["rows"].values()):
@@ -535,6 +542,23 @@ def degradation_section(numbers: dict, longer: list[int], train: int) -> list[st
     for r in numbers["rows"].values():
         lines.append(f"| {r['label']} | " + " | ".join(degradation_text(r["degradation"].get(str(n)))
                                                         for n in longer) + " |")
+    return lines
+
+
+def sinks_section(numbers: dict) -> list[str]:
+    """The report's table of where attention sinks: each variant's attention weight on the first token, on [SEP],
+    on the most-attended key of a row and on a learned sink, against the uniform floor."""
+    shown = [r for r in numbers["rows"].values() if r.get("sinks", {}).get("first", {}).get("n")]
+    if not shown:
+        return []
+    lines = ["", "## Where attention sinks (last checkpoint)", "",
+             "The mean attention weight over the real queries of 64 held-out sentences, layers and heads "
+             "(`jaxpos analyze --only sinks` per layer and head), then the mean over seeds with its 95% interval: on "
+             "the row's first token, on its [SEP] tokens, on the one key that draws the most attention in the row, "
+             "on a learned sink logit; the uniform floor is what spreading attention evenly gives a key.", "",
+             "| variant | " + " | ".join(SINK_COLUMNS.values()) + " |", "| --- |" + " --- |" * len(SINK_COLUMNS)]
+    for r in shown:
+        lines.append(f"| {r['label']} | " + " | ".join(interval_text(r["sinks"][m]) for m in SINK_COLUMNS) + " |")
     return lines
 
 

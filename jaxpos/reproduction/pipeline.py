@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 import tempfile
@@ -29,7 +30,7 @@ import numpy as np
 from jaxpos.analysis.loading import load_run
 from jaxpos.analysis.locality import locality, symmetry
 from jaxpos.analysis.over_training import analyze_over_training
-from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences, no_position_only_logits
+from jaxpos.analysis.report import analyze, bias_logits, corpus_sentences, measure_sinks, no_position_only_logits
 from jaxpos.config.files import write_json_atomically
 from jaxpos.config.checks import typed
 from jaxpos.config.run import FinetuneDataConfig, TrainConfig
@@ -60,6 +61,9 @@ LENGTH_BATCH = 8  # rows a batch of the length evaluation (4x the training lengt
 PRETRAIN_TIMING_FILE = "pretrain_timing.json"  # a run's pretraining: its wall seconds and the seeds it trained with
 OVER_TRAINING = ("position_gram", "identical_word", "rank", "decomposition")  # at every analysed checkpoint
 FINAL_ONLY = ("effective_attention", "identifiability")  # at the last checkpoint
+
+
+SINK_SENTENCES = 64  # held-out sentences a run's attention sinks are measured on
 
 
 def learning_curve(workdir: str, steps: list[int]) -> list[dict]:
@@ -258,6 +262,10 @@ def execute_run(out: str, name: str) -> dict:
         curve=curve)
     with on_host_cpu():
         result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
+        with timed("sinks_s"):  # where attention sinks, every run: the report compares the variants on it
+            found = measure_sinks(model, corpus_sentences(model, analysis_texts(None), SINK_SENTENCES))
+            result["sinks"] = dict(sentences=found["sentences"], tokens=found["tokens"],
+                                   mean={k: v if math.isfinite(v) else None for k, v in found["mean"].items()})
     if "lengths" in stages:
         lengths = [seq_len * f for f in profile.length_factors]
         with timed("lengths_s"):

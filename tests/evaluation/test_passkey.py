@@ -71,3 +71,11 @@ def test_a_predictor_that_sees_only_its_own_token_retrieves_by_chance(tokenizer,
     k = len(candidates)
     assert got["floor"] == pytest.approx(k ** -5) and got["digit_floor"] == pytest.approx(1 / k)
     assert abs(got["digit_accuracy"] - 1 / k) < 4 * np.sqrt((1 / k) * (1 - 1 / k) / rows.keys.size)
+
+
+def test_a_vocabulary_without_digits_says_so_instead_of_failing(tmp_path, stream):
+    texts = [d.translate(str.maketrans("", "", "0123456789")) for d in embedded_documents()[:30]]
+    letters = train_sentencepiece((s for d in texts for s in split_sentences(d)), str(tmp_path / "spm"), 300)
+    assert len(digit_candidates(letters)) < 2
+    assert passkey_by_depth(None, stream, letters, 128) == {
+        "skipped": "the vocabulary gives fewer than two digits a piece of their own: no key to hide"}

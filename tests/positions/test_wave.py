@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpos.attention.terms import forget_decay
+from jaxpos.positions.fox import forget_decay
 from jaxpos.attention.layer import MultiHeadAttention
 from jaxpos.attention.mask import AttentionMask
 from jaxpos.models import BertForMaskedLM

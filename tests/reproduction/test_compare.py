@@ -203,6 +203,10 @@ def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
         "skipped"]} and "depths" in numbers["rows"]["alibi"]["passkey"]["64"]
     assert "## Passkey retrieval (zero-shot)" in report
     assert "- resumed: the wall time is the sum over the 2 commands that ran this plan" in report
+    # where attention sinks, each trained variant's over its seeds
+    assert "## Where attention sinks (last checkpoint)" in report
+    sinks = numbers["rows"]["alibi"]["sinks"]
+    assert sinks["first"]["n"] == 2 and 0 < sinks["uniform"]["mean"] <= 1 and sinks["learned"]["mean"] < 1e-5
 
 
 def test_a_run_stopped_in_this_process_says_so_and_exits_with_the_signal(tmp_path, monkeypatch, capsys):
