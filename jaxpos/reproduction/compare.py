@@ -17,7 +17,10 @@ with options joined by `+`, each a shorthand of `SHORTHANDS`, e.g. `rope+partial
   headsH      RoPE or ALiBi on the first H heads only, the rest NoPE (position.rope.heads, position.alibi.heads);
   gate | sink | qknorm | ssmax
               the output gate, a learned sink logit per head, QK-norm, Scalable-Softmax's length-scaled logits
-              (model.output_gate, model.attention_sinks, model.qk_norm, model.length_scaled_logits).
+              (model.output_gate, model.attention_sinks, model.qk_norm, model.length_scaled_logits);
+  extendK     context extension: after pretraining, 1/4 of the recipe's steps more at K times the training length
+              (train.init_from), the options after it the extension's own (`rope+extend4+ntk4`); scored and
+              fine-tuned from the extended weights.
 Every variant is made into its run config and checked when the plan is made (`matrix.check_variants`): an option
 the variant's mechanism does not read, a model that cannot be built, an attention path that cannot run it is
 refused then, in one line, by `--dry-run` and `--plan-only` too.
@@ -123,7 +126,17 @@ def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: i
     run = runs[name]
     lengths = dict(factors=factors, seq_len=seq_len, max_length=max_length, kind=run.kind)
     overrides, labels, trained, evaluated = list(run.overrides), [run.label], [name], []
+    extend = None  # after `extendK`, options are the extension's own
     for option in options:
+        if option.startswith("extend"):
+            factor = option[len("extend"):]
+            if extend is not None or at or not factor.isdigit() or int(factor) < 2:
+                raise ValueError(f"variant {text!r}: {option}: give one extension by a whole factor of 2 or more "
+                                 "(extend4), without @eval")
+            extend = dict(factor=int(factor), overrides=[])
+            labels.append(f"extended to {factor}× for 1/{matrix.EXTENSION_SHARE} of the steps")
+            trained.append(option)
+            continue
         match = _OPTION.match(option)
         if not match or match.group(1) not in SHORTHANDS:
             raise ValueError(f"variant {text!r}: unknown option {option!r}; choose {', '.join(SHORTHANDS)} (a number "
@@ -137,14 +150,14 @@ def parse_variant(text: str, factors: Sequence[int], seq_len: int, max_length: i
             evaluated += more
             labels.append(f"{label} at evaluation")
             continue
-        overrides += more
-        labels.append(label)
+        (extend["overrides"] if extend is not None else overrides).extend(more)
+        labels.append(label if extend is None else f"{label} in the extension")
         trained.append(option)
     if at and not evaluated:
         raise ValueError(f"variant {text!r}: '@eval' applies RoPE's length rules at evaluation; give one, e.g. "
                          "rope+yarn@eval")
     train_labels = [label for label in labels if not label.endswith("at evaluation")]
-    variant = dict(label=", ".join(train_labels), overrides=overrides, eval={})
+    variant = dict(label=", ".join(train_labels), overrides=overrides, eval={}, **({"extend": extend} if extend else {}))
     if evaluated:
         variant["eval"][text] = evaluated
         return "+".join(trained), variant, ", ".join(labels)

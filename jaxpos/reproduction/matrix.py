@@ -323,6 +323,29 @@ def pretrain_config(plan: dict, mechanism: str, seed: int):
     return config
 
 
+EXTENSION_SHARE = 4  # an extension variant continues pretraining for 1/4 of the recipe's steps at its length
+
+
+def extension_config(plan: dict, mechanism: str, seed: int, pretrained: str):
+    """The continued pretraining of an extension variant's run (`extend` in its variant: context extension, as
+    ModernBERT's): its pretraining config at `factor` times the training length with the extension's own options,
+    from the newest parameters of the run pretrained in `pretrained` (train.init_from), for 1/EXTENSION_SHARE of the
+    recipe's steps; None for any other variant."""
+    profile = profile_of(plan)
+    extend = profile.variants.get(mechanism, {}).get("extend")
+    if not extend:
+        return None
+    config = pretrain_config(plan, mechanism, seed)
+    length = int(extend["factor"]) * int(config.data.seq_len)
+    config = apply_overrides(config, [f"--config.data.seq_len={length}",
+                                      f"--config.model.max_length={max(int(config.model.max_length), length)}",
+                                      *extend["overrides"]])
+    steps = max(1, profile.steps // EXTENSION_SHARE)
+    config.train.update(num_steps=steps, init_from=pretrained, eval_every=steps, checkpoint_every=steps,
+                        checkpoint_initial=False, keep_checkpoints=2, log_every=clean_log_every(steps, steps))
+    return config
+
+
 def finetune_config(plan: dict, seed: int, task: str = "paraphrase", learning_rate: float | None = None):
     """configs/finetune/paraphrase.py (the offline Bible paraphrase task) or, with task="order",
     configs/finetune/bible_order.py (the word-order pair task: its own data and steps, `order_inputs` and
@@ -388,8 +411,23 @@ def check_variants(plan: dict) -> None:
             run = check_run_config(pretrain_config(plan, name, 0), task="mlm")
             for row, overrides in profile.variants.get(name, {}).get("eval", {}).items():
                 run.replace_model(position=evaluated_position(run.model.position, overrides, f"{row}: a"))
+            extension = extension_config(plan, name, 0, "")
+            if extension is not None:
+                check_extension(run, check_run_config(extension, task="mlm"))
         except ValueError as error:
             raise ValueError(f"variant {name!r}: {error}") from None
+
+
+def check_extension(base, extended) -> None:
+    """Refuses an extension whose model's parameters cannot carry over from the base run's: a learned position table
+    shorter than the extension's rows (the registry's `inductive` trait), another mechanism."""
+    kind = base.model.position.kind
+    if extended.model.position.kind != kind:
+        raise ValueError(f"extend: continued pretraining keeps the mechanism ({kind!r})")
+    length = extended.data.seq_len
+    if length > base.model.position_range and not registered(kind).is_inductive(base.model.position.options):
+        raise ValueError(f"extend: {registered(kind).label} has learned positions for {base.model.position_range} "
+                         f"tokens only; rows of {length} cannot start from them")
 
 
 def load_plan(out: str) -> dict | None:

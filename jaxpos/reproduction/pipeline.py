@@ -44,8 +44,9 @@ from jaxpos.evaluation.pseudo_likelihood import NothingToScore, minimal_pair_pre
 from jaxpos.positions.base import LengthError
 from jaxpos.progress import status
 from jaxpos.reproduction import host
-from jaxpos.reproduction.matrix import (FAILED_FILE, LOG_FILE, RESULT_FILE, finetune_config, group_log, load_plan,
-                                      mark_failed, pretrain_config, pretrain_dir, pretraining_finished,
+from jaxpos.reproduction.matrix import (FAILED_FILE, LOG_FILE, RESULT_FILE, extension_config, finetune_config,
+                                      group_log, load_plan, mark_failed, pretrain_config, pretrain_dir,
+                                      pretraining_finished,
                                       pretraining_groups, profile_of, require_plan, run_dir)
 from jaxpos.run import Run
 from jaxpos.training.interrupt import RunStopped
@@ -248,9 +249,15 @@ def execute_run(out: str, name: str) -> dict:
     _check_finished("pretraining", pretrain["step"], profile.steps, pretrained)
     with timed("curve_s"):
         curve = learning_curve(pretrained, profile.curve_steps())
-    model = load_run(pretrained)
     recipe = Run.open(pretrained, "mlm").config  # the typed blocks the run trained with
     seq_len, batch_size = recipe.data.seq_len, recipe.train.batch_size
+    extension = extension_config(plan, mechanism, seed, os.path.abspath(pretrained))
+    extended = None
+    if extension is not None:  # context extension: the stages below score the extended weights
+        with timed("extension_s"):
+            extended = extend_run(extension, os.path.join(folder, "extended"))
+        pretrained = os.path.join(folder, "extended")
+    model = load_run(pretrained)
     result = dict(
         name=name, mechanism=mechanism, seed=seed, stages=sorted(stages), steps=profile.steps,
         tokens=profile.steps * batch_size * seq_len, batch_size=batch_size,
@@ -259,7 +266,7 @@ def execute_run(out: str, name: str) -> dict:
         pretrain=dict(eval_loss=pretrain["eval"].get("loss"), eval_accuracy=pretrain["eval"].get("accuracy"),
                       train_loss=pretrain["train"].get("loss"), step_time_s=pretrain["train"].get("step_time"),
                       unigram_entropy=pretrain.get("unigram_entropy"), seeds_at_once=timing.get("seeds_at_once")),
-        curve=curve)
+        curve=curve, **({"extension": extended} if extended else {}))
     with on_host_cpu():
         result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
         with timed("sinks_s"):  # where attention sinks, every run: the report compares the variants on it
@@ -338,6 +345,25 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
                 dev_pairs=data.offline_dev_examples or 2 * len(dev_minimal_pairs), looks=looks,
                 pooling=Run.open(workdir, "finetune").config.model.pooling, zero_shot=zero_shot,
                 couples_left_out=report["couples_left_out"])
+
+
+def _report_step(path: str) -> int | None:
+    with open(path) as f:
+        return json.load(f).get("step")
+
+
+def extend_run(config, workdir: str) -> dict:
+    """Continues pretraining as `config` says (an extension variant's: train.init_from, a longer data.seq_len) in
+    WORKDIR, resuming there; {"seq_len", "steps", "eval_loss", "eval_accuracy"} of its end."""
+    steps = int(config.train.num_steps)
+    report_path = os.path.join(workdir, "report.json")
+    if not os.path.isfile(report_path) or _report_step(report_path) != steps:
+        train_mlm(config, workdir)
+    with open(report_path) as f:
+        report = json.load(f)
+    _check_finished("the extension", report["step"], steps, workdir)
+    return dict(seq_len=int(config.data.seq_len), steps=steps, eval_loss=report["eval"].get("loss"),
+                eval_accuracy=report["eval"].get("accuracy"))
 
 
 def analyses(model, stages: set, profile, analysis_dir: str, timed) -> dict:

@@ -39,6 +39,12 @@ def test_a_variant_is_a_mechanism_with_options():
     assert variant["overrides"][-1] == "--config.model.position.diet_rel.max_distance=16"
     assert variant["label"].endswith("clipped at ±16")
     assert comp.parse_variant("rope+nope4", (1,), 128, 256)[1]["overrides"][-1] == "--config.model.nope_every=4"
+    name, variant, _ = comp.parse_variant("rope+partial0.5+extend4+ntk4", (1, 4), 128, 256)
+    assert variant["overrides"] == ["--config.model.position.kind=rope", "--config.model.position.rope.fraction=0.5"]
+    assert variant["extend"] == {"factor": 4, "overrides": ["--config.model.position.rope.scaling=ntk",
+                                                            "--config.model.position.rope.factor=4.0",
+                                                            "--config.model.position.rope.original_max_length=128"]}
+    assert variant["label"] == "RoPE, partial 0.5, extended to 4× for 1/4 of the steps, NTK ×4 in the extension"
     name, variant, _ = comp.parse_variant("alibi+heads2+gate+sink+qknorm+ssmax", (1,), 128, 256)
     assert variant["overrides"][1:] == ["--config.model.position.alibi.heads=2", "--config.model.output_gate=true",
                                         "--config.model.attention_sinks=true", "--config.model.qk_norm=true",
@@ -46,7 +52,8 @@ def test_a_variant_is_a_mechanism_with_options():
     assert variant["label"] == "ALiBi, on the first 2 heads, output gate, sink logit, QK-norm, Scalable-Softmax"
     for bad, message in (("ropee", "unknown mechanism"), ("rope+yarm", "unknown option"),
                          ("rope@train", "only '@eval'"), ("alibi@eval", "give one"),
-                         ("alibi+local", "give the window"), ("diet_rel+clip", "give the clip")):
+                         ("alibi+local", "give the window"), ("diet_rel+clip", "give the clip"),
+                         ("rope+extend1", "a whole factor of 2 or more"), ("rope+extend2+extend4", "give one")):
         with pytest.raises(ValueError, match=message):
             comp.parse_variant(bad, (1, 2), 128, 256)
 
@@ -57,11 +64,14 @@ def test_a_variant_is_a_mechanism_with_options():
                           r"model\.position\.kind is 'diet_abs'"),
     ("alibi+clip16", [], r"model\.position\.diet_rel: options of 'diet_rel', but model\.position\.kind is 'alibi'"),
     ("fox+heads2", [], r"model\.position\.fox\.heads"),
+    ("absolute+extend2", [], r"variant 'absolute\+extend2': extend: absolute, learned \(BERT\) has learned positions "
+                             r"for 32 tokens only; rows of 64 cannot start from them"),
     ("alibi+yarn@eval", [], r"variant 'alibi': alibi\+yarn@eval: a 'alibi' run, whose options all change its "
                             r"parameters"),
     ("cope", ["--config.model.attention_impl=jax", "--config.model.attention_dropout=0.0"],
      r"variant 'cope': attention_impl='jax' cannot compute this model's attention here: it lacks CoPE's contextual"),
 ], ids=["random_with_a_window", "options_of_another_kind", "clip_of_another_kind", "heads_of_a_kind_without",
+        "extension_of_a_learned_table",
         "rule_of_another_kind",
         "a_path_that_cannot_run_it"])
 def test_the_plan_refuses_in_one_line_what_a_run_would_refuse(mechanisms, overrides, message, capsys):
@@ -157,7 +167,7 @@ def test_repeated_mechanisms_flags_join(tmp_path, capsys):
 
 
 def small(out: str) -> list[str]:
-    return ["compare", "--config", TINY_MLM_CONFIG, "--mechanisms", "alibi,rope+yarn@eval", "--seeds", "2",
+    return ["compare", "--config", TINY_MLM_CONFIG, "--mechanisms", "alibi,rope+yarn@eval,rope+extend2", "--seeds", "2",
             "--lengths", "1,2", "--workers", "1", "--out", out, *SMALL_MLM, "--config.train.num_steps=4"]
 
 
@@ -182,7 +192,13 @@ def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
     assert first.stat().st_mtime == kept  # a finished run is not made again
     numbers = json.loads((out / "comparison.json").read_text())
     assert {r["label"] for r in numbers["rows"].values()} == {"none (bag of words)", "ALiBi", "RoPE",
-                                                              "RoPE, YaRN ×2 at evaluation"}
+                                                              "RoPE, YaRN ×2 at evaluation",
+                                                              "RoPE, extended to 2× for 1/4 of the steps"}
+    # the extension continued each seed's pretraining at 64 tokens for 1 step (4 // 4), and was scored from there
+    extended = json.loads((out / "runs" / "rope+extend2_s0" / "result.json").read_text())
+    assert extended["extension"]["seq_len"] == 64 and extended["extension"]["steps"] == 1
+    assert json.loads((out / "runs" / "rope+extend2_s0" / "extended" / "config.json").read_text())["train"][
+        "init_from"].endswith(os.path.join("rope+extend2_s0", "pretrain"))
     rope = numbers["rows"]["rope+yarn@eval"]
     assert set(rope["lengths"]) == {"32", "64"} and rope["loss"]["n"] == 0  # a rule at evaluation: lengths only
     assert numbers["rows"]["alibi"]["loss"]["n"] == 2 and numbers["rows"]["alibi"]["lengths"]["64"]["n"] == 2
@@ -190,9 +206,10 @@ def test_the_command_end_to_end_resumes_after_a_kill(tmp_path):
         assert re.match(r"(parts from bag of words at step \d+|has not parted from bag of words by step \d+) \(bag "
                         r"of words' held-out loss minus its: [-+]", numbers["rows"][name]["parting"])
     against = [c for c in numbers["comparisons"] if c["b"] != c["a"]]
-    assert all(c["b"] == "none" for c in against) and len(against) == 4 + 4 + 2  # alibi, rope: 4; the rule: 2 lengths
+    assert all(c["b"] == "none" for c in against) and len(against) == 4 + 4 + 2 + 4  # the rule: 2 lengths
     itself = {(c["a"], c["quantity"]) for c in numbers["comparisons"] if c["b"] == c["a"]}
-    assert itself == {(name, "loss at 64 − at 32 tokens") for name in ("none", "alibi", "rope", "rope+yarn@eval")}
+    assert itself == {(name, "loss at 64 − at 32 tokens") for name in ("none", "alibi", "rope", "rope+yarn@eval",
+                                                                       "rope+extend2")}
     report = (out / "COMPARISON.md").read_text()
     assert "| ALiBi |" in report and "runs/" not in report.split("## Held-out")[1]  # labelled by mechanism
     assert (out / "figures" / "learning_curves.png").stat().st_size > 1000
