@@ -30,8 +30,8 @@ from jaxpos.config import ModelConfig
 from jaxpos.config.files import apply_overrides, load_run_config
 from jaxpos.config.run import TASKS, RunConfig, run_config
 from jaxpos.data.classification import task_spec
-from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer,
-                                   load_tokenizer)
+from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, RUN_TOKENIZER_NAMES, TOKENIZER_SUFFIXES,
+                                   TRANSLATION_SPECIAL_TOKENS, Tokenizer, load_tokenizer)
 from jaxpos.models import BertForMaskedLM, BertForSequenceClassification, EncoderDecoder
 from jaxpos.models.layout import to_unscanned
 from jaxpos.sharding import placement
@@ -110,23 +110,25 @@ class Run:
 
     @property
     def tokenizer_file(self) -> epath.Path | None:
-        """The SentencePiece model of the run's token ids: data.tokenizer_path where the config names one, else the
-        one training cached as WORKDIR/spm_<task>.model; a fine-tuned run's is its encoder's (None for a Hugging
-        Face encoder, whose folder holds its vocabulary)."""
+        """The tokenizer file of the run's token ids: data.tokenizer_path where the config names one, else the one
+        training cached, WORKDIR/spm_<task>.model (data.tokenizer=tokenizers: spm_<task>.tokenizer.json); a
+        fine-tuned run's is its encoder's (None for a Hugging Face encoder, whose folder holds its vocabulary)."""
         if self.task == "finetune":
             path = (self.config.init or {}).get("tokenizer")
             return epath.Path(path) if path else None
         named = self.config.data.tokenizer_path
-        return epath.Path(named) if named else self.path / f"{RUN_TOKENIZER_NAMES[self.task]}.model"
+        if named:
+            return epath.Path(named)
+        return self.path / f"{RUN_TOKENIZER_NAMES[self.task]}{TOKENIZER_SUFFIXES[self.config.data.tokenizer]}"
 
     def tokenizer(self) -> Tokenizer:
-        """The run's SentencePiece tokenizer with its task's special tokens, checked to fit the model's vocabulary."""
+        """The run's tokenizer with its task's special tokens, checked to fit the model's vocabulary."""
         path = self.tokenizer_file
         if path is None:
             raise FileNotFoundError(f"{self.config_path}: the encoder came from the Hugging Face folder "
                                     f"{(self.config.init or {}).get('path')}, which holds the run's vocabulary")
         if not path.is_file():
-            raise FileNotFoundError(f"the run's SentencePiece model {path} is missing")
+            raise FileNotFoundError(f"the run's tokenizer {path} is missing")
         special = TRANSLATION_SPECIAL_TOKENS if self.task == "translation" else MLM_SPECIAL_TOKENS
         tokenizer = load_tokenizer(os.fspath(path), special)
         vocab_size = self.model_config.vocab_size

@@ -78,16 +78,18 @@ def folder_digest(path) -> dict:
     return digest
 
 
-def train_tiny_mlm(workdir: str, checkpoint_every: int = 2, kind: str = "tisa", **model) -> str:
-    """A tiny masked-LM run (TISA, or position `kind`; `model`: other model fields) of two steps on one device, as
-    `jaxpos train` leaves it (its tokenizer trained on the embedded corpus); returns the workdir."""
+def train_tiny_mlm(workdir: str, checkpoint_every: int = 2, kind: str = "tisa", data: dict | None = None,
+                   **model) -> str:
+    """A tiny masked-LM run (TISA, or position `kind`; `model`: other model fields; `data`: data fields) of two
+    steps on one device, as `jaxpos train` leaves it (its tokenizer trained on the embedded corpus); returns the
+    workdir."""
     from jaxpos.config.defaults import mlm_config
     from jaxpos.workflows.mlm import train_mlm
 
     config = mlm_config()
     config.model.update(d_model=32, num_layers=1, num_heads=4, mlp_dim=48, max_length=32, **model)
     config.model.position.kind = kind
-    config.data.update(seq_len=32, vocab_size=300, max_documents=20, tokenizer_max_sentences=2000)
+    config.data.update(seq_len=32, vocab_size=300, max_documents=20, tokenizer_max_sentences=2000, **(data or {}))
     config.train.update(num_steps=2, batch_size=8, log_every=1, eval_every=2, eval_batches=1,
                         checkpoint_every=checkpoint_every)
     with one_device_training():

@@ -53,7 +53,7 @@ def _for_analysis(cfg: ModelConfig) -> ModelConfig:
 def load_run(workdir: str) -> AnalyzedModel:
     """The encoder of a jaxpos masked-LM run (`jaxpos train --workdir DIR`, local or a URL): the typed config
     from WORKDIR/config.json, the parameters of the newest checkpoint that restores (parameters only, onto the
-    CPU; nothing in the workdir is written), and the run's SentencePiece tokenizer."""
+    CPU; nothing in the workdir is written), and the run's tokenizer."""
     run = Run.open(workdir, "mlm")
     cfg = run.model_config
     if cfg.num_decoder_layers:
@@ -62,7 +62,7 @@ def load_run(workdir: str) -> AnalyzedModel:
     step, params = run.params()
     params = jax.tree.map(np.asarray, params["bert"])  # the encoder; the MLM head is not analysed
     tokenizer = run.tokenizer()
-    vocabulary = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    vocabulary = tokenizer.pieces()
     return AnalyzedModel(run.name, workdir, _for_analysis(cfg), params, vocabulary, tokenizer.encode, CLS_ID, SEP_ID,
                          info=dict(kind="jaxpos run", step=step, tokenizer=tokenizer.path))
 

@@ -6,7 +6,7 @@ Two formats. `orbax` (any run: masked-LM, translation, fine-tuned classifier) wr
                               "dtype" (of every floating leaf; null: the model's own), "source", "tokenizer"}
     EXPORT/params/           an orbax checkpoint of the parameter tree only
     EXPORT/run_config.json   the run's own config.json (data and training settings)
-    EXPORT/<name>.model      the run's SentencePiece model, where it has one
+    EXPORT/<name>.model      the run's tokenizer (or <name>.tokenizer.json), where it has one
 
 that `load_export` restores onto one device or any (data, fsdp, tensor) mesh. `huggingface` (masked-LM runs that
 transformers can express: learned absolute positions, post-LN BERT, or ALBERT for shared layers) writes

@@ -30,9 +30,16 @@ def add_finetune_parser(subparsers) -> None:
                          "--lengths, masked-LM runs' held-out loss and accuracy at several lengths; with "
                          "--word-order, masked-LM runs' preference for word-order pairs as they are",
                          overrides=evaluate_overrides)
-    parser.add_argument("--workdir", required=True, action="append",
+    parser.add_argument("--workdir", action="append", default=[],
                         help="the workdir of a `jaxpos finetune` run; with --lengths or --word-order, of a `jaxpos "
                              "train` masked-LM run (repeat for several in one table)")
+    parser.add_argument("--hf", action="append", default=[], metavar="FOLDER",
+                        help="with --lengths: a local Hugging Face masked-LM folder (BERT, ALBERT, DeBERTa, "
+                             "ModernBERT; its tokenizer.json, vocab.txt or spiece.model), scored on the embedded "
+                             "corpus's held-out text (repeat for several)")
+    parser.add_argument("--train-length", type=int, metavar="N",
+                        help="with --hf: the length the folders' models trained at, the 1x of the loss by position "
+                             "(default: each one's max_position_embeddings)")
     parser.add_argument("--split", help="a labelled split (default: the task's first dev split)")
     parser.add_argument("--lengths", help="comma-separated lengths, e.g. 128,256,512,1024: each run's held-out "
                                           "loss at each (rows of contiguous held-out text; docs/analysis.md)")
@@ -96,6 +103,10 @@ def _evaluate(args, overrides):
         raise ValueError("--lengths or --word-order, not both")
     if args.lengths:
         return _evaluate_lengths(args, overrides)
+    if args.hf or args.train_length:
+        raise ValueError("--hf and --train-length go with --lengths")
+    if not args.workdir:
+        raise ValueError("give --workdir (with --lengths, --workdir or --hf)")
     if args.word_order is not None:
         return _evaluate_word_order(args, overrides)
     if len(args.workdir) > 1 or args.figure:
@@ -118,9 +129,9 @@ def _evaluate_lengths(args, overrides):
     from jaxpos.workflows.lengths import length_generalisation, lengths_table  # lazy: loads jax
 
     results = length_generalisation(args.workdir, _numbers(args.lengths, int, "--lengths"), args.figure,
-                                    batch_size, args.max_tokens, overrides)
+                                    batch_size, args.max_tokens, overrides, args.hf, args.train_length)
     first = next(iter(results.values()))
-    print(lengths_table(results) + f"wrote {first['figure']} and each run's {first['file']}")
+    print(lengths_table(results) + f"wrote {first['figure']} and each model's {first['file']}")
     return results
 
 

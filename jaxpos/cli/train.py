@@ -28,11 +28,12 @@ def add_train_parser(subparsers) -> None:
 def add_tokenizer_parser(subparsers) -> None:
     """Registers the `tokenizer` subcommand on an argparse subparsers object."""
     tokenizer = add_command(
-        subparsers, "tokenizer", "train a config's SentencePiece model once (before a multi-process run); then "
-        "pass --config.data.tokenizer_path=OUT.model", overrides="any field of the config, e.g. "
+        subparsers, "tokenizer", "train a config's tokenizer once (before a multi-process run); then pass "
+        "--config.data.tokenizer_path= the file it names", overrides="any field of the config, e.g. "
         "--config.data.vocab_size=16000")
     tokenizer.add_argument("--config", required=True, help="the training config, e.g. configs/mlm/diet.py")
-    tokenizer.add_argument("--out", required=True, help="writes OUT.model, OUT.vocab, OUT.json (local or gs://...)")
+    tokenizer.add_argument("--out", required=True, help="writes OUT.model and OUT.vocab (data.tokenizer=tokenizers: "
+                           "OUT.tokenizer.json), then OUT.json (local or gs://...)")
     tokenizer.set_defaults(run=_tokenizer)
 
 

@@ -27,8 +27,24 @@ TASKS = ("mlm", "translation", "finetune")
 SCHEDULES = ("linear", "inverse_sqrt", "constant", "wsd")
 MLM_SOURCES = ("embedded", "text", "tfds", "bible")  # config.data.source of masked-LM pretraining
 TRANSLATION_SOURCES = ("bible", "tfds", "files")  # config.data.source of translation
+# config.data.tokenizer: the library that trains a run's vocabulary, and the algorithms it offers
+# (data.tokenizer_model_type; the first is each library's default)
+TOKENIZER_ALGORITHMS = {"sentencepiece": ("unigram", "bpe"), "tokenizers": ("bpe", "wordpiece")}
 # Fine-tuning's train fields whose 0 means a value resolved from the data (`resolved_for_epochs`).
 FINETUNE_ZERO_DEFAULTS = ("num_steps", "eval_every", "checkpoint_every")
+
+
+def tokenizer_algorithm(library: str, model_type: str) -> str:
+    """data.tokenizer_model_type, "" resolved to the library's default; a one-line ValueError for a library or an
+    algorithm it does not have."""
+    if library not in TOKENIZER_ALGORITHMS:
+        raise ValueError(f"data.tokenizer={library!r}; choose {' or '.join(map(repr, TOKENIZER_ALGORITHMS))}")
+    if not model_type:
+        return TOKENIZER_ALGORITHMS[library][0]
+    if model_type not in TOKENIZER_ALGORITHMS[library]:
+        raise ValueError(f"data.tokenizer_model_type={model_type!r} is not an algorithm of data.tokenizer={library!r}; "
+                         f"choose {' or '.join(map(repr, TOKENIZER_ALGORITHMS[library]))}")
+    return model_type
 
 
 def check_source(source, known: tuple[str, ...]) -> None:
@@ -67,10 +83,13 @@ class MLMDataConfig:
     seq_len: int = 128  # tokens per packed row, [CLS], [SEP]s and padding included
     vocab_size: int = 8000  # SentencePiece pieces, the 5 special tokens included (an upper bound: small corpora
     # give fewer; the model's vocabulary follows the tokenizer)
-    tokenizer_path: str = ""  # an existing .model ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), e.g. made by
-    # `jaxpos tokenizer`; "" trains one (process 0; the others wait for it) and caches it as
-    # WORKDIR/spm_mlm.model (reused on resume). Local or a URL (gs://...)
-    tokenizer_model_type: str = "unigram"  # SentencePiece algorithm: unigram | bpe
+    tokenizer: str = "sentencepiece"  # the library that trains the vocabulary: sentencepiece (WORKDIR/spm_mlm.model)
+    # | tokenizers (Hugging Face's: WORKDIR/spm_mlm.tokenizer.json, what transformers' fast tokenizers read)
+    tokenizer_path: str = ""  # an existing .model or tokenizer.json ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4),
+    # e.g. made by `jaxpos tokenizer`; "" trains one (process 0; the others wait for it) and caches it in the
+    # workdir (reused on resume; its settings in WORKDIR/spm_mlm.json). Local or a URL (gs://...)
+    tokenizer_model_type: str = ""  # the algorithm; "" = the library's first: sentencepiece: unigram | bpe;
+    # tokenizers: bpe (byte-level, as RoBERTa and ModernBERT) | wordpiece (BERT's)
     tokenizer_max_sentences: int = 300_000  # train the tokenizer on at most this many sampled sentences
     # (streaming: the first max_sentences / shards training sentences of every shard)
     mask_prob: float = 0.15  # BERT: this share of the non-special tokens is predicted; of those 80% [MASK],
@@ -79,6 +98,7 @@ class MLMDataConfig:
 
     def __post_init__(self):
         check_source(self.source, MLM_SOURCES)
+        tokenizer_algorithm(self.tokenizer, self.tokenizer_model_type)
         check_number("data.mask_prob", self.mask_prob, 0.0, 1.0, open_low=True, open_high=False)
         check_number("data.eval_fraction", self.eval_fraction, 0.0, 1.0)
         for name, least in (("max_documents", 0), ("shuffle_window", 1), ("tokenizer_max_sentences", 1),
@@ -116,14 +136,17 @@ class TranslationDataConfig:
     eval_max_length: int = 256  # dev/test sources and targets are cut to this many tokens (no pair is dropped)
     vocab_size: int = 8000  # shared SentencePiece vocabulary of both languages, the 4 special tokens included
     # (flax wmt: 32000); an upper bound, a small corpus gives fewer
-    tokenizer_path: str = ""  # an existing .model ([PAD]=0 [UNK]=1 [BOS]=2 [EOS]=3); "" trains one on both
-    # sides of the training pairs, cached as WORKDIR/spm_translation.model
-    tokenizer_model_type: str = "unigram"  # SentencePiece algorithm: unigram | bpe
+    tokenizer: str = "sentencepiece"  # the library that trains the vocabulary: sentencepiece | tokenizers
+    tokenizer_path: str = ""  # an existing .model or tokenizer.json ([PAD]=0 [UNK]=1 [BOS]=2 [EOS]=3); "" trains
+    # one on both sides of the training pairs, cached as WORKDIR/spm_translation.model (.tokenizer.json)
+    tokenizer_model_type: str = ""  # "" = the library's first: sentencepiece: unigram | bpe; tokenizers:
+    # bpe | wordpiece
     tokenizer_max_sentences: int = 1_000_000  # train the tokenizer on at most this many sampled sentences
     seed: int = 0  # packing and batch order, and the tokenizer's sentence sample
 
     def __post_init__(self):
         check_source(self.source, TRANSLATION_SOURCES)
+        tokenizer_algorithm(self.tokenizer, self.tokenizer_model_type)
         for name, least in (("max_length", 2), ("eval_max_length", 2), ("max_pairs", 0),
                             ("tokenizer_max_sentences", 1), ("vocab_size", 5)):
             check_count(f"data.{name}", getattr(self, name), least)  # a side needs a token and EOS

@@ -15,6 +15,7 @@ import json
 import os
 from typing import Callable
 
+from jaxpos.data.tokenizer import SpecialIds
 from jaxpos.data.wordpiece import WordPiece, lower_case_setting, read_vocab
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")  # in the order they are tried
@@ -37,11 +38,25 @@ class FolderTokenizer:
     mask_id: int | None
     source: str  # the file it was read from
     kind: str  # "tokenizers" (tokenizer.json), "wordpiece" (vocab.txt) or "sentencepiece" (spiece.model)
-    encode_batch: Callable[[list[str]], list[list[int]]] | None = None
+    encode_batch: Callable[[list[str]], list[list[int]]]
+    added_special: tuple[int, ...] = ()  # tokenizer.json's special added tokens (<unk>, <bos>, ... as well)
 
     @property
     def vocab_size(self) -> int:
         return len(self.vocabulary)
+
+    def special_ids(self) -> SpecialIds:
+        """[CLS], [SEP] and [MASK], and every special id (those three, [PAD], [UNK] and tokenizer.json's special
+        added tokens) as reserved: what masking the folder's text needs. A ValueError when one of the three is
+        missing."""
+        missing = [USUAL_NAMES[role][0] for role in ("cls", "sep", "mask") if getattr(self, f"{role}_id") is None]
+        if missing:
+            raise ValueError(f"{self.source} has no {', '.join(missing)} token: its text cannot be masked and framed "
+                             "as a masked-LM reads it")
+        unknown = [i for i, piece in enumerate(self.vocabulary) if piece in ("[UNK]", "<unk>")]
+        reserved = {self.cls_id, self.sep_id, self.mask_id, *unknown, *self.added_special}
+        reserved |= {self.pad_id} if self.pad_id is not None else set()
+        return SpecialIds(self.cls_id, self.sep_id, self.mask_id, tuple(sorted(reserved)))
 
 
 def special_token_names(folder: str) -> dict[str, str]:
@@ -97,16 +112,18 @@ def _from_tokenizer_json(folder: str) -> FolderTokenizer:
     def encode_batch(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
+    added = tuple(sorted(i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special))
     return FolderTokenizer(encode, vocabulary, ids["cls"], ids["sep"], ids["pad"], ids["mask"], path, "tokenizers",
-                           encode_batch)
+                           encode_batch, added)
 
 
 def _from_vocab_txt(folder: str, model_type: str) -> FolderTokenizer:
     path = os.path.join(folder, "vocab.txt")
     vocabulary = read_vocab(path)
     ids = _special_ids(folder, {piece: i for i, piece in enumerate(vocabulary)}, path)
-    return FolderTokenizer(WordPiece(vocabulary, lower_case_setting(folder, model_type)), vocabulary, ids["cls"],
-                           ids["sep"], ids["pad"], ids["mask"], path, "wordpiece")
+    encode = WordPiece(vocabulary, lower_case_setting(folder, model_type))
+    return FolderTokenizer(encode, vocabulary, ids["cls"], ids["sep"], ids["pad"], ids["mask"], path, "wordpiece",
+                           lambda texts: [encode(t) for t in texts])
 
 
 def _from_spiece(folder: str, model_type: str) -> FolderTokenizer:
@@ -119,7 +136,7 @@ def _from_spiece(folder: str, model_type: str) -> FolderTokenizer:
     lower = lower_case_setting(folder, model_type)
     encode = (lambda text: processor.encode(text.lower())) if lower else processor.encode
     return FolderTokenizer(encode, vocabulary, ids["cls"], ids["sep"], ids["pad"], ids["mask"], path,
-                           "sentencepiece")
+                           "sentencepiece", lambda texts: [encode(t) for t in texts])
 
 
 def folder_tokenizer(folder: str, model_type: str = "bert") -> FolderTokenizer | None:

@@ -195,8 +195,8 @@ def hash_uniform(*words) -> np.ndarray:
 
 
 def mask_batch(targets: np.ndarray, example_ids: np.ndarray, key: Sequence[int], *, vocab_size: int,
-               mask_prob: float = 0.15, num_special: int = NUM_MLM_SPECIAL,
-               mask_id: int = MASK_ID) -> tuple[np.ndarray, np.ndarray]:
+               mask_prob: float = 0.15, num_special: int = NUM_MLM_SPECIAL, mask_id: int = MASK_ID,
+               reserved: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """BERT masking. targets [B, T] int, example_ids [B] -> (input_ids [B, T] int32, mask_weights [B, T] f32).
 
     Row b's masking is a pure function of (key, example_ids[b]) (e.g. key = (seed, stream, epoch)), not of the
@@ -204,18 +204,24 @@ def mask_batch(targets: np.ndarray, example_ids: np.ndarray, key: Sequence[int],
     [MASK]) exactly max(1, round(mask_prob·n)) are chosen, as in BERT's data code (so a row never needs more
     than ceil(mask_prob·T) predictions). Each chosen token becomes [MASK] with probability 0.8, a uniformly
     random non-special token with probability 0.1, and stays itself otherwise; mask_weights is 1.0 there.
+    `reserved`: the special ids of a vocabulary that keeps them elsewhere than 0..num_special-1 (a Hugging Face
+    one); the same draws choose among the other ids (`range(num_special)` gives exactly the default's result).
     """
     targets = np.asarray(targets)
     rows = np.asarray(example_ids, np.int64)[:, None]
     positions = np.arange(targets.shape[1])[None, :]
     u_choose, u_action, u_token = (hash_uniform(*key, rows, positions, draw) for draw in range(3))
-    candidates = targets >= num_special
+    candidates = targets >= num_special if reserved is None else ~np.isin(targets, np.asarray(reserved))
     num_candidates = candidates.sum(axis=1)
     count = np.where(num_candidates > 0,
                      np.minimum(num_candidates, np.maximum(1, np.floor(mask_prob * num_candidates + 0.5))), 0)
     rank = np.argsort(np.argsort(np.where(candidates, u_choose, 2.0), axis=1), axis=1)  # others rank last
     chosen = rank < count[:, None]
-    random_ids = num_special + np.floor(u_token * (vocab_size - num_special)).astype(np.int64)
+    if reserved is None:
+        random_ids = num_special + np.floor(u_token * (vocab_size - num_special)).astype(np.int64)
+    else:  # the same draw, among the ids left once the reserved are out, in order
+        ordinary = np.setdiff1d(np.arange(vocab_size), np.asarray(reserved))
+        random_ids = ordinary[np.floor(u_token * len(ordinary)).astype(np.int64)]
     input_ids = np.where(chosen & (u_action < 0.8), mask_id, targets)
     input_ids = np.where(chosen & (u_action >= 0.8) & (u_action < 0.9), random_ids, input_ids)
     return input_ids.astype(np.int32), chosen.astype(np.float32)

@@ -29,15 +29,15 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from jaxpos.config.rng import MLM_EVAL_MASKS, MLM_LENGTH_MASKS, MLM_ROW_ORDER, MLM_TRAIN_MASKS
-from jaxpos.config.run import MLMDataConfig
+from jaxpos.config.run import MLMDataConfig, tokenizer_algorithm
 from jaxpos.data.corpus import DataStats, load_documents
 from jaxpos.data.order import ShuffledBatches, padded_batches
 from jaxpos.data.mlm import (PackedExamples, encode_documents, mask_batch, masked_rows, mlm_batch, pack_documents,
                              split_sentences, unigram_entropy)
 from jaxpos.data.stream import (ShardReader, StreamingMLMIterator, held_out_examples, host_process, list_shards,
                                 process_shards)
-from jaxpos.data.tokenizer import (CLS_ID, MLM_SPECIAL_TOKENS, SEP_ID, Tokenizer, load_or_train_tokenizer,
-                                   tokenizer_settings, train_tokenizer_file)
+from jaxpos.data.tokenizer import (MLM_SPECIAL_TOKENS, SpecialIds, Tokenizer, load_or_train_tokenizer,
+                                   tokenizer_prefix, tokenizer_settings, train_tokenizer_file)
 
 
 def build_examples(documents: list[str], tokenizer: Tokenizer, seq_len: int, stats: DataStats,
@@ -129,9 +129,9 @@ def tokenizer_training_sentences(config) -> Iterator[str]:
 def _tokenizer(config, workdir: str, sentences: Iterable[str], process_index, process_count):
     return load_or_train_tokenizer(
         workdir, sentences, config.vocab_size, model_path=config.tokenizer_path or None,
-        special_tokens=MLM_SPECIAL_TOKENS, model_type=config.tokenizer_model_type,
-        max_sentences=config.tokenizer_max_sentences, seed=config.seed, process_index=process_index,
-        process_count=process_count)
+        special_tokens=MLM_SPECIAL_TOKENS, model_type=tokenizer_algorithm(config.tokenizer, config.tokenizer_model_type),
+        max_sentences=config.tokenizer_max_sentences, seed=config.seed, library=config.tokenizer,
+        process_index=process_index, process_count=process_count)
 
 
 def _empty_held_out(config, training: str) -> ValueError:
@@ -203,37 +203,40 @@ def _cut(values: np.ndarray, length: int, first, last) -> np.ndarray:
     return np.concatenate([np.full((count, 1), first, body.dtype), body, np.full((count, 1), last, body.dtype)], 1)
 
 
-def contiguous_rows(stream: np.ndarray, length: int) -> PackedExamples:
+def contiguous_rows(stream: np.ndarray, length: int, specials: SpecialIds = SpecialIds()) -> PackedExamples:
     """Rows of `length` tokens in which the whole row is one span of text, for evaluating a model at a length
     other than its training length: `stream` (`held_out_stream`) cut into non-overlapping spans of length - 2
     tokens, each row [CLS] span [SEP] as a single piece (no padding, nothing attends only within a packed
-    sentence); the tail too short for a row is dropped. Returns PackedExamples [N, length]; raises ValueError when
-    not one row fits."""
+    sentence); the tail too short for a row is dropped ([CLS] and [SEP]: `specials`'). Returns PackedExamples
+    [N, length]; raises ValueError when not one row fits."""
     if length < 3:
         raise ValueError(f"length {length}: a row needs room for [CLS], one token and [SEP]")
     if len(stream) < length - 2:
         raise ValueError(f"the held-out text has {len(stream)} tokens: not one row of {length}")
-    tokens = _cut(np.asarray(stream, np.int32), length, CLS_ID, SEP_ID)
+    tokens = _cut(np.asarray(stream, np.int32), length, specials.cls, specials.sep)
     return PackedExamples(tokens, np.ones_like(tokens))
 
 
-def masked_stream(stream: np.ndarray, seed: int, vocab_size: int, mask_prob: float) -> tuple[np.ndarray, np.ndarray]:
+def masked_stream(stream: np.ndarray, seed: int, vocab_size: int, mask_prob: float,
+                  specials: SpecialIds = SpecialIds()) -> tuple[np.ndarray, np.ndarray]:
     """BERT masking of the held-out `stream` [N] as one sequence (`mask_batch`: round(mask_prob·n) of its n
     candidate tokens), a function of (seed, token position): (input_ids [N] int32, mask_weights [N] float32).
     Cut at any length (`contiguous_batches`), the rows predict the same tokens under the same corruption, so losses
-    at two lengths differ by the context alone."""
+    at two lengths differ by the context alone. `specials`: the vocabulary's mask token and reserved ids."""
+    reserved = None if specials == SpecialIds() else specials.reserved
     input_ids, weights = mask_batch(np.asarray(stream)[None], np.zeros(1, np.int64), (seed, MLM_LENGTH_MASKS, 0),
-                                    vocab_size=vocab_size, mask_prob=mask_prob)
+                                    vocab_size=vocab_size, mask_prob=mask_prob, mask_id=specials.mask,
+                                    reserved=reserved)
     return input_ids[0], weights[0]
 
 
 def contiguous_batches(stream: np.ndarray, input_ids: np.ndarray, mask_weights: np.ndarray, length: int,
-                       batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+                       batch_size: int, specials: SpecialIds = SpecialIds()) -> Iterator[dict[str, np.ndarray]]:
     """The rows of `contiguous_rows(stream, length)` with the stream's own masking (`masked_stream`: input_ids,
     mask_weights [N]), in batches as `eval_batches` yields them (all [batch_size, length]; the last filled up with
     row 0, which scores nothing)."""
-    rows = contiguous_rows(stream, length)
-    inputs = _cut(np.asarray(input_ids, np.int32), length, CLS_ID, SEP_ID)
+    rows = contiguous_rows(stream, length, specials)
+    inputs = _cut(np.asarray(input_ids, np.int32), length, specials.cls, specials.sep)
     weights = _cut(np.asarray(mask_weights, np.float32), length, 0.0, 0.0)
     for index, real in padded_batches(len(rows), batch_size):
         yield mlm_batch(inputs[index], rows.tokens[index], weights[index] * real[:, None], rows.piece_ids[index])
@@ -250,7 +253,7 @@ def _build_streaming(config, batch_size: int, workdir: str, process_index, proce
     # What the stream position depends on besides the shards: a changed setting or vocabulary is refused on resume.
     reading = {k: getattr(config, k) for k in ("source", "doc_separator", "newline_ends_sentence", "eval_fraction",
                                       "tfds_name", "tfds_eval_split", "text_field", "mask_prob")}
-    fingerprint = zlib.crc32(tokenizer.processor.serialized_model_proto(),
+    fingerprint = zlib.crc32(tokenizer.model_bytes(),
                              zlib.crc32(json.dumps(reading, sort_keys=True).encode()))
     iterator = StreamingMLMIterator(
         shards, ShardReader(config, tokenizer, stats), config.seq_len, batch_size, vocab_size=tokenizer.vocab_size,
@@ -264,9 +267,10 @@ def _build_streaming(config, batch_size: int, workdir: str, process_index, proce
 
 def train_tokenizer(config, out: str) -> Tokenizer:
     """`jaxpos tokenizer`: trains the tokenizer that a run with data config `config` would train (same sentences,
-    settings and model) and writes OUT.model, OUT.vocab and OUT.json (`out` may end in .model; local or URL)."""
-    prefix = out[:-len(".model")] if out.endswith(".model") else out
-    sample, settings = tokenizer_settings(tokenizer_training_sentences(config), config.vocab_size,
-                                          special_tokens=MLM_SPECIAL_TOKENS, model_type=config.tokenizer_model_type,
-                                          max_sentences=config.tokenizer_max_sentences, seed=config.seed)
-    return train_tokenizer_file(sample, settings, prefix)
+    settings and model) and writes OUT.model and OUT.vocab (data.tokenizer=tokenizers: OUT.tokenizer.json), then
+    OUT.json (`out` may end in the model's suffix; local or URL)."""
+    sample, settings = tokenizer_settings(
+        tokenizer_training_sentences(config), config.vocab_size, special_tokens=MLM_SPECIAL_TOKENS,
+        model_type=tokenizer_algorithm(config.tokenizer, config.tokenizer_model_type),
+        max_sentences=config.tokenizer_max_sentences, seed=config.seed, library=config.tokenizer)
+    return train_tokenizer_file(sample, settings, tokenizer_prefix(out))

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from jaxpos.config.rng import TRANSLATION_PACKING, TRANSLATION_ROW_ORDER
-from jaxpos.config.run import TranslationDataConfig
+from jaxpos.config.run import TranslationDataConfig, tokenizer_algorithm
 from jaxpos.data.order import ShuffledBatches, padded_batches
 from jaxpos.data.parallel import SPLITS, ParallelText, TranslationStats, load_parallel
 from jaxpos.data.tokenizer import RUN_TOKENIZER_NAMES, TRANSLATION_SPECIAL_TOKENS, Tokenizer, load_or_train_tokenizer
@@ -232,7 +232,8 @@ def build_translation_data(config: TranslationDataConfig, batch_size: int, workd
     tokenizer, trained = load_or_train_tokenizer(
         workdir, sentences, config.vocab_size, model_path=config.tokenizer_path or None,
         name=RUN_TOKENIZER_NAMES["translation"], special_tokens=TRANSLATION_SPECIAL_TOKENS,
-        model_type=config.tokenizer_model_type, max_sentences=config.tokenizer_max_sentences, seed=config.seed)
+        model_type=tokenizer_algorithm(config.tokenizer, config.tokenizer_model_type),
+        max_sentences=config.tokenizer_max_sentences, seed=config.seed, library=config.tokenizer)
     sources, targets = encode_pairs(train, tokenizer, config.max_length, stats["train"])
     if not sources:
         raise ValueError(f"every training pair has a side longer than data.max_length={config.max_length} tokens")

@@ -12,19 +12,28 @@ Each length's entry also holds the loss by position within the row (`by_position
 their column in buckets of a quarter of the training length, [0, w), [w, 2w), ..., so that bucket k holds the same
 columns at every length and the buckets past the training length show where degradation starts (the ALiBi, KERPLE
 and FIRE papers' view of length generalisation).
+
+A local Hugging Face masked-LM folder is scored the same way (`folder_model`): on the held-out text of jaxpos's
+default masked-LM data, in the folder's own tokens and special ids.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import dataclasses
+import os
+from typing import Any, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpos.checkpoints.huggingface import bert_mlm_params, config_from_hf, load_hf_checkpoint
+from jaxpos.config import ModelConfig
+from jaxpos.config.run import MLMDataConfig
 from jaxpos.positions import mechanism
+from jaxpos.data.hf_tokenizer import require_folder_tokenizer
 from jaxpos.data.pipeline import contiguous_batches, contiguous_row_count, held_out_stream, masked_stream
-from jaxpos.data.tokenizer import Tokenizer
+from jaxpos.data.tokenizer import SpecialIds, Tokenizer
 from jaxpos.positions.base import LengthError
 from jaxpos.run import Run
 from jaxpos.evaluation.passkey import model_predictor, passkey_by_depth
@@ -76,9 +85,8 @@ def masked_lm_metrics(task: MaskedLMTask, params, batches: Iterable[dict], width
     return dict(summary, predicted=int(total["weight"].sum()), by_position=by_position)
 
 
-def cannot_run(run: Run, length: int) -> str | None:
-    """Why `run`'s mechanism cannot run at `length` (one line), or None."""
-    cfg = run.model_config
+def cannot_run(cfg: ModelConfig, length: int) -> str | None:
+    """Why a model of `cfg` cannot run at `length` (one line), or None."""
     kind = cfg.position.kind
     randomized = cfg.position.randomized_max_length
     if randomized and length > randomized:  # its positions are drawn from [0, N): no sample of more
@@ -89,43 +97,73 @@ def cannot_run(run: Run, length: int) -> str | None:
 
 
 def length_batches(stream: np.ndarray, lengths: Sequence[int], tokenizer: Tokenizer, seed: int, mask_prob: float,
-                   batch_size: int = 8) -> dict[int, list[dict]]:
+                   batch_size: int = 8, specials: SpecialIds = SpecialIds()) -> dict[int, list[dict]]:
     """{length: its batches of the held-out `stream` [N]}: every length's rows predict the same tokens (the stream
     masked once, `masked_stream`; tokens past the part of the stream that rows of every length cover score nothing).
     Raises ValueError when not one row of the longest length fits."""
-    input_ids, weights = masked_stream(stream, seed, tokenizer.vocab_size, mask_prob)
+    input_ids, weights = masked_stream(stream, seed, tokenizer.vocab_size, mask_prob, specials)
     covered = min(contiguous_row_count(len(stream), n) * (n - 2) for n in lengths)
     weights = np.where(np.arange(len(stream)) < covered, weights, 0.0)
-    return {n: list(contiguous_batches(stream, input_ids, weights, n, batch_size)) for n in lengths}
+    return {n: list(contiguous_batches(stream, input_ids, weights, n, batch_size, specials)) for n in lengths}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredModel:
+    """A masked-LM model as `score_lengths` reads it: its config and whole `BertForMaskedLM` parameter tree, its
+    tokenizer (encode, encode_batch, vocab_size) and special ids, the data block whose held-out text it is scored
+    on (source, seed, masking rate), the length it trained at (the 1x of the loss by position), and its step."""
+
+    cfg: ModelConfig
+    params: Any
+    tokenizer: Any
+    specials: SpecialIds
+    data: MLMDataConfig
+    train_length: int
+    step: int | None = None
+
+
+def check_lengths(lengths: Sequence[int]) -> None:
+    """A one-line ValueError unless every length holds [CLS], a token and [SEP]."""
+    if not lengths or any(n < 3 for n in lengths):
+        raise ValueError(f"--lengths {','.join(map(str, lengths))}: give lengths of at least 3 tokens")
 
 
 def evaluate_lengths(run: Run, lengths: Sequence[int], batch_size: int = 8, max_tokens: int = 0,
                      step: int | None = None) -> dict:
-    """The held-out masked-LM loss and accuracy of RUN (checkpoint `step`, default the newest) at each length:
-    {"step", "train_length", "bucket_width", "lengths": [{"length", "rows", "predicted", "loss", "accuracy",
-    "by_position", "passkey"} or {"length", "skipped": why}]}, `by_position` the loss by column bucket
-    (`masked_lm_metrics`), `passkey` the passkey probe by depth (`jaxpos.evaluation.passkey`). `max_tokens`: the first that many tokens of the held-out stream at every length (0 = all)."""
+    """The held-out masked-LM loss and accuracy of RUN (checkpoint `step`, default the newest) at each length,
+    on its own held-out text: `score_lengths`."""
     if run.task != "mlm":
         raise ValueError(f"{run.workdir} is a {run.task} run; lengths are evaluated for masked-LM runs")
-    bad = [n for n in lengths if n < 3]
-    if bad or not lengths:
-        raise ValueError(f"--lengths {','.join(map(str, lengths))}: give lengths of at least 3 tokens")
+    check_lengths(lengths)
     tokenizer = run.tokenizer()
     step, params = run.params(step)
-    data = run.config.data
+    model = ScoredModel(run.model_config, params, tokenizer, SpecialIds(), run.config.data, run.config.data.seq_len,
+                        step)
+    return score_lengths(model, lengths, batch_size, max_tokens)
+
+
+def score_lengths(model: ScoredModel, lengths: Sequence[int], batch_size: int = 8, max_tokens: int = 0) -> dict:
+    """{"step", "train_length", "bucket_width", "lengths": [{"length", "rows", "predicted", "loss", "accuracy",
+    "by_position", "passkey"} or {"length", "skipped": why}]} of `model` on the held-out text of its data block,
+    `by_position` the loss by column bucket (`masked_lm_metrics`), `passkey` the passkey probe by depth
+    (`jaxpos.evaluation.passkey`). `max_tokens`: the first that many tokens of the held-out stream at every length
+    (0 = all)."""
+    check_lengths(lengths)
+    data, specials, tokenizer = model.data, model.specials, model.tokenizer
     stream = held_out_stream(data, tokenizer, max_tokens)  # read and tokenized once for every length
-    batches = length_batches(stream, lengths, tokenizer, data.seed, data.mask_prob, batch_size)
-    predict = model_predictor(BertForMaskedLM(run.model_config), params)
+    batches = length_batches(stream, lengths, tokenizer, data.seed, data.mask_prob, batch_size, specials)
+    predict = model_predictor(BertForMaskedLM(model.cfg), model.params)
+    width = bucket_width(model.train_length)
     entries = []
     for length in lengths:
-        reason = cannot_run(run, length)
+        reason = cannot_run(model.cfg, length)
         if reason is None:
             # The head at the masked positions only (the most a row holds): the same sums as everywhere.
             most = max(int(batch["mask_weights"].sum(1).max()) for batch in batches[length])
-            task = MaskedLMTask.of(run.config, model=run.model_config, seq_len=length, max_predictions=max(1, most))
+            task = MaskedLMTask(BertForMaskedLM(model.cfg), length, max(1, most))
             try:
-                metrics = masked_lm_metrics(task, params, batches[length], bucket_width(data.seq_len))
-                passkey = passkey_by_depth(predict, stream, tokenizer, length, seed=data.seed)
+                metrics = masked_lm_metrics(task, model.params, batches[length], width)
+                passkey = passkey_by_depth(predict, stream, tokenizer, length, seed=data.seed, specials=specials)
             except LengthError as err:  # a limit the registry does not name: its own first clause
                 reason = str(err).split(";")[0]
             else:
@@ -134,4 +172,29 @@ def evaluate_lengths(run: Run, lengths: Sequence[int], batch_size: int = 8, max_
                                     by_position=metrics["by_position"], passkey=passkey))
                 continue
         entries.append(dict(length=length, skipped=reason))
-    return dict(step=step, train_length=data.seq_len, bucket_width=bucket_width(data.seq_len), lengths=entries)
+    return dict(step=model.step, train_length=model.train_length, bucket_width=width, lengths=entries)
+
+
+def folder_model(folder: str, train_length: int | None = None) -> ScoredModel:
+    """A local Hugging Face masked-LM folder (BERT, ALBERT, DeBERTa-v2 or ModernBERT: config.json, the weights of
+    its *ForMaskedLM, and tokenizer.json, vocab.txt or spiece.model) as `score_lengths` reads it, scored on the
+    held-out text of jaxpos's default masked-LM data (`MLMDataConfig()`: the embedded corpus, no download) in the
+    folder's own tokens. `train_length`: the 1x of the loss by position (default: the model's max_position_embeddings,
+    the context it declares). One-line errors for a folder without a tokenizer, a [MASK], or a masked-LM head."""
+    hf, state = load_hf_checkpoint(folder)
+    where = os.path.join(folder, "config.json")
+    try:
+        cfg = config_from_hf(hf)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{where}: {err if not isinstance(err, KeyError) else f'missing field {err}'}") from None
+    tokenizer = require_folder_tokenizer(folder, hf.get("model_type", "bert"))
+    specials = tokenizer.special_ids()
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(f"{tokenizer.source} has {tokenizer.vocab_size} entries but {where} says "
+                         f"vocab_size={cfg.vocab_size}")
+    try:
+        params = bert_mlm_params(state, cfg)
+    except KeyError as err:
+        raise ValueError(f"{folder} has no masked-LM head to score ({err.args[0]}): save a *ForMaskedLM model")\
+            from None
+    return ScoredModel(cfg, params, tokenizer, specials, MLMDataConfig(), train_length or cfg.max_length)

@@ -4,7 +4,7 @@ depth of filler text and asked for again at the row's end with its digits masked
 A row of n tokens is `[CLS] filler[:m] K filler[m:] Q [SEP]`, the filler consecutive held-out text (a window of its
 own per example), K = "the pass key is d1 ... dD ." and Q the same sentence with the D digits masked; the depth δ
 places K after m = round(δ · filler length) tokens. The digits are tokens of the run's own vocabulary: each digit's
-last SentencePiece piece ("▁4" or "4"), written into the rows as ids, so the key is the same D tokens in K and at
+last piece ("▁4" or "4"), written into the rows as ids, so the key is the same D tokens in K and at
 the masked positions of Q whatever the tokenizer makes of digits in running text. The model's answer at each
 masked position is its most probable digit token; a key counts as retrieved when all D digits are right.
 A uniform guess among the K candidate digits retrieves a key with probability (1/K)^D and a digit with 1/K: the
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.data.tokenizer import CLS_ID, MASK_ID, NUM_MLM_SPECIAL, SEP_ID, Tokenizer
+from jaxpos.data.tokenizer import SpecialIds, Tokenizer
 
 DIGITS = 5  # the key's length in digits
 DEPTHS = (0.1, 0.5, 0.9)  # where the key sits in the filler
@@ -39,25 +39,25 @@ class PasskeyRows:
     candidates: np.ndarray
 
 
-def digit_candidates(tokenizer: Tokenizer) -> np.ndarray:
-    """The token id of each digit 0-9 (its encoding's last piece), the distinct ordinary ones -> [K] (K may be
+def digit_candidates(tokenizer: Tokenizer, specials: SpecialIds = SpecialIds()) -> np.ndarray:
+    """The token id of each digit 0-9 (its encoding's last piece), the distinct ones not reserved -> [K] (K may be
     below 2: a vocabulary without digits, where no key can be hidden)."""
     ids = []
     for digit in "0123456789":
         pieces = tokenizer.encode(digit)
-        if pieces and pieces[-1] >= NUM_MLM_SPECIAL and pieces[-1] not in ids:
+        if pieces and pieces[-1] not in specials.reserved and pieces[-1] not in ids:
             ids.append(pieces[-1])
     return np.asarray(ids, np.int32)
 
 
 def passkey_rows(stream: np.ndarray, tokenizer: Tokenizer, length: int, depth: float, examples: int = EXAMPLES,
-                 seed: int = 0, digits: int = DIGITS) -> PasskeyRows | str:
+                 seed: int = 0, digits: int = DIGITS, specials: SpecialIds = SpecialIds()) -> PasskeyRows | str:
     """`examples` rows of `length` tokens with a key at `depth` (module docstring), the filler from the held-out
     `stream` [N] (each example's own window, read cyclically where the stream is short); or why rows of `length`
-    cannot hold a key (one line)."""
+    cannot hold a key (one line). `specials`: the vocabulary's [CLS], [SEP] and [MASK]."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"passkey depth {depth} is not in [0, 1]")
-    candidates = digit_candidates(tokenizer)
+    candidates = digit_candidates(tokenizer, specials)
     if len(candidates) < 2:
         return "the vocabulary gives fewer than two digits a piece of their own: no key to hide"
     intro, outro = tokenizer.encode(INTRO), tokenizer.encode(OUTRO)
@@ -73,8 +73,8 @@ def passkey_rows(stream: np.ndarray, tokenizer: Tokenizer, length: int, depth: f
     rows, columns = [], []
     for example in range(examples):
         text = np.resize(np.roll(stream, -example * filler), filler)  # the example's own window of the stream
-        asked = [*intro, *[MASK_ID] * digits, *outro]
-        row = [CLS_ID, *text[:at], *intro, *keys[example], *outro, *text[at:], *asked, SEP_ID]
+        asked = [*intro, *[specials.mask] * digits, *outro]
+        row = [specials.cls, *text[:at], *intro, *keys[example], *outro, *text[at:], *asked, specials.sep]
         start = len(row) - 1 - len(asked) + len(intro)
         rows.append(row)
         columns.append(np.arange(start, start + digits))
@@ -105,11 +105,12 @@ def model_predictor(model, params) -> Callable[[np.ndarray, np.ndarray], np.ndar
 
 
 def passkey_by_depth(predict, stream: np.ndarray, tokenizer: Tokenizer, length: int,
-                     depths: Sequence[float] = DEPTHS, examples: int = EXAMPLES, seed: int = 0) -> dict:
+                     depths: Sequence[float] = DEPTHS, examples: int = EXAMPLES, seed: int = 0,
+                     specials: SpecialIds = SpecialIds()) -> dict:
     """{"depths": {str(depth): passkey_accuracy's dict}} at `length`, or {"skipped": why}."""
     found = {}
     for depth in depths:
-        rows = passkey_rows(stream, tokenizer, length, depth, examples, seed)
+        rows = passkey_rows(stream, tokenizer, length, depth, examples, seed, specials=specials)
         if isinstance(rows, str):
             return dict(skipped=rows)
         found[f"{depth:g}"] = passkey_accuracy(predict, rows)

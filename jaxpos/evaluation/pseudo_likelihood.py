@@ -109,7 +109,7 @@ def minimal_pair_preference(run: Run, pairs: Sequence[tuple[str, str]], *, batch
     step, params = run.params(step)
     model = BertForMaskedLM(run.model_config)
     encoded = [(tokenizer.encode(first), tokenizer.encode(second)) for first, second in pairs]
-    kept = [pair for pair in encoded if cannot_run(run, max(map(len, pair)) + 2) is None]
+    kept = [pair for pair in encoded if cannot_run(run.model_config, max(map(len, pair)) + 2) is None]
     if not kept:
         raise NothingToScore(f"{run.workdir}: none of the {len(pairs)} minimal pairs fits its "
                              f"{model.cfg.max_length} learned positions")

@@ -514,13 +514,18 @@ def group_log(out: str, mechanism: str) -> str:
     return os.path.join(out, "runs", f"{mechanism}.pretraining.log")
 
 
-def pretraining_finished(out: str, name: str, steps: int) -> bool:
-    """Whether run NAME has pretrained all `steps` (its report.json, written when the loop ends, says so)."""
-    path = os.path.join(pretrain_dir(out, name), "report.json")
+def trained_to(workdir: str) -> int | None:
+    """The step a training workdir's report.json (written when its loop ends) records; None without one."""
+    path = os.path.join(workdir, "report.json")
     if not os.path.isfile(path):
-        return False
+        return None
     with open(path) as f:
-        return json.load(f).get("step") == steps
+        return json.load(f).get("step")
+
+
+def pretraining_finished(out: str, name: str, steps: int) -> bool:
+    """Whether run NAME has pretrained all `steps` (its report.json says so)."""
+    return trained_to(pretrain_dir(out, name)) == steps
 
 
 def read_result(out: str, name: str) -> dict | None:

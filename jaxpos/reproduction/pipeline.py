@@ -46,8 +46,8 @@ from jaxpos.progress import status
 from jaxpos.reproduction import host
 from jaxpos.reproduction.matrix import (FAILED_FILE, LOG_FILE, RESULT_FILE, extension_config, finetune_config,
                                       group_log, load_plan, mark_failed, pretrain_config, pretrain_dir,
-                                      pretraining_finished,
-                                      pretraining_groups, profile_of, require_plan, run_dir)
+                                      pretraining_finished, pretraining_groups, profile_of, require_plan, run_dir,
+                                      trained_to)
 from jaxpos.run import Run
 from jaxpos.training.interrupt import RunStopped
 from jaxpos.training.loop import SeedRun, Trainer
@@ -238,15 +238,8 @@ def execute_run(out: str, name: str) -> dict:
         yield
         timing[key] = round(time.perf_counter() - start, 3)
 
-    config = pretrain_config(plan, mechanism, seed)
-    if not pretraining_finished(out, name, profile.steps):  # else done (with its mechanism's seeds, or before)
-        start = time.perf_counter()
-        train_mlm(config, pretrained)
-        record_pretraining(out, [name], time.perf_counter() - start)
+    pretrain = pretrained_report(out, name, pretrain_config(plan, mechanism, seed), profile.steps)
     timing.update(pretraining_record(out, name))
-    with open(os.path.join(pretrained, "report.json")) as f:
-        pretrain = json.load(f)
-    _check_finished("pretraining", pretrain["step"], profile.steps, pretrained)
     with timed("curve_s"):
         curve = learning_curve(pretrained, profile.curve_steps())
     recipe = Run.open(pretrained, "mlm").config  # the typed blocks the run trained with
@@ -270,35 +263,12 @@ def execute_run(out: str, name: str) -> dict:
     with on_host_cpu():
         result["positional_attention"] = positional_attention(model.cfg, model.params, seq_len)
         with timed("sinks_s"):  # where attention sinks, every run: the report compares the variants on it
-            found = measure_sinks(model, corpus_sentences(model, analysis_texts(None), SINK_SENTENCES))
-            result["sinks"] = dict(sentences=found["sentences"], tokens=found["tokens"],
-                                   mean={k: v if math.isfinite(v) else None for k, v in found["mean"].items()})
+            result["sinks"] = sinks_record(model)
     if "lengths" in stages:
-        lengths = [seq_len * f for f in profile.length_factors]
         with timed("lengths_s"):
-            result["lengths"] = evaluate_lengths(Run.open(pretrained, "mlm"), lengths, LENGTH_BATCH,
-                                                 profile.length_tokens)["lengths"]
-            rules = profile.variants.get(mechanism, {}).get("eval", {})
-            result["lengths_by_rule"] = {rule: evaluate_lengths(evaluation_run(Run.open(pretrained, "mlm"), overrides),
-                                                                lengths, LENGTH_BATCH, profile.length_tokens)["lengths"]
-                                         for rule, overrides in rules.items()}  # the same weights, rules at evaluation
-
+            result.update(lengths_stage(pretrained, seq_len, profile, mechanism))
     if "finetune" in stages:
-        ft_config = finetune_config(plan, seed)
-        ft_data, ft_train = typed(FinetuneDataConfig, ft_config.data, "data"), typed(TrainConfig, ft_config.train,
-                                                                                       "train")
-        ft_dir = os.path.join(folder, "paraphrase")
-        with timed("finetune_s"):
-            report = finetune(ft_config, pretrained, ft_dir, log=False)
-        _check_finished("fine-tuning", report["step"], ft_train.num_steps, ft_dir)
-        result["finetune"] = dict(task=report["task"], last=report["dev"]["dev"]["accuracy"],
-                                  best=report["best"]["dev"]["accuracy"], chance=report["chance"]["accuracy"],
-                                  steps=ft_train.num_steps, step_time_s=report["train"].get("step_time"))
-        if "probe" in stages:
-            examples = load_examples(ft_data, "test")[:profile.probe_examples]
-            with timed("probe_s"):
-                result["probe"] = paraphrase_probe(load_finetuned(ft_dir), examples, tuple(ft_data.offline_windows),
-                                                   ft_data.offline_min_distance, seed)
+        result.update(finetune_stage(plan, seed, pretrained, folder, "probe" in stages, profile, timed))
 
     if "order" in stages:
         with timed("order_s"):
@@ -310,6 +280,58 @@ def execute_run(out: str, name: str) -> dict:
     result["timing"] = timing
     write_json_atomically(os.path.join(folder, RESULT_FILE), result, indent=1, allow_nan=False)
     status(f"wrote {os.path.join(folder, RESULT_FILE)} ({timing['wall_s']:.0f} s)")
+    return result
+
+
+def pretrained_report(out: str, name: str, config, steps: int) -> dict:
+    """Run NAME's pretraining (`config`), trained now unless it has finished (with its mechanism's seeds, or before):
+    its report.json."""
+    pretrained = pretrain_dir(out, name)
+    if not pretraining_finished(out, name, steps):
+        start = time.perf_counter()
+        train_mlm(config, pretrained)
+        record_pretraining(out, [name], time.perf_counter() - start)
+    with open(os.path.join(pretrained, "report.json")) as f:
+        pretrain = json.load(f)
+    _check_finished("pretraining", pretrain["step"], steps, pretrained)
+    return pretrain
+
+
+def sinks_record(model) -> dict:
+    """Where `model` attention sinks, over SINK_SENTENCES of the analysis text: result.json's "sinks"."""
+    found = measure_sinks(model, corpus_sentences(model, analysis_texts(None), SINK_SENTENCES))
+    return dict(sentences=found["sentences"], tokens=found["tokens"],
+                mean={k: v if math.isfinite(v) else None for k, v in found["mean"].items()})
+
+
+def lengths_stage(pretrained: str, seq_len: int, profile, mechanism: str) -> dict:
+    """The `lengths` stage: {"lengths": the run scored at the profile's multiples of its training length,
+    "lengths_by_rule": {rule: the same weights under each of the mechanism's evaluation rules}}."""
+    lengths = [seq_len * f for f in profile.length_factors]
+    scored = evaluate_lengths(Run.open(pretrained, "mlm"), lengths, LENGTH_BATCH, profile.length_tokens)["lengths"]
+    rules = profile.variants.get(mechanism, {}).get("eval", {})
+    return dict(lengths=scored, lengths_by_rule={
+        rule: evaluate_lengths(evaluation_run(Run.open(pretrained, "mlm"), overrides), lengths, LENGTH_BATCH,
+                               profile.length_tokens)["lengths"] for rule, overrides in rules.items()})
+
+
+def finetune_stage(plan: dict, seed: int, pretrained: str, folder: str, probe: bool, profile, timed) -> dict:
+    """The `finetune` stage (and `probe`, the offline paraphrase probe of the fine-tuned model, where asked):
+    {"finetune": its last and best dev accuracy, chance, steps, step time; "probe": ...}."""
+    ft_config = finetune_config(plan, seed)
+    ft_data, ft_train = typed(FinetuneDataConfig, ft_config.data, "data"), typed(TrainConfig, ft_config.train, "train")
+    ft_dir = os.path.join(folder, "paraphrase")
+    with timed("finetune_s"):
+        report = finetune(ft_config, pretrained, ft_dir, log=False)
+    _check_finished("fine-tuning", report["step"], ft_train.num_steps, ft_dir)
+    result = dict(finetune=dict(task=report["task"], last=report["dev"]["dev"]["accuracy"],
+                                best=report["best"]["dev"]["accuracy"], chance=report["chance"]["accuracy"],
+                                steps=ft_train.num_steps, step_time_s=report["train"].get("step_time")))
+    if probe:
+        examples = load_examples(ft_data, "test")[:profile.probe_examples]
+        with timed("probe_s"):
+            result["probe"] = paraphrase_probe(load_finetuned(ft_dir), examples, tuple(ft_data.offline_windows),
+                                               ft_data.offline_min_distance, seed)
     return result
 
 
@@ -347,17 +369,12 @@ def order_task(plan: dict, seed: int, pretrained: str, folder: str) -> dict:
                 couples_left_out=report["couples_left_out"])
 
 
-def _report_step(path: str) -> int | None:
-    with open(path) as f:
-        return json.load(f).get("step")
-
-
 def extend_run(config, workdir: str) -> dict:
     """Continues pretraining as `config` says (an extension variant's: train.init_from, a longer data.seq_len) in
     WORKDIR, resuming there; {"seq_len", "steps", "eval_loss", "eval_accuracy"} of its end."""
     steps = int(config.train.num_steps)
     report_path = os.path.join(workdir, "report.json")
-    if not os.path.isfile(report_path) or _report_step(report_path) != steps:
+    if trained_to(workdir) != steps:
         train_mlm(config, workdir)
     with open(report_path) as f:
         report = json.load(f)

@@ -1,7 +1,7 @@
-"""`jaxpos evaluate --lengths`: masked-LM runs scored at several lengths (jaxpos.evaluation.lengths), each run's
-numbers in WORKDIR/lengths.json and every run's loss against length in one figure. A run may be scored under other
-values of its mechanism's options that change no parameter (RoPE's length rules: `evaluation_run`); its numbers
-and figure then go to files named by the rule."""
+"""`jaxpos evaluate --lengths`: masked-LM runs and Hugging Face masked-LM folders scored at several lengths
+(jaxpos.evaluation.lengths), each one's numbers in WORKDIR/lengths.json (a folder's: FOLDER/lengths.json) and every
+loss against length in one figure. A model may be scored under other values of its mechanism's options that change
+no parameter (RoPE's length rules: `evaluation_run`); its numbers and figure then go to files named by the rule."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from jaxpos.config import ModelConfig
 from jaxpos.config.checks import typed
 from jaxpos.config.files import apply_overrides, write_run_file
 from jaxpos.config.position import PositionConfig, config_dict
-from jaxpos.evaluation.lengths import evaluate_lengths
+from jaxpos.evaluation.lengths import ScoredModel, check_lengths, evaluate_lengths, folder_model, score_lengths
 from jaxpos.run import Run
 
 LENGTHS_FILE = "lengths.json"
@@ -72,33 +72,57 @@ def lengths_file(cfg: ModelConfig, overrides: Sequence[str], suffix: str = ".jso
 
 
 def length_generalisation(workdirs: Sequence[str], lengths: Sequence[int], figure: str | None = None,
-                          batch_size: int = 8, max_tokens: int = 0, overrides: Sequence[str] = ()
-                          ) -> dict[str, dict]:
-    """{run name: evaluate_lengths's dict} of each masked-LM run in WORKDIRS (its numbers written beside its
-    checkpoints, `lengths_file`), and the figure of every run's loss against length at `figure` (default: the first
-    run's WORKDIR/lengths.png). `overrides`: RoPE's length rule for every run (`rope_rule_run`); each result names
-    the positions it was scored with ("positions"; RoPE runs' whole block under "rope")."""
+                          batch_size: int = 8, max_tokens: int = 0, overrides: Sequence[str] = (),
+                          folders: Sequence[str] = (), train_length: int | None = None) -> dict[str, dict]:
+    """{name: score_lengths's dict} of each masked-LM run in WORKDIRS and each local Hugging Face masked-LM folder
+    in FOLDERS (its numbers written beside its checkpoints or weights, `lengths_file`), and the figure of every
+    model's loss against length at `figure` (default: the first one's folder/lengths.png). `overrides`: RoPE's
+    length rule for every model (`evaluated_position`); each result names the positions it was scored with
+    ("positions"; RoPE models' whole block under "rope"). `train_length`: the folders' (`folder_model`)."""
     from jaxpos.analysis.plots import plot_lengths  # lazy: matplotlib, for the figure only
 
-    runs = [evaluation_run(Run.open(workdir, "mlm"), overrides) for workdir in workdirs]  # refused before any work
+    check_lengths(lengths)
+    # every run and folder refused before any work; a run's weights are read when it is scored
+    subjects = [(w, evaluation_run(Run.open(w, "mlm"), overrides)) for w in workdirs]
+    if train_length is not None and (train_length < 3 or not folders):
+        raise ValueError(f"--train-length {train_length}: give a length of at least 3 tokens, with --hf")
+    subjects += [(f, evaluated_folder(f, overrides, train_length)) for f in folders]
+    if not subjects:
+        raise ValueError("--lengths needs a --workdir of a masked-LM run or an --hf folder")
     results = {}
-    for workdir, run in zip(workdirs, runs):
-        cfg = run.model_config
-        result = evaluate_lengths(run, lengths, batch_size, max_tokens)
+    for path, subject in subjects:
+        if isinstance(subject, Run):
+            cfg, name, location = subject.model_config, subject.name, subject.location
+            result = evaluate_lengths(subject, lengths, batch_size, max_tokens)
+        else:
+            cfg, name, location = subject.cfg, os.path.basename(os.path.normpath(path)), path
+            result = score_lengths(subject, lengths, batch_size, max_tokens)
         result["positions"] = positions_text(cfg)
         result[cfg.position.kind] = cfg.position.options.evaluation_record(cfg)
-        name = lengths_file(cfg, overrides)
-        write_run_file(workdir, name, json.dumps(result, indent=1))
-        key = run.name if run.name not in results else run.location
-        results[key] = dict(result, workdir=workdir, mechanism=cfg.position.kind, file=name)
+        file = lengths_file(cfg, overrides)
+        write_run_file(path, file, json.dumps(result, indent=1))
+        results[name if name not in results else location] = dict(result, workdir=path, mechanism=cfg.position.kind,
+                                                                  file=file)
+    first_path, first = subjects[0]
+    first_cfg = first.model_config if isinstance(first, Run) else first.cfg
     # named by the rule where one was given at evaluation, so that the run's own figure is kept
-    target = epath.Path(figure or epath.Path(workdirs[0]) / lengths_file(runs[0].model_config, overrides, ".png"))
+    target = epath.Path(figure or epath.Path(first_path) / lengths_file(first_cfg, overrides, ".png"))
     with tempfile.TemporaryDirectory() as scratch:  # matplotlib writes local files; epath copies them anywhere
         local = plot_lengths(results, os.path.join(scratch, "lengths.png"))
         target.write_bytes(epath.Path(local).read_bytes())
     for result in results.values():
         result["figure"] = os.fspath(target)
     return results
+
+
+def evaluated_folder(folder: str, overrides: Sequence[str], train_length: int | None = None) -> ScoredModel:
+    """A Hugging Face masked-LM folder ready to score (`folder_model`), with RoPE's length rule `overrides` where
+    given (`evaluated_position`)."""
+    model = folder_model(folder, train_length)
+    if not overrides:
+        return model
+    position = evaluated_position(model.cfg.position, overrides, f"{folder} is a")
+    return dataclasses.replace(model, cfg=dataclasses.replace(model.cfg, position=position))
 
 
 def lengths_table(results: dict[str, dict]) -> str:

@@ -53,6 +53,28 @@ def test_masking_depends_on_the_example_and_key_not_on_the_batch():
     assert not np.array_equal(next_epoch[1], alone[1])  # a fresh draw each epoch
 
 
+def test_masking_a_vocabulary_whose_special_ids_sit_elsewhere():
+    """A Hugging Face vocabulary (special tokens at the end, [MASK] among them): the reserved ids are never chosen
+    nor drawn as replacements, the mask token is its own, and reserving 0..4 gives the default's masking exactly."""
+    rng = np.random.default_rng(2)
+    targets = rng.integers(0, VOCAB, size=(500, 64))
+    reserved = (995, 996, 997, 998, 999, 3)
+    key = (0, 1, 0)
+    input_ids, weights = mask_batch(targets, np.arange(500), key, vocab_size=VOCAB, mask_id=999, reserved=reserved)
+    chosen = weights > 0
+    assert not chosen[np.isin(targets, reserved)].any()
+    n = (~np.isin(targets, reserved)).sum(1)
+    np.testing.assert_array_equal(chosen.sum(1), np.maximum(1, np.floor(0.15 * n + 0.5)))
+    replaced = chosen & (input_ids != 999) & (input_ids != targets)
+    assert replaced.sum() > 200 and not np.isin(input_ids[replaced], reserved).any()
+    assert binomial_ok((chosen & (input_ids == 999)).sum(), chosen.sum(), 0.8)
+    assert input_ids[replaced].min() < 10 and input_ids[replaced].max() > 990  # the whole rest of the range
+    default = mask_batch(targets, np.arange(500), key, vocab_size=VOCAB)
+    same = mask_batch(targets, np.arange(500), key, vocab_size=VOCAB, reserved=range(NUM_MLM_SPECIAL))
+    for a, b in zip(default, same):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_hash_uniform_is_uniform_and_pure():
     u = hash_uniform(3, 0, np.arange(1000)[:, None], np.arange(1000)[None, :])
     assert u.shape == (1000, 1000) and 0 <= u.min() and u.max() < 1

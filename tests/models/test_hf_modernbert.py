@@ -250,3 +250,88 @@ def test_analyze_refuses_a_folder_where_every_diagnostic_is_skipped(tmp_path):
     (folder / "vocab.txt").unlink()  # no tokenizer: nothing the chosen diagnostics could read
     assert main(["analyze", "--hf", str(folder), "--out", str(tmp_path / "out"), "--quick", "--only",
                  "rank,attribution"]) == 2
+
+
+def modernbert_tokenizer_json_folder(path, sentences):
+    """A random ModernBertForMaskedLM whose only tokenizer is a tokenizer.json that `tokenizers` trains (byte-level
+    BPE, as ModernBERT's) with the special tokens after the ordinary pieces, where ModernBERT keeps them."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tokenizer = tokenizers.Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(sentences, trainers.BpeTrainer(
+        vocab_size=400, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.add_special_tokens(["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"])
+    ids = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]")}
+    torch.manual_seed(0)
+    config = dict(MODERNBERT, vocab_size=tokenizer.get_vocab_size(), max_position_embeddings=64,
+                  pad_token_id=ids["[PAD]"], cls_token_id=ids["[CLS]"], sep_token_id=ids["[SEP]"],
+                  bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"])
+    hf = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**config)).eval()
+    randomise(hf)
+    hf.save_pretrained(path)
+    tokenizer.save(str(path / "tokenizer.json"))
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    return path, hf, ids
+
+
+@pytest.mark.long
+def test_a_transformers_made_folder_with_only_a_tokenizer_json_imports_analyses_finetunes_and_scores_lengths(
+        tmp_path, glue_dir):
+    """ModernBERT as transformers saves it, its vocabulary only a tokenizer.json whose special tokens sit after the
+    ordinary pieces: imported, analysed, fine-tuned, and scored at lengths, where the masked-LM loss equals the one
+    transformers' own model gives on the same masked rows."""
+    from jaxpos.cli import main
+    from jaxpos.data import embedded_documents, split_sentences
+    from jaxpos.evaluation.lengths import folder_model, length_batches
+    from jaxpos.data.pipeline import held_out_stream
+    from jaxpos.workflows.finetune import load_pretrained
+    from tests.training.test_finetune import FT, SMALL, WORDS, finetune_cli
+
+    sentences = [s for d in embedded_documents()[:40] for s in split_sentences(d)] + [" ".join(WORDS)]
+    folder, hf, ids = modernbert_tokenizer_json_folder(tmp_path / "modernbert", sentences)
+    pretrained = load_pretrained(str(folder))
+    assert pretrained.cfg.local_window == 8
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(sentences[:30]))
+    out = tmp_path / "analysis"
+    assert main(["analyze", "--hf", str(folder), "--out", str(out), "--quick", "--text", str(text),
+                 "--max-sentences", "10", "--lengths", "8", "--only", "rank"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["model"]["origin"]["vocabulary"].endswith("tokenizer.json") and "skipped" not in report["rank"]
+    finetuned = finetune_cli(["finetune", "--config", FT, "--init", str(folder), "--workdir", str(tmp_path / "ft"),
+                              "--config.data.task=mrpc", f"--config.data.glue_dir={glue_dir}",
+                              "--config.train.num_steps=2", *SMALL])
+    assert finetuned["step"] == 2 and finetuned["init"]["kind"] == "huggingface"
+
+    model = folder_model(str(folder))
+    assert (model.specials.cls, model.specials.sep, model.specials.mask) == (ids["[CLS]"], ids["[SEP]"], ids["[MASK]"])
+    assert set(model.specials.reserved) == set(range(400, 405))
+    assert model.train_length == 64  # its max_position_embeddings
+    assert main(["evaluate", "--lengths", "16,64", "--hf", str(folder), "--max-tokens", "1200",
+                 "--train-length", "32"]) == 0
+    result = json.loads((folder / "lengths.json").read_text())
+    assert result["train_length"] == 32 and result["bucket_width"] == 8
+    assert [b["start"] for b in result["lengths"][1]["by_position"]] == list(range(0, 64, 8))
+    assert main(["evaluate", "--lengths", "16", "--workdir", str(tmp_path / "ft"), "--train-length", "8"]) == 2
+    stream = held_out_stream(model.data, model.tokenizer, 1200)
+    batches = length_batches(stream, [16, 64], model.tokenizer, model.data.seed, model.data.mask_prob,
+                             specials=model.specials)
+    for entry in result["lengths"]:
+        total = count = 0.0
+        masked = 0
+        for batch in batches[entry["length"]]:
+            inputs = batch["input_ids"]
+            assert inputs[:, 0].tolist() == [ids["[CLS]"]] * len(inputs) and (inputs[:, -1] == ids["[SEP]"]).all()
+            masked += int((inputs == ids["[MASK]"]).sum())
+            with torch.no_grad():
+                logits = hf(input_ids=torch.tensor(inputs, dtype=torch.long)).logits.double()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), torch.tensor(batch["targets"]).long(),
+                                                    reduction="none").numpy()
+            total += float((nll * batch["mask_weights"]).sum())
+            count += float(batch["mask_weights"].sum())
+        assert masked > 0.7 * count and count == entry["predicted"]  # 80% of the chosen become the folder's [MASK]
+        np.testing.assert_allclose(entry["loss"], total / count, rtol=1e-4)
+        assert "depths" in entry["passkey"] or entry["length"] == 16  # a key and its question need more than 16
