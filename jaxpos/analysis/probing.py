@@ -19,13 +19,14 @@ _WORD = re.compile(r"^[A-Za-z]{2,}$")
 
 def whole_word_ids(vocabulary: Sequence[str]) -> list[int]:
     """Ids of vocabulary entries that are whole words of two or more letters: SentencePiece pieces that start a
-    word ("▁house") or WordPiece tokens that are not continuations ("house", not "##ing"); no single
-    characters, no sub-word pieces, no special tokens."""
-    sentencepiece = any(piece.startswith("▁") for piece in vocabulary)  # else WordPiece conventions
+    word ("▁house"), byte-level BPE pieces that start one after a space ("Ġhouse"), or WordPiece tokens that are not
+    continuations ("house", not "##ing"); no single characters, no sub-word pieces, no special tokens."""
+    # the word-start marker of the vocabulary's convention; None: WordPiece's, which marks continuations instead
+    marker = next((m for m in ("\u2581", "\u0120") if any(piece.startswith(m) for piece in vocabulary)), None)
     ids = []
     for index, piece in enumerate(vocabulary):
-        if sentencepiece:
-            if not piece.startswith("▁"):
+        if marker is not None:
+            if not piece.startswith(marker):
                 continue  # a piece inside a word
             word = piece[1:]
         else:

@@ -103,7 +103,7 @@ def _evaluate(args, overrides):
         raise ValueError("--lengths or --word-order, not both")
     if args.lengths:
         return _evaluate_lengths(args, overrides)
-    if args.hf or args.train_length:
+    if args.hf or args.train_length is not None:
         raise ValueError("--hf and --train-length go with --lengths")
     if not args.workdir:
         raise ValueError("give --workdir (with --lengths, --workdir or --hf)")

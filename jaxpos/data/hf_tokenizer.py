@@ -100,6 +100,8 @@ def _from_tokenizer_json(folder: str) -> FolderTokenizer:
         tokenizer = tokenizers.Tokenizer.from_file(path)
     except Exception as error:  # noqa: BLE001 - the library's own message says what is wrong with the file
         raise ValueError(f"{path} does not read as a tokenizers tokenizer: {str(error).splitlines()[0]}") from None
+    tokenizer.no_padding()  # a file saved with them would pad or cut every text it encodes
+    tokenizer.no_truncation()
     index = tokenizer.get_vocab(with_added_tokens=True)
     vocabulary = [""] * (max(index.values()) + 1)
     for piece, i in index.items():

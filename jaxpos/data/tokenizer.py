@@ -179,13 +179,16 @@ class FastTokenizer(Tokenizer):
         import tokenizers  # lazy: runs with SentencePiece vocabularies do not need it
 
         super().__init__(path, special_tokens)
-        self._text = _read_model(path, "tokenizer file").decode("utf-8")
+        data = _read_model(path, "tokenizer file")
         try:
+            self._text = data.decode("utf-8")
             self.backend = tokenizers.Tokenizer.from_str(self._text)
         except Exception as error:  # noqa: BLE001 - the library's own message says what is wrong with the file
             raise ValueError(f"{path} does not read as a tokenizers tokenizer.json: "
                              f"{str(error).splitlines()[0]}") from None
         self.backend.encode_special_tokens = True  # "[MASK]" written in the text stays text
+        self.backend.no_padding()  # a file saved with them would pad or cut every text it encodes
+        self.backend.no_truncation()
         self._check_special_ids(lambda token: self.backend.token_to_id(token))
 
     @property
@@ -290,6 +293,9 @@ def _write_atomically(path: str, text: str) -> None:
     os.makedirs(directory, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, encoding="utf-8") as f:
         f.write(text)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(f.name, 0o666 & ~umask)  # as a plain write would leave it, not the temporary file's 0600
     os.replace(f.name, path)
 
 
@@ -321,8 +327,11 @@ def train_fast_tokenizer(texts: Iterable[str], path: str, vocab_size: int, *,
     from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers  # lazy: the same
 
     special_tokens = list(special_tokens)
-    if vocab_size <= len(special_tokens):
-        raise ValueError(f"vocab_size={vocab_size} leaves no room beside {len(special_tokens)} special tokens")
+    least = len(special_tokens) + (256 if model_type == "bpe" else 0) + 1  # byte-level BPE keeps all 256 bytes
+    if vocab_size < least:
+        raise ValueError(f"vocab_size={vocab_size}: {model_type} needs at least {least} pieces beside "
+                         f"{len(special_tokens)} special tokens" + (" (the 256 bytes and a merge)"
+                                                                    if model_type == "bpe" else ""))
     sentences = sample_texts(texts, max_sentences, seed)
     if not sentences:
         raise ValueError("cannot train a tokenizer on an empty corpus")

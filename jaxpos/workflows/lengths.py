@@ -82,10 +82,10 @@ def length_generalisation(workdirs: Sequence[str], lengths: Sequence[int], figur
     from jaxpos.analysis.plots import plot_lengths  # lazy: matplotlib, for the figure only
 
     check_lengths(lengths)
-    # every run and folder refused before any work; a run's weights are read when it is scored
-    subjects = [(w, evaluation_run(Run.open(w, "mlm"), overrides)) for w in workdirs]
     if train_length is not None and (train_length < 3 or not folders):
         raise ValueError(f"--train-length {train_length}: give a length of at least 3 tokens, with --hf")
+    # every run and folder refused before any work; a run's weights are read when it is scored
+    subjects = [(w, evaluation_run(Run.open(w, "mlm"), overrides)) for w in workdirs]
     subjects += [(f, evaluated_folder(f, overrides, train_length)) for f in folders]
     if not subjects:
         raise ValueError("--lengths needs a --workdir of a masked-LM run or an --hf folder")

@@ -17,6 +17,8 @@ def test_whole_words_only():
     assert whole_word_ids(sentencepiece) == [2, 5, 8]
     wordpiece = ["[PAD]", "[CLS]", "house", "a", "##ing", "tree", "3d", "running", "[MASK]"]
     assert whole_word_ids(wordpiece) == [2, 5, 7]
+    byte_level = ["[PAD]", "[CLS]", "Ġhouse", "house", "ing", "ĠTree", "Ġa", "Ġ3d", "Ġrunning"]  # "Ġ": after a space
+    assert whole_word_ids(byte_level) == [2, 5, 8]
     chosen = sample_probe_words(wordpiece, count=2, seed=0)
     assert len(chosen) == 2 and set(chosen) <= {2, 5, 7}
     np.testing.assert_array_equal(chosen, sample_probe_words(wordpiece, count=2, seed=0))

@@ -67,13 +67,56 @@ def test_special_tokens_sit_first_and_text_cannot_forge_them(trained):
     assert ours.decode([CLS_ID, *ours.encode("In the beginning"), SEP_ID]) == "In the beginning"
 
 
-def test_bpe_training_is_repeatable(trained, verses, tmp_path):
+def byte_level_bpe(text: str, vocab: dict, merges: list) -> list[int]:
+    """GPT-2's byte-level BPE written out: its pre-tokenizing pattern, bytes shown as printable characters, then the
+    lowest-ranked adjacent pair merged until none is left (an independent reading of the file's vocab and merges)."""
+    regex = pytest.importorskip("regex")
+    shown = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = {b: chr(b) for b in shown}
+    extra = iter(range(256, 512))
+    chars.update({b: chr(next(extra)) for b in range(256) if b not in chars})
+    rank = {tuple(m.split(" ") if isinstance(m, str) else m): i for i, m in enumerate(merges)}
+    ids = []
+    pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    for word in regex.findall(pattern, text):
+        parts = [chars[b] for b in word.encode("utf-8")]
+        while len(parts) > 1:
+            best = min(range(len(parts) - 1), key=lambda i: rank.get((parts[i], parts[i + 1]), len(rank)))
+            if (parts[best], parts[best + 1]) not in rank:
+                break
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        ids += [vocab[p] for p in parts]
+    return ids
+
+
+def test_ids_equal_an_independent_reading_of_the_file(trained, verses):
+    """BPE against GPT-2's algorithm written out here; WordPiece against jaxpos's own BERT WordPiece
+    (jaxpos/data/wordpiece.py, cased) on the file's vocabulary: the same ids on every held-out verse."""
     model_type, ours = trained
-    with open(ours.path, "rb") as f:
-        assert f.read() == ours.model_bytes()
-    if model_type == "bpe":  # WordPiece's trainer orders tied counts anew each time (its docstring says so)
-        again = train_fast_tokenizer(verses[0], str(tmp_path / "again.tokenizer.json"), 1000)
-        assert again.model_bytes() == ours.model_bytes()
+    with open(ours.path, encoding="utf-8") as f:
+        model = json.load(f)["model"]
+    texts = verses[1][:-len(UNSEEN)] + UNSEEN[:1] + UNSEEN[3:5]
+    if model_type == "bpe":
+        expected = [byte_level_bpe(t, model["vocab"], model["merges"]) for t in texts]
+    else:
+        from jaxpos.data.wordpiece import WordPiece
+
+        wordpiece = WordPiece(ours.pieces(), lower_case=False)
+        texts = [t for t in texts if t.isascii()]  # BERT's normaliser and jaxpos's agree on ASCII text
+        expected = [wordpiece(t) for t in texts]
+    assert len(texts) > 300 and ours.encode_batch(texts) == expected
+
+
+def test_bpe_training_is_repeatable(verses, tmp_path):
+    """The same sample gives the same file (WordPiece's trainer orders tied counts anew each time: its docstring)."""
+    first = train_fast_tokenizer(verses[0][:1500], str(tmp_path / "first.tokenizer.json"), 600)
+    again = train_fast_tokenizer(verses[0][:1500], str(tmp_path / "again.tokenizer.json"), 600)
+    assert again.model_bytes() == first.model_bytes()
+    with open(first.path, "rb") as f:
+        assert f.read() == first.model_bytes()
+    assert oct(os.stat(first.path).st_mode & 0o777) != oct(0o600)  # readable as a plain write leaves a file
+    with pytest.raises(ValueError, match="bpe needs at least 262 pieces beside 5 special tokens"):
+        train_fast_tokenizer(verses[0][:10], str(tmp_path / "small.tokenizer.json"), 261)
 
 
 def test_the_cache_is_reused_and_another_library_or_algorithm_refused(verses, tmp_path):

@@ -326,6 +326,9 @@ def test_a_transformers_made_folder_with_only_a_tokenizer_json_imports_analyses_
             inputs = batch["input_ids"]
             assert inputs[:, 0].tolist() == [ids["[CLS]"]] * len(inputs) and (inputs[:, -1] == ids["[SEP]"]).all()
             masked += int((inputs == ids["[MASK]"]).sum())
+            replaced = (batch["mask_weights"] > 0) & (inputs != ids["[MASK]"]) & (inputs != batch["targets"])
+            assert not np.isin(inputs[replaced], model.specials.reserved).any()  # never drawn as a replacement
+            assert not np.isin(batch["targets"][batch["mask_weights"] > 0], model.specials.reserved).any()
             with torch.no_grad():
                 logits = hf(input_ids=torch.tensor(inputs, dtype=torch.long)).logits.double()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), torch.tensor(batch["targets"]).long(),
