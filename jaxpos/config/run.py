@@ -81,8 +81,8 @@ class MLMDataConfig:
     # tfds_eval_split; source=bible: every edition of the chapters whose hash u < eval_fraction (`chapter_split`),
     # which holds out the dev and test chapters of the translation and bible_paraphrase data and a few more
     seq_len: int = 128  # tokens per packed row, [CLS], [SEP]s and padding included
-    vocab_size: int = 8000  # SentencePiece pieces, the 5 special tokens included (an upper bound: small corpora
-    # give fewer; the model's vocabulary follows the tokenizer)
+    vocab_size: int = 8000  # the tokenizer's pieces, the 5 special tokens included (an upper bound: small corpora
+    # give fewer; the model's vocabulary follows the tokenizer; byte-level BPE needs at least 262)
     tokenizer: str = "sentencepiece"  # the library that trains the vocabulary: sentencepiece (WORKDIR/spm_mlm.model)
     # | tokenizers (Hugging Face's: WORKDIR/spm_mlm.tokenizer.json, what transformers' fast tokenizers read)
     tokenizer_path: str = ""  # an existing .model or tokenizer.json ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4),
