@@ -14,7 +14,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from jaxpos.checkpoints.huggingface import bert_encoder_params, bert_pooler_params, config_from_hf, load_hf_checkpoint
+from jaxpos.checkpoints.huggingface import bert_encoder_params, bert_pooler_params, folder_config, load_hf_checkpoint
 from jaxpos.config import ModelConfig
 from jaxpos.data.hf_tokenizer import folder_tokenizer
 from jaxpos.data.tokenizer import CLS_ID, SEP_ID
@@ -85,11 +85,7 @@ def load_hf(path: str) -> AnalyzedModel:
                              "(save the model with transformers' save_pretrained from PyTorch)")
     hf_config, state = load_hf_checkpoint(path)  # names a missing config.json or weights file itself
     config_path = os.path.join(path, "config.json")
-    try:
-        cfg = config_from_hf(hf_config)
-    except (KeyError, ValueError) as err:
-        raise ValueError(f"{config_path}: {err if not isinstance(err, KeyError) else f'missing field {err}'}") \
-            from err
+    cfg = folder_config(path, hf_config)
     weights = next(os.path.join(path, f) for f in _WEIGHT_FILES if os.path.exists(os.path.join(path, f)))
     try:
         params = bert_encoder_params(state, cfg)
@@ -103,9 +99,7 @@ def load_hf(path: str) -> AnalyzedModel:
         vocabulary, tokenize, cls_id, sep_id = tokenizer.vocabulary, tokenizer.encode, tokenizer.cls_id, \
             tokenizer.sep_id
         info["vocabulary"] = tokenizer.source
-        if tokenizer.vocab_size > cfg.vocab_size:  # a model may pad its embedding table beyond the vocabulary
-            raise ValueError(f"{tokenizer.source} has {tokenizer.vocab_size} entries but {config_path} says "
-                             f"vocab_size={cfg.vocab_size}")
+        tokenizer.check_fits(cfg.vocab_size, config_path)
     name = os.path.basename(os.path.normpath(os.path.abspath(path)))
     return AnalyzedModel(name, path, _for_analysis(cfg), params, vocabulary, tokenize, cls_id, sep_id, info,
                          bert_pooler_params(state))

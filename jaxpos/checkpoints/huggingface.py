@@ -492,6 +492,16 @@ def hf_pooler_params(path: str) -> dict | None:
     return bert_pooler_params(load_hf_checkpoint(path)[1])
 
 
+def folder_config(path: str, hf_config: Mapping[str, Any]) -> ModelConfig:
+    """`config_from_hf` of the folder PATH's config.json, a field it lacks or cannot express a one-line ValueError
+    naming the file."""
+    try:
+        return config_from_hf(hf_config)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{os.path.join(path, 'config.json')}: "
+                         f"{err if not isinstance(err, KeyError) else f'missing field {err}'}") from None
+
+
 def load_hf_checkpoint(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     """(config dict, state dict of numpy arrays) from a local folder holding config.json and
     model.safetensors or pytorch_model.bin. Nothing is downloaded."""

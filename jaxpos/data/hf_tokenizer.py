@@ -15,7 +15,7 @@ import json
 import os
 from typing import Callable
 
-from jaxpos.data.tokenizer import SpecialIds
+from jaxpos.data.tokenizer import SpecialIds, read_tokenizer_json
 from jaxpos.data.wordpiece import WordPiece, lower_case_setting, read_vocab
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")  # in the order they are tried
@@ -44,6 +44,13 @@ class FolderTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.vocabulary)
+
+    def check_fits(self, vocab_size: int, config_path: str) -> None:
+        """A one-line ValueError when the vocabulary has more entries than the model's `vocab_size` (a model may
+        pad its embedding table beyond the vocabulary, never the other way)."""
+        if self.vocab_size > vocab_size:
+            raise ValueError(f"{self.source} has {self.vocab_size} entries but {config_path} says "
+                             f"vocab_size={vocab_size}")
 
     def special_ids(self) -> SpecialIds:
         """[CLS], [SEP] and [MASK], and every special id (those three, [PAD], [UNK] and tokenizer.json's special
@@ -93,15 +100,9 @@ def _special_ids(folder: str, index: dict[str, int], source: str) -> dict[str, i
 
 
 def _from_tokenizer_json(folder: str) -> FolderTokenizer:
-    import tokenizers  # lazy: only folders with a tokenizer.json need it
-
     path = os.path.join(folder, "tokenizer.json")
-    try:
-        tokenizer = tokenizers.Tokenizer.from_file(path)
-    except Exception as error:  # noqa: BLE001 - the library's own message says what is wrong with the file
-        raise ValueError(f"{path} does not read as a tokenizers tokenizer: {str(error).splitlines()[0]}") from None
-    tokenizer.no_padding()  # a file saved with them would pad or cut every text it encodes
-    tokenizer.no_truncation()
+    with open(path, "rb") as f:
+        tokenizer = read_tokenizer_json(f.read(), path)
     index = tokenizer.get_vocab(with_added_tokens=True)
     vocabulary = [""] * (max(index.values()) + 1)
     for piece, i in index.items():

@@ -223,10 +223,9 @@ def masked_stream(stream: np.ndarray, seed: int, vocab_size: int, mask_prob: flo
     candidate tokens), a function of (seed, token position): (input_ids [N] int32, mask_weights [N] float32).
     Cut at any length (`contiguous_batches`), the rows predict the same tokens under the same corruption, so losses
     at two lengths differ by the context alone. `specials`: the vocabulary's mask token and reserved ids."""
-    reserved = None if specials == SpecialIds() else specials.reserved
     input_ids, weights = mask_batch(np.asarray(stream)[None], np.zeros(1, np.int64), (seed, MLM_LENGTH_MASKS, 0),
                                     vocab_size=vocab_size, mask_prob=mask_prob, mask_id=specials.mask,
-                                    reserved=reserved)
+                                    reserved=specials.reserved)
     return input_ids[0], weights[0]
 
 

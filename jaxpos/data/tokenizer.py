@@ -46,7 +46,6 @@ RUN_TOKENIZER_NAMES = {"mlm": "spm_mlm", "translation": "spm_translation"}
 TOKENIZER_SUFFIXES = {"sentencepiece": ".model", "tokenizers": ".tokenizer.json"}  # by data.tokenizer
 
 
-
 @dataclasses.dataclass(frozen=True)
 class SpecialIds:
     """Where a masked-LM vocabulary keeps the tokens that frame a row ([CLS] first, [SEP] last) and mask a token,
@@ -78,8 +77,6 @@ def tokenizer_prefix(out: str) -> str:
 class Tokenizer(abc.ABC):
     """A run's vocabulary whose special tokens sit at ids 0..len(special_tokens)-1 (`SentencePieceTokenizer`,
     `FastTokenizer`): encode text -> ids without special tokens, decode ids -> text."""
-
-    library = ""
 
     def __init__(self, path: str, special_tokens: Sequence[str]):
         self.path = path
@@ -132,6 +129,22 @@ class Tokenizer(abc.ABC):
                 f"special_tokens={self.special_tokens})")
 
 
+def read_tokenizer_json(data: bytes, path: str):
+    """The `tokenizers.Tokenizer` of a tokenizer.json's bytes (read from `path`), with padding and truncation off (a
+    file saved with them would pad or cut every text it encodes); a one-line ValueError naming `path` for a file the
+    library cannot read."""
+    import tokenizers  # lazy: runs with SentencePiece vocabularies do not need it
+
+    try:
+        tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as error:  # noqa: BLE001 - the library's own message says what is wrong with the file
+        raise ValueError(f"{path} does not read as a tokenizers tokenizer.json: "
+                         f"{str(error).splitlines()[0]}") from None
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
 def _read_model(path: str, what: str) -> bytes:
     file = epath.Path(path)
     if not file.exists() or file.is_dir():
@@ -141,8 +154,6 @@ def _read_model(path: str, what: str) -> bytes:
 
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece `.model` whose special tokens sit at ids 0..len(special_tokens)-1."""
-
-    library = "sentencepiece"
 
     def __init__(self, model_path: str, special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS):
         super().__init__(model_path, special_tokens)
@@ -173,23 +184,12 @@ class FastTokenizer(Tokenizer):
     """A `tokenizers` tokenizer.json (BPE, WordPiece or Unigram) whose special tokens sit at ids
     0..len(special_tokens)-1; ids are those transformers' PreTrainedTokenizerFast gives on the same file."""
 
-    library = "tokenizers"
-
     def __init__(self, path: str, special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS):
-        import tokenizers  # lazy: runs with SentencePiece vocabularies do not need it
-
         super().__init__(path, special_tokens)
-        data = _read_model(path, "tokenizer file")
-        try:
-            self._text = data.decode("utf-8")
-            self.backend = tokenizers.Tokenizer.from_str(self._text)
-        except Exception as error:  # noqa: BLE001 - the library's own message says what is wrong with the file
-            raise ValueError(f"{path} does not read as a tokenizers tokenizer.json: "
-                             f"{str(error).splitlines()[0]}") from None
+        self._bytes = _read_model(path, "tokenizer file")
+        self.backend = read_tokenizer_json(self._bytes, path)
         self.backend.encode_special_tokens = True  # "[MASK]" written in the text stays text
-        self.backend.no_padding()  # a file saved with them would pad or cut every text it encodes
-        self.backend.no_truncation()
-        self._check_special_ids(lambda token: self.backend.token_to_id(token))
+        self._check_special_ids(self.backend.token_to_id)
 
     @property
     def vocab_size(self) -> int:
@@ -209,7 +209,7 @@ class FastTokenizer(Tokenizer):
         return [self.backend.id_to_token(i) for i in range(self.vocab_size)]
 
     def model_bytes(self) -> bytes:
-        return self._text.encode("utf-8")
+        return self._bytes
 
 
 def load_tokenizer(path: str, special_tokens: Sequence[str] = MLM_SPECIAL_TOKENS) -> Tokenizer:

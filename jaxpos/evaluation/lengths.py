@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpos.checkpoints.huggingface import bert_mlm_params, config_from_hf, load_hf_checkpoint
+from jaxpos.checkpoints.huggingface import bert_mlm_params, folder_config, load_hf_checkpoint
 from jaxpos.config import ModelConfig
 from jaxpos.config.run import MLMDataConfig
 from jaxpos.positions import mechanism
@@ -182,16 +182,10 @@ def folder_model(folder: str, train_length: int | None = None) -> ScoredModel:
     folder's own tokens. `train_length`: the 1x of the loss by position (default: the model's max_position_embeddings,
     the context it declares). One-line errors for a folder without a tokenizer, a [MASK], or a masked-LM head."""
     hf, state = load_hf_checkpoint(folder)
-    where = os.path.join(folder, "config.json")
-    try:
-        cfg = config_from_hf(hf)
-    except (KeyError, ValueError) as err:
-        raise ValueError(f"{where}: {err if not isinstance(err, KeyError) else f'missing field {err}'}") from None
+    cfg = folder_config(folder, hf)
     tokenizer = require_folder_tokenizer(folder, hf.get("model_type", "bert"))
     specials = tokenizer.special_ids()
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"{tokenizer.source} has {tokenizer.vocab_size} entries but {where} says "
-                         f"vocab_size={cfg.vocab_size}")
+    tokenizer.check_fits(cfg.vocab_size, os.path.join(folder, "config.json"))
     try:
         params = bert_mlm_params(state, cfg)
     except KeyError as err:

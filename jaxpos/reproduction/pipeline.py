@@ -238,7 +238,8 @@ def execute_run(out: str, name: str) -> dict:
         yield
         timing[key] = round(time.perf_counter() - start, 3)
 
-    pretrain = pretrained_report(out, name, pretrain_config(plan, mechanism, seed), profile.steps)
+    pretrain = trained_report("pretraining", pretrain_config(plan, mechanism, seed), pretrained, profile.steps,
+                              lambda seconds: record_pretraining(out, [name], seconds))
     timing.update(pretraining_record(out, name))
     with timed("curve_s"):
         curve = learning_curve(pretrained, profile.curve_steps())
@@ -283,18 +284,19 @@ def execute_run(out: str, name: str) -> dict:
     return result
 
 
-def pretrained_report(out: str, name: str, config, steps: int) -> dict:
-    """Run NAME's pretraining (`config`), trained now unless it has finished (with its mechanism's seeds, or before):
-    its report.json."""
-    pretrained = pretrain_dir(out, name)
-    if not pretraining_finished(out, name, steps):
+def trained_report(stage: str, config, workdir: str, steps: int, on_trained=None) -> dict:
+    """WORKDIR's report.json once `config` has trained there for `steps`: trained now (resuming) unless the report
+    says so already (a pretraining done with its mechanism's seeds, or before); `on_trained(seconds)` after training
+    now. A report short of `steps` raises (`_check_finished`), naming `stage`."""
+    if trained_to(workdir) != steps:
         start = time.perf_counter()
-        train_mlm(config, pretrained)
-        record_pretraining(out, [name], time.perf_counter() - start)
-    with open(os.path.join(pretrained, "report.json")) as f:
-        pretrain = json.load(f)
-    _check_finished("pretraining", pretrain["step"], steps, pretrained)
-    return pretrain
+        train_mlm(config, workdir)
+        if on_trained is not None:
+            on_trained(time.perf_counter() - start)
+    with open(os.path.join(workdir, "report.json")) as f:
+        report = json.load(f)
+    _check_finished(stage, report["step"], steps, workdir)
+    return report
 
 
 def sinks_record(model) -> dict:
@@ -373,12 +375,7 @@ def extend_run(config, workdir: str) -> dict:
     """Continues pretraining as `config` says (an extension variant's: train.init_from, a longer data.seq_len) in
     WORKDIR, resuming there; {"seq_len", "steps", "eval_loss", "eval_accuracy"} of its end."""
     steps = int(config.train.num_steps)
-    report_path = os.path.join(workdir, "report.json")
-    if trained_to(workdir) != steps:
-        train_mlm(config, workdir)
-    with open(report_path) as f:
-        report = json.load(f)
-    _check_finished("the extension", report["step"], steps, workdir)
+    report = trained_report("the extension", config, workdir, steps)
     return dict(seq_len=int(config.data.seq_len), steps=steps, eval_loss=report["eval"].get("loss"),
                 eval_accuracy=report["eval"].get("accuracy"))
 

@@ -89,7 +89,7 @@ def length_generalisation(workdirs: Sequence[str], lengths: Sequence[int], figur
     subjects += [(f, evaluated_folder(f, overrides, train_length)) for f in folders]
     if not subjects:
         raise ValueError("--lengths needs a --workdir of a masked-LM run or an --hf folder")
-    results = {}
+    results, configs = {}, []
     for path, subject in subjects:
         if isinstance(subject, Run):
             cfg, name, location = subject.model_config, subject.name, subject.location
@@ -97,16 +97,15 @@ def length_generalisation(workdirs: Sequence[str], lengths: Sequence[int], figur
         else:
             cfg, name, location = subject.cfg, os.path.basename(os.path.normpath(path)), path
             result = score_lengths(subject, lengths, batch_size, max_tokens)
+        configs.append(cfg)
         result["positions"] = positions_text(cfg)
         result[cfg.position.kind] = cfg.position.options.evaluation_record(cfg)
         file = lengths_file(cfg, overrides)
         write_run_file(path, file, json.dumps(result, indent=1))
         results[name if name not in results else location] = dict(result, workdir=path, mechanism=cfg.position.kind,
                                                                   file=file)
-    first_path, first = subjects[0]
-    first_cfg = first.model_config if isinstance(first, Run) else first.cfg
     # named by the rule where one was given at evaluation, so that the run's own figure is kept
-    target = epath.Path(figure or epath.Path(first_path) / lengths_file(first_cfg, overrides, ".png"))
+    target = epath.Path(figure or epath.Path(subjects[0][0]) / lengths_file(configs[0], overrides, ".png"))
     with tempfile.TemporaryDirectory() as scratch:  # matplotlib writes local files; epath copies them anywhere
         local = plot_lengths(results, os.path.join(scratch, "lengths.png"))
         target.write_bytes(epath.Path(local).read_bytes())
